@@ -1,0 +1,183 @@
+"""The wire codec: JSON that any Kafka client can read, with non-finite floats kept exact.
+
+JSON has no NaN or infinity, and msgspec writes them as ``null``; a NaN loss is the one
+event runwatch must never lose, so non-finite floats travel as the strings ``"NaN"``,
+``"Infinity"`` and ``"-Infinity"`` (the spelling of Jackson, Gson and ECMAScript's
+``Number()``). The decoder turns them back into floats in float-typed fields only, and also
+reads ``null`` in a required float field as NaN, which is what msgspec and JavaScript's
+``JSON.stringify`` write for NaN.
+
+Encoding takes one msgspec call on the common path; only events that hold a non-finite
+float (detected by a ``null`` in the output, since fields holding their default are
+omitted) take a slower path through builtins.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import cache
+from typing import Any, Final
+
+import msgspec
+
+from schemas.events import ALL_TYPES, AnyEvent, Event
+
+NONFINITE_TOKENS: Final[dict[str, float]] = {
+    "NaN": math.nan,
+    "Infinity": math.inf,
+    "-Infinity": -math.inf,
+}
+KNOWN_TAGS: Final[frozenset[str]] = frozenset(
+    str(msgspec.inspect.type_info(t).tag) for t in ALL_TYPES  # type: ignore[attr-defined]
+)
+
+
+class DecodeError(ValueError):
+    """Bytes that are not a valid runwatch event; ``reason`` says why in one line."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class MalformedEvent(DecodeError):
+    """Not JSON, not an object, or a field of the wrong type or missing."""
+
+
+class UnknownEventType(DecodeError):
+    """Valid JSON with a ``type`` tag this decoder does not know (a newer producer?)."""
+
+    def __init__(self, tag: str) -> None:
+        super().__init__(f"unknown event type {tag!r}")
+        self.tag = tag
+
+
+_ENCODER: Final = msgspec.json.Encoder()
+_DECODER: Final = msgspec.json.Decoder(AnyEvent)
+_RAW_DECODER: Final = msgspec.json.Decoder()
+
+
+def _nonfinite_to_token(value: Any) -> Any:
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "NaN"
+        if math.isinf(value):
+            return "Infinity" if value > 0 else "-Infinity"
+        return value
+    if isinstance(value, dict):
+        return {k: _nonfinite_to_token(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_nonfinite_to_token(v) for v in value]
+    return value
+
+
+def encode(event: Event) -> bytes:
+    """Encode an event as UTF-8 JSON, keeping NaN and infinities exact.
+
+    Args:
+        event: Any runwatch event.
+
+    Returns:
+        The JSON bytes, with the tag in the ``type`` field.
+    """
+    raw = _ENCODER.encode(event)
+    if b"null" not in raw:
+        return raw
+    return _ENCODER.encode(_nonfinite_to_token(msgspec.to_builtins(event)))
+
+
+def encode_key(run_id: str) -> bytes:
+    """The Kafka record key of a run's events."""
+    return run_id.encode()
+
+
+@cache
+def _float_fields(tag: str) -> tuple[frozenset[str], frozenset[str], frozenset[str]]:
+    """(float fields, required float fields, dict-of-float fields) of the struct with ``tag``."""
+    info = next(
+        msgspec.inspect.type_info(t)
+        for t in ALL_TYPES
+        if msgspec.inspect.type_info(t).tag == tag  # type: ignore[attr-defined]
+    )
+    floats: set[str] = set()
+    required: set[str] = set()
+    dicts: set[str] = set()
+    for field in info.fields:  # type: ignore[attr-defined]
+        ftype = field.type
+        members = ftype.types if isinstance(ftype, msgspec.inspect.UnionType) else (ftype,)
+        if any(isinstance(m, msgspec.inspect.FloatType) for m in members):
+            floats.add(field.encode_name)
+            if field.required:
+                required.add(field.encode_name)
+        if any(
+            isinstance(m, msgspec.inspect.DictType)
+            and isinstance(m.value_type, msgspec.inspect.FloatType)
+            for m in members
+        ):
+            dicts.add(field.encode_name)
+    return frozenset(floats), frozenset(required), frozenset(dicts)
+
+
+def _restore_float(value: Any, *, null_is_nan: bool) -> Any:
+    if isinstance(value, str) and value in NONFINITE_TOKENS:
+        return NONFINITE_TOKENS[value]
+    if value is None and null_is_nan:
+        return math.nan
+    return value
+
+
+def _decode_lenient(data: bytes, error: msgspec.ValidationError) -> AnyEvent:
+    obj = _RAW_DECODER.decode(data)
+    if not isinstance(obj, dict):
+        raise MalformedEvent(f"expected a JSON object, got {type(obj).__name__}")
+    tag = obj.get("type")
+    if not isinstance(tag, str):
+        raise MalformedEvent("missing or non-string `type` tag")
+    if tag not in KNOWN_TAGS:
+        raise UnknownEventType(tag)
+    floats, required, dicts = _float_fields(tag)
+    for name in floats & obj.keys():
+        obj[name] = _restore_float(obj[name], null_is_nan=name in required)
+    for name in dicts & obj.keys():
+        if isinstance(obj[name], dict):
+            obj[name] = {
+                k: _restore_float(v, null_is_nan=True) for k, v in obj[name].items()
+            }
+    try:
+        event: AnyEvent = msgspec.convert(obj, AnyEvent)
+    except msgspec.ValidationError:
+        raise MalformedEvent(str(error)) from None
+    return event
+
+
+def decode(data: bytes) -> AnyEvent:
+    """Decode one event.
+
+    Args:
+        data: The record value.
+
+    Returns:
+        The event, as the struct its tag names.
+
+    Raises:
+        UnknownEventType: The tag is not one this version knows.
+        MalformedEvent: Anything else that is wrong, with the reason.
+    """
+    try:
+        return _DECODER.decode(data)
+    except msgspec.ValidationError as exc:
+        return _decode_lenient(data, exc)
+    except msgspec.DecodeError as exc:
+        raise MalformedEvent(f"not JSON: {exc}") from None
+
+
+__all__ = [
+    "KNOWN_TAGS",
+    "NONFINITE_TOKENS",
+    "DecodeError",
+    "MalformedEvent",
+    "UnknownEventType",
+    "decode",
+    "encode",
+    "encode_key",
+]

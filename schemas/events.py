@@ -1,0 +1,462 @@
+"""The event vocabulary of runwatch: one tagged union of frozen, keyword-only structs.
+
+Every event is a `msgspec.Struct` with an explicit, versioned tag in the field ``type``
+(``"step.v1"``), never a class name, so a class can be renamed without breaking the log.
+Every event carries ``run_id``, ``ts_ns`` (nanoseconds since the epoch on the producer's
+clock) and ``seq`` (monotonic per producer). Fields with a default are omitted on the wire
+when they hold it, which keeps events small and lets old decoders read new events.
+
+Evolution rules (tested in ``tests/unit/test_schema_evolution.py``):
+
+* Adding a field with a default is compatible: old decoders ignore unknown fields, new
+  decoders fill in the default for old events.
+* Removing a field, changing its type or meaning, or adding a field without a default is
+  a new version: a new struct with tag ``"<name>.v2"`` beside the old one.
+* An unknown tag is reported as `schemas.codec.UnknownEventType`, never a crash.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+# --------------------------------------------------------------------------- value types
+
+
+class ModelFlopConfig(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """The shape a decoder-only transformer's FLOPs per token depend on.
+
+    Attributes:
+        n_params: Parameters that take part in matmuls; position embeddings excluded
+            (they are a lookup, not a matmul).
+        n_layer: Transformer blocks.
+        n_head: Attention heads per block.
+        d_model: Hidden width (``n_head * head_dim``).
+        seq_len: Tokens per sequence (the context length T).
+    """
+
+    n_params: int
+    n_layer: int
+    n_head: int
+    d_model: int
+    seq_len: int
+
+
+class ParallelPlan(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """An explicit N-D process mesh and batch schedule (every rank has one coordinate).
+
+    ``dp_replicate`` and ``dp_shard`` are kept apart so that HSDP is not confused with
+    tensor or context parallelism. ``ep`` and ``etp`` are cut from the data and model
+    domains and do not multiply the world size.
+    """
+
+    dp_replicate: int = 1
+    dp_shard: int = 1
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+    ep: int = 1
+    etp: int = 1
+    microbatches: int = 1
+    gradient_accumulation_steps: int = 1
+
+    @property
+    def world_size(self) -> int:
+        """Number of physical ranks the plan needs."""
+        return self.dp_replicate * self.dp_shard * self.tp * self.pp * self.cp
+
+    @property
+    def data_parallel_size(self) -> int:
+        """Ranks that see different data (replicate x shard)."""
+        return self.dp_replicate * self.dp_shard
+
+
+class LoaderState(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """Where one rank's data loader stands: enough to reproduce its next batch.
+
+    ``global_sample`` counts samples consumed by the whole gang; a resume on another world
+    size restarts every rank from it, so no sample is skipped or repeated.
+    """
+
+    seed: int
+    epoch: int
+    rank: int
+    world_size: int
+    batch_idx: int = 0
+    global_sample: int = 0
+
+
+class Provenance(msgspec.Struct, frozen=True, kw_only=True):
+    """The log position of the event that caused a verdict."""
+
+    topic: str
+    partition: int
+    offset: int
+
+
+# --------------------------------------------------------------------------- base
+
+
+class Event(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag_field="type"):
+    """Fields every event carries.
+
+    Attributes:
+        run_id: The training run; also the Kafka key, so one run shares one partition.
+        ts_ns: Nanoseconds since the epoch on the producer's clock.
+        seq: Monotonic per producer; gaps reveal lost events.
+        dropped: Events the producer dropped (buffer full) since its previous event.
+    """
+
+    run_id: str
+    ts_ns: int
+    seq: int = 0
+    dropped: int = 0
+
+
+# --------------------------------------------------------------------------- input events
+
+
+class RunStarted(Event, frozen=True, kw_only=True, tag="run_started.v1"):
+    """A run (or one incarnation of it after a restart) began.
+
+    Attributes:
+        world_size: Ranks in the gang.
+        flop_config: Model shape for MFU; None when unknown (no MFU then).
+        plan: The parallel plan.
+        peak_flops_per_s: Hardware peak for ``dtype`` summed over the gang; None: no MFU.
+        dtype: Training precision, e.g. ``"bf16"``; MFU is only meaningful against its peak.
+        vocab_size: For the collapse check (loss near ln(vocab)); None disables it.
+        tags: Free-form labels (model, cluster, owner).
+        thresholds: Detector overrides for this run, e.g. ``{"loss_z_thresh": 8.0}``.
+        incarnation: 0 for the first launch, +1 per restart of the gang.
+    """
+
+    world_size: int
+    flop_config: ModelFlopConfig | None = None
+    plan: ParallelPlan = ParallelPlan()
+    peak_flops_per_s: float | None = None
+    dtype: str = "fp32"
+    vocab_size: int | None = None
+    tags: dict[str, str] = {}
+    thresholds: dict[str, float] = {}
+    incarnation: int = 0
+
+
+class StepCompleted(Event, frozen=True, kw_only=True, tag="step.v1"):
+    """One committed optimizer update, with unambiguous accounting.
+
+    Attributes:
+        step: The optimizer step just completed (0-based or 1-based, but consistent).
+        loss: Loss of the step, all-reduced over the data-parallel group. May be NaN/Inf.
+        grad_norm: Global gradient norm before clipping; None when not measured.
+        step_time_s: Wall time of the step on the emitting rank.
+        tokens: Tokens processed by the whole gang in this step.
+        examples: Examples (sequences) processed by the whole gang in this step.
+        local_tokens: Tokens processed by the emitting rank.
+        local_examples: Examples processed by the emitting rank.
+        microbatches: Microbatches per step (pipeline schedule).
+        accumulation_steps: Gradient-accumulation steps per optimizer step.
+        data_parallel_size: Ranks whose gradients were averaged.
+        lr: Learning rate used for the step.
+        skipped: True when the optimizer skipped the update (e.g. AMP overflow).
+        restart_from_step: Set on the first step after a resume: the checkpoint step resumed.
+        rank: The emitting rank (usually 0).
+    """
+
+    step: int
+    loss: float
+    step_time_s: float
+    grad_norm: float | None = None
+    tokens: int = 0
+    examples: int = 0
+    local_tokens: int = 0
+    local_examples: int = 0
+    microbatches: int = 1
+    accumulation_steps: int = 1
+    data_parallel_size: int = 1
+    lr: float | None = None
+    skipped: bool = False
+    restart_from_step: int | None = None
+    rank: int = 0
+
+
+class Heartbeat(Event, frozen=True, kw_only=True, tag="heartbeat.v1"):
+    """One rank finished its part of a step and is alive.
+
+    Attributes:
+        rank: Global rank.
+        step: The step the rank just finished.
+        step_time_s: The rank's own wall time for the step.
+        host: Host name.
+        pid: Process id of the rank.
+    """
+
+    rank: int
+    step: int
+    step_time_s: float = 0.0
+    host: str = ""
+    pid: int = 0
+
+
+class Tick(Event, frozen=True, kw_only=True, tag="tick.v1"):
+    """Log time advancing, published by the clock into every heartbeat partition.
+
+    A tick's ``run_id`` is ``"*"``: it applies to every run of the partition it is in.
+    Hang detection reads time only from ticks and event timestamps, so replay sees the
+    same time the live processor saw.
+
+    Attributes:
+        partition: The partition the tick was written to.
+    """
+
+    partition: int
+
+
+class CheckpointCommitted(Event, frozen=True, kw_only=True, tag="checkpoint_committed.v1"):
+    """A checkpoint is complete on disk (its DCP metadata is written).
+
+    Attributes:
+        step: The step whose state it holds.
+        path: Directory of the checkpoint.
+        loader_states: Every rank's loader position at that step.
+        size_bytes: Bytes written.
+        write_s: Seconds the background write took.
+        blocked_s: Seconds the training loop was blocked (the snapshot copy).
+        rank: The rank that reports the commit (the coordinator).
+    """
+
+    step: int
+    path: str
+    loader_states: tuple[LoaderState, ...] = ()
+    size_bytes: int = 0
+    write_s: float = 0.0
+    blocked_s: float = 0.0
+    rank: int = 0
+
+
+class CheckpointFailed(Event, frozen=True, kw_only=True, tag="checkpoint_failed.v1"):
+    """A checkpoint write failed; the previous committed one stays the latest.
+
+    Attributes:
+        step: The step it was meant to hold.
+        path: Where it was being written.
+        reason: The error, one line.
+        rank: The rank that saw the failure.
+    """
+
+    step: int
+    path: str
+    reason: str
+    rank: int = 0
+
+
+class RunEnded(Event, frozen=True, kw_only=True, tag="run_ended.v1"):
+    """A run (one incarnation) ended.
+
+    Attributes:
+        status: ``completed``, ``failed`` or ``stopped`` (by the controller).
+        final_step: Last completed step; None if none completed.
+        reason: Free text for failures.
+    """
+
+    status: Literal["completed", "failed", "stopped"]
+    final_step: int | None = None
+    reason: str = ""
+
+
+# --------------------------------------------------------------------------- verdicts and commands
+
+AnomalyKind = Literal[
+    "loss_spike",
+    "grad_norm_spike",
+    "nonfinite_loss",
+    "nonfinite_grad_norm",
+    "loss_divergence",
+    "loss_collapse",
+    "restart_discontinuity",
+    "dead_rank",
+    "hang",
+    "straggler",
+]
+"""Every kind of anomaly a detector can raise."""
+
+RestartAction = Literal["respawn", "rollback"]
+"""``respawn``: restart the gang from the latest committed checkpoint.
+``rollback``: restart from the last committed checkpoint before the anomaly."""
+
+
+class AnomalyDetected(Event, frozen=True, kw_only=True, tag="anomaly.v1"):
+    """A verdict: something is wrong with a run.
+
+    ``ts_ns`` is the log time of the triggering event and ``seq`` its offset, so the same
+    log yields byte-identical verdicts.
+
+    Attributes:
+        verdict_id: Deterministic id: hash of run, kind, step, rank and config hash.
+        kind: What was detected.
+        step: The step it concerns.
+        rank: The rank it concerns, or None for run-wide verdicts.
+        value: The observed value (loss, grad norm, steps silent, seconds silent, ratio).
+        baseline: The median it was judged against, if any.
+        scale: The robust spread (1.4826 * MAD) it was judged against, if any.
+        z: Robust z-score, if any.
+        threshold: The threshold that was crossed.
+        detail: One human-readable line.
+        source: Log position of the triggering event.
+        config_hash: Hash of the detector configuration that produced it.
+        incarnation: The gang incarnation (from the run's latest RunStarted) it concerns.
+    """
+
+    verdict_id: str
+    kind: AnomalyKind
+    step: int
+    rank: int | None = None
+    value: float | None = None
+    baseline: float | None = None
+    scale: float | None = None
+    z: float | None = None
+    threshold: float | None = None
+    detail: str = ""
+    source: Provenance | None = None
+    config_hash: str = ""
+    incarnation: int = 0
+
+
+class RestartRequested(Event, frozen=True, kw_only=True, tag="restart_requested.v1"):
+    """A command from the policy to the controller: restart a run from a checkpoint.
+
+    Attributes:
+        command_id: Deterministic id (hash of run, incarnation, action and cause).
+        action: ``respawn`` or ``rollback``.
+        cause_verdict_id: The anomaly that caused it.
+        cause_kind: Its kind.
+        incarnation: The gang incarnation the command ends; a controller executes at most
+            one restart per incarnation.
+        max_checkpoint_step: Resume from the latest committed checkpoint at or before this
+            step; None: the latest committed one. The controller resolves the checkpoint
+            (it is the component that sees the disk), so the command stays a pure function
+            of the anomaly log.
+        world_size: Gang size to use; None keeps the current one.
+        source: Log position of the triggering anomaly.
+        signature: HMAC-SHA256 (hex) of the command's canonical bytes, set by the signer.
+        key_id: Which key signed it.
+    """
+
+    command_id: str
+    action: RestartAction
+    cause_verdict_id: str
+    cause_kind: AnomalyKind
+    incarnation: int = 0
+    max_checkpoint_step: int | None = None
+    world_size: int | None = None
+    source: Provenance | None = None
+    signature: str = ""
+    key_id: str = ""
+
+
+class RestartCompleted(Event, frozen=True, kw_only=True, tag="restart_completed.v1"):
+    """The controller respawned a gang.
+
+    Attributes:
+        command_id: The command it executed.
+        checkpoint_step: Step of the checkpoint the gang resumed from (None: from scratch).
+        checkpoint_path: Its directory.
+        world_size: Gang size after the restart.
+        duration_s: Seconds from receiving the command to the new gang running.
+    """
+
+    command_id: str
+    checkpoint_step: int | None = None
+    checkpoint_path: str = ""
+    world_size: int = 0
+    duration_s: float = 0.0
+
+
+class RestartFailed(Event, frozen=True, kw_only=True, tag="restart_failed.v1"):
+    """The controller could not execute a command.
+
+    Attributes:
+        command_id: The command.
+        reason: One line.
+    """
+
+    command_id: str
+    reason: str
+
+
+class CommandRejected(Event, frozen=True, kw_only=True, tag="command_rejected.v1"):
+    """The controller refused a command (unsigned, forged, replayed or not its run).
+
+    Attributes:
+        command_id: The command's id as it claimed.
+        reason: One line.
+        source: Where the command was read.
+    """
+
+    command_id: str
+    reason: str
+    source: Provenance | None = None
+
+
+class DeadLetter(Event, frozen=True, kw_only=True, tag="deadletter.v1"):
+    """Bytes a processor could not decode, kept with the reason so nothing is lost.
+
+    Attributes:
+        source: Where the bytes were read.
+        reason: Why they were rejected.
+        key: The record key, raw.
+        payload: The record value, raw (base64 on the JSON wire).
+    """
+
+    source: Provenance
+    reason: str
+    key: bytes | None = None
+    payload: bytes = b""
+
+
+InputEvent = (
+    RunStarted
+    | StepCompleted
+    | Heartbeat
+    | Tick
+    | CheckpointCommitted
+    | CheckpointFailed
+    | RunEnded
+)
+"""Events the trainer side and the clock produce."""
+
+OutputEvent = (
+    AnomalyDetected
+    | RestartRequested
+    | RestartCompleted
+    | RestartFailed
+    | CommandRejected
+    | DeadLetter
+)
+"""Events runwatch's own components produce."""
+
+AnyEvent = InputEvent | OutputEvent
+"""The whole union, as decoded from any runwatch topic."""
+
+INPUT_TYPES: tuple[type[Event], ...] = (
+    RunStarted,
+    StepCompleted,
+    Heartbeat,
+    Tick,
+    CheckpointCommitted,
+    CheckpointFailed,
+    RunEnded,
+)
+OUTPUT_TYPES: tuple[type[Event], ...] = (
+    AnomalyDetected,
+    RestartRequested,
+    RestartCompleted,
+    RestartFailed,
+    CommandRejected,
+    DeadLetter,
+)
+ALL_TYPES: tuple[type[Event], ...] = INPUT_TYPES + OUTPUT_TYPES
+
+TICK_RUN_ID = "*"
+"""The ``run_id`` of a Tick: it applies to every run of its partition."""
