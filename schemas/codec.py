@@ -126,7 +126,7 @@ def _restore_float(value: Any, *, null_is_nan: bool) -> Any:
     return value
 
 
-def _decode_lenient(data: bytes, error: msgspec.ValidationError) -> AnyEvent:
+def _decode_lenient(data: bytes) -> AnyEvent:
     obj = _RAW_DECODER.decode(data)
     if not isinstance(obj, dict):
         raise MalformedEvent(f"expected a JSON object, got {type(obj).__name__}")
@@ -145,8 +145,8 @@ def _decode_lenient(data: bytes, error: msgspec.ValidationError) -> AnyEvent:
             }
     try:
         event: AnyEvent = msgspec.convert(obj, AnyEvent)
-    except msgspec.ValidationError:
-        raise MalformedEvent(str(error)) from None
+    except msgspec.ValidationError as exc:
+        raise MalformedEvent(str(exc)) from None
     return event
 
 
@@ -165,8 +165,8 @@ def decode(data: bytes) -> AnyEvent:
     """
     try:
         return _DECODER.decode(data)
-    except msgspec.ValidationError as exc:
-        return _decode_lenient(data, exc)
+    except msgspec.ValidationError:
+        return _decode_lenient(data)
     except msgspec.DecodeError as exc:
         raise MalformedEvent(f"not JSON: {exc}") from None
 

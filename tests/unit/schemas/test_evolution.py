@@ -1,0 +1,70 @@
+"""Schema evolution: what a decoder of today does with events of tomorrow and of yesterday."""
+
+import json
+
+import jsonschema
+import msgspec
+import pytest
+
+from schemas import codec, generate
+from schemas.events import Heartbeat, RunStarted, StepCompleted
+
+from .test_codec import ONE_OF_EACH
+
+
+def test_unknown_extra_fields_are_ignored():
+    future = (
+        b'{"type":"step.v1","run_id":"r","ts_ns":1,"step":3,"loss":2.0,"step_time_s":0.1,'
+        b'"moe_aux_loss":0.01,"expert_load":{"e0":0.5}}'
+    )
+    event = codec.decode(future)
+    assert isinstance(event, StepCompleted) and event.step == 3 and event.loss == 2.0
+
+
+def test_old_event_without_new_defaulted_fields_decodes_with_defaults():
+    # An event written before `dropped`, `incarnation` and `vocab_size` existed.
+    old = b'{"type":"run_started.v1","run_id":"r","ts_ns":1,"world_size":4}'
+    event = codec.decode(old)
+    assert isinstance(event, RunStarted)
+    assert (event.dropped, event.incarnation, event.vocab_size) == (0, 0, None)
+
+
+def test_a_new_version_lives_beside_the_old_one():
+    class HeartbeatV2(msgspec.Struct, frozen=True, kw_only=True, tag="heartbeat.v2", tag_field="type"):
+        run_id: str
+        ts_ns: int
+        rank: int
+        step: int
+        gpu_temp_c: float
+
+    raw = msgspec.json.encode(HeartbeatV2(run_id="r", ts_ns=1, rank=0, step=1, gpu_temp_c=70.0))
+    with pytest.raises(codec.UnknownEventType):
+        codec.decode(raw)
+    # and the v1 event still decodes
+    assert isinstance(codec.decode(codec.encode(Heartbeat(run_id="r", ts_ns=1, rank=0, step=1))), Heartbeat)
+
+
+def test_checked_in_json_schema_is_current():
+    for name, text in generate.render().items():
+        path = generate.OUT_DIR / name
+        assert path.exists(), f"{name} missing: run python -m schemas.generate"
+        assert path.read_text() == text, f"{name} is stale: run python -m schemas.generate"
+
+
+def test_generate_check_flags_stale_files(tmp_path, monkeypatch):
+    monkeypatch.setattr(generate, "OUT_DIR", tmp_path)
+    assert generate.main(["--check"]) == 1
+    assert generate.main([]) == 0
+    assert generate.main(["--check"]) == 0
+
+
+@pytest.mark.parametrize("event", ONE_OF_EACH, ids=lambda e: type(e).__name__)
+def test_wire_events_validate_against_the_json_schema(event):
+    schema = json.loads((generate.OUT_DIR / "event.json").read_text())
+    jsonschema.validate(json.loads(codec.encode(event)), schema)
+
+
+def test_nan_event_validates_against_the_json_schema():
+    schema = json.loads((generate.OUT_DIR / "event.json").read_text())
+    event = StepCompleted(run_id="r", ts_ns=1, step=1, loss=float("nan"), step_time_s=0.1)
+    jsonschema.validate(json.loads(codec.encode(event)), schema)
