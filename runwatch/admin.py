@@ -1,0 +1,227 @@
+"""Kafka administration runwatch needs: create the topic catalogue idempotently, list topics.
+
+Every client takes its connection settings from `runwatch.settings.kafka_client_config`.
+kafka-python is imported inside the functions so that importing this module stays cheap.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+from runwatch.errors import RunwatchError
+from runwatch.settings import kafka_client_config
+
+if TYPE_CHECKING:
+    from kafka import KafkaAdminClient
+
+    from schemas.topics import TopicSpec
+
+logger = logging.getLogger(__name__)
+
+_TOPIC_ALREADY_EXISTS = 36  # Kafka protocol error code
+
+
+class TopicLike(Protocol):
+    """What `create_topics` reads from a topic spec (`schemas.topics.TopicSpec` fits)."""
+
+    @property
+    def name(self) -> str:
+        """Full topic name."""
+        ...
+
+    @property
+    def partitions(self) -> int:
+        """Partition count."""
+        ...
+
+    @property
+    def compacted(self) -> bool:
+        """True for ``cleanup.policy=compact``."""
+        ...
+
+    @property
+    def retention_ms(self) -> int | None:
+        """``retention.ms``; None keeps the broker default."""
+        ...
+
+
+def topic_configs(spec: TopicLike) -> dict[str, str]:
+    """The topic-level configs to create ``spec`` with.
+
+    Uses the spec's own ``configs()`` when it has one (`schemas.topics.TopicSpec` does), so
+    the catalogue stays the single source of truth; otherwise derives them from its fields.
+    """
+    own = getattr(spec, "configs", None)
+    if callable(own):
+        return {str(k): str(v) for k, v in own().items()}
+    configs = {"cleanup.policy": "compact" if spec.compacted else "delete"}
+    if spec.retention_ms is not None and not spec.compacted:
+        configs["retention.ms"] = str(spec.retention_ms)
+    return configs
+
+
+@contextlib.contextmanager
+def admin_client(bootstrap: str, *, timeout_s: float = 30.0) -> Iterator[KafkaAdminClient]:
+    """A connected `kafka.KafkaAdminClient`, closed on exit.
+
+    Args:
+        bootstrap: ``host:port[,host:port...]``.
+        timeout_s: Longest to wait for the first connection and for each request.
+
+    Raises:
+        RunwatchError: when no broker answers at ``bootstrap``.
+    """
+    from kafka import KafkaAdminClient
+    from kafka.errors import KafkaError
+
+    try:
+        client = KafkaAdminClient(
+            bootstrap_servers=bootstrap,
+            client_id="runwatch-admin",
+            bootstrap_timeout_ms=int(timeout_s * 1000),
+            request_timeout_ms=int(timeout_s * 1000),
+            **kafka_client_config(),
+        )
+    except KafkaError as exc:
+        raise RunwatchError(f"cannot reach Kafka at {bootstrap}: {exc}") from None
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+def create_topics(
+    bootstrap: str, specs: Sequence[TopicLike], *, timeout_s: float = 30.0
+) -> dict[str, bool]:
+    """Create the topics of ``specs`` unless they exist, then wait until metadata shows them.
+
+    Idempotent: a topic that already exists is left as it is (a warning is logged when its
+    partition count differs from the spec's).
+
+    Args:
+        bootstrap: Kafka bootstrap address.
+        specs: The topics (name, partitions, compacted, retention_ms).
+        timeout_s: Longest to wait for the brokers, for creation and for leaders.
+
+    Returns:
+        Topic name -> True if this call created it, False if it existed already.
+
+    Raises:
+        RunwatchError: the cluster is unreachable, refused a topic, or a topic has no leader
+            within ``timeout_s``.
+    """
+    from kafka.errors import KafkaError, for_code
+
+    if not specs:
+        return {}
+    by_name = {spec.name: spec for spec in specs}
+    request: dict[str, dict[str, Any]] = {
+        spec.name: {
+            "num_partitions": spec.partitions,
+            "replication_factor": -1,  # the cluster's default.replication.factor
+            "configs": topic_configs(spec),
+        }
+        for spec in by_name.values()
+    }
+    created: dict[str, bool] = {}
+    with admin_client(bootstrap, timeout_s=timeout_s) as admin:
+        try:
+            response = admin.create_topics(
+                request, timeout_ms=int(timeout_s * 1000), raise_errors=False
+            )
+            for topic in response.get("topics", []):
+                name, code = topic["name"], int(topic["error_code"])
+                if code == 0:
+                    created[name] = True
+                elif code == _TOPIC_ALREADY_EXISTS:
+                    created[name] = False
+                else:
+                    error = for_code(code)
+                    reason = topic.get("error_message") or error.__name__
+                    raise RunwatchError(f"Kafka refused to create topic {name}: {reason}")
+            admin.wait_for_topics(list(by_name), timeout_ms=int(timeout_s * 1000))
+            existing = [name for name, new in created.items() if not new]
+            if existing:
+                _warn_partition_mismatch(admin, existing, by_name)
+        except KafkaError as exc:
+            raise RunwatchError(f"creating topics on {bootstrap} failed: {exc}") from None
+    return created
+
+
+def _warn_partition_mismatch(
+    admin: KafkaAdminClient, names: list[str], by_name: dict[str, TopicLike]
+) -> None:
+    for topic in admin.describe_topics(names):
+        name = topic.get("topic") or topic.get("name")
+        want = by_name[name].partitions if name in by_name else None
+        have = len(topic.get("partitions") or [])
+        if want is not None and have != want:
+            logger.warning(
+                "topic %s exists with %d partitions, not %d; left as it is", name, have, want
+            )
+
+
+def catalogue(prefix: str = "runwatch", partitions: int | None = None) -> list[TopicSpec]:
+    """The topic catalogue (`schemas.topics.catalogue`) for ``prefix``.
+
+    Raises:
+        RunwatchError: when the catalogue cannot be imported.
+    """
+    try:
+        from schemas import topics
+    except ImportError as exc:
+        raise RunwatchError(f"the topic catalogue schemas.topics is unavailable: {exc}") from None
+    return list(topics.catalogue(prefix, partitions))
+
+
+def create_catalogue(
+    bootstrap: str,
+    *,
+    prefix: str = "runwatch",
+    partitions: int | None = None,
+    timeout_s: float = 30.0,
+) -> dict[str, bool]:
+    """Create every catalogue topic for ``prefix`` (see `create_topics`).
+
+    Args:
+        bootstrap: Kafka bootstrap address.
+        prefix: Topic name prefix.
+        partitions: Partitions per topic; the catalogue's default when None.
+        timeout_s: As in `create_topics`.
+
+    Returns:
+        Topic name -> True if this call created it.
+    """
+    return create_topics(bootstrap, catalogue(prefix, partitions), timeout_s=timeout_s)
+
+
+def list_topics(
+    bootstrap: str, *, include_internal: bool = False, timeout_s: float = 30.0
+) -> dict[str, int]:
+    """The cluster's topics and their partition counts, sorted by name.
+
+    Args:
+        bootstrap: Kafka bootstrap address.
+        include_internal: Also list internal topics (``__consumer_offsets`` ...).
+        timeout_s: Longest to wait for the brokers.
+    """
+    from kafka.errors import KafkaError
+
+    with admin_client(bootstrap, timeout_s=timeout_s) as admin:
+        try:
+            described = admin.describe_topics()
+        except KafkaError as exc:
+            raise RunwatchError(f"listing topics on {bootstrap} failed: {exc}") from None
+    out: dict[str, int] = {}
+    for topic in described:
+        name = topic.get("topic") or topic.get("name")
+        if not name:
+            continue
+        internal = bool(topic.get("is_internal")) or name.startswith("__")
+        if internal and not include_internal:
+            continue
+        out[name] = len(topic.get("partitions") or [])
+    return dict(sorted(out.items()))

@@ -1,0 +1,70 @@
+"""`runwatch topics`: create runwatch's topic catalogue on a cluster, list a cluster's topics."""
+
+from __future__ import annotations
+
+import argparse
+
+from runwatch.errors import UsageError
+
+HELP = "create the topic catalogue (idempotent) or list the cluster's topics"
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Add the `topics` subcommands and their arguments."""
+    sub = parser.add_subparsers(dest="action", metavar="ACTION")
+    sub.required = True
+
+    def add(name: str, help_text: str) -> argparse.ArgumentParser:
+        child = sub.add_parser(name, help=help_text, description=help_text)
+        child.add_argument(
+            "--bootstrap",
+            default=None,
+            metavar="HOST:PORT",
+            help="Kafka address (default: $RUNWATCH_BOOTSTRAP, else the embedded broker)",
+        )
+        child.add_argument(
+            "--timeout", type=float, default=30.0, metavar="S", help="seconds to wait (30)"
+        )
+        return child
+
+    create = add("create", "create every catalogue topic that does not exist yet")
+    create.add_argument(
+        "--prefix",
+        default=None,
+        help="topic name prefix (default: $RUNWATCH_TOPIC_PREFIX or runwatch)",
+    )
+    create.add_argument(
+        "--partitions", type=int, default=None, help="partitions per topic (catalogue default)"
+    )
+    listing = add("list", "list topics and their partition counts")
+    listing.add_argument(
+        "--all", action="store_true", help="include internal topics (__consumer_offsets ...)"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Dispatch to the chosen action; returns the exit status."""
+    from runwatch import admin
+    from runwatch.settings import resolve_bootstrap, topic_prefix
+
+    if args.timeout <= 0:
+        raise UsageError(f"--timeout must be > 0, not {args.timeout}")
+    bootstrap = resolve_bootstrap(args.bootstrap)
+    if args.action == "create":
+        if args.partitions is not None and args.partitions < 1:
+            raise UsageError(f"--partitions must be >= 1, not {args.partitions}")
+        created = admin.create_catalogue(
+            bootstrap,
+            prefix=topic_prefix(args.prefix),
+            partitions=args.partitions,
+            timeout_s=args.timeout,
+        )
+        for name, new in sorted(created.items()):
+            print(f"{name}\t{'created' if new else 'exists'}")
+        return 0
+    if args.action == "list":
+        topics = admin.list_topics(bootstrap, include_internal=args.all, timeout_s=args.timeout)
+        for name, partitions in topics.items():
+            print(f"{name}\t{partitions}")
+        return 0
+    raise UsageError(f"unknown action {args.action!r}")
