@@ -55,14 +55,11 @@ def resolve_bootstrap(explicit: str | None = None) -> str:
     env = os.environ.get(ENV_BOOTSTRAP)
     if env:
         return env
-    try:
-        from runwatch.broker import running_bootstrap
-    except ImportError:  # pragma: no cover - the broker module is part of the package
-        running_bootstrap = None
-    if running_bootstrap is not None:
-        address = running_bootstrap()
-        if address:
-            return address
+    from runwatch.broker import running_bootstrap
+
+    address = running_bootstrap()
+    if address:
+        return address
     raise UsageError(
         "no Kafka broker: pass --bootstrap HOST:PORT, set RUNWATCH_BOOTSTRAP, "
         "or start the embedded one with `runwatch broker start`"

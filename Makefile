@@ -1,0 +1,43 @@
+# runwatch: every target does its own set-up on a fresh machine (venv, packages, Kafka jars).
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: help test demo lint typecheck bench kafka-jars tools venv clean
+
+help:  ## list targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/'
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[torch,sinks,dev]'
+	touch $(STAMP)
+
+venv: $(STAMP)  ## create .venv and install runwatch with every extra
+
+kafka-jars: $(STAMP)  ## fetch Apache Kafka's jars from Maven Central (once; cached in ~/.runwatch)
+	$(PY) -c "from runwatch.broker import ensure_jars; print('kafka jars:', ensure_jars())"
+
+tools:  ## best effort: kcat (a non-Python Kafka client the wire-format test reads with)
+	@command -v kcat >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	  (apt-get update -qq && apt-get install -y -qq kcat) >/dev/null 2>&1; } || \
+	  echo "kcat not installed: the kcat wire-format test will be skipped"
+
+test: $(STAMP) kafka-jars tools  ## run the whole test suite against a real broker
+	$(PY) -m pytest -q
+
+demo: $(STAMP) kafka-jars  ## the whole pipeline on the embedded broker with a real torch run
+	$(VENV)/bin/runwatch demo
+
+lint: $(STAMP)  ## ruff and mypy (strict on schemas/ and processors/core/)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy schemas processors/core
+
+bench: $(STAMP) kafka-jars  ## every benchmark in bench/ (prints figures and a JSON line each)
+	for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+clean:  ## remove the venv and caches (not ~/.runwatch)
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
