@@ -263,6 +263,9 @@ class RunEmitter:
         if producer_factory is None:
             from kafka import KafkaProducer
 
+            unknown = sorted(config.keys() - KafkaProducer.DEFAULT_CONFIG.keys())
+            if unknown:
+                raise ValueError(f"unknown kafka-python producer setting(s): {', '.join(unknown)}")
             producer_factory = KafkaProducer
         self._exit_hook = _ExitHook(self)
         self._delivery = DeliveryThread(

@@ -111,7 +111,8 @@ def as_bool(name: str, value: Any) -> bool:
         raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
     if isinstance(value, int) and value in (0, 1):
         return bool(value)
-    if type(value).__name__ == "bool_":  # numpy.bool_
+    kind = type(value)
+    if kind.__module__ == "numpy" and kind.__name__ in ("bool", "bool_"):
         return bool(value)
     raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
 
