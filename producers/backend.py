@@ -1,0 +1,221 @@
+"""The seam between a training loop and the engine that distributes it.
+
+A backend says what it really executes (`BackendCapabilities`) rather than accepting flags it
+ignores, and implements a small lifecycle (`DistributedTrainingBackend`): join the gang, place
+and wrap the model, describe the parallel plan, leave. The controller reads the capabilities
+(may it restart the gang on another world size?) without importing torch: only
+`TorchDDPBackend`'s methods import it.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+from schemas.events import ParallelPlan
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+PLAN_AXES = ("dp_replicate", "dp_shard", "tp", "pp", "cp", "ep", "etp")
+"""The mesh axes of `ParallelPlan`, by field name."""
+
+
+@dataclass(frozen=True)
+class BackendCapabilities:
+    """What a backend actually executes.
+
+    Attributes:
+        name: Backend name, e.g. ``"torch-ddp"``.
+        axes: Plan axes (`PLAN_AXES` names) it can make larger than 1.
+        precisions: Training precisions it runs, e.g. ``{"fp32"}``.
+        distributed_optimizer: True if optimizer state is sharded across ranks (ZeRO-1+).
+        reshardable_checkpoint: True if a checkpoint saved by N ranks loads on M ranks.
+        elastic_restart: True if the gang may be restarted from a checkpoint, possibly on
+            another world size, without restarting the job from scratch.
+        requirements: Human-readable runtime requirements.
+        incompatible_axis_sets: Axis combinations it cannot run together.
+    """
+
+    name: str
+    axes: frozenset[str]
+    precisions: frozenset[str] = frozenset({"fp32"})
+    distributed_optimizer: bool = False
+    reshardable_checkpoint: bool = False
+    elastic_restart: bool = False
+    requirements: tuple[str, ...] = ()
+    incompatible_axis_sets: tuple[frozenset[str], ...] = field(default=())
+
+    def plan_problems(self, plan: ParallelPlan, precision: str = "fp32") -> list[str]:
+        """Why this backend cannot run ``plan`` at ``precision``; empty when it can.
+
+        Args:
+            plan: The requested plan.
+            precision: The requested training precision.
+
+        Returns:
+            One line per problem.
+        """
+        used = {axis for axis in PLAN_AXES if getattr(plan, axis) > 1}
+        problems = [f"{self.name} does not implement axis {axis}"
+                    for axis in sorted(used - self.axes)]
+        problems += [f"{self.name} cannot combine {sorted(bad)}"
+                     for bad in self.incompatible_axis_sets if bad <= used]
+        if precision not in self.precisions:
+            problems.append(f"{self.name} does not train in {precision}")
+        return problems
+
+
+@dataclass(frozen=True)
+class LaunchEnv:
+    """The torchrun-style environment a rank is launched with.
+
+    Attributes:
+        rank: Global rank (``RANK``).
+        world_size: Ranks in the gang (``WORLD_SIZE``).
+        local_rank: Rank on this host (``LOCAL_RANK``), selects the GPU.
+        master_addr: Rendezvous host (``MASTER_ADDR``).
+        master_port: Rendezvous port (``MASTER_PORT``).
+    """
+
+    rank: int
+    world_size: int
+    local_rank: int
+    master_addr: str
+    master_port: int
+
+    @classmethod
+    def from_environ(cls, environ: dict[str, str] | None = None) -> LaunchEnv:
+        """Read the variables; a lone process without them is rank 0 of 1 on localhost.
+
+        Args:
+            environ: Mapping to read; None reads ``os.environ``.
+
+        Returns:
+            The launch environment.
+        """
+        env = os.environ if environ is None else environ
+        return cls(
+            rank=int(env.get("RANK", "0")),
+            world_size=int(env.get("WORLD_SIZE", "1")),
+            local_rank=int(env.get("LOCAL_RANK", env.get("RANK", "0"))),
+            master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
+            master_port=int(env.get("MASTER_PORT", "29500")),
+        )
+
+
+@runtime_checkable
+class DistributedTrainingBackend(Protocol):
+    """The lifecycle a training loop needs from a distribution engine."""
+
+    @property
+    def capabilities(self) -> BackendCapabilities:
+        """What the backend really executes."""
+        ...
+
+    def init(self, env: LaunchEnv, *, timeout_s: float) -> None:
+        """Join the gang (blocks until every rank has joined or ``timeout_s`` passes)."""
+        ...
+
+    @property
+    def device(self) -> torch.device:
+        """The device this rank computes on."""
+        ...
+
+    def plan(self) -> ParallelPlan:
+        """The parallel plan the gang runs."""
+        ...
+
+    def wrap_model(self, model: nn.Module) -> nn.Module:
+        """Move ``model`` to `device` and wrap it for distributed training."""
+        ...
+
+    def shutdown(self) -> None:
+        """Leave the gang and free its resources."""
+        ...
+
+
+class TorchDDPBackend:
+    """Data-parallel replication with ``torch.nn.parallel.DistributedDataParallel``.
+
+    gloo on CPU, nccl (plus gloo for CPU collectives such as checkpoint coordination) when
+    CUDA is available. Capabilities, as exercised by ``tests/integration/torch``: only the
+    ``dp_replicate`` axis, fp32, no optimizer sharding; checkpoints are reshardable (DCP with
+    parameter-name keys and a global loader position: a 2-rank checkpoint resumes on 1 rank),
+    so the gang may be restarted on another world size.
+    """
+
+    CAPABILITIES = BackendCapabilities(
+        name="torch-ddp",
+        axes=frozenset({"dp_replicate"}),
+        precisions=frozenset({"fp32"}),
+        distributed_optimizer=False,
+        reshardable_checkpoint=True,
+        elastic_restart=True,
+        requirements=("torch>=2.4", "torch.distributed with gloo (CPU) or nccl (CUDA)",
+                      "a file system shared by all ranks for checkpoints"),
+    )
+
+    def __init__(self) -> None:
+        self._env: LaunchEnv | None = None
+        self._device: torch.device | None = None
+
+    @property
+    def capabilities(self) -> BackendCapabilities:
+        """What DDP here really executes."""
+        return self.CAPABILITIES
+
+    def init(self, env: LaunchEnv, *, timeout_s: float = 120.0) -> None:
+        """Initialise the default process group from the launch environment.
+
+        Args:
+            env: Where this rank stands in the gang.
+            timeout_s: Rendezvous and collective timeout.
+        """
+        import torch
+        import torch.distributed as dist
+
+        cuda = torch.cuda.is_available()
+        if cuda:
+            torch.cuda.set_device(env.local_rank)
+        self._device = torch.device("cuda", env.local_rank) if cuda else torch.device("cpu")
+        dist.init_process_group(
+            backend="cpu:gloo,cuda:nccl" if cuda else "gloo",
+            init_method=f"tcp://{env.master_addr}:{env.master_port}",
+            rank=env.rank,
+            world_size=env.world_size,
+            timeout=timedelta(seconds=timeout_s),
+        )
+        self._env = env
+
+    @property
+    def device(self) -> torch.device:
+        """The device this rank computes on (after `init`)."""
+        if self._device is None:
+            raise RuntimeError("TorchDDPBackend.init() has not run")
+        return self._device
+
+    def plan(self) -> ParallelPlan:
+        """Pure replication over the whole gang."""
+        if self._env is None:
+            raise RuntimeError("TorchDDPBackend.init() has not run")
+        return ParallelPlan(dp_replicate=self._env.world_size)
+
+    def wrap_model(self, model: nn.Module) -> nn.Module:
+        """Move to the device and wrap in DDP (parameters broadcast from rank 0)."""
+        from torch.nn.parallel import DistributedDataParallel
+
+        model = model.to(self.device)
+        if self.device.type == "cuda":
+            return DistributedDataParallel(model, device_ids=[self.device.index])
+        return DistributedDataParallel(model)
+
+    def shutdown(self) -> None:
+        """Destroy the default process group if it exists."""
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
