@@ -1,0 +1,93 @@
+"""Launch `examples/train_ddp.py` gangs as real processes, the way torchrun would.
+
+Each rank is its own ``python`` process with ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
+``MASTER_ADDR`` and ``MASTER_PORT`` set (a fresh free port per gang); no torchrun involved.
+Emitting to Kafka is off (``RUNWATCH_BOOTSTRAP`` removed, ``--no-emit``); the script's
+``--trace-dir`` records what it would have emitted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[3]
+SCRIPT = REPO / "examples" / "train_ddp.py"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Gang:
+    returncodes: list[int]
+    logs: list[str]
+    trace: Path
+
+    def metrics(self) -> dict[str, Any]:
+        return json.loads((self.trace / "metrics.json").read_text())
+
+    def losses(self) -> dict[int, float]:
+        return {int(k): v for k, v in self.metrics()["losses"].items()}
+
+    def events(self, rank: int = 0, call: str | None = None) -> list[dict[str, Any]]:
+        path = self.trace / f"events.rank{rank}.jsonl"
+        rows = [json.loads(line) for line in path.read_text().splitlines()]
+        return [r for r in rows if call is None or r["call"] == call]
+
+    def samples(self, rank: int) -> dict[int, list[int]]:
+        path = self.trace / f"samples.rank{rank}.jsonl"
+        rows = [json.loads(line) for line in path.read_text().splitlines()]
+        return {r["step"]: r["ids"] for r in rows}
+
+
+def run_gang(nproc: int, args: Sequence[str], trace: Path, *, env: dict[str, str] | None = None,
+             timeout_s: float = 120.0) -> Gang:
+    """Start ``nproc`` ranks, wait for all of them, return exit codes and logs."""
+    port = free_port()
+    base = {k: v for k, v in os.environ.items() if not k.startswith("RUNWATCH_")}
+    base.update(env or {})
+    procs = []
+    for rank in range(nproc):
+        rank_env = base | {"RANK": str(rank), "WORLD_SIZE": str(nproc), "LOCAL_RANK": str(rank),
+                           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+                           "OMP_NUM_THREADS": "1"}
+        cmd = [sys.executable, str(SCRIPT), "--no-emit", "--trace-dir", str(trace), *args]
+        procs.append(subprocess.Popen(cmd, env=rank_env, cwd=REPO, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True))
+    deadline = time.monotonic() + timeout_s
+    logs = []
+    try:
+        for p in procs:
+            out, _ = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            logs.append(out)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return Gang([p.returncode for p in procs], logs, trace)
+
+
+@pytest.fixture(scope="module")
+def gang_runner(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Gang]:
+    """``gang_runner(nproc, args, name, env=None)``: run a gang with its own trace dir."""
+
+    def run(nproc: int, args: Sequence[str], name: str, env: dict[str, str] | None = None) -> Gang:
+        trace = tmp_path_factory.mktemp(name)
+        return run_gang(nproc, args, trace, env=env)
+
+    return run

@@ -1,0 +1,60 @@
+"""A rank SIGKILLs itself mid-run; the survivor fails fast; a restarted gang resumes.
+
+The kill fires only in incarnation 0, so the restarted gang (``RUNWATCH_INCARNATION=1``)
+runs through; it resumes from the newest checkpoint that was complete on disk when the gang
+died, never from the ``.tmp`` directory a write in flight left behind.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from producers.checkpoint_layout import is_complete_checkpoint, latest_complete_checkpoint
+
+pytestmark = pytest.mark.torch
+
+KILL_AT = 9
+COMMON = ["--steps", "12", "--checkpoint-every", "2", "--keep-checkpoints", "2", "--seed", "1"]
+
+
+@pytest.fixture(scope="module")
+def runs(gang_runner, tmp_path_factory):
+    ckpt = tmp_path_factory.mktemp("ckpt")
+    args = [*COMMON, "--checkpoint-dir", str(ckpt), "--inject", f"kill@{KILL_AT}:rank=1"]
+    crashed = gang_runner(2, args, "crashed")
+    latest = latest_complete_checkpoint(ckpt)
+    restarted = gang_runner(2, [*args, "--resume"], "restarted",
+                            env={"RUNWATCH_INCARNATION": "1"})
+    return crashed, latest, restarted
+
+
+def test_killed_rank_dies_and_the_survivor_fails(runs):
+    crashed, _, _ = runs
+    assert crashed.returncodes == [1, -9], "\n".join(crashed.logs)
+    (ended,) = crashed.events(0, "run_ended")
+    assert ended["status"] == "failed" and ended["final_step"] == KILL_AT - 1
+    assert "Connection" in ended["reason"] or "gloo" in ended["reason"].lower()
+    beats = crashed.events(1, "heartbeat")
+    assert beats[-1]["step"] == KILL_AT - 1
+
+
+def test_only_complete_checkpoints_are_reported_and_resumed(runs):
+    crashed, latest, _ = runs
+    assert latest is not None and latest[0] <= KILL_AT - 1
+    committed = crashed.events(0, "checkpoint_committed")
+    assert committed and committed[-1]["step"] == latest[0]
+    assert all(not c["path"].endswith(".tmp") for c in committed)
+
+
+def test_restart_resumes_from_the_latest_complete_checkpoint(runs):
+    _, latest, restarted = runs
+    assert restarted.returncodes == [0, 0], "\n".join(restarted.logs)
+    steps = restarted.events(0, "step")
+    assert steps[0]["step"] == latest[0] + 1
+    assert steps[0]["restart_from_step"] == latest[0]
+    assert steps[-1]["step"] == 12
+    assert restarted.events(0, "run_ended")[0]["status"] == "completed"
+    final = Path(restarted.events(0, "checkpoint_committed")[-1]["path"])
+    assert is_complete_checkpoint(final) and final.name == "step_000012"
