@@ -1,0 +1,53 @@
+"""The pure verdict engine: reducers ``(state, event) -> (state, verdicts)``.
+
+No kafka, faust or torch import lives here (a test enforces it): the stream processors,
+the replay/audit runner and the in-process `TrainingHealthMonitor` all fold the same
+functions, so a verdict is the same live, in replay and in process. Design notes and every
+difference from the seeds: ``docs/core.md``.
+"""
+
+from processors.core.baseline import RollingBaseline
+from processors.core.checkpoints import (
+    CheckpointCatalogue,
+    fold_checkpoint,
+    latest_checkpoint,
+)
+from processors.core.config import DetectorConfig, config_hash, with_overrides
+from processors.core.liveness import LivenessState, advance_step, fold_liveness
+from processors.core.mfu import flops_per_token, mfu, theoretical_flops_per_iter
+from processors.core.monitor import TrainingHealthMonitor
+from processors.core.policy import PolicyState, fold_policy
+from processors.core.replay import Replayer, ReplayResult, replay
+from processors.core.report import health_report
+from processors.core.state_codec import decode_state, encode_state
+from processors.core.steps import StepHealthState, fold_step
+from processors.core.verdicts import command_id, verdict_id
+
+__all__ = [
+    "CheckpointCatalogue",
+    "DetectorConfig",
+    "LivenessState",
+    "PolicyState",
+    "ReplayResult",
+    "Replayer",
+    "RollingBaseline",
+    "StepHealthState",
+    "TrainingHealthMonitor",
+    "advance_step",
+    "command_id",
+    "config_hash",
+    "decode_state",
+    "encode_state",
+    "flops_per_token",
+    "fold_checkpoint",
+    "fold_liveness",
+    "fold_policy",
+    "fold_step",
+    "health_report",
+    "latest_checkpoint",
+    "mfu",
+    "replay",
+    "theoretical_flops_per_iter",
+    "verdict_id",
+    "with_overrides",
+]

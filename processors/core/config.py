@@ -1,0 +1,226 @@
+"""Detector configuration: every threshold and window in one frozen, hashable value.
+
+A verdict carries `config_hash` of the configuration that produced it, so the same log
+replayed with the same configuration yields the same verdict ids, and a replay with other
+thresholds (``runwatch replay --set loss_z_thresh=8``) yields visibly different ones.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Mapping
+from functools import lru_cache
+from typing import Annotated, Final, Literal
+
+import msgspec
+
+MfuConvention = Literal["6N", "6N+attn"]
+"""How FLOPs per token are counted: ``6N`` (weights only) or ``6N+attn`` (plus 12·L·d·T)."""
+
+_DISABLED_WORDS: Final = frozenset({"none", "off", "null", ""})
+
+PosInt = Annotated[int, msgspec.Meta(ge=1)]
+NonNegInt = Annotated[int, msgspec.Meta(ge=0)]
+PosFloat = Annotated[float, msgspec.Meta(gt=0.0)]
+NonNegFloat = Annotated[float, msgspec.Meta(ge=0.0)]
+
+
+class DetectorConfig(msgspec.Struct, frozen=True, kw_only=True):
+    """Every threshold and window the detectors use (see docs/core.md for the reasoning).
+
+    Attributes:
+        loss_window: Trailing steps in the loss baseline.
+        loss_min_periods: Values needed before the loss baseline judges anything.
+        loss_z_thresh: Robust z above which a loss is a spike (upward only).
+        grad_window: Trailing steps in the grad-norm baseline.
+        grad_min_periods: Values needed before the grad-norm baseline judges anything.
+        grad_z_thresh: Robust z above which a grad norm is a spike (upward only).
+        max_loss: Loss ceiling: above it the run has diverged; None: no explicit ceiling.
+        divergence_uniform_factor: Without ``max_loss``, the ceiling is this factor times
+            ln(vocab_size) when the vocabulary is known; 0 disables the derived ceiling.
+        collapse_steps: Consecutive steps near ln(vocab_size) that make a collapse.
+        collapse_band_nats: How near ln(vocab_size) counts as "near" (absolute, nats).
+        collapse_learned_nats: The run must once have been this far below ln(vocab_size)
+            before a return to it counts as a collapse (a fresh model starts there).
+        restart_check_steps: Steps after a restart marker judged against the baseline as
+            it stood at the step resumed from.
+        restart_z_thresh: Threshold for the restart check (per step and cumulative).
+        rank_heartbeat_threshold: A rank more than this many steps behind the run is dead.
+        dead_rank_timeout_s: A rank silent this long in log time is dead.
+        hang_timeout_s: No rank reported for this long in log time: the run hangs.
+        startup_timeout_s: Before the first heartbeat of an incarnation, the hang timeout.
+        straggler_ratio: A step time above this multiple of the peers' median is slow.
+        straggler_steps: Consecutive slow steps that make a straggler.
+        restart_budget: Most restart commands per run per budget window.
+        restart_budget_window_steps: The budget window, in steps.
+        history_steps: Kept steps remembered for exact rollback of baselines and totals.
+        mfu_convention: How FLOPs per token are counted for MFU.
+        min_scale_rel: When every value of a window is identical, the spread used is this
+            fraction of the median (or of 1 when the median is 0).
+    """
+
+    loss_window: PosInt = 50
+    loss_min_periods: PosInt = 10
+    loss_z_thresh: PosFloat = 6.0
+    grad_window: PosInt = 50
+    grad_min_periods: PosInt = 10
+    grad_z_thresh: PosFloat = 6.0
+    max_loss: PosFloat | None = None
+    divergence_uniform_factor: NonNegFloat = 2.0
+    collapse_steps: PosInt = 20
+    collapse_band_nats: PosFloat = 0.25
+    collapse_learned_nats: PosFloat = 1.0
+    restart_check_steps: NonNegInt = 20
+    restart_z_thresh: PosFloat = 6.0
+    rank_heartbeat_threshold: PosInt = 50
+    dead_rank_timeout_s: PosFloat = 300.0
+    hang_timeout_s: PosFloat = 600.0
+    startup_timeout_s: PosFloat = 1800.0
+    straggler_ratio: Annotated[float, msgspec.Meta(gt=1.0)] = 1.5
+    straggler_steps: PosInt = 10
+    restart_budget: NonNegInt = 3
+    restart_budget_window_steps: PosInt = 1000
+    history_steps: PosInt = 2048
+    mfu_convention: MfuConvention = "6N+attn"
+    min_scale_rel: PosFloat = 1e-3
+
+    def __post_init__(self) -> None:
+        """Check the constraints that involve two fields."""
+        for window, periods, name in (
+            (self.loss_window, self.loss_min_periods, "loss"),
+            (self.grad_window, self.grad_min_periods, "grad"),
+        ):
+            if periods > window:
+                raise ValueError(f"{name}_min_periods ({periods}) > {name}_window ({window})")
+        if self.history_steps < max(self.loss_window, self.grad_window):
+            raise ValueError("history_steps must be >= loss_window and grad_window")
+
+
+DEFAULT_CONFIG: Final = DetectorConfig()
+VALID_KEYS: Final[tuple[str, ...]] = DetectorConfig.__struct_fields__
+
+
+@lru_cache(maxsize=256)
+def config_hash(cfg: DetectorConfig) -> str:
+    """A stable short hex digest of a configuration (every field, by name).
+
+    Args:
+        cfg: The configuration.
+
+    Returns:
+        12 hex characters; equal configurations give equal hashes across processes.
+    """
+    canonical = msgspec.json.encode(msgspec.structs.asdict(cfg), order="sorted")
+    return hashlib.blake2b(canonical, digest_size=6).hexdigest()
+
+
+def _field_kind(name: str) -> str:
+    default = getattr(DEFAULT_CONFIG, name)
+    if name == "max_loss":
+        return "optional_float"
+    if isinstance(default, bool):
+        return "bool"
+    if isinstance(default, int):
+        return "int"
+    if isinstance(default, float):
+        return "float"
+    return "str"
+
+
+def _coerce(name: str, value: float | int | str) -> float | int | str | None:
+    """Turn one override value into the field's type; ValueError with a reason if it can't."""
+    kind = _field_kind(name)
+    if isinstance(value, bool):
+        raise ValueError("booleans are not accepted")
+    if kind == "str":
+        return str(value)
+    if kind == "optional_float":
+        if isinstance(value, str) and value.strip().lower() in _DISABLED_WORDS:
+            return None
+        number = float(value)
+        if math.isinf(number) and number > 0:
+            return None
+        return number
+    number = float(value)
+    if not math.isfinite(number):
+        raise ValueError(f"{value!r} is not finite")
+    if kind == "int":
+        if not number.is_integer():
+            raise ValueError(f"{value!r} is not an integer")
+        return int(number)
+    return number
+
+
+def with_overrides(
+    cfg: DetectorConfig, overrides: Mapping[str, float | int | str]
+) -> DetectorConfig:
+    """A copy of ``cfg`` with some fields replaced, validated.
+
+    Used by ``runwatch replay --set k=v`` (string values) and by ``RunStarted.thresholds``
+    (float values; an integral float is accepted for an integer field).
+
+    Args:
+        cfg: The base configuration.
+        overrides: Field name to new value.
+
+    Returns:
+        The new configuration (``cfg`` itself when ``overrides`` is empty).
+
+    Raises:
+        ValueError: One line naming the offending key and the valid keys.
+    """
+    if not overrides:
+        return cfg
+    valid = ", ".join(VALID_KEYS)
+    merged = msgspec.structs.asdict(cfg)
+    for key, raw in overrides.items():
+        if key not in merged:
+            raise ValueError(f"unknown detector setting {key!r}; valid keys: {valid}")
+        try:
+            merged[key] = _coerce(key, raw)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"bad value for {key}: {exc}; valid keys: {valid}") from None
+    try:
+        return msgspec.convert(merged, DetectorConfig)
+    except (msgspec.ValidationError, ValueError) as exc:
+        reason = str(exc).replace("\n", " ")
+        raise ValueError(f"bad detector settings: {reason}; valid keys: {valid}") from None
+
+
+@lru_cache(maxsize=1024)
+def _cached_overrides(cfg: DetectorConfig, items: tuple[tuple[str, float], ...]) -> DetectorConfig:
+    return with_overrides(cfg, dict(items))
+
+
+def effective_config(cfg: DetectorConfig, thresholds: Mapping[str, float]) -> DetectorConfig:
+    """``cfg`` with a run's own thresholds applied; invalid run thresholds are ignored.
+
+    A run cannot crash the processor by announcing a bad threshold: when the overrides do
+    not validate, the processor's configuration is used unchanged (the run's state keeps
+    the thresholds it announced, so the report shows them).
+
+    Args:
+        cfg: The processor's configuration.
+        thresholds: ``RunStarted.thresholds`` of the run.
+
+    Returns:
+        The configuration the run's detectors use.
+    """
+    if not thresholds:
+        return cfg
+    try:
+        return _cached_overrides(cfg, tuple(sorted(thresholds.items())))
+    except ValueError:
+        return cfg
+
+
+__all__ = [
+    "DEFAULT_CONFIG",
+    "VALID_KEYS",
+    "DetectorConfig",
+    "MfuConvention",
+    "config_hash",
+    "effective_config",
+    "with_overrides",
+]

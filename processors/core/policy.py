@@ -1,0 +1,138 @@
+"""Restart policy: the reducer from a run's anomalies to restart commands.
+
+It reads the anomalies topic alone, so a command is a pure function of the anomaly log:
+
+* ``dead_rank`` and ``hang``: respawn the gang from the latest committed checkpoint
+  (``max_checkpoint_step=None``);
+* ``nonfinite_loss``, ``nonfinite_grad_norm``, ``loss_divergence`` and ``loss_collapse`` at
+  step k: roll back to the latest committed checkpoint at or before k-1 (the checkpoint of
+  step k may already hold the poisoned weights);
+* ``restart_discontinuity``: no command (restarting again would loop); the run's
+  continuity is marked broken and the anomaly itself is the alert;
+* spikes and stragglers: alert only.
+
+At most one command per (run, incarnation): a restart ends the incarnation, so every
+dead_rank of a killed gang, or a hang plus a dead_rank, gives one command; an anomaly of an
+incarnation older than one already seen concerns a gang that no longer exists and is
+ignored. A budget caps commands per run to ``restart_budget`` per
+``restart_budget_window_steps`` steps; past it, anomalies stay alerts.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import msgspec
+
+from processors.core.config import DetectorConfig
+from processors.core.verdicts import command_id
+from schemas.events import AnomalyDetected, AnomalyKind, Provenance, RestartAction, RestartRequested
+
+RESPAWN_KINDS: Final[frozenset[AnomalyKind]] = frozenset({"dead_rank", "hang"})
+ROLLBACK_KINDS: Final[frozenset[AnomalyKind]] = frozenset(
+    {"nonfinite_loss", "nonfinite_grad_norm", "loss_divergence", "loss_collapse"}
+)
+
+
+class PolicyState(msgspec.Struct, frozen=True, gc=False):
+    """The policy's memory of one run.
+
+    Attributes:
+        run_id: The run.
+        last_offset: Offset of the last applied anomaly (-1: none).
+        newest_incarnation: Newest incarnation any anomaly carried (-1: none).
+        commanded_incarnation: Newest incarnation a command was issued for (-1: none).
+        command_steps: Steps of the anomalies that caused commands (for the budget).
+        commands: Commands issued.
+        over_budget: Anomalies that would have caused a command but for the budget.
+        stale: Anomalies ignored because their incarnation had ended.
+        continuity_broken: True once a restart_discontinuity was seen.
+        last_command_id: Id of the latest command ("" if none).
+    """
+
+    run_id: str
+    last_offset: int = -1
+    newest_incarnation: int = -1
+    commanded_incarnation: int = -1
+    command_steps: tuple[int, ...] = ()
+    commands: int = 0
+    over_budget: int = 0
+    stale: int = 0
+    continuity_broken: bool = False
+    last_command_id: str = ""
+
+
+def action_for(kind: AnomalyKind) -> RestartAction | None:
+    """The restart action an anomaly kind calls for, None for alert-only kinds."""
+    if kind in RESPAWN_KINDS:
+        return "respawn"
+    if kind in ROLLBACK_KINDS:
+        return "rollback"
+    return None
+
+
+def _within_budget(state: PolicyState, step: int, cfg: DetectorConfig) -> bool:
+    window = cfg.restart_budget_window_steps
+    recent = sum(1 for s in state.command_steps if s > step - window)
+    return recent < cfg.restart_budget
+
+
+def fold_policy(
+    state: PolicyState | None,
+    anomaly: AnomalyDetected,
+    source: Provenance,
+    cfg: DetectorConfig,
+) -> tuple[PolicyState, list[RestartRequested]]:
+    """Apply one anomaly of a run's anomalies topic.
+
+    Args:
+        state: The run's policy state, None for a run not seen yet.
+        anomaly: The verdict.
+        source: Its position in the anomalies topic (skipped if at or below the last one).
+        cfg: The processor's configuration (budget).
+
+    Returns:
+        The new state and at most one unsigned command (``signature=""``).
+    """
+    if state is None:
+        state = PolicyState(run_id=anomaly.run_id)
+    elif source.offset <= state.last_offset:
+        return state, []
+    incarnation = anomaly.incarnation
+    newest = max(state.newest_incarnation, incarnation)
+    state = msgspec.structs.replace(state, last_offset=source.offset, newest_incarnation=newest)
+    if anomaly.kind == "restart_discontinuity":
+        return msgspec.structs.replace(state, continuity_broken=True), []
+    action = action_for(anomaly.kind)
+    if action is None:
+        return state, []
+    if incarnation < newest:
+        return msgspec.structs.replace(state, stale=state.stale + 1), []
+    if incarnation <= state.commanded_incarnation:
+        return state, []
+    if not _within_budget(state, anomaly.step, cfg):
+        return msgspec.structs.replace(state, over_budget=state.over_budget + 1), []
+    cid = command_id(anomaly.run_id, incarnation, action, anomaly.verdict_id)
+    command = RestartRequested(
+        run_id=anomaly.run_id,
+        ts_ns=anomaly.ts_ns,
+        seq=source.offset,
+        command_id=cid,
+        action=action,
+        cause_verdict_id=anomaly.verdict_id,
+        cause_kind=anomaly.kind,
+        incarnation=incarnation,
+        max_checkpoint_step=anomaly.step - 1 if action == "rollback" else None,
+        source=source,
+    )
+    keep = max(cfg.restart_budget, 1)
+    return msgspec.structs.replace(
+        state,
+        commanded_incarnation=incarnation,
+        command_steps=(*state.command_steps, anomaly.step)[-keep:],
+        commands=state.commands + 1,
+        last_command_id=cid,
+    ), [command]
+
+
+__all__ = ["RESPAWN_KINDS", "ROLLBACK_KINDS", "PolicyState", "action_for", "fold_policy"]
