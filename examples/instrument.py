@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import msgspec
 
@@ -143,5 +143,5 @@ def make_emitter(*, enabled: bool, run_id: str, rank: int, world_size: int,
     if enabled:
         from producers.emitter import RunEmitter
 
-        inner = RunEmitter(run_id, rank=rank, world_size=world_size)
+        inner = cast(Emitter, RunEmitter(run_id, rank=rank, world_size=world_size))
     return TraceEmitter(trace_path, inner) if trace_path is not None else inner

@@ -33,20 +33,22 @@ from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import msgspec
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.checkpoint.filesystem import FileSystemReader
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
     get_state_dict,
     set_model_state_dict,
     set_state_dict,
 )
+from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+from torch.distributed.checkpoint.state_dict_saver import async_save
 
 from producers.checkpoint_layout import (
     commit_checkpoint,
@@ -190,7 +192,7 @@ class AsyncCheckpointer:
         self.coordinator_rank = coordinator_rank
         self._distributed = dist.is_available() and dist.is_initialized()
         self.process_group: dist.ProcessGroup | None = (
-            dist.new_group(backend="gloo") if self._distributed else None
+            cast(dist.ProcessGroup, dist.new_group(backend="gloo")) if self._distributed else None
         )
         self._inflight: threading.Event | None = None  # set when the write is committed
         self._results: queue.Queue[CheckpointResult] = queue.Queue()
@@ -227,7 +229,7 @@ class AsyncCheckpointer:
         tmp = staging_dir(self.root, step)
         state = training_state_dict(model, optimizer, step=step, loader_state=loader_state,
                                     world_size=world_size)
-        future = dcp.async_save(state, checkpoint_id=str(tmp), process_group=self.process_group,
+        future = async_save(state, checkpoint_id=str(tmp), process_group=self.process_group,
                                 no_dist=not self._distributed)
         staged = time.perf_counter()
         blocked_s = staged - t0
@@ -333,7 +335,7 @@ def load_checkpoint(path: str | os.PathLike[str], model: nn.Module,
     """
     rank = _rank()
     distributed = dist.is_available() and dist.is_initialized()
-    keys = set(dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata)
+    keys = set(FileSystemReader(str(path)).read_metadata().state_dict_metadata)
     own = f"rank{rank}" if f"rank{rank}.loader" in keys else "rank0"
     state: dict[str, Any] = {"progress": "", own: {"loader": ""}}
     rngs = {name: value for name, value in _rng_states().items()
@@ -344,7 +346,7 @@ def load_checkpoint(path: str | os.PathLike[str], model: nn.Module,
         state["model"], state["optim"] = get_state_dict(model, optimizer)
     else:
         state["model"] = get_model_state_dict(model)
-    dcp.load(state, checkpoint_id=str(path), process_group=process_group,
+    dcp_load(state, checkpoint_id=str(path), process_group=process_group,
              no_dist=not distributed)
     if optimizer is not None:
         set_state_dict(model, optimizer, model_state_dict=state["model"],

@@ -8,6 +8,7 @@ Emitting to Kafka is off (``RUNWATCH_BOOTSTRAP`` removed, ``--no-emit``); the sc
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import socket
@@ -20,6 +21,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+if importlib.util.find_spec("torch") is None:  # an optional extra
+    collect_ignore_glob = ["test_*.py"]
 
 REPO = Path(__file__).resolve().parents[3]
 SCRIPT = REPO / "examples" / "train_ddp.py"
