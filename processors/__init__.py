@@ -1,0 +1,1 @@
+"""Stream processors: the faust-streaming app, its agents and tables, and the audit."""

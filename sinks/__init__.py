@@ -1,0 +1,1 @@
+"""Sinks: the controller that respawns torch gangs, alerts, Prometheus metrics, archive."""

@@ -1,0 +1,77 @@
+"""Fold a batch of decoded records into per-run states: the glue between agents and core.
+
+Pure: no Kafka, no faust. The live agents fold through the core's `Replayer`, the very
+object `runwatch audit` replays the log with, preloaded with the stored states of the
+runs the batch touches. Live and replay therefore share one code path, tick fan-out
+included, and cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Final, NamedTuple
+
+from processors.core.config import DetectorConfig
+from processors.core.replay import Replayer
+from processors.intake import Decoded
+from schemas.events import TICK_RUN_ID, Event, Tick
+
+ROLE_STATE: Final[dict[str, str]] = {
+    "steps": "steps",
+    "heartbeats": "liveness",
+    "checkpoints": "checkpoints",
+    "anomalies": "policy",
+}
+"""Input topic role -> the kind of state its reducer keeps (see `processors.core.state_codec`)."""
+
+
+class BatchResult(NamedTuple):
+    """What folding a batch produced."""
+
+    states: dict[str, Any]
+    outputs: list[Event]
+
+
+def fold_batch(
+    role: str,
+    items: Sequence[Decoded],
+    load: Callable[[str], Any],
+    runs_in_partition: Callable[[int], Iterable[str]],
+    cfg: DetectorConfig,
+) -> BatchResult:
+    """Fold ``items`` (one topic role, in partition order) into the states they touch.
+
+    Args:
+        role: ``steps``, ``heartbeats``, ``checkpoints`` or ``anomalies``.
+        items: Decoded records of that role.
+        load: The stored state of a run, or None for a run not seen yet.
+        runs_in_partition: Runs with a stored state in a partition (a Tick fans out to them).
+        cfg: Detector configuration.
+
+    Returns:
+        The states of every run the batch touched, and the verdicts or commands to publish,
+        in the order the reducers emitted them.
+    """
+    replayer = Replayer(cfg)
+    store: dict[str, Any] = getattr(replayer, ROLE_STATE[role])
+    for source, event in items:
+        if isinstance(event, Tick) and event.run_id == TICK_RUN_ID:
+            known = replayer.partition_runs.setdefault(source.partition, set())
+            for run_id in runs_in_partition(source.partition):
+                known.add(run_id)
+                _preload(store, run_id, load)
+        else:
+            _preload(store, event.run_id, load)
+            if role == "heartbeats":
+                replayer.partition_runs.setdefault(source.partition, set()).add(event.run_id)
+    replayer.feed((role, source, event) for source, event in items)  # type: ignore[misc]
+    outputs: list[Event] = [verdict for _, verdict in replayer.recomputed]
+    outputs.extend(replayer.commands)
+    return BatchResult(store, outputs)
+
+
+def _preload(store: dict[str, Any], run_id: str, load: Callable[[str], Any]) -> None:
+    if run_id not in store:
+        state = load(run_id)
+        if state is not None:
+            store[run_id] = state

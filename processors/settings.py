@@ -1,0 +1,42 @@
+"""Settings of the processor app, from the command line or the environment."""
+
+from __future__ import annotations
+
+import msgspec
+
+from schemas.topics import DEFAULT_PARTITIONS
+
+DEFAULT_APP_ID = "runwatch-processors"
+
+
+class ProcessorSettings(msgspec.Struct, frozen=True, kw_only=True):
+    """How a processor worker connects and batches.
+
+    Attributes:
+        bootstrap: Kafka bootstrap address.
+        prefix: Topic name prefix.
+        app_id: Faust app id: the consumer group and the prefix of the changelog topics.
+            Workers with the same id share the work; another id processes independently.
+        partitions: Partitions of the input topics (and so of the tables).
+        batch_max: Most records an agent folds at once.
+        batch_within_s: Longest an agent waits to fill a batch.
+        tick_interval_s: How often the clock writes a Tick into every heartbeat partition.
+        web_port: Port of faust's web server; None disables it.
+        overrides: Detector settings that differ from the defaults (`runwatch processors
+            --set k=v`).
+    """
+
+    bootstrap: str
+    prefix: str = "runwatch"
+    app_id: str = DEFAULT_APP_ID
+    partitions: int = DEFAULT_PARTITIONS
+    batch_max: int = 5000
+    batch_within_s: float = 0.01
+    tick_interval_s: float = 1.0
+    web_port: int | None = None
+    overrides: dict[str, str] = {}
+
+
+def changelog_topic(app_id: str, table: str) -> str:
+    """The changelog topic faust keeps for ``table`` of app ``app_id``."""
+    return f"{app_id}-{table}-changelog"

@@ -1,0 +1,102 @@
+"""`runwatch processors`: run a stream-processor worker (start more to scale out)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from runwatch.errors import UsageError
+
+HELP = "run a stream-processor worker; workers with the same --app-id share the partitions"
+
+
+def parse_overrides(pairs: list[str]) -> dict[str, str]:
+    """``["k=v", ...]`` -> ``{"k": "v"}``; a pair without ``=`` is a usage error."""
+    out: dict[str, str] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name.strip():
+            raise UsageError(f"--set expects NAME=VALUE, got {pair!r}")
+        out[name.strip()] = value.strip()
+    return out
+
+
+def add_common(parser: argparse.ArgumentParser) -> None:
+    """Arguments every processor-side command shares."""
+    parser.add_argument(
+        "--bootstrap", help="Kafka bootstrap HOST:PORT (default: RUNWATCH_BOOTSTRAP)"
+    )
+    parser.add_argument("--prefix", help="topic name prefix (default: runwatch)")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="detector setting, e.g. loss_z_thresh=8 (repeatable)",
+    )
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Add the arguments of `runwatch processors`."""
+    from processors.settings import DEFAULT_APP_ID
+    from schemas.topics import DEFAULT_PARTITIONS
+
+    add_common(parser)
+    parser.add_argument("--app-id", default=DEFAULT_APP_ID, help="consumer group / app id")
+    parser.add_argument("--partitions", type=int, default=DEFAULT_PARTITIONS)
+    parser.add_argument("--tick-interval", type=float, default=1.0, metavar="SECONDS")
+    parser.add_argument("--batch-max", type=int, default=5000)
+    parser.add_argument("--web-port", type=int, default=None, help="faust web server port")
+    parser.add_argument("--loglevel", default="warn", choices=["debug", "info", "warn", "error"])
+
+
+def detector_config(overrides: dict[str, str]) -> object:
+    """The detector configuration with ``overrides`` applied, or a usage error."""
+    from processors.core.config import DetectorConfig, with_overrides
+
+    try:
+        return with_overrides(DetectorConfig(), overrides)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def run(args: argparse.Namespace) -> int:
+    """Create the topics if needed, then run a faust worker until stopped."""
+    from faust.worker import Worker
+
+    from processors.app import create_app
+    from processors.settings import ProcessorSettings
+    from runwatch.admin import create_catalogue
+    from runwatch.settings import resolve_bootstrap, topic_prefix
+    from schemas.signing import load_key
+
+    if args.partitions < 1 or args.tick_interval <= 0 or args.batch_max < 1:
+        raise UsageError("--partitions, --tick-interval and --batch-max must be positive")
+    overrides = parse_overrides(args.overrides)
+    cfg = detector_config(overrides)
+    bootstrap = resolve_bootstrap(args.bootstrap)
+    prefix = topic_prefix(args.prefix)
+    try:
+        key = load_key()
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if key is None:
+        logging.getLogger("runwatch").warning(
+            "no RUNWATCH_COMMAND_KEY: restart commands go out unsigned and controllers refuse them"
+        )
+    create_catalogue(bootstrap, prefix=prefix, partitions=args.partitions)
+    settings = ProcessorSettings(
+        bootstrap=bootstrap,
+        prefix=prefix,
+        app_id=args.app_id,
+        partitions=args.partitions,
+        batch_max=args.batch_max,
+        tick_interval_s=args.tick_interval,
+        web_port=args.web_port,
+        overrides=overrides,
+    )
+    app = create_app(settings, cfg, key)  # type: ignore[arg-type]
+    worker = Worker(app, loglevel=args.loglevel, quiet=True)
+    worker.execute_from_commandline()
+    return 0
