@@ -1,0 +1,99 @@
+"""What the processors know about every run, read back from their table changelogs.
+
+The changelog topics hold every state the workers wrote; the latest record per run is
+the current state. Reading them needs no connection to a worker and disturbs none.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from processors.core.liveness import LivenessState
+from processors.core.policy import PolicyState
+from processors.core.state_codec import decode_state
+from processors.core.steps import StepHealthState
+from processors.logread import read_history
+from processors.settings import changelog_topic
+
+
+class RunView(msgspec.Struct, kw_only=True):
+    """One run as the processors see it (absent parts are None)."""
+
+    run_id: str
+    steps: StepHealthState | None = None
+    liveness: LivenessState | None = None
+    policy: PolicyState | None = None
+
+
+def latest_states(bootstrap: str, app_id: str, *, timeout_s: float = 30.0) -> dict[str, RunView]:
+    """Every run's latest step-health, liveness and policy state.
+
+    Args:
+        bootstrap: Kafka bootstrap address.
+        app_id: The processors' app id.
+        timeout_s: Give up when reading stalls this long.
+
+    Returns:
+        Run id -> its view, sorted by run id.
+    """
+    tables = {"step-health": "steps", "liveness": "liveness", "policy": "policy"}
+    topics = {changelog_topic(app_id, t): kind for t, kind in tables.items()}
+    history = read_history(bootstrap, list(topics), timeout_s=timeout_s)
+    views: dict[str, RunView] = {}
+    for topic, records in history.items():
+        kind = topics[topic]
+        for record in records:
+            if record.key is None or record.value is None:
+                continue
+            run_id = record.key.decode()
+            view = views.setdefault(run_id, RunView(run_id=run_id))
+            setattr(view, kind, decode_state(kind, record.value))  # type: ignore[arg-type]
+    return dict(sorted(views.items()))
+
+
+class RunSummary(msgspec.Struct, frozen=True, kw_only=True):
+    """The figures of one run an operator looks at first."""
+
+    run_id: str
+    incarnation: int
+    last_step: int | None
+    loss: float | None
+    mfu: float | None
+    mfu_avg: float | None
+    tokens_per_s: float | None
+    live_ranks: tuple[int, ...]
+    dead_ranks: tuple[int, ...]
+    stragglers: tuple[int, ...]
+    status: str
+    anomalies: dict[str, int]
+    restarts: int
+    continuity_ok: bool
+    steps_observed: int
+    heartbeats: int
+
+
+def summarize(view: RunView) -> RunSummary:
+    """Condense a run's states into a `RunSummary`."""
+    s, lv, pol = view.steps, view.liveness, view.policy
+    counts: dict[str, int] = {}
+    for part in (s, lv):
+        for kind, n in (part.anomaly_counts if part else {}).items():
+            counts[kind] = counts.get(kind, 0) + n
+    return RunSummary(
+        run_id=view.run_id,
+        incarnation=max(s.incarnation if s else 0, lv.incarnation if lv else 0),
+        last_step=s.last_step if s and s.last_step >= 0 else None,
+        loss=s.last_loss if s else None,
+        mfu=s.last_mfu if s else None,
+        mfu_avg=s.mfu_avg if s else None,
+        tokens_per_s=s.last_tokens_per_s if s else None,
+        live_ranks=lv.live_ranks if lv else (),
+        dead_ranks=lv.dead_ranks if lv else (),
+        stragglers=lv.straggler_ranks if lv else (),
+        status=lv.status if lv else "unknown",
+        anomalies=dict(sorted(counts.items())),
+        restarts=pol.commands if pol else 0,
+        continuity_ok=(s.continuity_ok if s else True) and not (pol and pol.continuity_broken),
+        steps_observed=s.steps_observed if s else 0,
+        heartbeats=lv.heartbeats if lv else 0,
+    )

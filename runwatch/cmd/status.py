@@ -1,0 +1,64 @@
+"""`runwatch status`: every run the processors know, one line each."""
+
+from __future__ import annotations
+
+import argparse
+
+HELP = "show every run the processors know: step, loss, MFU, live ranks, anomalies, restarts"
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Add the arguments of `runwatch status`."""
+    from processors.settings import DEFAULT_APP_ID
+
+    parser.add_argument("--bootstrap", help="Kafka bootstrap HOST:PORT")
+    parser.add_argument("--app-id", default=DEFAULT_APP_ID, help="the processors' app id")
+    parser.add_argument("--run", help="only this run")
+    parser.add_argument("--json", action="store_true", help="one JSON object per run")
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def format_row(r: object) -> str:
+    """One run as a line of the status table."""
+    from processors.fleet import RunSummary
+
+    assert isinstance(r, RunSummary)
+    ranks = f"{len(r.live_ranks)}/{len(r.live_ranks) + len(r.dead_ranks)}"
+    anomalies = ",".join(f"{k}={v}" for k, v in r.anomalies.items()) or "-"
+    mfu = _fmt(None if r.mfu is None else 100 * r.mfu, ".2f")
+    line = (
+        f"{r.run_id:<24} {r.incarnation:>3} {_fmt(r.last_step, 'd'):>7} {_fmt(r.loss, '.4f'):>9} "
+        f"{mfu:>6}% {ranks:>5} {r.status:<10} {anomalies} / {r.restarts}"
+    )
+    return line if r.continuity_ok else line + "  CONTINUITY BROKEN"
+
+
+HEADER = (
+    f"{'run':<24} {'inc':>3} {'step':>7} {'loss':>9} {'mfu':>7} {'ranks':>5} {'status':<10} "
+    "anomalies / restarts"
+)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Read the changelogs and print one line per run."""
+    import msgspec
+
+    from processors.fleet import latest_states, summarize
+    from runwatch.settings import resolve_bootstrap
+
+    views = latest_states(resolve_bootstrap(args.bootstrap), args.app_id)
+    rows = [summarize(v) for k, v in views.items() if args.run in (None, k)]
+    if args.json:
+        for row in rows:
+            print(msgspec.json.encode(row).decode())
+        return 0
+    if not rows:
+        print(f"no runs known to the processors (app id {args.app_id})")
+        return 0 if args.run is None else 1
+    print(HEADER)
+    for row in rows:
+        print(format_row(row))
+    return 0
