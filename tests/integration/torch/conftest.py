@@ -58,9 +58,9 @@ class Gang:
         return {r["step"]: r["ids"] for r in rows}
 
 
-def run_gang(nproc: int, args: Sequence[str], trace: Path, *, env: dict[str, str] | None = None,
-             timeout_s: float = 120.0) -> Gang:
-    """Start ``nproc`` ranks, wait for all of them, return exit codes and logs."""
+def start_gang(nproc: int, args: Sequence[str], trace: Path, *,
+               env: dict[str, str] | None = None) -> list[subprocess.Popen[str]]:
+    """Start ``nproc`` ranks of the training script; returns their processes."""
     port = free_port()
     base = {k: v for k, v in os.environ.items() if not k.startswith("RUNWATCH_")}
     base.update(env or {})
@@ -72,6 +72,11 @@ def run_gang(nproc: int, args: Sequence[str], trace: Path, *, env: dict[str, str
         cmd = [sys.executable, str(SCRIPT), "--no-emit", "--trace-dir", str(trace), *args]
         procs.append(subprocess.Popen(cmd, env=rank_env, cwd=REPO, stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True))
+    return procs
+
+
+def wait_gang(procs: list[subprocess.Popen[str]], trace: Path, timeout_s: float = 120.0) -> Gang:
+    """Wait for every rank (killing stragglers after ``timeout_s``); collect codes and logs."""
     deadline = time.monotonic() + timeout_s
     logs = []
     try:
@@ -86,6 +91,12 @@ def run_gang(nproc: int, args: Sequence[str], trace: Path, *, env: dict[str, str
     return Gang([p.returncode for p in procs], logs, trace)
 
 
+def run_gang(nproc: int, args: Sequence[str], trace: Path, *, env: dict[str, str] | None = None,
+             timeout_s: float = 120.0) -> Gang:
+    """Start ``nproc`` ranks, wait for all of them, return exit codes and logs."""
+    return wait_gang(start_gang(nproc, args, trace, env=env), trace, timeout_s)
+
+
 @pytest.fixture(scope="module")
 def gang_runner(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Gang]:
     """``gang_runner(nproc, args, name, env=None)``: run a gang with its own trace dir."""
@@ -95,3 +106,9 @@ def gang_runner(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Gang]
         return run_gang(nproc, args, trace, env=env)
 
     return run
+
+
+@pytest.fixture
+def gang_control() -> tuple[Callable[..., list[subprocess.Popen[str]]], Callable[..., Gang]]:
+    """``(start_gang, wait_gang)``, for tests that act on a gang while it runs."""
+    return start_gang, wait_gang

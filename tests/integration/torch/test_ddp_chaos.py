@@ -7,6 +7,8 @@ died, never from the ``.tmp`` directory a write in flight left behind.
 
 from __future__ import annotations
 
+import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -58,3 +60,24 @@ def test_restart_resumes_from_the_latest_complete_checkpoint(runs):
     assert restarted.events(0, "run_ended")[0]["status"] == "completed"
     final = Path(restarted.events(0, "checkpoint_committed")[-1]["path"])
     assert is_complete_checkpoint(final) and final.name == "step_000012"
+
+
+def test_sigterm_stops_the_gang_with_a_checkpoint(tmp_path, gang_control):
+    start_gang, wait_gang = gang_control
+    ckpt, trace = tmp_path / "ckpt", tmp_path / "trace"
+    procs = start_gang(2, ["--steps", "100000", "--checkpoint-dir", str(ckpt),
+                           "--checkpoint-every", "1000"], trace)
+    beats = trace / "events.rank1.jsonl"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and (
+            not beats.exists() or beats.read_text().count('"heartbeat"') < 3):
+        time.sleep(0.05)
+    for p in procs:
+        p.send_signal(signal.SIGTERM)
+    gang = wait_gang(procs, trace, timeout_s=60)
+    assert gang.returncodes == [0, 0], "\n".join(gang.logs)
+    (ended,) = gang.events(0, "run_ended")
+    assert ended["status"] == "stopped" and ended["final_step"] >= 3
+    assert latest_complete_checkpoint(ckpt)[0] == ended["final_step"]
+    # Both ranks stopped after the same step: they agree through the per-step all-reduce.
+    assert gang.events(1, "heartbeat")[-1]["step"] == ended["final_step"]
