@@ -2,8 +2,8 @@
 
 Each rank is its own ``python`` process with ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
 ``MASTER_ADDR`` and ``MASTER_PORT`` set (a fresh free port per gang); no torchrun involved.
-Emitting to Kafka is off (``RUNWATCH_BOOTSTRAP`` removed, ``--no-emit``); the script's
-``--trace-dir`` records what it would have emitted.
+Emitting to Kafka is off unless a test asks for it (``RUNWATCH_*`` cleared, ``--no-emit``);
+the script's ``--trace-dir`` records what it would have emitted.
 """
 
 from __future__ import annotations
@@ -59,8 +59,13 @@ class Gang:
 
 
 def start_gang(nproc: int, args: Sequence[str], trace: Path, *,
-               env: dict[str, str] | None = None) -> list[subprocess.Popen[str]]:
-    """Start ``nproc`` ranks of the training script; returns their processes."""
+               env: dict[str, str] | None = None,
+               emit: bool = False) -> list[subprocess.Popen[str]]:
+    """Start ``nproc`` ranks of the training script; returns their processes.
+
+    ``RUNWATCH_*`` variables are cleared, then ``env`` applied; ``emit=False`` adds
+    ``--no-emit`` (the default: no Kafka needed).
+    """
     port = free_port()
     base = {k: v for k, v in os.environ.items() if not k.startswith("RUNWATCH_")}
     base.update(env or {})
@@ -69,7 +74,8 @@ def start_gang(nproc: int, args: Sequence[str], trace: Path, *,
         rank_env = base | {"RANK": str(rank), "WORLD_SIZE": str(nproc), "LOCAL_RANK": str(rank),
                            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
                            "OMP_NUM_THREADS": "1"}
-        cmd = [sys.executable, str(SCRIPT), "--no-emit", "--trace-dir", str(trace), *args]
+        cmd = [sys.executable, str(SCRIPT), *([] if emit else ["--no-emit"]),
+               "--trace-dir", str(trace), *args]
         procs.append(subprocess.Popen(cmd, env=rank_env, cwd=REPO, stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True))
     return procs
