@@ -72,6 +72,8 @@ class StepHealthState(msgspec.Struct, frozen=True, gc=False):
         nonfinite_grad_run: Consecutive non-finite grad norms.
         divergence_run: Consecutive losses above the ceiling.
         collapse_run: Consecutive losses near ln(vocab) after learning.
+        loss_spike_run: Consecutive loss spikes (one verdict per streak).
+        grad_spike_run: Consecutive grad-norm spikes (one verdict per streak).
         attempt: Resumes seen (verdicts of redone steps get new ids).
         check: The running restart check, if any.
         continuity_ok: False once any resume broke continuity.
@@ -100,6 +102,8 @@ class StepHealthState(msgspec.Struct, frozen=True, gc=False):
     nonfinite_grad_run: int = 0
     divergence_run: int = 0
     collapse_run: int = 0
+    loss_spike_run: int = 0
+    grad_spike_run: int = 0
     attempt: int = 0
     check: RestartCheck | None = None
     continuity_ok: bool = True
@@ -204,6 +208,8 @@ def _on_run_started(
         nonfinite_grad_run=0,
         divergence_run=0,
         collapse_run=0,
+        loss_spike_run=0,
+        grad_spike_run=0,
         check=None,
         restarts=restarts,
         **rebuilt,
@@ -244,6 +250,8 @@ def _resume(
         nonfinite_grad_run=0,
         divergence_run=0,
         collapse_run=0,
+        loss_spike_run=0,
+        grad_spike_run=0,
         **rebuilt,
     )
 
@@ -363,6 +371,7 @@ def _on_step(
     loss_base, check, restarts = state.loss, state.check, state.restarts
     continuity_ok, best_loss = state.continuity_ok, state.best_loss
     divergence_run, collapse_run = state.divergence_run, state.collapse_run
+    loss_spike_run = state.loss_spike_run
     if loss_ok:
         ceiling = info.loss_ceiling(cfg)
         if ceiling is not None and loss > ceiling:
@@ -412,9 +421,14 @@ def _on_step(
                     f"over {check.n + 1} steps",
                 )
             check = outcome.check
-        if not broke:
-            spike = _spike(loss_base, loss, cfg.loss_z_thresh)
-            if spike is not None:
+        spike = None if broke else _spike(loss_base, loss, cfg.loss_z_thresh)
+        if broke:
+            loss_spike_run = 1  # the discontinuity opens the episode
+        elif spike is None:
+            loss_spike_run = 0
+        else:
+            loss_spike_run += 1
+            if loss_spike_run == 1:
                 median, scale, z = spike
                 em.emit(
                     "loss_spike",
@@ -427,21 +441,25 @@ def _on_step(
                 )
         loss_base = loss_base.update(loss, step)
 
-    grad_base = state.grad
+    grad_base, grad_spike_run = state.grad, state.grad_spike_run
     if grad_ok:
         assert grad is not None
         spike = _spike(grad_base, grad, cfg.grad_z_thresh)
-        if spike is not None:
-            median, scale, z = spike
-            em.emit(
-                "grad_norm_spike",
-                value=grad,
-                baseline=median,
-                scale=scale,
-                z=z,
-                threshold=cfg.grad_z_thresh,
-                detail=f"grad norm {grad:.6g} vs median {median:.6g} (z={z:.3g})",
-            )
+        if spike is None:
+            grad_spike_run = 0
+        else:
+            grad_spike_run += 1
+            if grad_spike_run == 1:
+                median, scale, z = spike
+                em.emit(
+                    "grad_norm_spike",
+                    value=grad,
+                    baseline=median,
+                    scale=scale,
+                    z=z,
+                    threshold=cfg.grad_z_thresh,
+                    detail=f"grad norm {grad:.6g} vs median {median:.6g} (z={z:.3g})",
+                )
         grad_base = grad_base.update(grad, step)
 
     step_time_s, tokens, step_mfu, tokens_per_s = _step_accounting(info, event, cfg)
@@ -455,7 +473,10 @@ def _on_step(
     )
     first_ts_ns = state.first_ts_ns
     if first_ts_ns < 0:
-        first_ts_ns = event.ts_ns - int(step_time_s * 1e9)
+        # The run began when its first step began (an absurd step time cannot push it
+        # before the epoch).
+        lead_ns = step_time_s * 1e9
+        first_ts_ns = event.ts_ns - (int(lead_ns) if lead_ns < event.ts_ns else max(event.ts_ns, 0))
     verdicts = em.out
     # Positional, in field order (a test pins the order): ten times cheaper than replace().
     new = StepHealthState(
@@ -480,6 +501,8 @@ def _on_step(
         nonfinite_grad_run,
         divergence_run,
         collapse_run,
+        loss_spike_run,
+        grad_spike_run,
         state.attempt,
         check,
         continuity_ok,

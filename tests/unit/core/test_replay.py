@@ -1,0 +1,77 @@
+"""Replay: routing by role, tick fan-out, canonical order, recorded vs recomputed policy."""
+
+from __future__ import annotations
+
+import pytest
+
+from processors.core.config import DetectorConfig, with_overrides
+from processors.core.replay import REPLAY_ANOMALIES_TOPIC, Record, Replayer, replay
+from schemas.events import Provenance
+from tests.unit.core.factories import S, hb, started, step, tick
+
+CFG = with_overrides(DetectorConfig(), {"hang_timeout_s": 60, "dead_rank_timeout_s": 600})
+
+
+def rec(role: str, offset: int, event, partition: int = 0) -> Record:  # type: ignore[no-untyped-def]
+    return (role, Provenance(topic=f"runwatch.{role}", partition=partition, offset=offset), event)
+
+
+def two_runs_one_partition() -> list[Record]:
+    return [
+        rec("heartbeats", 0, started("b", world_size=1)),
+        rec("heartbeats", 1, started("a", world_size=1)),
+        rec("heartbeats", 2, hb(0, 1, S, run="a")),
+        rec("heartbeats", 3, hb(0, 1, S, run="b")),
+        rec("heartbeats", 4, tick(100 * S)),
+        rec("heartbeats", 0, started("c", world_size=1), partition=1),
+        rec("heartbeats", 1, hb(0, 1, S, run="c"), partition=1),
+    ]
+
+
+def test_tick_fans_out_to_runs_of_its_partition_in_run_order() -> None:
+    result = replay(two_runs_one_partition(), CFG)
+    assert [(a.run_id, a.kind) for a in result.anomalies] == [("a", "hang"), ("b", "hang")]
+    assert result.liveness["c"].hung is False
+    assert {a.source for a in result.anomalies} == {
+        Provenance(topic="runwatch.heartbeats", partition=0, offset=4)
+    }
+
+
+def test_recomputed_anomalies_drive_the_policy_with_synthetic_provenance() -> None:
+    result = replay(two_runs_one_partition(), CFG)
+    assert result.policy_input == "recomputed"
+    assert [(c.run_id, c.action) for c in result.commands] == [("a", "respawn"), ("b", "respawn")]
+    assert all(c.source and c.source.topic == REPLAY_ANOMALIES_TOPIC for c in result.commands)
+
+
+def test_recorded_anomalies_drive_the_policy_in_their_order() -> None:
+    first = replay(two_runs_one_partition(), CFG)
+    recorded = [rec("anomalies", i, a) for i, a in enumerate(reversed(first.anomalies))]
+    result = replay(two_runs_one_partition() + recorded, CFG)
+    assert result.policy_input == "recorded"
+    assert [c.run_id for c in result.commands] == ["b", "a"]
+    assert result.commands[0].source == recorded[0][1]
+
+
+def test_roles_are_independent_and_runs_role_is_ignored() -> None:
+    steps = [rec("steps", i, step(i, 2.0 + 0.01 * (i % 3))) for i in range(1, 40)]
+    steps.append(rec("steps", 40, step(40, 80.0)))
+    runs = [rec("runs", 0, started())]
+    a = replay(steps + two_runs_one_partition() + runs, CFG)
+    b = replay(runs + two_runs_one_partition()[:3] + steps + two_runs_one_partition()[3:], CFG)
+    assert [x.verdict_id for x in a.anomalies] == [x.verdict_id for x in b.anomalies]
+    assert "loss_spike" in {x.kind for x in a.anomalies}
+
+
+def test_unknown_role_is_an_error() -> None:
+    with pytest.raises(ValueError, match="unknown topic role"):
+        replay([rec("nonsense", 0, started())], CFG)
+
+
+def test_replayer_exposes_what_the_live_pipeline_reads() -> None:
+    # processors/pipeline.py preloads these attributes and reads recomputed + commands.
+    r = Replayer(CFG).feed(two_runs_one_partition())
+    assert set(r.liveness) == {"a", "b", "c"} and r.partition_runs == {0: {"a", "b"}, 1: {"c"}}
+    assert [v.run_id for _, v in r.recomputed] == ["a", "b"]
+    assert isinstance(r.steps, dict) and isinstance(r.checkpoints, dict)
+    assert isinstance(r.policy, dict) and r.commands == []
