@@ -8,8 +8,10 @@ step S holds the state after step S, and a resume from it continues with step S 
 Resuming: ``--resume`` takes the latest complete checkpoint in ``--checkpoint-dir`` (none: a
 fresh start); ``--resume-from`` (or ``RUNWATCH_RESTART_FROM``, as set by the controller) is a
 checkpoint directory, or a step number meaning "the latest complete checkpoint at or before
-that step". Checkpoints newer than the step resumed from are deleted: they belong to the
-abandoned history. Faults to inject are described in `examples.faults`.
+that step" (none: a fresh start). Checkpoints newer than the step resumed from are deleted:
+they belong to the abandoned history. Without either flag, a checkpoint directory that
+already holds checkpoints is an error unless ``--fresh`` says to start over. Faults to
+inject are described in `examples.faults`.
 
 Rank 0 prints ``step 12 loss 3.1234 dt 0.041s`` per step, emits RunStarted, StepCompleted,
 CheckpointCommitted and RunEnded; every rank emits a Heartbeat per step.
@@ -24,6 +26,7 @@ import os
 import signal
 import sys
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +69,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--checkpoint-every", type=int, default=0, help="0: only at the end")
     p.add_argument("--keep-checkpoints", type=int, default=None, metavar="N")
     p.add_argument("--resume", action="store_true", help="resume from the latest checkpoint")
+    p.add_argument("--fresh", action="store_true",
+                   help="start from scratch even if --checkpoint-dir holds checkpoints "
+                        "(they are deleted)")
     p.add_argument("--resume-from", default=os.environ.get("RUNWATCH_RESTART_FROM") or None,
                    metavar="PATH|STEP")
     p.add_argument("--drop-optimizer-state", action="store_true",
@@ -114,10 +120,13 @@ def resolve_resume(args: argparse.Namespace) -> Path | None:
         if not is_complete_checkpoint(spec):
             raise SystemExit(f"{spec} is not a complete checkpoint")
         return Path(spec)
-    if args.resume and root is not None:
-        found = latest_complete_checkpoint(root)
+    found = latest_complete_checkpoint(root) if root is not None else None
+    if args.resume or found is None:
         return found[1] if found else None
-    return None
+    if args.fresh:
+        return None
+    raise SystemExit(f"{root} holds checkpoints up to step {found[0]}: pass --resume to "
+                     f"continue from them or --fresh to delete them and start over")
 
 
 def broadcast(value: Any) -> Any:
@@ -125,6 +134,199 @@ def broadcast(value: Any) -> Any:
     box = [value]
     dist.broadcast_object_list(box, src=0)
     return box[0]
+
+
+class Trace:
+    """Per-rank files under ``--trace-dir``: sample ids per step, and rank 0's metrics.json."""
+
+    def __init__(self, root: Path | None, rank: int, **header: Any) -> None:
+        self.root, self.rank = root, rank
+        self.metrics: dict[str, Any] = {**header, "losses": {}, "grad_norms": {},
+                                        "step_time_s": {}, "checkpoints": []}
+        self._samples = (root / f"samples.rank{rank}.jsonl").open("a") if root else None
+
+    def step(self, step: int, ids: list[int], loss: float, gnorm: float, dt: float) -> None:
+        if self._samples:
+            self._samples.write(json.dumps({"step": step, "ids": ids}) + "\n")
+            self._samples.flush()
+        self.metrics["losses"][step] = loss
+        self.metrics["grad_norms"][step] = gnorm
+        self.metrics["step_time_s"][step] = dt
+
+    def checkpoints(self, results: list[CheckpointResult]) -> None:
+        self.metrics["checkpoints"] += [vars(r) | {"loader_states": None} for r in results]
+
+    def close(self, **footer: Any) -> None:
+        if self._samples:
+            self._samples.close()
+        if self.root and self.rank == 0:
+            self.metrics.update(footer)
+            (self.root / "metrics.json").write_text(json.dumps(self.metrics, indent=1))
+
+
+class Trainer:
+    """One rank of the gang: model, data, optimizer, checkpoints, emitter, and the loop."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        env = LaunchEnv.from_environ()
+        self.rank, self.ws = env.rank, env.world_size
+        self.incarnation = int(os.environ.get("RUNWATCH_INCARNATION") or 0)
+        self.faults = FaultPlan(parse_faults(args.inject), self.rank, self.incarnation)
+        torch.set_num_threads(1)
+        torch.use_deterministic_algorithms(True)
+        self.backend = TorchDDPBackend()
+        self.backend.init(env, timeout_s=args.pg_timeout_s)
+        self.stop = StopFlag()
+        cfg = TinyLMConfig(vocab_size=VOCAB_SIZE, seq_len=args.seq_len, d_model=args.d_model,
+                           n_layer=args.n_layer, n_head=args.n_head, dropout=args.dropout)
+        self.data = WindowDataset(generate_corpus(), args.seq_len, args.seed)
+        torch.manual_seed(args.seed)
+        self.model = TinyLM(cfg)
+        self.flop_config = flop_config_from_causal_lm(self.model, args.seq_len)
+        self.ddp = self.backend.wrap_model(self.model)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=args.lr,
+                                           betas=(0.9, 0.95), weight_decay=0.0)
+        self.ckpt = (AsyncCheckpointer(args.checkpoint_dir, keep=args.keep_checkpoints)
+                     if args.checkpoint_dir else None)
+        self.step, self.global_sample, self.restart_from = 0, 0, None
+        self._resume()
+        self.emitter = make_emitter(
+            enabled=bool(os.environ.get("RUNWATCH_BOOTSTRAP")) and not args.no_emit,
+            run_id=args.run_id, rank=self.rank, world_size=self.ws,
+            trace_path=args.trace_dir / f"events.rank{self.rank}.jsonl" if args.trace_dir
+            else None)
+        self.trace = Trace(args.trace_dir, self.rank, world_size=self.ws,
+                           incarnation=self.incarnation, resumed_from=self.restart_from)
+
+    def _resume(self) -> None:
+        args, rank = self.args, self.rank
+        decision: Path | SystemExit | None = None
+        if rank == 0:
+            try:
+                decision = resolve_resume(args)
+            except SystemExit as exc:
+                decision = exc
+        path = broadcast(decision)
+        if isinstance(path, SystemExit):
+            raise path
+        if path is not None:
+            restored = load_checkpoint(
+                path, self.ddp, None if args.drop_optimizer_state else self.optimizer,
+                process_group=self.ckpt.process_group if self.ckpt else None)
+            if restored.loader.seed != args.seed:
+                raise SystemExit(f"checkpoint data seed {restored.loader.seed} != --seed "
+                                 f"{args.seed}")
+            self.step = self.restart_from = restored.step
+            self.global_sample = restored.loader.global_sample
+            if not restored.rng_restored:  # a rank the saving gang did not have
+                torch.manual_seed(args.seed * 1_000_003 + self.step * 101 + rank)
+            if rank == 0:
+                print(f"resumed from {path} at step {self.step} (saved by "
+                      f"{restored.saved_world_size} ranks, now {self.ws}; optimizer "
+                      f"{'restored' if restored.optimizer_restored else 'DROPPED'})", flush=True)
+        if rank == 0 and args.checkpoint_dir:
+            remove_staging_dirs(args.checkpoint_dir)
+            for gone in discard_checkpoints_after(args.checkpoint_dir, self.step):
+                print(f"discarded checkpoint {gone} (newer than step {self.step})", flush=True)
+
+    def _announce(self) -> None:
+        args = self.args
+        self.emitter.run_started(
+            flop_config=self.flop_config, plan=self.backend.plan(),
+            peak_flops_per_s=args.peak_flops_per_rank * self.ws, dtype="fp32",
+            vocab_size=VOCAB_SIZE,
+            tags={"model": "tinylm", "backend": self.backend.capabilities.name,
+                  **dict(t.split("=", 1) for t in args.tag)},
+            thresholds={k: float(v) for k, v in (t.split("=", 1) for t in args.threshold)})
+
+    def _train_step(self, step: int) -> tuple[list[int], float, float, bool, float, bool]:
+        """Forward, backward, update, gang all-reduce: ``(ids, loss, gnorm, skipped, lr, stop)``."""
+        args, device = self.args, self.backend.device
+        ids, x, y = self.data.rank_batch(self.global_sample, args.global_batch, self.ws,
+                                         self.rank)
+        if self.faults.has("spike", step):
+            y = torch.full_like(y, GARBAGE_TOKEN)
+        lr = args.lr * min(1.0, step / max(1, args.warmup_steps))
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        loss = F.cross_entropy(self.ddp(x.to(device)).flatten(0, 1), y.to(device).flatten())
+        if self.faults.has("nan", step):
+            loss = loss * float("nan")
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        gnorm = grad_norm(self.model.parameters(), args.clip or None)
+        skipped = args.skip_nonfinite and not math.isfinite(gnorm)
+        if not skipped:
+            self.optimizer.step()
+        stop = self.stop.requested or step == args.stop_at or step == args.steps
+        # One all-reduce gives the gang's loss and agreement on stopping.
+        stats = torch.tensor([loss.item(), float(stop)], dtype=torch.float64, device=device)
+        dist.all_reduce(stats)
+        self.global_sample += args.global_batch
+        return ids, stats[0].item() / self.ws, gnorm, skipped, lr, bool(stats[1].item() > 0)
+
+    def _save(self, step: int) -> None:
+        assert self.ckpt is not None
+        gang = tuple(self.data.loader_state(global_sample=self.global_sample, step=step,
+                                            world_size=self.ws, rank=r) for r in range(self.ws))
+        self.ckpt.save(step, self.ddp, self.optimizer, loader_state=gang[self.rank],
+                       gang_loader_states=gang, world_size=self.ws)
+
+    def _report_checkpoints(self, results: list[CheckpointResult]) -> None:
+        report_checkpoints(results, self.emitter, self.rank)
+        self.trace.checkpoints(results)
+
+    def run(self) -> str:
+        """Train until ``--steps`` (or a stop); returns the RunEnded status."""
+        args, rank, ws = self.args, self.rank, self.ws
+        per_rank = args.global_batch // ws
+        timer = StepTimer(self.backend.device)
+        done, status, reason = self.step, "completed", ""
+        if rank == 0:
+            self._announce()
+        try:
+            for step in range(self.step + 1, args.steps + 1):
+                self.faults.before_step(step)
+                timer.start()
+                ids, loss, gnorm, skipped, lr, stop = self._train_step(step)
+                if self.ckpt and (stop or (args.checkpoint_every
+                                           and step % args.checkpoint_every == 0)):
+                    self._save(step)
+                dt = timer.stop()
+                self.emitter.heartbeat(step, step_time_s=dt)
+                self.trace.step(step, ids, loss, gnorm, dt)
+                if rank == 0:
+                    self.emitter.step(
+                        step, loss=loss, step_time_s=dt, grad_norm=gnorm,
+                        tokens=args.global_batch * args.seq_len, examples=args.global_batch,
+                        local_tokens=per_rank * args.seq_len, local_examples=per_rank, lr=lr,
+                        skipped=skipped, restart_from_step=self.restart_from,
+                        data_parallel_size=ws)
+                    print(f"step {step} loss {loss:.4f} dt {dt:.3f}s", flush=True)
+                self.restart_from, done = None, step
+                if self.ckpt:
+                    self._report_checkpoints(self.ckpt.poll())
+                if args.step_delay_s:
+                    time.sleep(args.step_delay_s)
+                if stop:
+                    status = "completed" if step == args.steps else "stopped"
+                    break
+            if self.ckpt:
+                self._report_checkpoints(self.ckpt.close(timeout_s=300.0))
+        except Exception as exc:
+            status, reason = "failed", f"{type(exc).__name__}: {exc}".splitlines()[0]
+            print(f"rank {rank} failed after step {done}:", file=sys.stderr, flush=True)
+            traceback.print_exc()
+            if self.ckpt:  # a write in flight may still commit; the gang's collectives decide
+                self._report_checkpoints(self.ckpt.wait(timeout_s=5.0))
+        finally:
+            if rank == 0:
+                self.emitter.run_ended(status, final_step=done if done > 0 else None,
+                                       reason=reason)
+            self.emitter.close(timeout_s=10.0)
+            self.trace.close(status=status, final_step=done)
+        return status
 
 
 def report_checkpoints(results: list[CheckpointResult], emitter: Emitter, rank: int) -> None:
@@ -141,149 +343,10 @@ def report_checkpoints(results: list[CheckpointResult], emitter: Emitter, rank: 
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    env = LaunchEnv.from_environ()
-    rank, ws = env.rank, env.world_size
-    incarnation = int(os.environ.get("RUNWATCH_INCARNATION") or 0)
-    faults = FaultPlan(parse_faults(args.inject), rank, incarnation)
-    torch.set_num_threads(1)
-    torch.use_deterministic_algorithms(True)
-    backend = TorchDDPBackend()
-    backend.init(env, timeout_s=args.pg_timeout_s)
-    stop = StopFlag()
-
-    cfg = TinyLMConfig(vocab_size=VOCAB_SIZE, seq_len=args.seq_len, d_model=args.d_model,
-                       n_layer=args.n_layer, n_head=args.n_head, dropout=args.dropout)
-    data = WindowDataset(generate_corpus(), args.seq_len, args.seed)
-    torch.manual_seed(args.seed)
-    model = TinyLM(cfg)
-    flop_config = flop_config_from_causal_lm(model, args.seq_len)
-    ddp = backend.wrap_model(model)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95),
-                                  weight_decay=0.0)
-    ckpt = AsyncCheckpointer(args.checkpoint_dir, keep=args.keep_checkpoints) \
-        if args.checkpoint_dir else None
-
-    start_step, global_sample, restart_from = 0, 0, None
-    resume_path = broadcast(resolve_resume(args) if rank == 0 else None)
-    if resume_path is not None:
-        restored = load_checkpoint(resume_path, ddp,
-                                   None if args.drop_optimizer_state else optimizer,
-                                   process_group=ckpt.process_group if ckpt else None)
-        start_step = restart_from = restored.step
-        global_sample = restored.loader.global_sample
-        if restored.loader.seed != args.seed:
-            raise SystemExit(f"checkpoint data seed {restored.loader.seed} != --seed {args.seed}")
-        if not restored.rng_restored:
-            torch.manual_seed(args.seed * 1_000_003 + start_step * 101 + rank)
-        if rank == 0:
-            print(f"resumed from {resume_path} at step {start_step} (saved by "
-                  f"{restored.saved_world_size} ranks, now {ws}; optimizer "
-                  f"{'restored' if restored.optimizer_restored else 'DROPPED'})", flush=True)
-    if rank == 0 and args.checkpoint_dir:
-        remove_staging_dirs(args.checkpoint_dir)
-        for gone in discard_checkpoints_after(args.checkpoint_dir, start_step):
-            print(f"discarded checkpoint {gone} (newer than step {start_step})", flush=True)
-
-    trace = args.trace_dir
-    emitter = make_emitter(
-        enabled=bool(os.environ.get("RUNWATCH_BOOTSTRAP")) and not args.no_emit,
-        run_id=args.run_id, rank=rank, world_size=ws,
-        trace_path=trace / f"events.rank{rank}.jsonl" if trace else None)
-    samples_log = (trace / f"samples.rank{rank}.jsonl").open("a") if trace else None
-    metrics: dict[str, Any] = {"world_size": ws, "incarnation": incarnation,
-                               "resumed_from": restart_from, "losses": {}, "grad_norms": {},
-                               "step_time_s": {}, "checkpoints": []}
-    if rank == 0:
-        emitter.run_started(
-            flop_config=flop_config, plan=backend.plan(),
-            peak_flops_per_s=args.peak_flops_per_rank * ws, dtype="fp32",
-            vocab_size=VOCAB_SIZE,
-            tags={"model": "tinylm", "backend": backend.capabilities.name,
-                  **dict(t.split("=", 1) for t in args.tag)},
-            thresholds={k: float(v) for k, v in (t.split("=", 1) for t in args.threshold)})
-
-    per_rank = args.global_batch // ws
-    timer = StepTimer(backend.device)
-    step, done, status, reason = start_step, start_step, "completed", ""
-    try:
-        for step in range(start_step + 1, args.steps + 1):
-            faults.before_step(step)
-            timer.start()
-            ids, x, y = data.rank_batch(global_sample, args.global_batch, ws, rank)
-            if faults.has("spike", step):
-                y = torch.full_like(y, GARBAGE_TOKEN)
-            x, y = x.to(backend.device), y.to(backend.device)
-            lr = args.lr * min(1.0, step / max(1, args.warmup_steps))
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            loss = F.cross_entropy(ddp(x).flatten(0, 1), y.flatten())
-            if faults.has("nan", step):
-                loss = loss * float("nan")
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            gnorm = grad_norm(model.parameters(), args.clip or None)
-            skipped = args.skip_nonfinite and not math.isfinite(gnorm)
-            if not skipped:
-                optimizer.step()
-            stop_now = stop.requested or step == args.stop_at or step == args.steps
-            stats = torch.tensor([loss.item(), float(stop_now)], dtype=torch.float64,
-                                 device=backend.device)
-            dist.all_reduce(stats)
-            gang_loss, stop_now = stats[0].item() / ws, bool(stats[1].item() > 0)
-            global_sample += args.global_batch
-            if ckpt and (stop_now or (args.checkpoint_every
-                                      and step % args.checkpoint_every == 0)):
-                gang = tuple(data.loader_state(global_sample=global_sample, step=step,
-                                               world_size=ws, rank=r) for r in range(ws))
-                ckpt.save(step, ddp, optimizer, loader_state=gang[rank],
-                          gang_loader_states=gang, world_size=ws)
-            dt = timer.stop()
-            emitter.heartbeat(step, step_time_s=dt)
-            if samples_log:
-                samples_log.write(json.dumps({"step": step, "ids": ids}) + "\n")
-                samples_log.flush()
-            if rank == 0:
-                emitter.step(step, loss=gang_loss, step_time_s=dt, grad_norm=gnorm,
-                             tokens=args.global_batch * args.seq_len,
-                             examples=args.global_batch, local_tokens=per_rank * args.seq_len,
-                             local_examples=per_rank, lr=lr, skipped=skipped,
-                             restart_from_step=restart_from, data_parallel_size=ws)
-                print(f"step {step} loss {gang_loss:.4f} dt {dt:.3f}s", flush=True)
-                metrics["losses"][step] = gang_loss
-                metrics["grad_norms"][step] = gnorm
-                metrics["step_time_s"][step] = dt
-            restart_from, done = None, step
-            if ckpt:
-                results = ckpt.poll()
-                report_checkpoints(results, emitter, rank)
-                metrics["checkpoints"] += [vars(r) | {"loader_states": None} for r in results]
-            if args.step_delay_s:
-                time.sleep(args.step_delay_s)
-            if stop_now:
-                status = "completed" if step == args.steps else "stopped"
-                break
-        if ckpt:
-            results = ckpt.close(timeout_s=300.0)
-            report_checkpoints(results, emitter, rank)
-            metrics["checkpoints"] += [vars(r) | {"loader_states": None} for r in results]
-    except Exception as exc:
-        status, reason = "failed", f"{type(exc).__name__}: {exc}".splitlines()[0]
-        print(f"rank {rank} failed at step {step}: {reason}", file=sys.stderr, flush=True)
-        if ckpt:  # a write in flight may still commit; the gang's collectives decide
-            report_checkpoints(ckpt.wait(timeout_s=5.0), emitter, rank)
-    finally:
-        if rank == 0:
-            emitter.run_ended(status, final_step=done if done > 0 else None, reason=reason)
-            if trace:
-                metrics.update(status=status, final_step=done)
-                (trace / "metrics.json").write_text(json.dumps(metrics, indent=1))
-        emitter.close(timeout_s=10.0)
-        if samples_log:
-            samples_log.close()
-    if status == "failed":
+    trainer = Trainer(parse_args(argv))
+    if trainer.run() == "failed":
         os._exit(1)  # peers may be dead: skip process-group teardown, which can block
-    backend.shutdown()
+    trainer.backend.shutdown()
     return 0
 
 
