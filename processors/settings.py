@@ -21,6 +21,8 @@ class ProcessorSettings(msgspec.Struct, frozen=True, kw_only=True):
         batch_max: Most records an agent folds at once.
         batch_within_s: Longest an agent waits to fill a batch.
         tick_interval_s: How often the clock writes a Tick into every heartbeat partition.
+        session_timeout_s: A worker silent this long leaves the group and its partitions
+            move to the others: the failover time after a crash.
         web_port: Port of faust's web server; None disables it.
         overrides: Detector settings that differ from the defaults (`runwatch processors
             --set k=v`).
@@ -33,6 +35,7 @@ class ProcessorSettings(msgspec.Struct, frozen=True, kw_only=True):
     batch_max: int = 5000
     batch_within_s: float = 0.01
     tick_interval_s: float = 1.0
+    session_timeout_s: float = 10.0
     web_port: int | None = None
     overrides: dict[str, str] = {}
 

@@ -47,6 +47,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--partitions", type=int, default=DEFAULT_PARTITIONS)
     parser.add_argument("--tick-interval", type=float, default=1.0, metavar="SECONDS")
     parser.add_argument("--batch-max", type=int, default=5000)
+    parser.add_argument(
+        "--session-timeout",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="failover time: a worker silent this long loses its partitions to the others",
+    )
     parser.add_argument("--web-port", type=int, default=None, help="faust web server port")
     parser.add_argument("--loglevel", default="warn", choices=["debug", "info", "warn", "error"])
 
@@ -71,8 +78,13 @@ def run(args: argparse.Namespace) -> int:
     from runwatch.settings import resolve_bootstrap, topic_prefix
     from schemas.signing import load_key
 
-    if args.partitions < 1 or args.tick_interval <= 0 or args.batch_max < 1:
-        raise UsageError("--partitions, --tick-interval and --batch-max must be positive")
+    if (
+        min(args.partitions, args.batch_max) < 1
+        or min(args.tick_interval, args.session_timeout) <= 0
+    ):
+        raise UsageError(
+            "--partitions, --tick-interval, --batch-max and --session-timeout must be positive"
+        )
     overrides = parse_overrides(args.overrides)
     cfg = detector_config(overrides)
     bootstrap = resolve_bootstrap(args.bootstrap)
@@ -93,6 +105,7 @@ def run(args: argparse.Namespace) -> int:
         partitions=args.partitions,
         batch_max=args.batch_max,
         tick_interval_s=args.tick_interval,
+        session_timeout_s=args.session_timeout,
         web_port=args.web_port,
         overrides=overrides,
     )

@@ -1,0 +1,216 @@
+"""Helpers for the processor tests: real workers as subprocesses, a scripted trainer, waits.
+
+Nothing here stands in for Kafka or faust: workers are `runwatch processors` processes
+against the session broker, and events go through `RunEmitter`.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from kafka import KafkaConsumer, TopicPartition
+
+from producers import RunEmitter
+from schemas.codec import decode
+from schemas.events import Event
+
+COMMAND_KEY = "test-command-key-0123456789"
+WAIT_S = 90.0
+
+
+class Worker:
+    """One `runwatch processors` process."""
+
+    def __init__(self, args: Sequence[str], log_path: Path) -> None:
+        self.log_path = log_path
+        env = {**os.environ, "RUNWATCH_COMMAND_KEY": COMMAND_KEY, "PYTHONUNBUFFERED": "1"}
+        self._log = log_path.open("ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "runwatch.cli", "processors", *args],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown, no final commit."""
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        """SIGTERM and wait (faust shuts down cleanly)."""
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        self._log.close()
+
+    def log_tail(self, n: int = 40) -> str:
+        lines = self.log_path.read_text(errors="replace").splitlines()
+        return "\n".join(lines[-n:])
+
+
+@contextmanager
+def workers(
+    bootstrap: str, prefix: str, tmp_path: Path, *, partitions: int, sets: Sequence[str] = ()
+) -> Iterator[Callable[[], Worker]]:
+    """Yield a function that starts one more worker of the same app; all stop at the end."""
+    started: list[Worker] = []
+    app_id = f"{prefix}-app"
+
+    def start() -> Worker:
+        args = [
+            "--bootstrap",
+            bootstrap,
+            "--prefix",
+            prefix,
+            "--app-id",
+            app_id,
+            "--partitions",
+            str(partitions),
+            "--tick-interval",
+            "0.5",
+            "--session-timeout",
+            "6",
+        ]
+        for s in sets:
+            args += ["--set", s]
+        worker = Worker(args, tmp_path / f"worker{len(started)}.log")
+        started.append(worker)
+        return worker
+
+    try:
+        yield start
+    finally:
+        for worker in started:
+            worker.stop()
+
+
+class Reader:
+    """Reads a topic from the beginning, accumulating decoded events across waits."""
+
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        self.consumer = KafkaConsumer(
+            bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False
+        )
+        parts = self.consumer.partitions_for_topic(topic) or set()
+        tps = [TopicPartition(topic, p) for p in sorted(parts)]
+        self.consumer.assign(tps)
+        self.consumer.seek_to_beginning(*tps)
+        self.events: list[Event] = []
+        self.raw: list[Any] = []
+
+    def wait_for(
+        self, done: Callable[[list[Event]], bool], timeout_s: float = WAIT_S
+    ) -> list[Event]:
+        """Consume until ``done(events)`` or the deadline; returns all events so far."""
+        deadline = time.monotonic() + timeout_s
+        while not done(self.events):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out; have {[short(e) for e in self.events]}")
+            for records in self.consumer.poll(timeout_ms=200).values():
+                for r in records:
+                    self.raw.append(r)
+                    self.events.append(decode(r.value))
+        return self.events
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
+def short(event: Event) -> tuple[Any, ...]:
+    """A compact, comparable view of a verdict or command."""
+    d = {k: getattr(event, k, None) for k in ("kind", "action", "step", "rank", "incarnation")}
+    return tuple(v for v in d.values() if v is not None)
+
+
+class Trainer:
+    """A scripted gang: rank 0 emits steps and checkpoints, every rank heartbeats."""
+
+    def __init__(
+        self, bootstrap: str, prefix: str, run_id: str, world_size: int = 2, seed: int = 0
+    ) -> None:
+        self.bootstrap, self.prefix, self.run_id, self.world_size = (
+            bootstrap,
+            prefix,
+            run_id,
+            world_size,
+        )
+        self.rng = random.Random(seed)
+        self.emitters: list[RunEmitter] = []
+        self.incarnation = 0
+
+    def start(self, incarnation: int) -> None:
+        self.close()
+        self.incarnation = incarnation
+        self.emitters = [
+            RunEmitter(
+                self.run_id,
+                bootstrap=self.bootstrap,
+                topic_prefix=self.prefix,
+                rank=r,
+                world_size=self.world_size,
+                incarnation=incarnation,
+            )
+            for r in range(self.world_size)
+        ]
+        self.emitters[0].run_started(vocab_size=256, peak_flops_per_s=1e12)
+        self.emitters[0].flush()
+
+    def healthy_loss(self, step: int) -> float:
+        return 4.0 - 0.01 * step + self.rng.gauss(0.0, 0.02)
+
+    def step(
+        self,
+        step: int,
+        *,
+        loss: float | None = None,
+        silent: Sequence[int] = (),
+        restart_from: int | None = None,
+    ) -> None:
+        e0 = self.emitters[0]
+        e0.step(
+            step,
+            loss=self.healthy_loss(step) if loss is None else loss,
+            step_time_s=0.05,
+            grad_norm=1.0 + self.rng.gauss(0.0, 0.01),
+            tokens=4096,
+            examples=64,
+            restart_from_step=restart_from,
+        )
+        for rank, emitter in enumerate(self.emitters):
+            if rank not in silent:
+                emitter.heartbeat(step, step_time_s=0.05)
+        # Real ranks are a step time apart; a scripted gang that emitted everything at once
+        # would let one rank's producer run many steps ahead of another's.
+        self.flush()
+
+    def checkpoint(self, step: int) -> None:
+        self.emitters[0].checkpoint_committed(step, f"/ckpt/{self.run_id}/step_{step}")
+
+    def end(self, status: str = "stopped") -> None:
+        self.flush()  # every rank's events land before the end marker
+        self.emitters[0].run_ended(status, final_step=None)
+        self.flush()
+
+    def flush(self) -> None:
+        for e in self.emitters:
+            assert e.flush(30.0), "events not delivered"
+
+    def close(self) -> None:
+        for e in self.emitters:
+            e.close(30.0)
+        self.emitters = []
