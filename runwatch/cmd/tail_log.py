@@ -148,9 +148,10 @@ def run(args: argparse.Namespace) -> int:
     steps = skipped = 0
     try:
         with _stop_on_signals(stop):
+            lines = follower.lines(stop, exit_at_eof=args.exit_at_eof)  # positions the tail
             if args.announce:
-                emitter.run_started()
-            for line in follower.lines(stop, exit_at_eof=args.exit_at_eof):
+                emitter.run_started()  # after positioning: a consumer may take it as "ready"
+            for line in lines:
                 parsed = line_parser.parse(line)
                 if parsed is None:
                     continue
