@@ -82,7 +82,7 @@ def robust_scale(xs: Sequence[float], m: float, min_scale_rel: float) -> float:
 
     MAD is zero when more than half the window equals the median (quantised or clipped
     values); the mean absolute deviation still sees the rest. When every value is equal
-    the floor is ``min_scale_rel * |m|`` (``min_scale_rel`` when m is 0), so a new value
+    the floor is ``min_scale_rel * |m|`` (``min_scale_rel`` when that is 0), so a new value
     gets a finite z-score proportional to its relative change, never a division by zero.
 
     Args:
@@ -99,7 +99,8 @@ def robust_scale(xs: Sequence[float], m: float, min_scale_rel: float) -> float:
     mean_ad = sum(abs(x - m) for x in xs) / len(xs)
     if mean_ad > 0.0:
         return MEAN_AD_TO_SIGMA * mean_ad
-    return min_scale_rel * (abs(m) if m != 0.0 else 1.0)
+    floor = min_scale_rel * abs(m)
+    return floor if floor > 0.0 else min_scale_rel
 
 
 class RollingBaseline(msgspec.Struct, frozen=True, gc=False):

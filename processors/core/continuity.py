@@ -3,19 +3,37 @@
 A resume from the checkpoint of step S should continue the loss curve where it stood at S.
 A resume that dropped optimizer state (Adam moments back to zero) or RNG state often
 matches the first step (same weights) and drifts over the next few. So the first
-``restart_check_steps`` steps after a restart marker are each judged against the loss
-baseline frozen as it stood at S, and the check fails when one step, or the cumulative
-evidence of the steps so far (Stouffer's sum of z over sqrt(n)), rises above the
-threshold. The check is one-sided: a resumed loss *below* the old baseline is what a
-healthy, still-improving run produces.
+``restart_check_steps`` steps after a restart marker are each judged with the spread of
+the loss baseline frozen as it stood at S:
+
+* a step that the run had already completed before the crash (steps S+1 .. crash are
+  redone) is compared with its own first attempt: same weights at S, same data, so the
+  difference is noise only (this is how seed 001 verifies a resume, and it removes the lag
+  of a median over a trending window). Its spread is that of the window's step-to-step
+  differences at S (1.4826·MAD of first differences: the noise of a difference of two
+  losses, without the trend that widens the window's own spread), unless
+  that first attempt was itself anomalous against the baseline at S (the run was
+  diverging before the crash: the crash-time state is no reference, rule 5);
+* any other step is compared with the level of the baseline at S (seed 000 compares with
+  its median; here the window's trend is taken out first, so the level is where the
+  curve stood at S rather than half a window earlier, see `level_at`).
+
+The check fails when one step, or the cumulative evidence of the steps so far (Stouffer's
+sum of z over sqrt(n)), rises above the threshold. It is one-sided: a resumed loss below
+the reference is what a healthy run produces (and what a resume after a divergence
+produces against its poisoned first attempt).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Literal
+from collections.abc import Sequence
+from itertools import pairwise
+from typing import Final, Literal
 
 import msgspec
+
+from processors.core.baseline import RollingBaseline, median_of_sorted, robust_scale
 
 ContinuityVerdict = Literal["pending", "ok", "broken", "unchecked"]
 
@@ -32,6 +50,7 @@ class RestartRecord(msgspec.Struct, frozen=True, gc=False):
         verdict: ``pending`` while being checked, ``ok``, ``broken``, or ``unchecked``
             (no baseline existed at the resumed step, or the check is disabled).
         checked_steps: Steps judged so far.
+        paired_steps: Of those, steps compared with their first attempt.
         max_z: Largest per-step z seen.
         cumulative_z: Sum of z over sqrt(checked_steps).
     """
@@ -43,6 +62,7 @@ class RestartRecord(msgspec.Struct, frozen=True, gc=False):
     marked: bool = True
     verdict: ContinuityVerdict = "pending"
     checked_steps: int = 0
+    paired_steps: int = 0
     max_z: float | None = None
     cumulative_z: float | None = None
 
@@ -52,8 +72,11 @@ class RestartCheck(msgspec.Struct, frozen=True, gc=False):
 
     Attributes:
         remaining: Steps still to judge.
-        median: Loss median at the resumed step.
-        scale: Loss spread at the resumed step.
+        median: Loss level at the resumed step (trend-corrected median).
+        scale: Loss spread at the resumed step (around the trend).
+        first_step: The step after the resumed one (S+1).
+        pair_scale: Spread of a difference between two attempts of a step.
+        prior: First-attempt losses of steps S+1, S+2, ... (NaN where not seen).
         n: Steps judged.
         sum_z: Sum of their z.
         max_z: Largest z.
@@ -62,6 +85,9 @@ class RestartCheck(msgspec.Struct, frozen=True, gc=False):
     remaining: int
     median: float
     scale: float
+    first_step: int = 0
+    prior: tuple[float, ...] = ()
+    pair_scale: float = 1.0
     n: int = 0
     sum_z: float = 0.0
     max_z: float = -math.inf
@@ -75,35 +101,135 @@ class CheckOutcome(msgspec.Struct, frozen=True, gc=False):
         z: The step's z.
         cumulative_z: Stouffer's z so far.
         broken: True when this step broke continuity.
+        reference: What the loss was compared with (first attempt or median).
+        paired: True when the reference was the step's first attempt.
     """
 
     check: RestartCheck | None
     z: float
     cumulative_z: float
     broken: bool
+    reference: float
+    paired: bool
 
 
-def judge(check: RestartCheck, loss: float, threshold: float) -> CheckOutcome:
-    """Judge one finite post-resume loss against the frozen baseline.
+SQRT2: Final = math.sqrt(2.0)
+
+
+def pair_scale(values: Sequence[float], scale: float, min_scale_rel: float) -> float:
+    """Spread of the difference between two attempts of one step, from a window at S.
+
+    Args:
+        values: The loss window at S, in step order.
+        scale: Its robust spread (fallback: sqrt(2) times it, for fewer than 3 values).
+        min_scale_rel: Relative floor of the spread.
+
+    Returns:
+        1.4826·MAD of the window's first differences (never zero).
+    """
+    if len(values) < 3:
+        return SQRT2 * scale
+    diffs = sorted(b - a for a, b in pairwise(values))
+    centre = median_of_sorted(diffs)
+    floor = min_scale_rel * max(abs(v) for v in values)
+    return max(robust_scale(diffs, centre, min_scale_rel), floor)
+
+
+def level_at(
+    steps: Sequence[int], values: Sequence[float], at_step: int, min_scale_rel: float
+) -> tuple[float, float]:
+    """Robust level and spread of a window at ``at_step``, with its trend taken out.
+
+    The median of a trending window lags half a window behind the curve; the level at S
+    is instead the median of the values moved along the Theil-Sen slope (the median of
+    every pairwise slope) to step S, and the spread is that of those moved values. A flat
+    window gives its median and robust spread back. Computed once per resume (O(w^2)).
+
+    Args:
+        steps: Steps of the window's values.
+        values: The values.
+        at_step: The step to estimate the level at.
+        min_scale_rel: Relative floor of the spread.
+
+    Returns:
+        ``(level, spread)``.
+    """
+    n = len(values)
+    slopes = sorted(
+        (values[j] - values[i]) / (steps[j] - steps[i])
+        for i in range(n)
+        for j in range(i + 1, n)
+        if steps[j] != steps[i]
+    )
+    slope = median_of_sorted(slopes) if slopes else 0.0
+    moved = sorted(v - slope * (s - at_step) for s, v in zip(steps, values, strict=True))
+    level = median_of_sorted(moved)
+    return level, robust_scale(moved, level, min_scale_rel)
+
+
+def start_check(
+    window: RollingBaseline, steps: int, first_step: int, prior: tuple[float, ...]
+) -> RestartCheck | None:
+    """The check of a resume whose baseline at S is ``window``; None during warmup.
+
+    Args:
+        window: The loss baseline at the resumed step.
+        steps: ``restart_check_steps``.
+        first_step: The step after the resumed one.
+        prior: First-attempt losses of the next ``steps`` steps (NaN where not seen).
+
+    Returns:
+        The check, or None when there is nothing to judge against.
+    """
+    if not window.ready or steps <= 0:
+        return None
+    level, scale = level_at(window.steps, window.values, first_step - 1, window.min_scale_rel)
+    spread = pair_scale(window.values, scale, window.min_scale_rel)
+    return RestartCheck(steps, level, scale, first_step, prior, spread)
+
+
+def judge(check: RestartCheck, step: int, loss: float, threshold: float) -> CheckOutcome:
+    """Judge one finite post-resume loss.
 
     Args:
         check: The running check.
-        loss: The step's loss.
+        step: The step.
+        loss: Its loss.
         threshold: ``restart_z_thresh``.
 
     Returns:
         The outcome; the check is None once broken or once every step is judged.
     """
-    z = (loss - check.median) / check.scale
+    index = step - check.first_step
+    prior = check.prior[index] if 0 <= index < len(check.prior) else math.nan
+    # A first attempt that was itself anomalous against the baseline at S (the run was
+    # diverging before the crash) is no reference: fall back to the median at S.
+    paired = math.isfinite(prior) and (prior - check.median) / check.scale <= threshold
+    if paired:
+        reference = prior
+        z = (loss - prior) / check.pair_scale
+    else:
+        reference = check.median
+        z = (loss - check.median) / check.scale
     n = check.n + 1
     sum_z = check.sum_z + z
     cumulative = sum_z / math.sqrt(n)
     broken = z > threshold or cumulative > threshold
     remaining = check.remaining - 1
     if broken or remaining <= 0:
-        return CheckOutcome(None, z, cumulative, broken)
-    nxt = RestartCheck(remaining, check.median, check.scale, n, sum_z, max(check.max_z, z))
-    return CheckOutcome(nxt, z, cumulative, broken)
+        return CheckOutcome(None, z, cumulative, broken, reference, paired)
+    nxt = RestartCheck(
+        remaining,
+        check.median,
+        check.scale,
+        check.first_step,
+        check.prior,
+        check.pair_scale,
+        n,
+        sum_z,
+        max(check.max_z, z),
+    )
+    return CheckOutcome(nxt, z, cumulative, broken, reference, paired)
 
 
 def record_outcome(record: RestartRecord, outcome: CheckOutcome) -> RestartRecord:
@@ -119,6 +245,7 @@ def record_outcome(record: RestartRecord, outcome: CheckOutcome) -> RestartRecor
         record,
         verdict=verdict,
         checked_steps=record.checked_steps + 1,
+        paired_steps=record.paired_steps + outcome.paired,
         max_z=max_z,
         cumulative_z=outcome.cumulative_z,
     )
@@ -133,11 +260,14 @@ def close_record(record: RestartRecord) -> RestartRecord:
 
 
 __all__ = [
+    "SQRT2",
     "CheckOutcome",
     "ContinuityVerdict",
     "RestartCheck",
     "RestartRecord",
     "close_record",
     "judge",
+    "pair_scale",
     "record_outcome",
+    "start_check",
 ]

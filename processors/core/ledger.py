@@ -225,6 +225,27 @@ class StepLedger(msgspec.Struct, frozen=True, gc=False):
             self.horizon_chunks, tuple(chunks), tail, totals, sealed, sealed_last, exact
         )
 
+    def values_after(self, step: int, column: int, count: int) -> tuple[float, ...]:
+        """A column's values at steps ``step+1 .. step+count`` (NaN where no kept row).
+
+        Args:
+            step: The step before the first one wanted.
+            column: Which column.
+            count: How many steps.
+
+        Returns:
+            ``count`` values, index i holding step ``step + 1 + i``.
+        """
+        out = [math.nan] * count
+        for chunk in (self.tail, *reversed(self.chunks)):
+            for i in range(len(chunk) - ROW, -1, -ROW):
+                offset = int(chunk[i + COL_STEP]) - step - 1
+                if offset < 0:
+                    return tuple(out)
+                if offset < count:
+                    out[offset] = chunk[i + column]
+        return tuple(out)
+
     def recent(self, column: int, count: int) -> list[tuple[int, float]]:
         """The last ``count`` finite values of a column, as ``(step, value)``, oldest first."""
         out: list[tuple[int, float]] = []

@@ -83,6 +83,7 @@ def _restarts(state: StepHealthState) -> list[dict[str, Any]]:
             "marked": r.marked,
             "continuity": r.verdict,
             "checked_steps": r.checked_steps,
+            "paired_steps": r.paired_steps,
             "max_z": _num(r.max_z),
             "cumulative_z": _num(r.cumulative_z),
         }

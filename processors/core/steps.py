@@ -29,6 +29,7 @@ from processors.core.continuity import (
     close_record,
     judge,
     record_outcome,
+    start_check,
 )
 from processors.core.ledger import COL_GRAD, COL_LOSS, StepLedger, Totals
 from processors.core.mfu import mfu
@@ -221,6 +222,7 @@ def _resume(
 ) -> StepHealthState:
     """Roll back to ``from_step``; start the continuity check after a restart marker."""
     marked = event.restart_from_step is not None
+    prior = state.ledger.values_after(from_step, COL_LOSS, cfg.restart_check_steps)
     rebuilt = _rebuild(state, state.ledger.rollback(from_step), cfg)
     loss: RollingBaseline = rebuilt["loss"]  # type: ignore[assignment]
     record = RestartRecord(
@@ -231,11 +233,8 @@ def _resume(
         marked=marked,
         verdict="unchecked",
     )
-    check = None
-    if marked and loss.ready and cfg.restart_check_steps > 0:
-        median = median_of_sorted(loss.ordered)
-        scale = robust_scale(loss.ordered, median, cfg.min_scale_rel)
-        check = RestartCheck(cfg.restart_check_steps, median, scale)
+    check = start_check(loss, cfg.restart_check_steps, from_step + 1, prior) if marked else None
+    if check is not None:
         record = msgspec.structs.replace(record, verdict="pending")
     restarts = state.restarts
     if restarts and restarts[-1].verdict == "pending":
@@ -404,19 +403,21 @@ def _on_step(
         best_loss = min(best_loss, loss)
         broke = False
         if check is not None:
-            outcome = judge(check, loss, cfg.restart_z_thresh)
+            outcome = judge(check, step, loss, cfg.restart_z_thresh)
             restarts = (*restarts[:-1], record_outcome(restarts[-1], outcome))
             if outcome.broken:
                 broke = True
                 continuity_ok = False
+                versus = "its first attempt" if outcome.paired else "the median at the resume"
                 em.emit(
                     "restart_discontinuity",
                     value=loss,
-                    baseline=check.median,
+                    baseline=outcome.reference,
                     scale=check.scale,
                     z=max(outcome.z, outcome.cumulative_z),
                     threshold=cfg.restart_z_thresh,
                     detail=f"step {step} after resuming from {restarts[-1].from_step}: "
+                    f"loss {loss:.6g} vs {versus} {outcome.reference:.6g}, "
                     f"z={outcome.z:.3g}, cumulative z={outcome.cumulative_z:.3g} "
                     f"over {check.n + 1} steps",
                 )

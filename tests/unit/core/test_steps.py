@@ -204,7 +204,7 @@ def test_resume_with_a_jump_is_caught_on_its_first_step_as_discontinuity() -> No
 
 @pytest.mark.parametrize(
     ("drift_per_step", "caught_by"),
-    [(0.05, 112), (0.1, 107), (0.3, 104)],
+    [(0.02, 116), (0.05, 110), (0.1, 107), (0.3, 104)],
 )
 def test_dropped_optimizer_state_drift_is_caught(drift_per_step: float, caught_by: int) -> None:
     truth = healthy_losses(140, seed=3, noise=0.02)
@@ -213,18 +213,39 @@ def test_dropped_optimizer_state_drift_is_caught(drift_per_step: float, caught_b
     state, verdicts = _resume_run(after)
     found = [v for v in verdicts if v.kind == "restart_discontinuity"]
     assert len(found) == 1 and 102 <= found[0].step <= caught_by
-    assert kinds(verdicts) == ["restart_discontinuity"], "the rise is one episode"
+    assert verdicts[0].kind == "restart_discontinuity"
+    assert "first attempt" in found[0].detail
     assert not state.continuity_ok
 
 
-def test_resume_is_judged_against_the_baseline_at_the_resumed_step_not_at_the_crash() -> None:
-    # Loss improved sharply between the checkpoint (60) and the crash (100); the resume
-    # correctly continues from 5.0, which the crash-time baseline (2.0) would flag.
-    pre = [5.0 + 0.01 * (i % 5) for i in range(60)] + [2.0 + 0.01 * (i % 5) for i in range(40)]
-    after = [5.0 + 0.01 * (i % 5) for i in range(30)]
+@pytest.mark.parametrize(("resumed_level", "broken"), [(5.0, False), (6.0, True)])
+def test_resume_is_judged_against_the_baseline_at_the_resumed_step_not_at_the_crash(
+    resumed_level: float, broken: bool
+) -> None:
+    # After the checkpoint (60) the first attempt diverged (5 -> 9) until the crash (100).
+    # Against the crash-time state a resume at 6.0 would look like an improvement; against
+    # the baseline at step 60 it is a jump.
+    pre = [5.0 + 0.01 * (i % 5) for i in range(60)] + [5.0 + 0.1 * i for i in range(40)]
+    after = [resumed_level + 0.01 * (i % 5) for i in range(30)]
     state, verdicts = _resume_run(after, from_step=60, crash_at=100, pre=pre)
+    assert ("restart_discontinuity" in kinds(verdicts)) is broken
+    assert state.continuity_ok is not broken
+
+
+def test_redone_steps_are_paired_with_their_first_attempt() -> None:
+    truth = healthy_losses(140, seed=3, noise=0.02)
+    state, _ = _resume_run(truth[100:140], crash_at=110)
+    record = state.restarts[-1]
+    assert (record.verdict, record.checked_steps, record.paired_steps) == ("ok", 20, 10)
+    assert record.max_z is not None and record.max_z <= 1.0
+
+
+def test_resume_after_a_divergence_is_not_judged_against_the_poisoned_attempt() -> None:
+    truth = healthy_losses(140, seed=3, noise=0.02)
+    pre = truth[:105] + [truth[k] + 0.5 * (k - 104) for k in range(105, 120)]
+    state, verdicts = _resume_run(truth[100:140], pre=pre)
     assert "restart_discontinuity" not in kinds(verdicts)
-    assert state.continuity_ok
+    assert state.restarts[-1].verdict == "ok"
 
 
 def test_resume_without_a_baseline_at_the_step_is_unchecked() -> None:
