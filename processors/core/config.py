@@ -81,7 +81,7 @@ class DetectorConfig(msgspec.Struct, frozen=True, kw_only=True):
     straggler_steps: PosInt = 10
     restart_budget: NonNegInt = 3
     restart_budget_window_steps: PosInt = 1000
-    history_steps: PosInt = 2048
+    history_steps: PosInt = 512
     mfu_convention: MfuConvention = "6N+attn"
     min_scale_rel: PosFloat = 1e-3
 

@@ -297,7 +297,7 @@ def _on_heartbeat(
     state: LivenessState, event: Heartbeat, source: Provenance, cfg: DetectorConfig
 ) -> tuple[LivenessState, list[AnomalyDetected]]:
     ts_ns = event.ts_ns
-    now_ns = max(state.log_time_ns, ts_ns)
+    now_ns = ts_ns if ts_ns > state.log_time_ns else state.log_time_ns
     if not state.live:
         return msgspec.structs.replace(state, last_offset=source.offset, log_time_ns=now_ns), []
     rank, step = event.rank, event.step
@@ -319,8 +319,8 @@ def _on_heartbeat(
     dead_before = state.dead
     if dead_before and rank in dead_before:
         dead_before = tuple(r for r in dead_before if r != rank)
-    last_heartbeat_ns = max(state.last_heartbeat_ns, ts_ns)
-    run_step = max(state.run_step, step)
+    last_heartbeat_ns = ts_ns if ts_ns > state.last_heartbeat_ns else state.last_heartbeat_ns
+    run_step = step if step > state.run_step else state.run_step
     time_scan_after = state.time_scan_after_ns
     need_step_scan = run_step > state.run_step and run_step >= step_scan_at
     need_time_scan = now_ns - time_scan_after > cfg.dead_rank_timeout_s * 1e9
@@ -512,7 +512,12 @@ def fold_liveness(
     elif source.offset <= state.last_offset:
         return state, []
     if type(event) is Heartbeat:
-        return _on_heartbeat(state, event, source, _config(state, cfg))
+        return _on_heartbeat(
+            state,
+            event,
+            source,
+            effective_config(cfg, state.thresholds) if state.thresholds else cfg,
+        )
     if isinstance(event, Tick):
         return _on_tick(state, event, source, _config(state, cfg))
     if isinstance(event, RunStarted):

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import msgspec
 
+from processors.core.baseline import median_of_sorted
+
 
 class StragglerState(msgspec.Struct, frozen=True, gc=False):
     """Two open step buckets (the newest step and the one before) and per-rank streaks.
@@ -85,8 +87,15 @@ def _close(
     steps_thresh: int,
 ) -> tuple[StragglerState, list[SlowRank]]:
     """Judge one closed bucket: update streaks and flags, report new stragglers."""
+    closed_upto = step if step > state.closed_upto else state.closed_upto
     if len(ranks) < 2:
-        return msgspec.structs.replace(state, closed_upto=max(state.closed_upto, step)), []
+        return msgspec.structs.replace(state, closed_upto=closed_upto), []
+    if not state.flagged and not any(state.streaks):
+        # Healthy fast path: if even the slowest rank is under the ratio, nothing changes.
+        slowest = max(range(len(times)), key=times.__getitem__)
+        peers = sorted(times[:slowest] + times[slowest + 1 :])
+        if times[slowest] <= ratio_thresh * median_of_sorted(peers):
+            return msgspec.structs.replace(state, closed_upto=closed_upto), []
     order = sorted(range(len(times)), key=times.__getitem__)
     ordered = [times[i] for i in order]
     position = {i: p for p, i in enumerate(order)}
@@ -110,7 +119,7 @@ def _close(
         state,
         streaks=tuple(streaks),
         flagged=tuple(sorted(flagged)),
-        closed_upto=max(state.closed_upto, step),
+        closed_upto=closed_upto,
     )
     return new, found
 
