@@ -102,7 +102,10 @@ class Replayer:
     def _heartbeats(self, source: Provenance, event: InputEvent) -> None:
         if isinstance(event, Tick):
             for run_id in sorted(self.partition_runs.get(source.partition, ())):
-                state, verdicts = fold_liveness(self.liveness[run_id], event, source, self.cfg)
+                known = self.liveness.get(run_id)
+                if known is None:  # listed by a caller but never seen: nothing to age
+                    continue
+                state, verdicts = fold_liveness(known, event, source, self.cfg)
                 self.liveness[run_id] = state
                 self._collect(verdicts)
             return

@@ -75,3 +75,10 @@ def test_replayer_exposes_what_the_live_pipeline_reads() -> None:
     assert [v.run_id for _, v in r.recomputed] == ["a", "b"]
     assert isinstance(r.steps, dict) and isinstance(r.checkpoints, dict)
     assert isinstance(r.policy, dict) and r.commands == []
+
+
+def test_tick_skips_runs_listed_without_a_state() -> None:
+    r = Replayer(CFG)
+    r.partition_runs[0] = {"ghost"}
+    r.feed([rec("heartbeats", 0, tick(10 * S))])
+    assert r.liveness == {} and r.recomputed == []
