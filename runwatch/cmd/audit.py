@@ -5,10 +5,16 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import msgspec
 
 from runwatch.cmd.processors import add_common, detector_config, parse_overrides
+from runwatch.errors import UsageError
+
+if TYPE_CHECKING:
+    from processors.audit import RunLog
 
 HELP = "replay a run's events and diff the verdicts with the recorded ones (exit 0: agree)"
 
@@ -19,6 +25,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add_common(parser)
     parser.add_argument("--json", action="store_true", help="print the receipt as JSON")
     parser.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS")
+    parser.add_argument(
+        "--from-archive",
+        metavar="DIR",
+        help="read the run from a `runwatch sinks --archive DIR` archive instead of Kafka",
+    )
 
 
 def _describe(raw: bytes) -> str:
@@ -58,18 +69,35 @@ def render(receipt: object) -> str:
     return "\n".join(lines)
 
 
+def _archived_log(root: Path, explicit_prefix: str | None, run_id: str) -> RunLog:
+    """The run's log from an archive; the prefix is inferred when the archive has one."""
+    from runwatch.settings import topic_prefix
+    from sinks.archive_read import archived_prefixes, load_archived_run_log
+
+    if not root.is_dir():
+        raise UsageError(f"--from-archive: {root} is not a directory")
+    found = archived_prefixes(root)
+    prefix = topic_prefix(explicit_prefix)
+    if explicit_prefix is None and prefix not in found and len(found) == 1:
+        prefix = next(iter(found))
+    return load_archived_run_log(root, prefix, run_id)
+
+
 def run(args: argparse.Namespace) -> int:
     """Load the run's log, audit it, print the receipt."""
     from processors.audit import audit, load_run_log
     from runwatch.settings import resolve_bootstrap, topic_prefix
 
     cfg = detector_config(parse_overrides(args.overrides))
-    log = load_run_log(
-        resolve_bootstrap(args.bootstrap),
-        topic_prefix(args.prefix),
-        args.run,
-        timeout_s=args.timeout,
-    )
+    if args.from_archive:
+        log = _archived_log(Path(args.from_archive), args.prefix, args.run)
+    else:
+        log = load_run_log(
+            resolve_bootstrap(args.bootstrap),
+            topic_prefix(args.prefix),
+            args.run,
+            timeout_s=args.timeout,
+        )
     if not log.inputs:
         print(f"runwatch audit: no events for run {args.run!r}", file=sys.stderr)
         return 1
