@@ -1,0 +1,272 @@
+"""What an alert says: built from a verdict or a restart event, rendered for each receiver.
+
+Pure functions only. An `Alert` is made from an `AnomalyDetected` (its id is the verdict
+id), a `RestartRequested` or a controller outcome (`RestartCompleted`, `RestartFailed`,
+`CommandRejected`; their id is ``<event>:<command id>``, since one command has several).
+A `AlertGroup` is what one delivery carries: one run's alerts of a group window, plus the
+count of alerts the rate limiter suppressed since the run's previous delivery.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any, Final
+
+import msgspec
+
+from schemas.events import (
+    AnomalyDetected,
+    CommandRejected,
+    Event,
+    RestartCompleted,
+    RestartFailed,
+    RestartRequested,
+)
+
+CRITICAL_KINDS: Final[frozenset[str]] = frozenset(
+    {
+        "nonfinite_loss",
+        "nonfinite_grad_norm",
+        "loss_divergence",
+        "dead_rank",
+        "hang",
+        "restart_discontinuity",
+    }
+)
+"""Anomaly kinds that mean the run is not making progress or is wrong; the rest warn."""
+
+ZERO_TIME: Final = "0001-01-01T00:00:00Z"
+"""Alertmanager's "unset" time (``endsAt`` of a firing alert)."""
+
+
+class Alert(msgspec.Struct, frozen=True, kw_only=True):
+    """One thing a human should hear about.
+
+    Attributes:
+        alert_id: Dedupe key: the verdict id, or ``<event>:<command id>``.
+        run_id: The run.
+        kind: Anomaly kind, or the event name (``restart_requested``, ...).
+        severity: ``critical``, ``warning`` or ``info``.
+        step: The step concerned, if any.
+        rank: The rank concerned, if any.
+        summary: One short line.
+        description: Detail.
+        ts_ns: Log time of the event.
+    """
+
+    alert_id: str
+    run_id: str
+    kind: str
+    severity: str
+    step: int | None
+    rank: int | None
+    summary: str
+    description: str
+    ts_ns: int
+
+
+class AlertGroup(msgspec.Struct, frozen=True, kw_only=True):
+    """One delivery: a run's alerts, and what the rate limiter held back before them.
+
+    Attributes:
+        run_id: The run.
+        alerts: The alerts, in arrival order (may be empty: a suppression notice).
+        suppressed: Alerts of the run suppressed since its previous delivery.
+    """
+
+    run_id: str
+    alerts: tuple[Alert, ...]
+    suppressed: int = 0
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4g}"
+
+
+def _anomaly(event: AnomalyDetected) -> Alert:
+    where = f"step {event.step}" + ("" if event.rank is None else f" rank {event.rank}")
+    summary = f"{event.kind} in run {event.run_id} at {where}"
+    bits = [event.detail] if event.detail else []
+    bits.append(
+        f"value {_fmt(event.value)}, baseline {_fmt(event.baseline)}, z {_fmt(event.z)}, "
+        f"threshold {_fmt(event.threshold)}, incarnation {event.incarnation}"
+    )
+    return Alert(
+        alert_id=event.verdict_id,
+        run_id=event.run_id,
+        kind=event.kind,
+        severity="critical" if event.kind in CRITICAL_KINDS else "warning",
+        step=event.step,
+        rank=event.rank,
+        summary=summary,
+        description="; ".join(bits),
+        ts_ns=event.ts_ns,
+    )
+
+
+def _restart(event: RestartRequested) -> Alert:
+    upto = "latest" if event.max_checkpoint_step is None else f"<= {event.max_checkpoint_step}"
+    return Alert(
+        alert_id=f"restart_requested:{event.command_id}",
+        run_id=event.run_id,
+        kind="restart_requested",
+        severity="warning",
+        step=None,
+        rank=None,
+        summary=f"{event.action} of run {event.run_id} requested after {event.cause_kind}",
+        description=(
+            f"incarnation {event.incarnation} ends; resume from checkpoint {upto}; "
+            f"cause verdict {event.cause_verdict_id}; command {event.command_id}"
+        ),
+        ts_ns=event.ts_ns,
+    )
+
+
+def _outcome(event: RestartCompleted | RestartFailed | CommandRejected) -> Alert:
+    if isinstance(event, RestartCompleted):
+        kind, severity = "restart_completed", "info"
+        summary = f"run {event.run_id} restarted from checkpoint step {event.checkpoint_step}"
+        description = (
+            f"world size {event.world_size}, {event.duration_s:.1f} s, "
+            f"checkpoint {event.checkpoint_path or '-'}"
+        )
+    else:
+        kind = "restart_failed" if isinstance(event, RestartFailed) else "command_rejected"
+        severity = "critical"
+        summary = f"{kind.replace('_', ' ')} for run {event.run_id}"
+        description = event.reason
+    return Alert(
+        alert_id=f"{kind}:{event.command_id}",
+        run_id=event.run_id,
+        kind=kind,
+        severity=severity,
+        step=None,
+        rank=None,
+        summary=summary,
+        description=f"{description}; command {event.command_id}",
+        ts_ns=event.ts_ns,
+    )
+
+
+def alert_of(event: Event) -> Alert | None:
+    """The alert an event raises; None for events that raise none."""
+    if isinstance(event, AnomalyDetected):
+        return _anomaly(event)
+    if isinstance(event, RestartRequested):
+        return _restart(event)
+    if isinstance(event, RestartCompleted | RestartFailed | CommandRejected):
+        return _outcome(event)
+    return None
+
+
+def rfc3339(ts_ns: int) -> str:
+    """``2024-05-01T12:00:00.123456Z`` for nanoseconds since the epoch."""
+    moment = datetime.fromtimestamp(ts_ns / 1e9, tz=UTC)
+    return moment.isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+def console_lines(group: AlertGroup, max_per_min: float) -> list[str]:
+    """One human-readable line per alert, then one for the suppressed count, if any."""
+    lines = []
+    for a in group.alerts:
+        lines.append(
+            f"{rfc3339(a.ts_ns)} {a.severity.upper():8} run={a.run_id} {a.kind}: "
+            f"{a.summary} ({a.description}) [{a.alert_id}]"
+        )
+    if group.suppressed:
+        lines.append(
+            f"{'':27} {'NOTICE':8} run={group.run_id}: {group.suppressed} alert(s) suppressed "
+            f"by the rate limit ({max_per_min:g}/min)"
+        )
+    return lines
+
+
+def _labels(a: Alert) -> dict[str, str]:
+    labels = {"alertname": a.kind, "run": a.run_id, "severity": a.severity}
+    if a.step is not None:
+        labels["step"] = str(a.step)
+    if a.rank is not None:
+        labels["rank"] = str(a.rank)
+    return labels
+
+
+def _common(dicts: list[dict[str, str]]) -> dict[str, str]:
+    if not dicts:
+        return {}
+    first = dicts[0]
+    return {k: v for k, v in first.items() if all(d.get(k) == v for d in dicts[1:])}
+
+
+def suppression_alert(group: AlertGroup, now_ns: int) -> Alert:
+    """The synthetic alert that reports a suppressed count to receivers with no notes field."""
+    return Alert(
+        alert_id=f"suppressed:{group.run_id}:{now_ns}",
+        run_id=group.run_id,
+        kind="runwatch_alerts_suppressed",
+        severity="warning",
+        step=None,
+        rank=None,
+        summary=f"{group.suppressed} alert(s) of run {group.run_id} suppressed by the rate limit",
+        description="see the console log or the archive for the suppressed verdicts",
+        ts_ns=now_ns,
+    )
+
+
+def alertmanager_payload(
+    group: AlertGroup, *, receiver: str = "runwatch", now_ns: int = 0
+) -> dict[str, Any]:
+    """The group as an Alertmanager webhook payload (version 4).
+
+    A suppressed count travels as one extra alert, ``runwatch_alerts_suppressed``.
+    """
+    alerts = list(group.alerts)
+    if group.suppressed:
+        alerts.append(suppression_alert(group, now_ns))
+    items = [
+        {
+            "status": "firing",
+            "labels": _labels(a),
+            "annotations": {"summary": a.summary, "description": a.description},
+            "startsAt": rfc3339(a.ts_ns),
+            "endsAt": ZERO_TIME,
+            "generatorURL": "",
+            "fingerprint": a.alert_id,
+        }
+        for a in alerts
+    ]
+    return {
+        "version": "4",
+        "groupKey": f'{{}}:{{run="{group.run_id}"}}',
+        "truncatedAlerts": 0,
+        "status": "firing",
+        "receiver": receiver,
+        "groupLabels": {"run": group.run_id},
+        "commonLabels": _common([i["labels"] for i in items]),
+        "commonAnnotations": _common([i["annotations"] for i in items]),
+        "externalURL": "",
+        "alerts": items,
+    }
+
+
+def runwatch_payload(group: AlertGroup, *, max_per_min: float) -> dict[str, Any]:
+    """The group in runwatch's own JSON shape."""
+    return {
+        "source": "runwatch",
+        "run": group.run_id,
+        "suppressed": group.suppressed,
+        "max_alerts_per_min": max_per_min,
+        "alerts": [
+            {
+                "id": a.alert_id,
+                "kind": a.kind,
+                "severity": a.severity,
+                "step": a.step,
+                "rank": a.rank,
+                "summary": a.summary,
+                "description": a.description,
+                "ts_ns": a.ts_ns,
+                "time": rfc3339(a.ts_ns),
+            }
+            for a in group.alerts
+        ],
+    }

@@ -1,0 +1,130 @@
+"""The alert sink's delivery log: which alert ids each receiver has had, on disk.
+
+A JSON-lines file, one line per delivery (or suppression), appended and fsynced *before*
+the consumer commits, so a crash between delivery and commit does not alert twice after
+the restart. Lines::
+
+    {"target": "console" | <webhook url>, "run": R, "ids": [...]}   delivered
+    {"target": "_suppressed", "run": R, "ids": [...]}               rate-limited, counted
+    {"target": "_reported", "run": R, "n": N}                       N suppressed reported
+
+The file is compacted on open once it exceeds ``max_lines``: the newest ``keep_ids`` ids
+per target survive (older ones are far behind the committed offsets), and a compaction
+writes ``{"target": "_unreported", "run": R, "n": N}`` for the suppressed counts not yet
+reported and marks the suppressed ids it keeps ``"counted": false``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, Final
+
+SUPPRESSED: Final = "_suppressed"
+REPORTED: Final = "_reported"
+UNREPORTED: Final = "_unreported"
+
+
+class DeliveryLog:
+    """Delivered and suppressed alert ids per target, persisted as JSON lines.
+
+    Args:
+        path: The file (created with its directory).
+        max_lines: Compact on open beyond this many lines.
+        keep_ids: Ids kept per target by a compaction.
+    """
+
+    def __init__(self, path: Path, *, max_lines: int = 200_000, keep_ids: int = 50_000) -> None:
+        self.path = path
+        self.done: dict[str, dict[str, None]] = {}
+        self.unreported: dict[str, int] = {}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lines = self._load()
+        if lines > max_lines:
+            self._compact(keep_ids)
+        self._fh = path.open("a", encoding="utf-8")
+
+    def _load(self) -> int:
+        if not self.path.exists():
+            return 0
+        count = 0
+        with self.path.open(encoding="utf-8") as fh:
+            for line in fh:
+                try:
+                    entry = json.loads(line)
+                except json.JSONDecodeError:
+                    continue  # a line torn by a crash mid-write: nothing was committed after it
+                count += 1
+                self._apply(entry)
+        return count
+
+    def _apply(self, entry: dict[str, Any]) -> None:
+        target, run = entry.get("target"), entry.get("run", "")
+        if target == UNREPORTED:
+            self.unreported[run] = self.unreported.get(run, 0) + int(entry.get("n", 0))
+            return
+        if target == REPORTED:
+            left = self.unreported.get(run, 0) - int(entry.get("n", 0))
+            if left > 0:
+                self.unreported[run] = left
+            else:
+                self.unreported.pop(run, None)
+            return
+        ids = entry.get("ids", [])
+        seen = self.done.setdefault(str(target), {})
+        for alert_id in ids:
+            seen[alert_id] = None
+        if target == SUPPRESSED and entry.get("counted", True):
+            self.unreported[run] = self.unreported.get(run, 0) + len(ids)
+
+    def _compact(self, keep_ids: int) -> None:
+        entries: list[dict[str, Any]] = [
+            {"target": t, "run": "", "ids": list(ids)[-keep_ids:]}
+            for t, ids in self.done.items()
+            if t != SUPPRESSED
+        ]
+        kept = list(self.done.get(SUPPRESSED, {}))[-keep_ids:]
+        entries.append({"target": SUPPRESSED, "run": "", "ids": kept, "counted": False})
+        entries += [{"target": UNREPORTED, "run": r, "n": n} for r, n in self.unreported.items()]
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        with tmp.open("w", encoding="utf-8") as fh:
+            fh.writelines(json.dumps(e) + "\n" for e in entries)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, self.path)
+        self.done, self.unreported = {}, {}
+        self._load()
+
+    def _append(self, entry: dict[str, Any]) -> None:
+        self._fh.write(json.dumps(entry) + "\n")
+        self._fh.flush()
+        os.fsync(self._fh.fileno())
+        self._apply(entry)
+
+    def has(self, target: str, alert_id: str) -> bool:
+        """True when ``target`` has had ``alert_id``."""
+        return alert_id in self.done.get(target, {})
+
+    def handled(self, alert_id: str, targets: Iterable[str]) -> bool:
+        """True when the id was suppressed, or every target has had it."""
+        if self.has(SUPPRESSED, alert_id):
+            return True
+        return all(self.has(t, alert_id) for t in targets)
+
+    def delivered(self, target: str, run_id: str, ids: Iterable[str]) -> None:
+        """Record a delivery to ``target``."""
+        self._append({"target": target, "run": run_id, "ids": list(ids)})
+
+    def suppressed(self, run_id: str, ids: Iterable[str]) -> None:
+        """Record ids the rate limiter held back (counted, not sent)."""
+        self._append({"target": SUPPRESSED, "run": run_id, "ids": list(ids)})
+
+    def reported(self, run_id: str, count: int) -> None:
+        """Record that ``count`` suppressed alerts of the run were reported."""
+        self._append({"target": REPORTED, "run": run_id, "n": count})
+
+    def close(self) -> None:
+        """Close the file."""
+        self._fh.close()
