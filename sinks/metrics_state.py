@@ -1,0 +1,176 @@
+"""What the metrics exporter knows about each run: a fold over the events it reads (pure).
+
+Counters are deduplicated by id (verdict id, command id), so identical duplicates that
+the processors publish at-least-once count once. Times are log times (event timestamps and
+the clock's ticks), never the exporter's clock, so a replay of the same log shows the same
+figures.
+
+Bounded cardinality: a run's label sets are dropped once the run ended (RunEnded) more
+than ``ended_retention_s`` of log time ago, or has been silent for ``stale_s`` of log time;
+"log time now" is the newest timestamp the exporter has read from any topic.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from processors.core.config import DetectorConfig
+from processors.core.mfu import mfu
+from processors.core.runinfo import RunInfo
+from schemas.events import (
+    AnomalyDetected,
+    CommandRejected,
+    Event,
+    Heartbeat,
+    RestartCompleted,
+    RestartFailed,
+    RestartRequested,
+    RunEnded,
+    RunStarted,
+    StepCompleted,
+    Tick,
+)
+
+NS_PER_S = 1_000_000_000
+
+
+@dataclass
+class RunFigures:
+    """One run's latest figures and counts."""
+
+    run_id: str
+    incarnation: int = 0
+    info: RunInfo | None = None
+    last_step: int | None = None
+    loss: float | None = None
+    grad_norm: float | None = None
+    mfu_ratio: float | None = None
+    tokens_per_s: float | None = None
+    rank_seen_ns: dict[int, int] = field(default_factory=dict)
+    heartbeat_partition: int | None = None
+    last_ns: int = 0
+    ended_ns: int | None = None
+    anomalies: dict[str, int] = field(default_factory=dict)
+    restarts: int = 0
+    outcomes: dict[str, int] = field(default_factory=dict)
+    seen_ids: set[str] = field(default_factory=set)
+
+
+@dataclass
+class MetricsPolicy:
+    """Tunables of the fold.
+
+    Attributes:
+        live_window_s: A rank is live when its last heartbeat is this recent (log time).
+        ended_retention_s: Keep an ended run's label sets this long after its end.
+        stale_s: Drop a run silent this long.
+        detector: For the MFU convention.
+    """
+
+    live_window_s: float = 60.0
+    ended_retention_s: float = 3600.0
+    stale_s: float = 86400.0
+    detector: DetectorConfig = field(default_factory=DetectorConfig)
+
+
+class FleetFigures:
+    """Every run's figures, folded from events in log order per partition."""
+
+    def __init__(self, policy: MetricsPolicy | None = None) -> None:
+        self.policy = policy or MetricsPolicy()
+        self.runs: dict[str, RunFigures] = {}
+        self.tick_ns: dict[int, int] = {}
+        self.newest_ns = 0
+
+    def _run(self, run_id: str) -> RunFigures:
+        fig = self.runs.get(run_id)
+        if fig is None:
+            fig = self.runs[run_id] = RunFigures(run_id)
+        return fig
+
+    def apply(self, event: Event, partition: int) -> None:
+        """Fold one event read from ``partition`` of its topic."""
+        self.newest_ns = max(self.newest_ns, event.ts_ns)
+        if isinstance(event, Tick):
+            self.tick_ns[partition] = max(self.tick_ns.get(partition, 0), event.ts_ns)
+            return
+        fig = self._run(event.run_id)
+        fig.last_ns = max(fig.last_ns, event.ts_ns)
+        if isinstance(event, RunStarted):
+            if fig.info is None or event.incarnation != fig.incarnation:
+                fig.rank_seen_ns = {}
+            fig.info, fig.incarnation = RunInfo.from_event(event), event.incarnation
+            fig.ended_ns = None
+        elif isinstance(event, RunEnded):
+            # RunStarted and RunEnded travel on several topics: an end older than the
+            # current incarnation's start is the previous incarnation's.
+            if fig.info is None or event.ts_ns >= fig.info.started_ns:
+                fig.ended_ns = event.ts_ns
+        elif isinstance(event, StepCompleted):
+            self._step(fig, event)
+        elif isinstance(event, Heartbeat):
+            fig.heartbeat_partition = partition
+            fig.rank_seen_ns[event.rank] = max(fig.rank_seen_ns.get(event.rank, 0), event.ts_ns)
+        else:
+            self._count(fig, event)
+
+    def _step(self, fig: RunFigures, event: StepCompleted) -> None:
+        fig.last_step, fig.loss, fig.grad_norm = event.step, event.loss, event.grad_norm
+        fig.tokens_per_s = fig.mfu_ratio = None
+        if event.tokens > 0 and event.step_time_s > 0 and math.isfinite(event.step_time_s):
+            fig.tokens_per_s = event.tokens / event.step_time_s
+            per_token = fig.info.flops_per_token(self.policy.detector) if fig.info else None
+            if per_token is not None and fig.info is not None:
+                fig.mfu_ratio = mfu(
+                    per_token * event.tokens, event.step_time_s, fig.info.peak_flops_per_s
+                )
+
+    def _count(self, fig: RunFigures, event: Event) -> None:
+        if isinstance(event, AnomalyDetected):
+            key, bucket = event.verdict_id, ("anomaly", event.kind)
+        elif isinstance(event, RestartRequested):
+            key, bucket = f"cmd:{event.command_id}", ("restart", "")
+        elif isinstance(event, RestartCompleted | RestartFailed | CommandRejected):
+            outcome = {
+                RestartCompleted: "completed",
+                RestartFailed: "failed",
+                CommandRejected: "rejected",
+            }[type(event)]
+            key, bucket = f"{outcome}:{event.command_id}", ("outcome", outcome)
+        else:
+            return
+        if key in fig.seen_ids:
+            return
+        fig.seen_ids.add(key)
+        family, label = bucket
+        if family == "anomaly":
+            fig.anomalies[label] = fig.anomalies.get(label, 0) + 1
+        elif family == "restart":
+            fig.restarts += 1
+        else:
+            fig.outcomes[label] = fig.outcomes.get(label, 0) + 1
+
+    def live_ranks(self, fig: RunFigures) -> int:
+        """Ranks whose last heartbeat is within the live window of the run's log time."""
+        if fig.ended_ns is not None:
+            return 0
+        now = fig.last_ns
+        if fig.heartbeat_partition is not None:
+            now = max(now, self.tick_ns.get(fig.heartbeat_partition, 0))
+        horizon = now - int(self.policy.live_window_s * NS_PER_S)
+        return sum(1 for seen in fig.rank_seen_ns.values() if seen >= horizon)
+
+    def prune(self) -> list[str]:
+        """Drop the runs the cardinality rule retires; returns their ids."""
+        ended_ns = int(self.policy.ended_retention_s * NS_PER_S)
+        stale_ns = int(self.policy.stale_s * NS_PER_S)
+        gone = [
+            r
+            for r, fig in self.runs.items()
+            if (fig.ended_ns is not None and self.newest_ns - fig.ended_ns > ended_ns)
+            or self.newest_ns - fig.last_ns > stale_ns
+        ]
+        for r in gone:
+            del self.runs[r]
+        return gone
