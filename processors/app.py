@@ -157,6 +157,9 @@ def create_app(
         consumer_auto_offset_reset="earliest",
         processing_guarantee="at_least_once",
         producer_acks=-1,
+        # Table states are kilobytes; faust's 16 KiB batches would send two per request.
+        producer_max_batch_size=1024 * 1024,
+        producer_linger=0.005,
         web_enabled=settings.web_port is not None,
         web_port=settings.web_port or 6066,
         table_standby_replicas=0,

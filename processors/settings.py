@@ -33,7 +33,7 @@ class ProcessorSettings(msgspec.Struct, frozen=True, kw_only=True):
     app_id: str = DEFAULT_APP_ID
     partitions: int = DEFAULT_PARTITIONS
     batch_max: int = 5000
-    batch_within_s: float = 0.01
+    batch_within_s: float = 0.05
     tick_interval_s: float = 1.0
     session_timeout_s: float = 10.0
     web_port: int | None = None

@@ -1,0 +1,299 @@
+"""Processor throughput and detection latency through a real broker and a real worker.
+
+Two phases against one `runwatch processors` worker (a subprocess):
+
+1. Throughput: a backlog of heartbeats and steps from many concurrent runs is produced
+   first; the worker then drains it. Sustained events/s is measured from the group's
+   committed offsets (what the worker has durably processed), from the first commit to
+   the last, so worker start-up is not counted.
+2. Latency: with the worker idle, a paced stream of steps where every 20th step of a run
+   is a loss spike; latency is from just before `send` of the spike to the moment a
+   consumer of the anomalies topic reads its verdict.
+
+Where the time goes: the same events are decoded and folded in-process (no Kafka, no
+faust) to split the per-event cost into decode, fold and the rest (faust, aiokafka,
+changelog writes).
+
+Usage: python bench/processors.py [--bootstrap HOST:PORT] [--runs 200] [--steps 60]
+"""
+
+from __future__ import annotations
+
+import sys
+
+# Run as a script, this file's directory comes first on sys.path and its name would
+# shadow the `processors` package it measures.
+if sys.path and sys.path[0] == __import__("os").path.dirname(__file__):
+    sys.path.pop(0)
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import tempfile
+import time
+import uuid
+from contextlib import ExitStack
+from pathlib import Path
+
+from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
+
+from processors.core.config import DetectorConfig
+from processors.intake import RawRecord, split
+from processors.pipeline import fold_batch
+from runwatch.admin import create_catalogue
+from schemas.codec import decode, encode, encode_key
+from schemas.events import AnomalyDetected, Heartbeat, RunStarted, StepCompleted
+from schemas.topics import names
+
+WORLD = 8
+
+
+def backlog(runs: int, steps: int) -> list[tuple[str, bytes, bytes]]:
+    """(topic role, key, value) for every event of the throughput phase, in emit order."""
+    rng = random.Random(0)
+    out: list[tuple[str, bytes, bytes]] = []
+    t0 = time.time_ns()
+    for r in range(runs):
+        run = f"bench-{r:04d}"
+        started = encode(RunStarted(run_id=run, ts_ns=t0, world_size=WORLD))
+        out += [("steps", encode_key(run), started), ("heartbeats", encode_key(run), started)]
+    for s in range(1, steps + 1):
+        for r in range(runs):
+            run = f"bench-{r:04d}"
+            ts = t0 + s * 50_000_000
+            loss = 4.0 - 0.01 * s + rng.gauss(0, 0.02)
+            step = StepCompleted(
+                run_id=run,
+                ts_ns=ts,
+                seq=s,
+                step=s,
+                loss=loss,
+                step_time_s=0.05,
+                grad_norm=1.0 + rng.gauss(0, 0.01),
+                tokens=4096,
+            )
+            out.append(("steps", encode_key(run), encode(step)))
+            for rank in range(WORLD):
+                hb = Heartbeat(run_id=run, ts_ns=ts, seq=s, rank=rank, step=s, step_time_s=0.05)
+                out.append(("heartbeats", encode_key(run), encode(hb)))
+    return out
+
+
+def produce(bootstrap: str, prefix: str, events: list[tuple[str, bytes, bytes]]) -> float:
+    topics = names(prefix)
+    producer = KafkaProducer(
+        bootstrap_servers=bootstrap, linger_ms=20, batch_size=512 * 1024, acks=1
+    )
+    t = time.perf_counter()
+    for role, key, value in events:
+        producer.send(getattr(topics, role), key=key, value=value)
+    producer.flush()
+    producer.close()
+    return time.perf_counter() - t
+
+
+def start_worker(
+    bootstrap: str, prefix: str, partitions: int, log: Path
+) -> subprocess.Popen[bytes]:
+    cmd = [
+        sys.executable,
+        "-m",
+        "runwatch.cli",
+        "processors",
+        "--bootstrap",
+        bootstrap,
+        "--prefix",
+        prefix,
+        "--app-id",
+        f"{prefix}-app",
+        "--partitions",
+        str(partitions),
+        "--set",
+        "hang_timeout_s=3600",
+        "--set",
+        "dead_rank_timeout_s=3600",
+    ]
+    env = {**os.environ, "RUNWATCH_COMMAND_KEY": "bench-command-key-0123456789"}
+    return subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env)
+
+
+def committed_total(admin: KafkaAdminClient, group: str, topics: set[str]) -> int:
+    offsets = admin.list_group_offsets(group).get(group, {})
+    return sum(
+        meta.offset for tp, meta in offsets.items() if tp.topic in topics and meta.offset > 0
+    )
+
+
+def end_total(consumer: KafkaConsumer, topics: list[str]) -> int:
+    tps = [TopicPartition(t, p) for t in topics for p in consumer.partitions_for_topic(t) or ()]
+    return sum(consumer.end_offsets(tps).values())
+
+
+def throughput(bootstrap: str, prefix: str, partitions: int, runs: int, steps: int, log: Path):
+    topics = names(prefix)
+    inputs = [topics.steps, topics.heartbeats]
+    events = backlog(runs, steps)
+    produce_s = produce(bootstrap, prefix, events)
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap)
+    target = end_total(consumer, inputs)
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    worker = start_worker(bootstrap, prefix, partitions, log)
+    samples: list[tuple[float, int]] = []
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        done = committed_total(admin, f"{prefix}-app", set(inputs))
+        samples.append((time.monotonic(), done))
+        if done >= target:
+            break
+        time.sleep(0.25)  # sampling interval of a measurement, not synchronisation
+    else:
+        raise SystemExit(f"worker did not drain the backlog; see {log}")
+    first = next(i for i, (_, n) in enumerate(samples) if n > 0)
+    t_first, n_first = samples[first - 1] if first > 0 else samples[first]
+    t_last, n_last = samples[-1]
+    rate = (n_last - n_first) / max(t_last - t_first, 1e-9)
+    consumer.close()
+    admin.close()
+    return worker, {
+        "events": len(events),
+        "produce_s": produce_s,
+        "drain_s": t_last - t_first,
+        "events_per_s": rate,
+    }
+
+
+def latency(bootstrap: str, prefix: str, spikes: int) -> dict[str, float]:
+    topics = names(prefix)
+    reader = KafkaConsumer(bootstrap_servers=bootstrap, auto_offset_reset="latest")
+    tps = [
+        TopicPartition(topics.anomalies, p) for p in reader.partitions_for_topic(topics.anomalies)
+    ]
+    reader.assign(tps)
+    reader.seek_to_end(*tps)
+    reader.poll(timeout_ms=100)
+    producer = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=0, acks=1)
+    rng = random.Random(1)
+    sent: dict[tuple[str, int], float] = {}
+    seen: dict[tuple[str, int], float] = {}
+    run_count = 20
+    runs = [f"lat{r}-{uuid.uuid4().hex[:6]}" for r in range(run_count)]
+    for run in runs:
+        value = encode(RunStarted(run_id=run, ts_ns=time.time_ns(), world_size=1))
+        producer.send(topics.steps, key=encode_key(run), value=value)
+    producer.flush()
+    total_steps = 20 * (spikes // run_count + 1)
+    for step in range(1, total_steps + 1):
+        for run in runs:
+            spike = step > 20 and step % 20 == 0
+            loss = 9.0 if spike else 3.0 + rng.gauss(0, 0.02)
+            ev = StepCompleted(
+                run_id=run, ts_ns=time.time_ns(), step=step, loss=loss, step_time_s=0.05
+            )
+            if spike:
+                sent[(run, step)] = time.perf_counter()
+            producer.send(topics.steps, key=encode_key(run), value=encode(ev))
+        producer.flush()
+        for records in reader.poll(timeout_ms=5).values():
+            now = time.perf_counter()
+            for rec in records:
+                a = decode(rec.value)
+                if isinstance(a, AnomalyDetected):
+                    seen.setdefault((a.run_id, a.step), now)
+        time.sleep(0.01)  # pacing the producer at ~100 steps/s per run, not synchronisation
+    deadline = time.monotonic() + 30
+    while len(seen.keys() & sent.keys()) < len(sent) and time.monotonic() < deadline:
+        for records in reader.poll(timeout_ms=100).values():
+            now = time.perf_counter()
+            for rec in records:
+                a = decode(rec.value)
+                if isinstance(a, AnomalyDetected):
+                    seen.setdefault((a.run_id, a.step), now)
+    lat_ms = sorted((seen[k] - sent[k]) * 1000 for k in sent if k in seen)
+    producer.close()
+    reader.close()
+    return {
+        "spikes": len(sent),
+        "detected": len(lat_ms),
+        "p50_ms": statistics.median(lat_ms),
+        "p99_ms": lat_ms[min(len(lat_ms) - 1, int(0.99 * len(lat_ms)))],
+        "max_ms": lat_ms[-1],
+    }
+
+
+def breakdown(runs: int, steps: int) -> dict[str, float]:
+    """Per-event cost of decode and fold in-process: the part of the worker that is ours."""
+    events = backlog(runs, steps)
+    raws = {
+        role: [RawRecord(role, 0, i, k, v) for i, (r, k, v) in enumerate(events) if r == role]
+        for role in ("steps", "heartbeats")
+    }
+    cfg = DetectorConfig()
+    out: dict[str, float] = {}
+    total = 0
+    for role, recs in raws.items():
+        t = time.perf_counter()
+        good, _ = split(recs, role)
+        t_dec = time.perf_counter() - t
+        states: dict[str, object] = {}
+        t = time.perf_counter()
+        for i in range(0, len(good), 5000):
+            res = fold_batch(role, good[i : i + 5000], states.get, lambda p: (), cfg)
+            states.update(res.states)
+        t_fold = time.perf_counter() - t
+        out[f"{role}_decode_us"] = 1e6 * t_dec / len(recs)
+        out[f"{role}_fold_us"] = 1e6 * t_fold / len(recs)
+        total += len(recs)
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--bootstrap", default=os.environ.get("RUNWATCH_BOOTSTRAP"))
+    parser.add_argument("--runs", type=int, default=200)
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--spikes", type=int, default=200)
+    args = parser.parse_args()
+    with ExitStack() as stack:
+        bootstrap = args.bootstrap
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        if not bootstrap:
+            from runwatch.broker import ephemeral_broker
+
+            bootstrap = stack.enter_context(ephemeral_broker(tmp / "kafka")).bootstrap
+        prefix = f"bench{uuid.uuid4().hex[:6]}"
+        create_catalogue(bootstrap, prefix=prefix, partitions=args.partitions)
+        worker, tput = throughput(
+            bootstrap, prefix, args.partitions, args.runs, args.steps, tmp / "worker.log"
+        )
+        try:
+            lat = latency(bootstrap, prefix, args.spikes)
+        finally:
+            worker.terminate()
+            worker.wait(timeout=60)
+    parts = breakdown(min(args.runs, 50), args.steps)
+    print(
+        f"throughput: {tput['events']} events ({args.runs} runs x {args.steps} steps x "
+        f"(1 step + {WORLD} heartbeats)), one worker, {args.partitions} partitions"
+    )
+    print(f"  sustained {tput['events_per_s']:,.0f} events/s (drained in {tput['drain_s']:.1f} s)")
+    print(
+        f"latency: {lat['detected']}/{lat['spikes']} spikes, produce -> verdict readable: "
+        f"p50 {lat['p50_ms']:.1f} ms, p99 {lat['p99_ms']:.1f} ms, max {lat['max_ms']:.1f} ms"
+    )
+    print("in-process cost per event (no Kafka, no faust):")
+    for k, v in parts.items():
+        print(f"  {k:<22} {v:6.2f} us")
+    print(
+        json.dumps(
+            {"bench": "processors", **tput, **{f"latency_{k}": v for k, v in lat.items()}, **parts}
+        )
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
