@@ -191,13 +191,14 @@ class RollingBaseline(msgspec.Struct, frozen=True, gc=False):
             step = self.steps[-1] + 1 if self.steps else 0
         ordered = list(self.ordered)
         insort(ordered, value)
+        # Hot path: tuple concatenation is ~25 % faster than unpacking here (bench/core.py).
         if len(self.values) >= self.window:
             del ordered[bisect_left(ordered, self.values[0])]
-            values = (*self.values[1:], value)
-            steps = (*self.steps[1:], step)
+            values = self.values[1:] + (value,)  # noqa: RUF005
+            steps = self.steps[1:] + (step,)  # noqa: RUF005
         else:
-            values = (*self.values, value)
-            steps = (*self.steps, step)
+            values = self.values + (value,)  # noqa: RUF005
+            steps = self.steps + (step,)  # noqa: RUF005
         return RollingBaseline(
             self.window, self.min_periods, self.min_scale_rel, steps, values, tuple(ordered)
         )

@@ -306,7 +306,7 @@ def _on_heartbeat(
     if i >= len(ranks):
         ranks = ranks + (_NEVER, 0) * (rank + 1 - len(ranks) // 2)
     previous = ranks[i]
-    ranks = (*ranks[:i], step, ts_ns, *ranks[i + 2 :])
+    ranks = ranks[:i] + (step, ts_ns) + ranks[i + 2 :]  # noqa: RUF005 (faster, hot path)
     known = state.known_ranks
     if previous == _NEVER and rank >= state.expected_ranks:
         known += 1

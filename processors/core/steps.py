@@ -290,7 +290,7 @@ class _Emitter:
                 config_hash=config_hash(self.cfg),
                 incarnation=self.state.info.incarnation,
                 attempt=self.state.attempt,
-                rank=self.event.rank,
+                rank=None,  # loss and grad norm are all-reduced: run-wide
                 value=value,
                 baseline=baseline,
                 scale=scale,

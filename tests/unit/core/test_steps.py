@@ -313,6 +313,7 @@ def test_verdict_carries_provenance_log_time_and_identity() -> None:
     assert verdict.source == src(77, "runwatch.steps", 3)
     assert verdict.ts_ns == event.ts_ns and verdict.seq == 77
     assert verdict.config_hash and verdict.verdict_id and verdict.incarnation == 0
+    assert verdict.rank is None, "loss and grad norm are run-wide"
 
 
 def test_hot_path_field_order_is_pinned() -> None:
