@@ -1,0 +1,113 @@
+from __future__ import annotations
+
+import pytest
+
+from sinks.alert_format import (
+    AlertGroup,
+    alert_of,
+    alertmanager_payload,
+    console_lines,
+    rfc3339,
+    runwatch_payload,
+)
+
+from .events import anomaly, completed, failed, heartbeat, rejected, restart, step
+
+
+@pytest.mark.parametrize(
+    ("event", "alert_id", "kind", "severity", "step_", "rank"),
+    [
+        (anomaly(kind="loss_spike"), "v-r1-loss_spike-30", "loss_spike", "warning", 30, 0),
+        (anomaly(kind="hang", rank=None), "v-r1-hang-30", "hang", "critical", 30, None),
+        (
+            anomaly(kind="nonfinite_loss"),
+            "v-r1-nonfinite_loss-30",
+            "nonfinite_loss",
+            "critical",
+            30,
+            0,
+        ),
+        (restart(), "restart_requested:c1", "restart_requested", "warning", None, None),
+        (completed(), "restart_completed:c1", "restart_completed", "info", None, None),
+        (failed(), "restart_failed:c1", "restart_failed", "critical", None, None),
+        (rejected(), "command_rejected:c1", "command_rejected", "critical", None, None),
+    ],
+)
+def test_alert_of(event, alert_id, kind, severity, step_, rank):
+    a = alert_of(event)
+    assert a is not None
+    assert (a.alert_id, a.kind, a.severity, a.step, a.rank, a.run_id) == (
+        alert_id,
+        kind,
+        severity,
+        step_,
+        rank,
+        "r1",
+    )
+    assert a.summary and a.description
+
+
+@pytest.mark.parametrize("event", [step(), heartbeat()])
+def test_input_events_raise_no_alert(event):
+    assert alert_of(event) is None
+
+
+@pytest.mark.parametrize(
+    ("ts_ns", "text"),
+    [
+        (0, "1970-01-01T00:00:00.000000Z"),
+        (1_700_000_000_123_456_789, "2023-11-14T22:13:20.123457Z"),
+    ],
+)
+def test_rfc3339(ts_ns, text):
+    assert rfc3339(ts_ns) == text
+
+
+def _group(suppressed=0):
+    return AlertGroup(
+        run_id="r1",
+        alerts=(alert_of(anomaly(kind="loss_spike")), alert_of(anomaly(kind="dead_rank", rank=1))),
+        suppressed=suppressed,
+    )
+
+
+def test_alertmanager_payload_shape():
+    p = alertmanager_payload(_group(), receiver="ops", now_ns=5)
+    assert p["version"] == "4" and p["status"] == "firing" and p["receiver"] == "ops"
+    assert p["groupLabels"] == {"run": "r1"}
+    assert p["groupKey"] == '{}:{run="r1"}'
+    assert p["commonLabels"] == {"run": "r1", "step": "30"}
+    first = p["alerts"][0]
+    assert first["labels"] == {
+        "alertname": "loss_spike",
+        "run": "r1",
+        "severity": "warning",
+        "step": "30",
+        "rank": "0",
+    }
+    assert first["fingerprint"] == "v-r1-loss_spike-30"
+    assert first["startsAt"] == "1970-01-01T00:01:40.000000Z"
+    assert set(first["annotations"]) == {"summary", "description"}
+    assert all(isinstance(v, str) for a in p["alerts"] for v in a["labels"].values())
+
+
+def test_alertmanager_payload_reports_suppressed_as_an_alert():
+    p = alertmanager_payload(_group(suppressed=7), now_ns=5)
+    extra = p["alerts"][-1]
+    assert extra["labels"]["alertname"] == "runwatch_alerts_suppressed"
+    assert "7 alert(s)" in extra["annotations"]["summary"]
+
+
+def test_runwatch_payload():
+    p = runwatch_payload(_group(suppressed=3), max_per_min=10)
+    assert p["run"] == "r1" and p["suppressed"] == 3 and p["max_alerts_per_min"] == 10
+    assert [a["id"] for a in p["alerts"]] == ["v-r1-loss_spike-30", "v-r1-dead_rank-30"]
+
+
+@pytest.mark.parametrize(("suppressed", "lines"), [(0, 2), (4, 3)])
+def test_console_lines_one_per_alert_plus_notice(suppressed, lines):
+    out = console_lines(_group(suppressed), max_per_min=10)
+    assert len(out) == lines
+    assert "run=r1 loss_spike" in out[0] and "[v-r1-loss_spike-30]" in out[0]
+    if suppressed:
+        assert "4 alert(s) suppressed" in out[-1]

@@ -1,0 +1,89 @@
+from __future__ import annotations
+
+import io
+
+from processors.intake import RawRecord
+from schemas.codec import encode, encode_key
+from schemas.topics import names
+from sinks.alert_log import DeliveryLog
+from sinks.alerts import AlertSettings, AlertSink
+from sinks.webhook import RetryPolicy
+
+from .events import anomaly, completed, restart
+from .recorder import Recorder
+
+T = names("p")
+FAST = RetryPolicy(attempts=3, base_delay_s=0.01, max_delay_s=0.02, timeout_s=5.0)
+
+
+def rec(topic, offset, event):
+    return RawRecord(topic, 0, offset, encode_key(event.run_id), encode(event), 0)
+
+
+def make(tmp_path, url, **kw):
+    settings = AlertSettings(webhooks=(url,), group_wait_s=1.0, retry=FAST, **kw)
+    out = io.StringIO()
+    return AlertSink(settings, T, DeliveryLog(tmp_path / "a.jsonl"), out=out), out
+
+
+def test_grouped_per_run_deduplicated_and_not_resent_after_a_restart(tmp_path):
+    records = [
+        rec(T.anomalies, 0, anomaly(step=1)),
+        rec(T.anomalies, 1, anomaly(step=1)),  # identical duplicate
+        rec(T.anomalies, 2, anomaly(run="r2", step=1)),
+        rec(T.commands, 0, restart()),
+        rec(T.controller, 0, completed()),
+    ]
+    with Recorder(fail_first=1) as server:
+        sink, out = make(tmp_path, server.url)
+        sink.handle(records, now_s=0.0)
+        assert sink.pending_offsets() == {
+            (T.anomalies, 0): 0,
+            (T.commands, 0): 0,
+            (T.controller, 0): 0,
+        }
+        sink.tick(1.0)
+        assert sink.pending_offsets() == {}
+        bodies = server.wait_for(lambda b: len(b) == 2)
+        by_run = {b["run"]: [a["id"] for a in b["alerts"]] for b in bodies}
+        assert by_run == {
+            "r1": ["v-r1-loss_spike-1", "restart_requested:c1", "restart_completed:c1"],
+            "r2": ["v-r2-loss_spike-1"],
+        }
+        assert server.attempts == 3  # the first POST got a 500 and was retried
+        assert len(out.getvalue().splitlines()) == 4
+        assert sink.stats.duplicates == 1
+        sink.log.close()
+        # crash before the commit: a new sink reads the same records again
+        again, out2 = make(tmp_path, server.url)
+        again.handle(records, now_s=5.0)
+        again.flush()
+        assert again.stats.alerts == 0 and out2.getvalue() == ""
+        assert len(server.bodies) == 2
+
+
+def test_alertmanager_format_and_rate_limit_count(tmp_path):
+    records = [rec(T.anomalies, i, anomaly(step=i)) for i in range(5)]
+    with Recorder() as server:
+        sink, out = make(tmp_path, server.url, webhook_format="alertmanager", max_alerts_per_min=2)
+        sink.handle(records, now_s=0.0)
+        sink.flush()
+        (body,) = server.wait_for(lambda b: len(b) == 1)
+        assert body["version"] == "4" and len(body["alerts"]) == 2
+        assert sink.stats.suppressed == 3
+        sink.handle([rec(T.anomalies, 9, anomaly(step=9))], now_s=30.0)
+        sink.flush()
+        second = server.wait_for(lambda b: len(b) == 2)[1]
+        names_ = [a["labels"]["alertname"] for a in second["alerts"]]
+        assert names_ == ["loss_spike", "runwatch_alerts_suppressed"]
+        assert "3 alert(s)" in second["alerts"][1]["annotations"]["summary"]
+        assert "3 alert(s) suppressed" in out.getvalue()
+
+
+def test_a_dead_webhook_is_reported_and_does_not_block_the_console(tmp_path, capsys):
+    with Recorder(fail_first=100) as server:
+        sink, out = make(tmp_path, server.url)
+        sink.handle([rec(T.anomalies, 0, anomaly())], now_s=0.0)
+        sink.flush()
+    assert sink.stats.failed_posts == 1 and "loss_spike" in out.getvalue()
+    assert "failed after 3 attempt(s)" in capsys.readouterr().err
