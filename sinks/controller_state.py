@@ -1,0 +1,238 @@
+"""What a controller persists so that a restarted controller neither forgets nor repeats.
+
+One state directory per run (default ``$RUNWATCH_HOME/controller/<run_id>``)::
+
+    gang.json        the gang record: argv, sizes, incarnation, rank pids, ports, offsets
+    processed.jsonl  one line per executed command id, appended and fsynced before acting
+    logs/            inc<I>.rank<R>.log: each rank's stdout and stderr
+    exit/            inc<I>.rank<R>: each rank's exit status, written by its shell wrapper
+
+``gang.json`` is replaced atomically (write a temporary file, fsync, rename, fsync the
+directory), so a crash leaves the old record or the new one, never half of one. A torn last
+line of ``processed.jsonl`` (a crash mid-append, before the fsync returned, so before the
+command was acted on) is skipped on load.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Literal
+
+import msgspec
+
+GANG_FILE = "gang.json"
+PROCESSED_FILE = "processed.jsonl"
+
+GangStatus = Literal["running", "completed", "failed"]
+
+
+class RankProcess(msgspec.Struct, frozen=True, kw_only=True):
+    """One launched rank.
+
+    Attributes:
+        rank: Its global rank.
+        pid: Process id of its wrapper (also its process group id: its own session).
+        start_ticks: The process's start time in clock ticks (``/proc/<pid>/stat`` field
+            22), so a recycled pid is not mistaken for the rank; 0 when unknown.
+    """
+
+    rank: int
+    pid: int
+    start_ticks: int = 0
+
+
+class GangRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """Everything needed to supervise, restart or adopt one run's gang.
+
+    Attributes:
+        run_id: The run.
+        argv: The command each rank runs.
+        world_size: Ranks of the current incarnation.
+        bootstrap: Kafka bootstrap address.
+        prefix: Topic name prefix.
+        checkpoint_dir: Where the gang's checkpoints are committed; None: unknown (every
+            respawn starts from scratch).
+        env: Extra environment every rank gets (besides the launch contract).
+        incarnation: The current incarnation (0 first, +1 per restart).
+        ranks: The current incarnation's processes.
+        master_port: The current incarnation's rendezvous port.
+        launch_offsets: Commands-topic partition -> end offset when the run was launched.
+        consumer_offsets: Commands-topic partition -> offset of the last command this
+            controller acted on (re-read after a restart; the processed ids make that safe).
+        failure_counts: Failures caused per rank index (elastic budget).
+        status: ``running``, or how the run ended.
+        grace_s: SIGTERM grace before SIGKILL.
+        command_timeout_s: How long a dead gang waits for a command.
+        rank_failure_budget: Failures a rank may cause before the gang shrinks.
+        min_nproc: The gang never shrinks below this.
+    """
+
+    run_id: str
+    argv: tuple[str, ...]
+    world_size: int
+    bootstrap: str
+    prefix: str
+    checkpoint_dir: str | None = None
+    env: dict[str, str] = {}
+    incarnation: int = 0
+    ranks: tuple[RankProcess, ...] = ()
+    master_port: int = 0
+    launch_offsets: dict[int, int] = {}
+    consumer_offsets: dict[int, int] = {}
+    failure_counts: tuple[int, ...] = ()
+    status: GangStatus = "running"
+    grace_s: float = 10.0
+    command_timeout_s: float = 120.0
+    rank_failure_budget: int = 2
+    min_nproc: int = 1
+
+
+class ProcessedCommand(msgspec.Struct, frozen=True, kw_only=True):
+    """One line of ``processed.jsonl``."""
+
+    command_id: str
+    run_id: str
+    incarnation: int
+    ts_ns: int
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class ControllerState:
+    """The state directory of one run's controller.
+
+    Args:
+        root: The directory (created if missing).
+    """
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        (self.root / "logs").mkdir(exist_ok=True)
+        (self.root / "exit").mkdir(exist_ok=True)
+        self._processed: set[str] = set(self._read_processed())
+
+    # ------------------------------------------------------------------ gang record
+
+    def load_gang(self) -> GangRecord | None:
+        """The recorded gang, or None if none was recorded here."""
+        path = self.root / GANG_FILE
+        if not path.is_file():
+            return None
+        return msgspec.json.decode(path.read_bytes(), type=GangRecord)
+
+    def save_gang(self, record: GangRecord) -> None:
+        """Replace the gang record atomically and durably."""
+        path = self.root / GANG_FILE
+        tmp = path.with_suffix(".tmp")
+        with tmp.open("wb") as f:
+            f.write(msgspec.json.format(msgspec.json.encode(record)))
+            f.flush()
+            os.fsync(f.fileno())
+        tmp.replace(path)
+        _fsync_dir(self.root)
+
+    # ------------------------------------------------------------------ processed commands
+
+    def _read_processed(self) -> Iterator[str]:
+        path = self.root / PROCESSED_FILE
+        if not path.is_file():
+            return
+        data = path.read_bytes()
+        if data and not data.endswith(b"\n"):  # cut a torn tail so the next append is whole
+            data = data[: data.rfind(b"\n") + 1]
+            with path.open("r+b") as f:
+                f.truncate(len(data))
+                os.fsync(f.fileno())
+        for line in data.splitlines():
+            try:
+                yield msgspec.json.decode(line, type=ProcessedCommand).command_id
+            except msgspec.DecodeError:
+                continue  # a torn last line: its command was never acted on
+
+    @property
+    def processed(self) -> frozenset[str]:
+        """Ids of the commands executed so far."""
+        return frozenset(self._processed)
+
+    def mark_processed(self, entry: ProcessedCommand) -> None:
+        """Record a command as executed; durable when this returns (call it before acting)."""
+        line = msgspec.json.encode(entry) + b"\n"
+        path = self.root / PROCESSED_FILE
+        new = not path.exists()
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, line)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        if new:
+            _fsync_dir(self.root)
+        self._processed.add(entry.command_id)
+
+    # ------------------------------------------------------------------ paths
+
+    def log_path(self, incarnation: int, rank: int) -> Path:
+        """Where a rank's output goes."""
+        return self.root / "logs" / f"inc{incarnation}.rank{rank}.log"
+
+    def exit_path(self, incarnation: int, rank: int) -> Path:
+        """Where a rank's shell wrapper writes its exit status."""
+        return self.root / "exit" / f"inc{incarnation}.rank{rank}"
+
+
+class StateLocked(RuntimeError):
+    """Another live controller holds the state directory."""
+
+
+def lock_state_dir(root: str | os.PathLike[str]) -> int:
+    """Take the state directory's lock for the life of this process (released on exit).
+
+    Returns:
+        The lock's file descriptor (keep it open).
+
+    Raises:
+        StateLocked: Another process holds it.
+    """
+    import fcntl
+
+    path = Path(root) / "lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise StateLocked(f"another controller holds {root}") from None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    return fd
+
+
+def default_state_dir(run_id: str) -> Path:
+    """``$RUNWATCH_HOME/controller/<run_id>`` (``~/.runwatch`` without RUNWATCH_HOME)."""
+    from runwatch.settings import runwatch_home
+
+    return runwatch_home() / "controller" / run_id
+
+
+__all__ = [
+    "GANG_FILE",
+    "PROCESSED_FILE",
+    "ControllerState",
+    "GangRecord",
+    "GangStatus",
+    "ProcessedCommand",
+    "RankProcess",
+    "StateLocked",
+    "default_state_dir",
+    "lock_state_dir",
+]

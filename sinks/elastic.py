@@ -1,0 +1,139 @@
+"""Elastic restarts: which ranks caused a gang's failure, and the world size of its respawn.
+
+Pure functions. When one rank of a DDP gang dies, the others fail in their next collective a
+few milliseconds later, so "every rank exited abnormally" says little about who failed. The
+culprits of a failure are:
+
+* the ranks killed by a signal (a negative return code, or 128+N from a shell), if any;
+* otherwise the ranks whose abnormal exit was observed first (within ``window_s``);
+* never ranks the controller stopped itself (they are not passed in).
+
+Each rank index keeps a count of failures it caused. When a count exceeds the budget the
+next respawn runs one rank fewer (never below the minimum), resuming from the same
+checkpoint (the checkpoints reshard); the counts then start over, since the rank indices of
+a smaller gang name other processes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class RankExit:
+    """How one rank of a gang ended.
+
+    Attributes:
+        rank: The rank index.
+        code: Its exit status: negative for a signal (``subprocess``), 128+N from a shell,
+            None when unknown (a rank whose exit status could not be read).
+        seen_s: When the controller noticed the exit (monotonic seconds).
+    """
+
+    rank: int
+    code: int | None
+    seen_s: float
+
+    @property
+    def abnormal(self) -> bool:
+        """True unless the rank exited 0."""
+        return self.code != 0
+
+    @property
+    def signalled(self) -> bool:
+        """True if the rank was killed by a signal."""
+        return self.code is not None and (self.code < 0 or self.code > 128)
+
+
+def culprits(exits: Sequence[RankExit], window_s: float = 0.5) -> tuple[int, ...]:
+    """The ranks that caused a gang's failure, ascending (empty when none failed).
+
+    Args:
+        exits: The ranks that exited, the controller's own kills excluded.
+        window_s: Abnormal exits noticed within this long of the first count as first.
+
+    Returns:
+        The signalled ranks if any, else the first abnormal ones.
+    """
+    bad = [e for e in exits if e.abnormal]
+    if not bad:
+        return ()
+    signalled = [e.rank for e in bad if e.signalled]
+    if signalled:
+        return tuple(sorted(signalled))
+    first = min(e.seen_s for e in bad)
+    return tuple(sorted(e.rank for e in bad if e.seen_s - first <= window_s))
+
+
+def count_failures(counts: Sequence[int], ranks: Sequence[int], world_size: int) -> tuple[int, ...]:
+    """Per-rank failure counts after one more failure caused by ``ranks``.
+
+    Args:
+        counts: Counts so far (shorter than ``world_size`` is padded with zeros).
+        ranks: The culprits of the new failure.
+        world_size: The gang's size.
+
+    Returns:
+        One count per rank index of the gang.
+    """
+    out = [*counts[:world_size], *[0] * max(0, world_size - len(counts))]
+    for rank in ranks:
+        if 0 <= rank < world_size:
+            out[rank] += 1
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class SizeDecision:
+    """The world size of the next respawn.
+
+    Attributes:
+        world_size: Ranks to launch.
+        counts: The failure counts to keep (reset when the size changed).
+        reason: Why the size changed; empty when it did not.
+    """
+
+    world_size: int
+    counts: tuple[int, ...]
+    reason: str = ""
+
+
+def next_world_size(
+    world_size: int,
+    counts: Sequence[int],
+    *,
+    budget: int,
+    min_nproc: int,
+    requested: int | None = None,
+) -> SizeDecision:
+    """Decide the world size of the next respawn.
+
+    Args:
+        world_size: The current world size.
+        counts: Failures per rank index.
+        budget: A rank may cause this many failures; one more shrinks the gang.
+        min_nproc: The gang never shrinks below this.
+        requested: A size the command asks for (wins when given).
+
+    Returns:
+        The decision.
+    """
+    if requested is not None:
+        if requested == world_size:
+            return SizeDecision(world_size, tuple(counts))
+        return SizeDecision(requested, (0,) * requested, f"command asks for {requested} ranks")
+    over = [rank for rank, n in enumerate(counts) if n > budget]
+    if not over or world_size - 1 < max(1, min_nproc):
+        return SizeDecision(world_size, tuple(counts))
+    smaller = world_size - 1
+    worst = max(over, key=lambda r: counts[r])
+    return SizeDecision(
+        smaller,
+        (0,) * smaller,
+        f"rank {worst} failed {counts[worst]} times (budget {budget}): {world_size} -> "
+        f"{smaller} ranks",
+    )
+
+
+__all__ = ["RankExit", "SizeDecision", "count_failures", "culprits", "next_world_size"]

@@ -1,0 +1,135 @@
+"""Controller state: durable processed ids, atomic gang records, the lock, resume points."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from producers.checkpoint_layout import METADATA_FILE, checkpoint_dir
+from sinks.controller_state import (
+    ControllerState,
+    GangRecord,
+    ProcessedCommand,
+    RankProcess,
+    StateLocked,
+    lock_state_dir,
+)
+from sinks.gang import rank_env
+from sinks.supervisor import Resume, resolve_resume
+
+
+def entry(cid: str) -> ProcessedCommand:
+    return ProcessedCommand(command_id=cid, run_id="r", incarnation=0, ts_ns=1)
+
+
+def test_processed_ids_survive_a_restart_and_a_torn_line(tmp_path):
+    state = ControllerState(tmp_path)
+    state.mark_processed(entry("a"))
+    state.mark_processed(entry("b"))
+    with (tmp_path / "processed.jsonl").open("ab") as f:
+        f.write(b'{"command_id": "c", "run_')  # a crash mid-append
+    again = ControllerState(tmp_path)
+    assert again.processed == {"a", "b"}
+    again.mark_processed(entry("d"))
+    assert "d" in ControllerState(tmp_path).processed
+
+
+def test_gang_record_round_trips(tmp_path):
+    state = ControllerState(tmp_path)
+    assert state.load_gang() is None
+    record = GangRecord(
+        run_id="r",
+        argv=("python", "x.py"),
+        world_size=2,
+        bootstrap="b:1",
+        prefix="p",
+        ranks=(RankProcess(rank=0, pid=11, start_ticks=5),),
+        launch_offsets={0: 3, 1: 0},
+        consumer_offsets={1: 7},
+        failure_counts=(0, 1),
+    )
+    state.save_gang(record)
+    assert ControllerState(tmp_path).load_gang() == record
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_the_lock_is_exclusive(tmp_path):
+    fd = lock_state_dir(tmp_path)
+    try:
+        # flock locks belong to the open file description: a second open conflicts.
+        with pytest.raises(StateLocked):
+            lock_state_dir(tmp_path)
+    finally:
+        os.close(fd)
+    os.close(lock_state_dir(tmp_path))
+
+
+def _commit(root, step):
+    path = checkpoint_dir(root, step)
+    path.mkdir(parents=True)
+    (path / METADATA_FILE).write_bytes(b"x")
+    return path
+
+
+def test_resolve_resume(tmp_path):
+    assert resolve_resume(None, None) == Resume(None)
+    assert resolve_resume(str(tmp_path), None) == Resume(None)
+    _commit(tmp_path, 5)
+    p10 = _commit(tmp_path, 10)
+    (tmp_path / "step_000015.tmp").mkdir()  # a write in flight never counts
+    assert resolve_resume(str(tmp_path), None) == Resume(10, str(p10))
+    assert resolve_resume(str(tmp_path), 9).step == 5
+    nothing = resolve_resume(str(tmp_path), 4)
+    assert nothing == Resume(None) and nothing.env_value == 0
+
+
+def test_rank_env_contract():
+    base = {
+        "PATH": "/bin",
+        "RUNWATCH_COMMAND_KEY": "secret",
+        "RUNWATCH_RESTART_FROM": "9",
+        "RANK": "7",
+    }
+    env = rank_env(
+        base,
+        {"EXTRA": "1"},
+        rank=1,
+        world_size=2,
+        master_port=1234,
+        run_id="r",
+        bootstrap="b:1",
+        prefix="p",
+        incarnation=3,
+        checkpoint_dir="/ck",
+        restart_from=None,
+    )
+    assert env == {
+        "PATH": "/bin",
+        "EXTRA": "1",
+        "RANK": "1",
+        "WORLD_SIZE": "2",
+        "LOCAL_RANK": "1",
+        "LOCAL_WORLD_SIZE": "2",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "1234",
+        "RUNWATCH_BOOTSTRAP": "b:1",
+        "RUNWATCH_RUN_ID": "r",
+        "RUNWATCH_TOPIC_PREFIX": "p",
+        "RUNWATCH_INCARNATION": "3",
+        "RUNWATCH_CHECKPOINT_DIR": "/ck",
+    }
+    again = rank_env(
+        base,
+        {},
+        rank=0,
+        world_size=1,
+        master_port=1,
+        run_id="r",
+        bootstrap="b",
+        prefix="p",
+        incarnation=1,
+        checkpoint_dir=None,
+        restart_from=0,
+    )
+    assert again["RUNWATCH_RESTART_FROM"] == "0" and "RUNWATCH_CHECKPOINT_DIR" not in again
