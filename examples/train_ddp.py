@@ -65,7 +65,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--n-layer", type=int, default=2)
     p.add_argument("--n-head", type=int, default=4)
     p.add_argument("--dropout", type=float, default=0.0)
-    p.add_argument("--checkpoint-dir", type=Path)
+    p.add_argument("--checkpoint-dir", type=Path,
+                   default=os.environ.get("RUNWATCH_CHECKPOINT_DIR") or None,
+                   help="checkpoint root (default: RUNWATCH_CHECKPOINT_DIR, as set by "
+                        "`runwatch launch --checkpoint-dir`)")
     p.add_argument("--checkpoint-every", type=int, default=0, help="0: only at the end")
     p.add_argument("--keep-checkpoints", type=int, default=None, metavar="N")
     p.add_argument("--resume", action="store_true", help="resume from the latest checkpoint")
@@ -127,6 +130,18 @@ def resolve_resume(args: argparse.Namespace) -> Path | None:
         return None
     raise SystemExit(f"{root} holds checkpoints up to step {found[0]}: pass --resume to "
                      f"continue from them or --fresh to delete them and start over")
+
+
+PEER_FAILURE_MARKERS = ("gloo", "nccl", "connection reset", "connection closed",
+                        "broken pipe", "processgroup", "timed out", "timeout")
+
+
+def is_peer_failure(exc: BaseException) -> bool:
+    """True if ``exc`` is a collective failing because a peer died or hung, not a local bug."""
+    if isinstance(exc, dist.DistError):
+        return True
+    text = str(exc).lower()
+    return isinstance(exc, RuntimeError) and any(m in text for m in PEER_FAILURE_MARKERS)
 
 
 def broadcast(value: Any) -> Any:
@@ -282,7 +297,7 @@ class Trainer:
         args, rank, ws = self.args, self.rank, self.ws
         per_rank = args.global_batch // ws
         timer = StepTimer(self.backend.device)
-        done, status, reason = self.step, "completed", ""
+        done, status, reason, peer_failed = self.step, "completed", "", False
         if rank == 0:
             self._announce()
         try:
@@ -316,12 +331,18 @@ class Trainer:
                 self._report_checkpoints(self.ckpt.close(timeout_s=300.0))
         except Exception as exc:
             status, reason = "failed", f"{type(exc).__name__}: {exc}".splitlines()[0]
-            print(f"rank {rank} failed after step {done}:", file=sys.stderr, flush=True)
+            # A peer died or hung: this rank failed, the run did not end. Announcing
+            # RunEnded would suspend the processors' liveness checks, and the dead_rank
+            # verdict that makes the controller respawn the gang would never come.
+            peer_failed = is_peer_failure(exc)
+            print(f"rank {rank} failed after step {done}"
+                  f"{' (a peer failed; no RunEnded)' if peer_failed else ''}:",
+                  file=sys.stderr, flush=True)
             traceback.print_exc()
             if self.ckpt:  # a write in flight may still commit; the gang's collectives decide
                 self._report_checkpoints(self.ckpt.wait(timeout_s=5.0))
         finally:
-            if rank == 0:
+            if rank == 0 and not peer_failed:
                 self.emitter.run_ended(status, final_step=done if done > 0 else None,
                                        reason=reason)
             self.emitter.close(timeout_s=10.0)
