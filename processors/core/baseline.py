@@ -77,6 +77,22 @@ def mad_of_sorted(xs: Sequence[float], m: float) -> float:
     return (low + high) / 2
 
 
+def mad_lower_bound(xs: Sequence[float], m: float) -> float:
+    """A cheap lower bound on the MAD of a sorted sequence (0 for fewer than 4 values).
+
+    At least (n+1)//2 values lie within MAD of the median, but the open interval between
+    ``xs[a]`` and ``xs[b]`` (b - a - 1 = (n-1)//2 positions around the middle) holds fewer,
+    so MAD >= min(m - xs[a], xs[b] - m). Lets a caller rule out a spike in O(1).
+    """
+    n = len(xs)
+    if n < 4:
+        return 0.0
+    k = (n - 1) // 2
+    a = k - (k + 1) // 2
+    b = a + k + 1
+    return min(m - xs[a], xs[b] - m)
+
+
 def robust_scale(xs: Sequence[float], m: float, min_scale_rel: float) -> float:
     """A spread that is never zero: 1.4826·MAD, else 1.2533·mean |x - m|, else a floor.
 
@@ -286,6 +302,7 @@ __all__ = [
     "MAD_TO_SIGMA",
     "MEAN_AD_TO_SIGMA",
     "RollingBaseline",
+    "mad_lower_bound",
     "mad_of_sorted",
     "median_of_sorted",
     "robust_scale",

@@ -21,7 +21,13 @@ from typing import Final
 
 import msgspec
 
-from processors.core.baseline import RollingBaseline, median_of_sorted, robust_scale
+from processors.core.baseline import (
+    MAD_TO_SIGMA,
+    RollingBaseline,
+    mad_lower_bound,
+    median_of_sorted,
+    robust_scale,
+)
 from processors.core.config import DetectorConfig, config_hash
 from processors.core.continuity import (
     RestartCheck,
@@ -46,6 +52,8 @@ from schemas.events import (
 
 MAX_RESTART_RECORDS: Final = 64
 _NAN: Final = math.nan
+_SAFE: Final = 1.0 - 1e-12
+"""Keeps the spike shortcut strictly inside the exact test despite rounding."""
 
 
 class StepHealthState(msgspec.Struct, frozen=True, gc=False):
@@ -308,6 +316,10 @@ def _spike(base: RollingBaseline, value: float, thresh: float) -> tuple[float, f
         return None
     median = median_of_sorted(ordered)
     if not value > median:
+        return None
+    # Exact shortcut: scale >= 1.4826 * MAD >= 1.4826 * bound whenever MAD > 0 (bound is 0
+    # otherwise), so a value this close cannot be a spike; skip the O(log n) MAD search.
+    if value - median < thresh * MAD_TO_SIGMA * mad_lower_bound(ordered, median) * _SAFE:
         return None
     scale = robust_scale(ordered, median, base.min_scale_rel)
     z = (value - median) / scale

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from processors.core.baseline import (
     MAD_TO_SIGMA,
     RollingBaseline,
+    mad_lower_bound,
     mad_of_sorted,
     median_of_sorted,
     robust_scale,
@@ -36,6 +37,14 @@ def test_median_and_mad_match_numpy_exactly(values: list[float]) -> None:
     arr = np.array(values)
     assert m == np.median(arr)
     assert mad_of_sorted(ordered, m) == np.median(np.abs(arr - np.median(arr)))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(finite, quantised), min_size=1, max_size=80))
+def test_mad_lower_bound_never_exceeds_the_mad(values: list[float]) -> None:
+    ordered = sorted(values)
+    m = median_of_sorted(ordered)
+    assert 0.0 <= mad_lower_bound(ordered, m) <= mad_of_sorted(ordered, m)
 
 
 @settings(max_examples=150, deadline=None)
