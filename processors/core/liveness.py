@@ -18,110 +18,20 @@ with a fresh rank table.
 
 from __future__ import annotations
 
-from typing import Final
-
 import msgspec
 
-from processors.core.config import DetectorConfig, config_hash, effective_config
-from processors.core.runinfo import RunStatus
-from processors.core.stragglers import StragglerState, observe
-from processors.core.verdicts import make_anomaly
+from processors.core.config import DetectorConfig, effective_config
+from processors.core.liveness_scans import Gang, Verdicts, step_scan, time_scan
+from processors.core.liveness_state import NEVER, LivenessState
+from processors.core.stragglers import observe
 from schemas.events import (
     AnomalyDetected,
-    AnomalyKind,
     Heartbeat,
     Provenance,
     RunEnded,
     RunStarted,
     Tick,
 )
-
-_NEVER: Final = -1
-"""Step of a rank that has not reported in this incarnation."""
-
-
-class LivenessState(msgspec.Struct, frozen=True, gc=False):
-    """Everything the liveness reducer knows about one run.
-
-    Attributes:
-        run_id: The run.
-        last_offset: Offset of the last applied event (-1: none).
-        incarnation: Gang incarnation of the latest RunStarted.
-        live: False between a RunEnded and the next RunStarted (checks suspended).
-        status: ``running`` or the RunEnded status.
-        thresholds: The run's own detector overrides.
-        log_time_ns: The run's log time (monotonic).
-        started_ns: Start of the incarnation (RunStarted, else first heartbeat).
-        expected_ranks: World size the RunStarted announced (0: unknown).
-        known_ranks: Ranks expected or seen in this incarnation.
-        first_step: Step of the incarnation's first heartbeat (-1: none yet).
-        first_heartbeat_ns: Its timestamp.
-        run_step: Newest step any rank reported in this incarnation (-1: none).
-        step_hint: Newest step known across incarnations (for verdicts before a heartbeat).
-        last_heartbeat_ns: Newest heartbeat timestamp of any rank.
-        ranks: Flat ``(last_step, last_ts_ns)`` per rank; last_step -1: not reported.
-        dead: Ranks currently flagged dead, ascending.
-        hung: True while a hang is flagged.
-        time_scan_after_ns: No rank can be silent too long before log time passes this
-            plus the timeout (a lower bound on the oldest live rank's last report).
-        step_scan_at: No rank can be too far behind before the run reaches this step.
-        stragglers: Straggler buckets and streaks.
-        heartbeats: Heartbeats applied.
-        raised: Verdicts raised for the run so far (part of their ids, so a rank that
-            dies twice at the same step gets two verdicts).
-        anomaly_counts: Verdicts raised, by kind.
-    """
-
-    run_id: str
-    last_offset: int = -1
-    incarnation: int = 0
-    live: bool = True
-    status: RunStatus = "running"
-    thresholds: dict[str, float] = {}
-    log_time_ns: int = 0
-    started_ns: int = 0
-    expected_ranks: int = 0
-    known_ranks: int = 0
-    first_step: int = -1
-    first_heartbeat_ns: int = 0
-    run_step: int = -1
-    step_hint: int = 0
-    last_heartbeat_ns: int = 0
-    ranks: tuple[int, ...] = ()
-    dead: tuple[int, ...] = ()
-    hung: bool = False
-    time_scan_after_ns: int = 0
-    step_scan_at: int = 0
-    stragglers: StragglerState = StragglerState()
-    heartbeats: int = 0
-    raised: int = 0
-    anomaly_counts: dict[str, int] = {}
-
-    @property
-    def dead_ranks(self) -> tuple[int, ...]:
-        """Ranks currently flagged dead."""
-        return self.dead
-
-    @property
-    def straggler_ranks(self) -> tuple[int, ...]:
-        """Ranks currently flagged as stragglers."""
-        return self.stragglers.flagged
-
-    @property
-    def live_ranks(self) -> tuple[int, ...]:
-        """Known ranks not flagged dead."""
-        dead = set(self.dead)
-        return tuple(r for r in self._known() if r not in dead)
-
-    def rank_last_step(self, rank: int) -> int | None:
-        """Newest step ``rank`` reported in this incarnation, None if none."""
-        if 2 * rank + 1 >= len(self.ranks) or self.ranks[2 * rank] == _NEVER:
-            return None
-        return self.ranks[2 * rank]
-
-    def _known(self) -> list[int]:
-        width = len(self.ranks) // 2
-        return [r for r in range(width) if r < self.expected_ranks or self.ranks[2 * r] != _NEVER]
 
 
 def _incarnation_state(state: LivenessState, event: RunStarted) -> LivenessState:
@@ -136,157 +46,11 @@ def _incarnation_state(state: LivenessState, event: RunStarted) -> LivenessState
         expected_ranks=event.world_size,
         known_ranks=event.world_size,
         step_hint=step_hint,
-        ranks=(_NEVER, 0) * event.world_size,
+        ranks=(NEVER, 0) * event.world_size,
         heartbeats=state.heartbeats,
         raised=state.raised,
         anomaly_counts=state.anomaly_counts,
     )
-
-
-class _Verdicts:
-    """Collects one event's verdicts with their shared identity and provenance."""
-
-    __slots__ = (
-        "cfg",
-        "counts_before",
-        "incarnation",
-        "out",
-        "raised_before",
-        "run_id",
-        "source",
-        "ts_ns",
-    )
-
-    def __init__(
-        self, state: LivenessState, ts_ns: int, source: Provenance, cfg: DetectorConfig
-    ) -> None:
-        self.run_id = state.run_id
-        self.incarnation = state.incarnation
-        self.raised_before = state.raised
-        self.counts_before = state.anomaly_counts
-        self.ts_ns = ts_ns
-        self.source = source
-        self.cfg = cfg
-        self.out: list[AnomalyDetected] = []
-
-    def emit(
-        self,
-        kind: AnomalyKind,
-        step: int,
-        rank: int | None,
-        value: float,
-        threshold: float,
-        detail: str,
-        baseline: float | None = None,
-    ) -> None:
-        self.out.append(
-            make_anomaly(
-                run_id=self.run_id,
-                kind=kind,
-                step=step,
-                ts_ns=self.ts_ns,
-                source=self.source,
-                config_hash=config_hash(self.cfg),
-                incarnation=self.incarnation,
-                attempt=self.raised_before + len(self.out),
-                rank=rank,
-                value=value,
-                baseline=baseline,
-                threshold=threshold,
-                detail=detail,
-            )
-        )
-
-    def counts(self) -> dict[str, int]:
-        counts = dict(self.counts_before)
-        for v in self.out:
-            counts[v.kind] = counts.get(v.kind, 0) + 1
-        return counts
-
-    def raised(self) -> int:
-        return self.raised_before + len(self.out)
-
-
-class _Gang(msgspec.Struct, frozen=True, gc=False):
-    """What a scan needs to know about the incarnation besides the rank table."""
-
-    expected_ranks: int
-    first_step: int
-    first_heartbeat_ns: int
-    last_heartbeat_ns: int
-
-
-def _step_scan(
-    gang: _Gang,
-    ranks: tuple[int, ...],
-    dead: list[int],
-    run_step: int,
-    cfg: DetectorConfig,
-    out: _Verdicts,
-) -> int:
-    """Flag ranks too many steps behind ``run_step``; return the next step worth a scan."""
-    threshold = cfg.rank_heartbeat_threshold
-    oldest = run_step
-    for rank in range(len(ranks) // 2):
-        last = ranks[2 * rank]
-        if last == _NEVER:
-            if rank >= gang.expected_ranks:
-                continue
-            last = gang.first_step - 1
-        if rank in dead:
-            continue
-        behind = run_step - last
-        if behind > threshold:
-            dead.append(rank)
-            out.emit(
-                "dead_rank",
-                run_step,
-                rank,
-                float(behind),
-                float(threshold),
-                f"rank {rank} silent since step {last}, {behind} steps behind the run",
-            )
-        else:
-            oldest = min(oldest, last)
-    return oldest + threshold + 1
-
-
-def _time_scan(
-    gang: _Gang,
-    ranks: tuple[int, ...],
-    dead: list[int],
-    now_ns: int,
-    cfg: DetectorConfig,
-    out: _Verdicts,
-    step: int,
-) -> int:
-    """Flag ranks silent too long in log time; return the oldest live rank's last report."""
-    timeout_ns = int(cfg.dead_rank_timeout_s * 1e9)
-    whole_gang = now_ns - gang.last_heartbeat_ns > timeout_ns
-    oldest = now_ns
-    for rank in range(len(ranks) // 2):
-        last_step, last_ns = ranks[2 * rank], ranks[2 * rank + 1]
-        if last_step == _NEVER:
-            if rank >= gang.expected_ranks:
-                continue
-            last_ns = gang.first_heartbeat_ns
-        if rank in dead:
-            continue
-        silent_ns = now_ns - last_ns
-        if silent_ns > timeout_ns:
-            dead.append(rank)
-            out.emit(
-                "dead_rank",
-                step,
-                rank,
-                silent_ns / 1e9,
-                cfg.dead_rank_timeout_s,
-                f"rank {rank} silent for {silent_ns / 1e9:.1f} s of log time "
-                f"({'whole gang silent' if whole_gang else 'peers reporting'})",
-            )
-        else:
-            oldest = min(oldest, last_ns)
-    return oldest
 
 
 def _verdict_step(state: LivenessState) -> int:
@@ -304,17 +68,17 @@ def _on_heartbeat(
     ranks = state.ranks
     i = 2 * rank
     if i >= len(ranks):
-        ranks = ranks + (_NEVER, 0) * (rank + 1 - len(ranks) // 2)
+        ranks = ranks + (NEVER, 0) * (rank + 1 - len(ranks) // 2)
     previous = ranks[i]
     ranks = ranks[:i] + (step, ts_ns) + ranks[i + 2 :]  # noqa: RUF005 (faster, hot path)
     known = state.known_ranks
-    if previous == _NEVER and rank >= state.expected_ranks:
+    if previous == NEVER and rank >= state.expected_ranks:
         known += 1
     first_step, first_ns = state.first_step, state.first_heartbeat_ns
     if first_step < 0:
         first_step, first_ns = step, ts_ns
     step_scan_at = state.step_scan_at
-    if previous != _NEVER and step < previous:
+    if previous != NEVER and step < previous:
         step_scan_at = min(step_scan_at, step + cfg.rank_heartbeat_threshold + 1)
     dead_before = state.dead
     if dead_before and rank in dead_before:
@@ -324,16 +88,16 @@ def _on_heartbeat(
     time_scan_after = state.time_scan_after_ns
     need_step_scan = run_step > state.run_step and run_step >= step_scan_at
     need_time_scan = now_ns - time_scan_after > cfg.dead_rank_timeout_s * 1e9
-    out: _Verdicts | None = None
+    out: Verdicts | None = None
     dead = dead_before
     if need_step_scan or need_time_scan:
-        out = _Verdicts(state, ts_ns, source, cfg)
-        gang = _Gang(state.expected_ranks, first_step, first_ns, last_heartbeat_ns)
+        out = Verdicts(state, ts_ns, source, cfg)
+        gang = Gang(state.expected_ranks, first_step, first_ns, last_heartbeat_ns)
         scratch = list(dead_before)
         if need_step_scan:
-            step_scan_at = _step_scan(gang, ranks, scratch, run_step, cfg, out)
+            step_scan_at = step_scan(gang, ranks, scratch, run_step, cfg, out)
         if need_time_scan:
-            time_scan_after = _time_scan(gang, ranks, scratch, now_ns, cfg, out, run_step)
+            time_scan_after = time_scan(gang, ranks, scratch, now_ns, cfg, out, run_step)
         if len(scratch) != len(dead_before):
             dead = tuple(sorted(scratch))
     stragglers, slow = observe(
@@ -346,7 +110,7 @@ def _on_heartbeat(
         cfg.straggler_steps,
     )
     if slow:
-        out = out or _Verdicts(state, ts_ns, source, cfg)
+        out = out or Verdicts(state, ts_ns, source, cfg)
         for s in slow:
             out.emit(
                 "straggler",
@@ -395,7 +159,7 @@ def _on_tick(
     now_ns = max(state.log_time_ns, event.ts_ns)
     if not state.live:
         return msgspec.structs.replace(state, last_offset=source.offset, log_time_ns=now_ns), []
-    out = _Verdicts(state, event.ts_ns, source, cfg)
+    out = Verdicts(state, event.ts_ns, source, cfg)
     hung = state.hung
     started = state.first_step >= 0
     if not hung:
@@ -416,15 +180,13 @@ def _on_tick(
     dead = list(state.dead)
     time_scan_after = state.time_scan_after_ns
     if started and now_ns - time_scan_after > cfg.dead_rank_timeout_s * 1e9:
-        gang = _Gang(
+        gang = Gang(
             state.expected_ranks,
             state.first_step,
             state.first_heartbeat_ns,
             state.last_heartbeat_ns,
         )
-        time_scan_after = _time_scan(
-            gang, state.ranks, dead, now_ns, cfg, out, _verdict_step(state)
-        )
+        time_scan_after = time_scan(gang, state.ranks, dead, now_ns, cfg, out, _verdict_step(state))
     return msgspec.structs.replace(
         state,
         last_offset=source.offset,
@@ -460,12 +222,10 @@ def advance_step(
     run_step = max(state.run_step, step)
     first_step = state.first_step if state.first_step >= 0 else step
     current = msgspec.structs.replace(state, run_step=run_step, first_step=first_step)
-    out = _Verdicts(current, state.log_time_ns, source, cfg)
+    out = Verdicts(current, state.log_time_ns, source, cfg)
     dead = list(state.dead)
-    gang = _Gang(
-        state.expected_ranks, first_step, state.first_heartbeat_ns, state.last_heartbeat_ns
-    )
-    step_scan_at = _step_scan(gang, current.ranks, dead, run_step, cfg, out)
+    gang = Gang(state.expected_ranks, first_step, state.first_heartbeat_ns, state.last_heartbeat_ns)
+    step_scan_at = step_scan(gang, current.ranks, dead, run_step, cfg, out)
     return msgspec.structs.replace(
         current,
         dead=tuple(sorted(dead)),

@@ -22,28 +22,22 @@ from typing import Final
 import msgspec
 
 from processors.core.baseline import (
-    MAD_TO_SIGMA,
     RollingBaseline,
-    mad_lower_bound,
-    median_of_sorted,
-    robust_scale,
 )
-from processors.core.config import DetectorConfig, config_hash
+from processors.core.config import DetectorConfig
 from processors.core.continuity import (
-    RestartCheck,
     RestartRecord,
     close_record,
     judge,
     record_outcome,
     start_check,
 )
-from processors.core.ledger import COL_GRAD, COL_LOSS, StepLedger, Totals
-from processors.core.mfu import mfu
+from processors.core.ledger import COL_GRAD, COL_LOSS, StepLedger
 from processors.core.runinfo import RunInfo
-from processors.core.verdicts import make_anomaly
+from processors.core.step_checks import Emitter, count_kinds, spike_of, step_accounting
+from processors.core.step_state import StepHealthState, new_step_state
 from schemas.events import (
     AnomalyDetected,
-    AnomalyKind,
     Provenance,
     RunEnded,
     RunStarted,
@@ -52,130 +46,6 @@ from schemas.events import (
 
 MAX_RESTART_RECORDS: Final = 64
 _NAN: Final = math.nan
-_SAFE: Final = 1.0 - 1e-12
-"""Keeps the spike shortcut strictly inside the exact test despite rounding."""
-
-
-class StepHealthState(msgspec.Struct, frozen=True, gc=False):
-    """Everything the step-health reducer knows about one run.
-
-    Attributes:
-        run_id: The run.
-        last_offset: Offset of the last applied event (-1: none); older ones are skipped.
-        info: What the run announced (incarnation, model shape, peak, thresholds).
-        loss: Loss baseline.
-        grad: Grad-norm baseline.
-        ledger: Kept steps and run totals.
-        last_step: Step of the last applied StepCompleted (-1: none).
-        last_ts_ns: Log time of the last applied event.
-        first_ts_ns: Start of the run's wall time (-1: unknown).
-        last_loss: Loss of the last step.
-        last_grad_norm: Grad norm of the last step.
-        last_step_time_s: Step time of the last step.
-        last_mfu: MFU of the last step (convention: ``mfu_convention``).
-        last_tokens_per_s: Tokens/s of the last step (whole gang).
-        steps_observed: StepCompleted events applied, redone steps included.
-        skipped_steps: Steps whose optimizer update was skipped.
-        best_loss: Lowest finite loss seen.
-        nonfinite_loss_run: Consecutive non-finite losses.
-        nonfinite_grad_run: Consecutive non-finite grad norms.
-        divergence_run: Consecutive losses above the ceiling.
-        collapse_run: Consecutive losses near ln(vocab) after learning.
-        loss_spike_run: Consecutive loss spikes (one verdict per streak).
-        grad_spike_run: Consecutive grad-norm spikes (one verdict per streak).
-        attempt: Resumes seen (verdicts of redone steps get new ids).
-        check: The running restart check, if any.
-        continuity_ok: False once any resume broke continuity.
-        restarts: The latest resumes with their continuity verdicts.
-        anomaly_counts: Verdicts raised, by kind.
-    """
-
-    run_id: str
-    last_offset: int = -1
-    info: RunInfo = RunInfo()
-    loss: RollingBaseline = RollingBaseline()
-    grad: RollingBaseline = RollingBaseline()
-    ledger: StepLedger = StepLedger()
-    last_step: int = -1
-    last_ts_ns: int = 0
-    first_ts_ns: int = -1
-    last_loss: float | None = None
-    last_grad_norm: float | None = None
-    last_step_time_s: float | None = None
-    last_mfu: float | None = None
-    last_tokens_per_s: float | None = None
-    steps_observed: int = 0
-    skipped_steps: int = 0
-    best_loss: float = math.inf
-    nonfinite_loss_run: int = 0
-    nonfinite_grad_run: int = 0
-    divergence_run: int = 0
-    collapse_run: int = 0
-    loss_spike_run: int = 0
-    grad_spike_run: int = 0
-    attempt: int = 0
-    check: RestartCheck | None = None
-    continuity_ok: bool = True
-    restarts: tuple[RestartRecord, ...] = ()
-    anomaly_counts: dict[str, int] = {}
-
-    @property
-    def incarnation(self) -> int:
-        """The gang incarnation of the run's latest RunStarted."""
-        return self.info.incarnation
-
-    @property
-    def totals(self) -> Totals:
-        """Sums over kept steps."""
-        return self.ledger.totals
-
-    @property
-    def kept_steps(self) -> int:
-        """Steps kept (not dropped by a later rollback)."""
-        return self.ledger.totals.steps
-
-    @property
-    def mfu_avg(self) -> float | None:
-        """Run MFU over kept steps, weighted by step time (total FLOPs / total peak FLOPs)."""
-        t = self.ledger.totals
-        return t.mfu_time_weighted / t.mfu_time_s if t.mfu_time_s > 0 else None
-
-    @property
-    def mfu_mean(self) -> float | None:
-        """Unweighted mean of per-step MFU over kept steps (seed 002's ``avg_mfu``)."""
-        t = self.ledger.totals
-        return t.mfu_sum / t.mfu_steps if t.mfu_steps > 0 else None
-
-    @property
-    def tokens_per_s_avg(self) -> float | None:
-        """Run tokens/s over kept steps (total tokens / total step time)."""
-        t = self.ledger.totals
-        return t.tokens / t.time_s if t.time_s > 0 and t.tokens > 0 else None
-
-    @property
-    def wall_time_s(self) -> float | None:
-        """Log time from the run's start to its latest event."""
-        if self.first_ts_ns < 0 or self.last_ts_ns <= self.first_ts_ns:
-            return None
-        return (self.last_ts_ns - self.first_ts_ns) / 1e9
-
-    @property
-    def effective_training_time_ratio(self) -> float | None:
-        """Share of wall time spent on kept steps (capped at 1 against clock skew)."""
-        wall = self.wall_time_s
-        if wall is None:
-            return None
-        return min(1.0, self.ledger.totals.time_s / wall)
-
-
-def new_step_state(run_id: str, cfg: DetectorConfig) -> StepHealthState:
-    """An empty state for a run, sized by ``cfg``."""
-    return StepHealthState(
-        run_id=run_id,
-        loss=RollingBaseline(cfg.loss_window, cfg.loss_min_periods, cfg.min_scale_rel),
-        grad=RollingBaseline(cfg.grad_window, cfg.grad_min_periods, cfg.min_scale_rel),
-        ledger=StepLedger.with_horizon(cfg.history_steps),
-    )
 
 
 def _rebuild(state: StepHealthState, ledger: StepLedger, cfg: DetectorConfig) -> dict[str, object]:
@@ -263,96 +133,6 @@ def _resume(
     )
 
 
-class _Emitter:
-    """Builds the verdicts of one event (same provenance, log time and identity)."""
-
-    __slots__ = ("cfg", "event", "out", "source", "state")
-
-    def __init__(
-        self, state: StepHealthState, event: StepCompleted, source: Provenance, cfg: DetectorConfig
-    ) -> None:
-        self.state = state
-        self.event = event
-        self.source = source
-        self.cfg = cfg
-        self.out: list[AnomalyDetected] = []
-
-    def emit(
-        self,
-        kind: AnomalyKind,
-        *,
-        value: float | None,
-        detail: str,
-        baseline: float | None = None,
-        scale: float | None = None,
-        z: float | None = None,
-        threshold: float | None = None,
-    ) -> None:
-        self.out.append(
-            make_anomaly(
-                run_id=self.state.run_id,
-                kind=kind,
-                step=self.event.step,
-                ts_ns=self.event.ts_ns,
-                source=self.source,
-                config_hash=config_hash(self.cfg),
-                incarnation=self.state.info.incarnation,
-                attempt=self.state.attempt,
-                rank=None,  # loss and grad norm are all-reduced: run-wide
-                value=value,
-                baseline=baseline,
-                scale=scale,
-                z=z,
-                threshold=threshold,
-                detail=detail,
-            )
-        )
-
-
-def _spike(base: RollingBaseline, value: float, thresh: float) -> tuple[float, float, float] | None:
-    """``(median, scale, z)`` when ``value`` is an upward spike against ``base``, else None."""
-    ordered = base.ordered
-    if len(ordered) < base.min_periods:
-        return None
-    median = median_of_sorted(ordered)
-    if not value > median:
-        return None
-    # Exact shortcut: scale >= 1.4826 * MAD >= 1.4826 * bound whenever MAD > 0 (bound is 0
-    # otherwise), so a value this close cannot be a spike; skip the O(log n) MAD search.
-    if value - median < thresh * MAD_TO_SIGMA * mad_lower_bound(ordered, median) * _SAFE:
-        return None
-    scale = robust_scale(ordered, median, base.min_scale_rel)
-    z = (value - median) / scale
-    return (median, scale, z) if z > thresh else None
-
-
-def _count(counts: dict[str, int], verdicts: list[AnomalyDetected]) -> dict[str, int]:
-    out = dict(counts)
-    for v in verdicts:
-        out[v.kind] = out.get(v.kind, 0) + 1
-    return out
-
-
-def _step_accounting(
-    info: RunInfo, event: StepCompleted, cfg: DetectorConfig
-) -> tuple[float, float, float | None, float | None]:
-    """``(step_time_s, tokens, mfu, tokens_per_s)`` of a step (time 0 when unusable)."""
-    step_time_s = event.step_time_s
-    if not (step_time_s > 0.0 and math.isfinite(step_time_s)):
-        step_time_s = 0.0
-    tokens = event.tokens
-    flop_config = info.flop_config
-    if not tokens and event.examples and flop_config is not None:
-        tokens = event.examples * flop_config.seq_len
-    if not tokens or step_time_s == 0.0:
-        return step_time_s, float(tokens), None, None
-    per_token = info.flops_per_token(cfg)
-    step_mfu = None
-    if per_token is not None:
-        step_mfu = mfu(per_token * tokens, step_time_s, info.peak_flops_per_s)
-    return step_time_s, float(tokens), step_mfu, tokens / step_time_s
-
-
 def _on_step(
     state: StepHealthState, event: StepCompleted, source: Provenance, cfg: DetectorConfig
 ) -> tuple[StepHealthState, list[AnomalyDetected]]:
@@ -362,7 +142,7 @@ def _on_step(
     elif step <= state.last_step:
         state = _resume(state, event, step - 1, cfg)
     info = state.info
-    em = _Emitter(state, event, source, cfg)
+    em = Emitter(state, event, source, cfg)
     loss = event.loss
     loss_ok = math.isfinite(loss)
     nonfinite_loss_run = 0 if loss_ok else state.nonfinite_loss_run + 1
@@ -434,7 +214,7 @@ def _on_step(
                     f"over {check.n + 1} steps",
                 )
             check = outcome.check
-        spike = None if broke else _spike(loss_base, loss, cfg.loss_z_thresh)
+        spike = None if broke else spike_of(loss_base, loss, cfg.loss_z_thresh)
         if broke:
             loss_spike_run = 1  # the discontinuity opens the episode
         elif spike is None:
@@ -457,7 +237,7 @@ def _on_step(
     grad_base, grad_spike_run = state.grad, state.grad_spike_run
     if grad_ok:
         assert grad is not None
-        spike = _spike(grad_base, grad, cfg.grad_z_thresh)
+        spike = spike_of(grad_base, grad, cfg.grad_z_thresh)
         if spike is None:
             grad_spike_run = 0
         else:
@@ -475,7 +255,7 @@ def _on_step(
                 )
         grad_base = grad_base.update(grad, step)
 
-    step_time_s, tokens, step_mfu, tokens_per_s = _step_accounting(info, event, cfg)
+    step_time_s, tokens, step_mfu, tokens_per_s = step_accounting(info, event, cfg)
     ledger = state.ledger.append(
         step,
         loss if loss_ok else _NAN,
@@ -520,7 +300,7 @@ def _on_step(
         check,
         continuity_ok,
         restarts,
-        _count(state.anomaly_counts, verdicts) if verdicts else state.anomaly_counts,
+        count_kinds(state.anomaly_counts, verdicts) if verdicts else state.anomaly_counts,
     )
     return new, verdicts
 

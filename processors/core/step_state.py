@@ -1,0 +1,138 @@
+"""The step-health reducer's state: what it knows about one run's steps."""
+
+from __future__ import annotations
+
+import math
+
+import msgspec
+
+from processors.core.baseline import RollingBaseline
+from processors.core.config import DetectorConfig
+from processors.core.continuity import RestartCheck, RestartRecord
+from processors.core.ledger import StepLedger, Totals
+from processors.core.runinfo import RunInfo
+
+
+class StepHealthState(msgspec.Struct, frozen=True, gc=False):
+    """Everything the step-health reducer knows about one run.
+
+    Attributes:
+        run_id: The run.
+        last_offset: Offset of the last applied event (-1: none); older ones are skipped.
+        info: What the run announced (incarnation, model shape, peak, thresholds).
+        loss: Loss baseline.
+        grad: Grad-norm baseline.
+        ledger: Kept steps and run totals.
+        last_step: Step of the last applied StepCompleted (-1: none).
+        last_ts_ns: Log time of the last applied event.
+        first_ts_ns: Start of the run's wall time (-1: unknown).
+        last_loss: Loss of the last step.
+        last_grad_norm: Grad norm of the last step.
+        last_step_time_s: Step time of the last step.
+        last_mfu: MFU of the last step (convention: ``mfu_convention``).
+        last_tokens_per_s: Tokens/s of the last step (whole gang).
+        steps_observed: StepCompleted events applied, redone steps included.
+        skipped_steps: Steps whose optimizer update was skipped.
+        best_loss: Lowest finite loss seen.
+        nonfinite_loss_run: Consecutive non-finite losses.
+        nonfinite_grad_run: Consecutive non-finite grad norms.
+        divergence_run: Consecutive losses above the ceiling.
+        collapse_run: Consecutive losses near ln(vocab) after learning.
+        loss_spike_run: Consecutive loss spikes (one verdict per streak).
+        grad_spike_run: Consecutive grad-norm spikes (one verdict per streak).
+        attempt: Resumes seen (verdicts of redone steps get new ids).
+        check: The running restart check, if any.
+        continuity_ok: False once any resume broke continuity.
+        restarts: The latest resumes with their continuity verdicts.
+        anomaly_counts: Verdicts raised, by kind.
+    """
+
+    run_id: str
+    last_offset: int = -1
+    info: RunInfo = RunInfo()
+    loss: RollingBaseline = RollingBaseline()
+    grad: RollingBaseline = RollingBaseline()
+    ledger: StepLedger = StepLedger()
+    last_step: int = -1
+    last_ts_ns: int = 0
+    first_ts_ns: int = -1
+    last_loss: float | None = None
+    last_grad_norm: float | None = None
+    last_step_time_s: float | None = None
+    last_mfu: float | None = None
+    last_tokens_per_s: float | None = None
+    steps_observed: int = 0
+    skipped_steps: int = 0
+    best_loss: float = math.inf
+    nonfinite_loss_run: int = 0
+    nonfinite_grad_run: int = 0
+    divergence_run: int = 0
+    collapse_run: int = 0
+    loss_spike_run: int = 0
+    grad_spike_run: int = 0
+    attempt: int = 0
+    check: RestartCheck | None = None
+    continuity_ok: bool = True
+    restarts: tuple[RestartRecord, ...] = ()
+    anomaly_counts: dict[str, int] = {}
+
+    @property
+    def incarnation(self) -> int:
+        """The gang incarnation of the run's latest RunStarted."""
+        return self.info.incarnation
+
+    @property
+    def totals(self) -> Totals:
+        """Sums over kept steps."""
+        return self.ledger.totals
+
+    @property
+    def kept_steps(self) -> int:
+        """Steps kept (not dropped by a later rollback)."""
+        return self.ledger.totals.steps
+
+    @property
+    def mfu_avg(self) -> float | None:
+        """Run MFU over kept steps, weighted by step time (total FLOPs / total peak FLOPs)."""
+        t = self.ledger.totals
+        return t.mfu_time_weighted / t.mfu_time_s if t.mfu_time_s > 0 else None
+
+    @property
+    def mfu_mean(self) -> float | None:
+        """Unweighted mean of per-step MFU over kept steps (seed 002's ``avg_mfu``)."""
+        t = self.ledger.totals
+        return t.mfu_sum / t.mfu_steps if t.mfu_steps > 0 else None
+
+    @property
+    def tokens_per_s_avg(self) -> float | None:
+        """Run tokens/s over kept steps (total tokens / total step time)."""
+        t = self.ledger.totals
+        return t.tokens / t.time_s if t.time_s > 0 and t.tokens > 0 else None
+
+    @property
+    def wall_time_s(self) -> float | None:
+        """Log time from the run's start to its latest event."""
+        if self.first_ts_ns < 0 or self.last_ts_ns <= self.first_ts_ns:
+            return None
+        return (self.last_ts_ns - self.first_ts_ns) / 1e9
+
+    @property
+    def effective_training_time_ratio(self) -> float | None:
+        """Share of wall time spent on kept steps (capped at 1 against clock skew)."""
+        wall = self.wall_time_s
+        if wall is None:
+            return None
+        return min(1.0, self.ledger.totals.time_s / wall)
+
+
+def new_step_state(run_id: str, cfg: DetectorConfig) -> StepHealthState:
+    """An empty state for a run, sized by ``cfg``."""
+    return StepHealthState(
+        run_id=run_id,
+        loss=RollingBaseline(cfg.loss_window, cfg.loss_min_periods, cfg.min_scale_rel),
+        grad=RollingBaseline(cfg.grad_window, cfg.grad_min_periods, cfg.min_scale_rel),
+        ledger=StepLedger.with_horizon(cfg.history_steps),
+    )
+
+
+__all__ = ["StepHealthState", "new_step_state"]
