@@ -8,7 +8,10 @@ admin clients and the faust app alike.
 from __future__ import annotations
 
 import os
+import ssl
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from runwatch.errors import UsageError
 
@@ -26,6 +29,12 @@ _SECURITY_ENV: dict[str, str] = {
     "RUNWATCH_SSL_CERTFILE": "ssl_certfile",
     "RUNWATCH_SSL_KEYFILE": "ssl_keyfile",
 }
+
+SECURITY_PROTOCOLS: tuple[str, ...] = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+"""Values `RUNWATCH_SECURITY_PROTOCOL` may take (Kafka's `security.protocol`)."""
+
+SASL_MECHANISMS: tuple[str, ...] = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+"""Values `RUNWATCH_SASL_MECHANISM` may take: the username/password mechanisms."""
 
 
 def runwatch_home() -> Path:
@@ -70,3 +79,128 @@ def kafka_client_config(environ: dict[str, str] | None = None) -> dict[str, str]
     """Security settings for kafka-python clients, read from `RUNWATCH_*` variables."""
     env = os.environ if environ is None else environ
     return {arg: env[var] for var, arg in _SECURITY_ENV.items() if env.get(var)}
+
+
+def _security_env(environ: Mapping[str, str] | None) -> dict[str, str]:
+    """The non-empty `RUNWATCH_*` security variables, by variable name."""
+    env = os.environ if environ is None else environ
+    return {var: env[var] for var in _SECURITY_ENV if env.get(var)}
+
+
+def validate_sasl_mechanism(mechanism: str) -> str:
+    """Check a SASL mechanism name and return it in Kafka's spelling (upper case).
+
+    Args:
+        mechanism: The value of `RUNWATCH_SASL_MECHANISM`, e.g. ``SCRAM-SHA-512``.
+
+    Returns:
+        The mechanism, upper-cased and stripped.
+
+    Raises:
+        ValueError: It is not one of `SASL_MECHANISMS`.
+    """
+    name = mechanism.strip().upper()
+    if name not in SASL_MECHANISMS:
+        raise ValueError(
+            f"RUNWATCH_SASL_MECHANISM={mechanism!r} is not supported; "
+            f"use one of {', '.join(SASL_MECHANISMS)}"
+        )
+    return name
+
+
+def _ssl_context(found: Mapping[str, str]) -> ssl.SSLContext:
+    """A client TLS context verifying the broker, from the `RUNWATCH_SSL_*` files."""
+    cafile = found.get("RUNWATCH_SSL_CAFILE")
+    certfile = found.get("RUNWATCH_SSL_CERTFILE")
+    keyfile = found.get("RUNWATCH_SSL_KEYFILE")
+    if keyfile and not certfile:
+        raise ValueError("RUNWATCH_SSL_KEYFILE is set without RUNWATCH_SSL_CERTFILE")
+    try:
+        context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=cafile)
+    except (OSError, ssl.SSLError) as exc:
+        raise ValueError(f"cannot load RUNWATCH_SSL_CAFILE={cafile}: {exc}") from None
+    if certfile:
+        try:
+            context.load_cert_chain(certfile, keyfile)
+        except (OSError, ssl.SSLError) as exc:
+            raise ValueError(
+                f"cannot load RUNWATCH_SSL_CERTFILE={certfile} "
+                f"(RUNWATCH_SSL_KEYFILE={keyfile}): {exc}"
+            ) from None
+    return context
+
+
+def faust_broker_settings(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Security settings for a faust App, from the same variables as `kafka_client_config`.
+
+    Pass the result as keyword arguments: ``faust.App(id, broker=..., **faust_broker_settings())``.
+    Without security variables (or with ``RUNWATCH_SECURITY_PROTOCOL=PLAINTEXT``) it returns
+    ``{}``, leaving faust's plaintext default. Otherwise it returns ``broker_credentials``:
+
+    * ``SSL``: ``faust.SSLCredentials(context)``;
+    * ``SASL_PLAINTEXT``: ``faust.SASLCredentials(username, password, mechanism)``;
+    * ``SASL_SSL``: the same with ``ssl_context`` (which makes faust speak SASL_SSL).
+
+    The TLS context verifies the broker's certificate and host name against
+    ``RUNWATCH_SSL_CAFILE`` (the system CAs when unset) and presents
+    ``RUNWATCH_SSL_CERTFILE`` / ``RUNWATCH_SSL_KEYFILE`` when set (mutual TLS). faust is
+    imported only here, so producers and other light clients do not pay for it.
+
+    Args:
+        environ: The environment to read; `os.environ` when None.
+
+    Returns:
+        Keyword settings for `faust.App`.
+
+    Raises:
+        ValueError: An unknown protocol or SASL mechanism, SASL without a mechanism,
+            username or password, SASL or TLS variables set while the protocol would ignore
+            them, or certificate files that cannot be loaded.
+    """
+    found = _security_env(environ)
+    protocol = found.get("RUNWATCH_SECURITY_PROTOCOL", "PLAINTEXT").strip().upper()
+    if protocol not in SECURITY_PROTOCOLS:
+        raise ValueError(
+            f"RUNWATCH_SECURITY_PROTOCOL={found['RUNWATCH_SECURITY_PROTOCOL']!r} is not "
+            f"supported; use one of {', '.join(SECURITY_PROTOCOLS)}"
+        )
+    sasl = protocol.startswith("SASL_")
+    tls = protocol.endswith("SSL")
+    ignored = [
+        var
+        for var in found
+        if (var.startswith("RUNWATCH_SASL_") and not sasl)
+        or (var.startswith("RUNWATCH_SSL_") and not tls)
+    ]
+    if ignored:
+        raise ValueError(
+            f"{', '.join(ignored)} set but RUNWATCH_SECURITY_PROTOCOL is {protocol}, "
+            "which does not use them; set RUNWATCH_SECURITY_PROTOCOL to "
+            f"{'SASL_SSL or SASL_PLAINTEXT' if not sasl else 'SSL or SASL_SSL'}"
+        )
+    if protocol == "PLAINTEXT":
+        return {}
+
+    import faust
+
+    context = _ssl_context(found) if tls else None
+    if not sasl:
+        return {"broker_credentials": faust.SSLCredentials(context)}
+    if "RUNWATCH_SASL_MECHANISM" not in found:
+        raise ValueError(
+            f"RUNWATCH_SECURITY_PROTOCOL={protocol} needs RUNWATCH_SASL_MECHANISM "
+            f"({', '.join(SASL_MECHANISMS)})"
+        )
+    mechanism = validate_sasl_mechanism(found["RUNWATCH_SASL_MECHANISM"])
+    missing = [
+        var for var in ("RUNWATCH_SASL_USERNAME", "RUNWATCH_SASL_PASSWORD") if var not in found
+    ]
+    if missing:
+        raise ValueError(f"SASL {mechanism} needs {' and '.join(missing)}")
+    credentials = faust.SASLCredentials(
+        username=found["RUNWATCH_SASL_USERNAME"],
+        password=found["RUNWATCH_SASL_PASSWORD"],
+        mechanism=mechanism,
+        ssl_context=context,
+    )
+    return {"broker_credentials": credentials}

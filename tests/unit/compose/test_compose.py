@@ -1,0 +1,359 @@
+"""docker-compose.yml: references resolve, ports are unique, commands are real runwatch commands."""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import re
+from typing import Any
+
+import pytest
+
+from runwatch import cli
+from runwatch.settings import _SECURITY_ENV, ENV_BOOTSTRAP
+
+from .support import (
+    COMPOSE_DIR,
+    COMPOSE_FILE,
+    REPO,
+    MissingVariable,
+    interpolate_tree,
+    variables_in,
+)
+
+RUNWATCH_SERVICES = ("topics", "processors", "controller", "sinks")
+SECURITY_VARS = sorted(_SECURITY_ENV)
+TOP_LEVEL = {"name", "services", "volumes", "secrets", "networks", "configs"}
+CONDITIONS = {"service_started", "service_healthy", "service_completed_successfully"}
+
+
+def _depends(service: dict[str, Any]) -> dict[str, str]:
+    deps = service.get("depends_on", {})
+    if isinstance(deps, list):
+        return dict.fromkeys(deps, "service_started")
+    return {name: spec.get("condition", "service_started") for name, spec in deps.items()}
+
+
+def _volume_mounts(service: dict[str, Any]) -> list[tuple[str, str]]:
+    """(source, target) of each short-syntax mount."""
+    out = []
+    for entry in service.get("volumes", []):
+        assert isinstance(entry, str), f"use short volume syntax: {entry!r}"
+        source, target, *_ = entry.split(":")
+        out.append((source, target))
+    return out
+
+
+def _is_bind(source: str) -> bool:
+    return source.startswith((".", "/", "~"))
+
+
+def _published(service: dict[str, Any]) -> list[tuple[int, int]]:
+    """(host port, container port) of each `ports` entry."""
+    out = []
+    for entry in service.get("ports", []):
+        parts = str(entry).split(":")
+        assert len(parts) in (2, 3), f"publish as [IP:]HOST:CONTAINER: {entry!r}"
+        out.append((int(parts[-2]), int(parts[-1].split("/")[0])))
+    return out
+
+
+def _subcommands() -> dict[str, argparse.ArgumentParser]:
+    parser = cli.build_parser()
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    raise AssertionError("runwatch has no subcommands")
+
+
+def test_top_level_keys(raw_compose: dict[str, Any]) -> None:
+    unknown = {k for k in raw_compose if k not in TOP_LEVEL and not k.startswith("x-")}
+    assert not unknown, f"unknown top-level keys: {unknown}"
+    assert set(raw_compose["services"]) >= {
+        "kafka",
+        *RUNWATCH_SERVICES,
+        "prometheus",
+        "grafana",
+    }
+
+
+def test_every_service_has_an_image(services: dict[str, dict[str, Any]]) -> None:
+    for name, svc in services.items():
+        assert svc.get("image") or svc.get("build"), f"{name}: neither image nor build"
+
+
+def test_runwatch_services_build_the_project_image(services: dict[str, dict[str, Any]]) -> None:
+    images = {services[n]["image"] for n in RUNWATCH_SERVICES if n != "controller"}
+    assert len(images) == 1, f"runwatch services should share one image: {images}"
+    for name in RUNWATCH_SERVICES:
+        build = services[name]["build"]
+        context = (COMPOSE_DIR / build["context"]).resolve()
+        assert context == REPO, f"{name}: build context {context} is not the repo root"
+        assert (context / build["dockerfile"]).is_file()
+
+
+def test_build_args_are_declared_in_the_dockerfile(services: dict[str, dict[str, Any]]) -> None:
+    for name, svc in services.items():
+        if "build" not in svc:
+            continue
+        dockerfile = (
+            COMPOSE_DIR / svc["build"]["context"] / svc["build"]["dockerfile"]
+        ).read_text()
+        declared = set(re.findall(r"^ARG (\w+)", dockerfile, flags=re.M))
+        for arg in svc["build"].get("args", {}):
+            assert arg in declared, f"{name}: build arg {arg} is not an ARG of the Dockerfile"
+
+
+def test_controller_image_has_torch_and_is_opt_in(services: dict[str, dict[str, Any]]) -> None:
+    controller = services["controller"]
+    assert controller["build"]["args"]["WITH_TORCH"] == "true"
+    assert controller["image"] != services["processors"]["image"]
+    assert controller["profiles"] == ["train"], "torch gangs start only when asked for"
+
+
+def test_default_services_do_not_need_profile_services(
+    services: dict[str, dict[str, Any]],
+) -> None:
+    for name, svc in services.items():
+        if svc.get("profiles"):
+            continue
+        for dep in _depends(svc):
+            assert not services[dep].get("profiles"), f"{name} needs {dep}, which is opt-in"
+
+
+def test_depends_on_resolves(services: dict[str, dict[str, Any]]) -> None:
+    for name, svc in services.items():
+        for dep, condition in _depends(svc).items():
+            assert dep in services, f"{name} depends on unknown service {dep!r}"
+            assert dep != name
+            assert condition in CONDITIONS, f"{name} -> {dep}: bad condition {condition!r}"
+            if condition == "service_healthy":
+                assert "healthcheck" in services[dep], f"{name} waits for {dep} to be healthy"
+            if condition == "service_completed_successfully":
+                assert services[dep].get("restart", "no") == "no", (
+                    f"{dep} is waited on to complete but restarts"
+                )
+
+
+def test_depends_on_has_no_cycle(services: dict[str, dict[str, Any]]) -> None:
+    done: set[str] = set()
+
+    def visit(name: str, path: tuple[str, ...]) -> None:
+        assert name not in path, f"dependency cycle: {' -> '.join((*path, name))}"
+        if name in done:
+            return
+        for dep in _depends(services[name]):
+            visit(dep, (*path, name))
+        done.add(name)
+
+    for name in services:
+        visit(name, ())
+
+
+def test_volume_references_resolve(compose: dict[str, Any]) -> None:
+    declared = set(compose.get("volumes") or {})
+    used: set[str] = set()
+    for name, svc in compose["services"].items():
+        for source, target in _volume_mounts(svc):
+            assert target.startswith("/"), f"{name}: mount target {target!r} is not absolute"
+            if _is_bind(source):
+                if source.startswith("."):
+                    path = (COMPOSE_DIR / source).resolve()
+                    assert path.exists(), f"{name}: bind source {source} does not exist"
+            else:
+                assert source in declared, f"{name}: volume {source!r} is not declared"
+                used.add(source)
+    assert declared == used, f"declared but unused volumes: {declared - used}"
+
+
+def test_secret_references_resolve(compose: dict[str, Any]) -> None:
+    declared = compose.get("secrets") or {}
+    for name, svc in compose["services"].items():
+        for secret in svc.get("secrets", []):
+            secret_name = secret if isinstance(secret, str) else secret["source"]
+            assert secret_name in declared, f"{name}: secret {secret_name!r} is not declared"
+    for secret, spec in declared.items():
+        assert "file" in spec or "environment" in spec, f"secret {secret}: no source"
+
+
+def test_published_ports_are_unique(services: dict[str, dict[str, Any]]) -> None:
+    seen: dict[int, str] = {}
+    for name, svc in services.items():
+        for host, container in _published(svc):
+            assert 0 < host < 65536 and 0 < container < 65536
+            assert host not in seen, f"host port {host} published by {seen[host]} and {name}"
+            seen[host] = name
+    assert seen, "nothing is published"
+
+
+def test_published_ports_are_unique_with_defaults(raw_compose: dict[str, Any]) -> None:
+    # No .env at all: only the required variables given.
+    env = {"GRAFANA_ADMIN_PASSWORD": "x"}
+    services = interpolate_tree(raw_compose, env)["services"]
+    hosts = [host for svc in services.values() for host, _ in _published(svc)]
+    assert len(hosts) == len(set(hosts))
+
+
+def test_replicated_services_publish_no_host_port(services: dict[str, dict[str, Any]]) -> None:
+    for name, svc in services.items():
+        if svc.get("deploy", {}).get("replicas", 1) > 1:
+            assert not svc.get("ports"), f"{name}: replicas cannot share a published host port"
+
+
+def test_processors_are_replicated(services: dict[str, dict[str, Any]]) -> None:
+    assert services["processors"]["deploy"]["replicas"] >= 2
+
+
+def test_required_variables_fail_loudly_without_env(raw_compose: dict[str, Any]) -> None:
+    with pytest.raises(MissingVariable, match="GRAFANA_ADMIN_PASSWORD"):
+        interpolate_tree(raw_compose, {})
+
+
+def test_env_example_documents_every_variable(env_example: dict[str, str]) -> None:
+    used = variables_in(COMPOSE_FILE.read_text())
+    missing = sorted(set(used) - set(env_example))
+    assert not missing, f"variables used in docker-compose.yml but not in .env.example: {missing}"
+    unused = sorted(set(env_example) - set(used))
+    assert not unused, f".env.example sets variables docker-compose.yml never reads: {unused}"
+    for name, op in used.items():
+        if op in (":?", "?"):
+            assert env_example[name], f"{name} is required; give it a value in .env.example"
+
+
+@pytest.mark.parametrize("service", RUNWATCH_SERVICES)
+def test_command_is_a_runwatch_subcommand(
+    service: str, services: dict[str, dict[str, Any]]
+) -> None:
+    command = services[service]["command"]
+    assert isinstance(command, list), f"{service}: write the command as a list"
+    assert command[0] == "runwatch", f"{service}: command does not run runwatch: {command}"
+    sub = command[1]
+    assert sub in cli.COMMANDS, f"{service}: `runwatch {sub}` is not a runwatch command"
+    available = _subcommands()
+    if sub not in available:
+        pytest.skip(f"{cli.COMMANDS[sub]} does not exist yet: cannot check `runwatch {sub}` flags")
+    try:
+        args = cli.build_parser().parse_args(command[1:])
+    except SystemExit as exc:  # argparse's way of refusing
+        pytest.fail(f"{service}: `{' '.join(command)}` is refused by runwatch's parser ({exc})")
+    assert args.command == sub
+
+
+@pytest.mark.parametrize("service", RUNWATCH_SERVICES)
+def test_security_settings_reach_every_kafka_client(
+    service: str, raw_compose: dict[str, Any]
+) -> None:
+    env = raw_compose["services"][service]["environment"]
+    assert isinstance(env, dict), f"{service}: write environment as a mapping"
+    for var in [ENV_BOOTSTRAP, *SECURITY_VARS]:
+        assert var in env, f"{service} does not pass {var} through"
+        assert var in variables_in(str(env[var])), f"{service}: {var} is not read from .env"
+
+
+def test_every_security_variable_is_in_env_example(env_example: dict[str, str]) -> None:
+    for var in SECURITY_VARS:
+        assert var in env_example, var
+        assert env_example[var] == "", f"{var}: leave empty in the example (PLAINTEXT default)"
+
+
+@pytest.mark.parametrize("service", ["processors", "controller"])
+def test_command_key_comes_from_a_secret(
+    service: str, services: dict[str, dict[str, Any]], compose: dict[str, Any]
+) -> None:
+    svc = services[service]
+    path = svc["environment"]["RUNWATCH_COMMAND_KEY_FILE"]
+    m = re.fullmatch(r"/run/secrets/(\w+)", path)
+    assert m, f"{service}: RUNWATCH_COMMAND_KEY_FILE={path} is not a docker secret"
+    assert m.group(1) in svc.get("secrets", [])
+    assert m.group(1) in compose["secrets"]
+    assert "RUNWATCH_COMMAND_KEY" not in svc["environment"], "keep the key out of the env"
+
+
+def test_topics_runs_once_after_kafka_is_healthy(services: dict[str, dict[str, Any]]) -> None:
+    topics = services["topics"]
+    assert topics["command"][:3] == ["runwatch", "topics", "create"]
+    assert topics["restart"] == "no"
+    assert _depends(topics) == {"kafka": "service_healthy"}
+    for name in ("processors", "controller", "sinks"):
+        assert _depends(services[name]).get("topics") == "service_completed_successfully"
+
+
+def test_sinks_metrics_port_is_published(services: dict[str, dict[str, Any]]) -> None:
+    command = services["sinks"]["command"]
+    port = int(command[command.index("--metrics-port") + 1])
+    assert port in {c for _, c in _published(services["sinks"])}
+    archive = command[command.index("--archive") + 1]
+    assert archive in {t for _, t in _volume_mounts(services["sinks"])}, "archive not on a volume"
+
+
+class TestKafka:
+    @pytest.fixture
+    def kafka(self, services: dict[str, dict[str, Any]]) -> dict[str, Any]:
+        return services["kafka"]
+
+    @pytest.fixture
+    def env(self, kafka: dict[str, Any]) -> dict[str, str]:
+        return {k: str(v) for k, v in kafka["environment"].items()}
+
+    def test_official_image_4x(self, kafka: dict[str, Any]) -> None:
+        assert re.fullmatch(r"apache/kafka:4\.\d+\.\d+", kafka["image"]), kafka["image"]
+
+    def test_kraft_single_node(self, env: dict[str, str]) -> None:
+        assert set(env["KAFKA_PROCESS_ROLES"].split(",")) == {"broker", "controller"}
+        node = env["KAFKA_NODE_ID"]
+        voters = dict(v.split("@") for v in env["KAFKA_CONTROLLER_QUORUM_VOTERS"].split(","))
+        assert node in voters
+        listeners = dict(
+            (lst.split("://")[0], lst.split(":")[-1]) for lst in env["KAFKA_LISTENERS"].split(",")
+        )
+        controller = env["KAFKA_CONTROLLER_LISTENER_NAMES"]
+        assert voters[node].split(":")[1] == listeners[controller]
+        protocol_map = dict(
+            p.split(":") for p in env["KAFKA_LISTENER_SECURITY_PROTOCOL_MAP"].split(",")
+        )
+        assert set(listeners) <= set(protocol_map)
+        assert env["KAFKA_INTER_BROKER_LISTENER_NAME"] in listeners
+        advertised = [a.split("://")[0] for a in env["KAFKA_ADVERTISED_LISTENERS"].split(",")]
+        assert controller not in advertised and set(advertised) <= set(listeners)
+
+    def test_single_node_replication_and_no_auto_create(self, env: dict[str, str]) -> None:
+        assert env["KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR"] == "1"
+        assert env["KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR"] == "1"
+        assert env["KAFKA_AUTO_CREATE_TOPICS_ENABLE"] == "false"
+
+    def test_cluster_id_is_a_base64_uuid(self, env: dict[str, str]) -> None:
+        raw = base64.urlsafe_b64decode(env["CLUSTER_ID"] + "==")
+        assert len(env["CLUSTER_ID"]) == 22 and len(raw) == 16
+
+    def test_data_dir_is_a_volume(self, kafka: dict[str, Any], env: dict[str, str]) -> None:
+        targets = {t: s for s, t in _volume_mounts(kafka)}
+        assert env["KAFKA_LOG_DIRS"] in targets
+        assert not _is_bind(targets[env["KAFKA_LOG_DIRS"]])
+
+    def test_healthcheck(self, kafka: dict[str, Any]) -> None:
+        test = " ".join(kafka["healthcheck"]["test"])
+        assert "kafka-broker-api-versions.sh" in test and "localhost:9092" in test
+
+    def test_clients_bootstrap_from_the_internal_listener(
+        self, env: dict[str, str], services: dict[str, dict[str, Any]]
+    ) -> None:
+        advertised = {a.split("://")[1] for a in env["KAFKA_ADVERTISED_LISTENERS"].split(",")}
+        for name in RUNWATCH_SERVICES:
+            assert services[name]["environment"][ENV_BOOTSTRAP] in advertised
+
+    def test_external_listener_is_published(
+        self, kafka: dict[str, Any], env: dict[str, str]
+    ) -> None:
+        external = next(
+            a for a in env["KAFKA_ADVERTISED_LISTENERS"].split(",") if a.startswith("EXTERNAL://")
+        )
+        port = int(external.rsplit(":", 1)[1])
+        assert port in {h for h, _ in _published(kafka)}
+
+
+def test_gitignored_secret_and_tls_dirs() -> None:
+    # The default secret/TLS locations exist (so docker does not create them as root) and
+    # keep their contents out of git.
+    for d in ("secrets", "tls"):
+        ignore = (COMPOSE_DIR / d / ".gitignore").read_text().split()
+        assert ignore[0] == "*", d
