@@ -34,6 +34,7 @@ from processors.core.state_codec import decode_state, encode_state
 from processors.intake import RawRecord, split
 from processors.pipeline import ROLE_STATE, fold_batch
 from processors.settings import ProcessorSettings
+from runwatch.settings import faust_broker_settings
 from schemas.codec import encode, encode_key
 from schemas.events import TICK_RUN_ID, DeadLetter, Event, RestartRequested, Tick
 from schemas.signing import CommandKey, sign
@@ -170,6 +171,7 @@ def create_app(
         broker_commit_interval=1.0,
         stream_buffer_maxsize=20_000,
         worker_redirect_stdouts=False,
+        **faust_broker_settings(),
     )
     topics = names(settings.prefix)
 

@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     from processors.app import create_app
     from processors.settings import ProcessorSettings
     from runwatch.admin import create_catalogue
-    from runwatch.settings import resolve_bootstrap, topic_prefix
+    from runwatch.settings import faust_broker_settings, resolve_bootstrap, topic_prefix
     from schemas.signing import load_key
 
     if (
@@ -91,6 +91,7 @@ def run(args: argparse.Namespace) -> int:
     prefix = topic_prefix(args.prefix)
     try:
         key = load_key()
+        faust_broker_settings()
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     if key is None:
