@@ -475,13 +475,27 @@ def test_flush_asks_the_producer_to_skip_linger(emitter: RunEmitter, broker: Fak
     assert wait_until(lambda: broker.flushes >= 1)
 
 
-def test_encode_in_the_delivery_thread_gives_the_same_records(broker: FakeBroker) -> None:
+@pytest.mark.parametrize("encode_on_caller", [False, True])
+def test_both_encoding_places_give_the_same_records(
+    broker: FakeBroker, encode_on_caller: bool
+) -> None:
     with RunEmitter("r", bootstrap="b:1", producer_factory=broker) as em:
-        em._encode_on_caller = False
+        em._encode_on_caller = encode_on_caller
         em.step(0, loss=math.nan, step_time_s=0.1)
+        em.heartbeat(0)
         assert em.flush(5.0)
-    (_, _, event), = sent_events(broker)
-    assert isinstance(event, StepCompleted) and math.isnan(event.loss)
+    (_, _, step), (_, _, heartbeat) = sent_events(broker)
+    assert isinstance(step, StepCompleted) and math.isnan(step.loss)
+    assert isinstance(heartbeat, Heartbeat) and heartbeat.step == 0
+
+
+def test_rare_events_that_cannot_be_encoded_raise_at_the_call_site(
+    emitter: RunEmitter,
+) -> None:
+    flops = ModelFlopConfig(n_params=object(), n_layer=1, n_head=1, d_model=1, seq_len=1)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="cannot encode RunStarted"):
+        emitter.run_started(flop_config=flops)
+    assert emitter.stats.enqueued == 0
 
 
 def test_stats_is_a_frozen_snapshot(emitter: RunEmitter) -> None:
