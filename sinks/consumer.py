@@ -124,6 +124,9 @@ class SinkLoop:
                 if self.error is None:
                     self.sink.flush()
                     self._commit(consumer)
+            except Exception as exc:
+                # Not fatal: what was not committed is read again and deduplicated.
+                logger.warning("sink %s: final commit failed: %s", self.sink.name, exc)
             finally:
                 consumer.close(autocommit=False)
 

@@ -98,10 +98,13 @@ class FleetFigures:
         fig = self._run(event.run_id)
         fig.last_ns = max(fig.last_ns, event.ts_ns)
         if isinstance(event, RunStarted):
-            if fig.info is None or event.incarnation != fig.incarnation:
-                fig.rank_seen_ns = {}
-            fig.info, fig.incarnation = RunInfo.from_event(event), event.incarnation
-            fig.ended_ns = None
+            # RunStarted travels on several topics, read in any order: only a newer start
+            # (log time) replaces the info, and only ranks seen before it are forgotten.
+            if fig.info is None or event.ts_ns >= fig.info.started_ns:
+                fig.info, fig.incarnation = RunInfo.from_event(event), event.incarnation
+                fig.rank_seen_ns = {r: t for r, t in fig.rank_seen_ns.items() if t >= event.ts_ns}
+                if fig.ended_ns is not None and fig.ended_ns < event.ts_ns:
+                    fig.ended_ns = None
         elif isinstance(event, RunEnded):
             # RunStarted and RunEnded travel on several topics: an end older than the
             # current incarnation's start is the previous incarnation's.

@@ -1,0 +1,194 @@
+"""Alerts and metrics sinks against the real broker, in threads of the test process."""
+
+from __future__ import annotations
+
+import io
+import re
+import threading
+import time
+import urllib.request
+
+import pytest
+from kafka import KafkaProducer
+
+from schemas.codec import encode, encode_key
+from schemas.topics import names
+from sinks.alert_log import DeliveryLog
+from sinks.alerts import AlertSettings, AlertSink
+from sinks.consumer import SinkLoop, start_thread
+from sinks.metrics import MetricsSink
+from sinks.webhook import RetryPolicy
+from tests.unit.sinks.events import (
+    anomaly,
+    completed,
+    heartbeat,
+    rejected,
+    restart,
+    started,
+    step,
+)
+from tests.unit.sinks.recorder import Recorder
+
+pytestmark = pytest.mark.integration
+
+FAST = RetryPolicy(attempts=4, base_delay_s=0.05, max_delay_s=0.1, timeout_s=5.0)
+
+
+def publish(bootstrap, items):
+    producer = KafkaProducer(bootstrap_servers=bootstrap)
+    for topic, event in items:
+        producer.send(topic, key=encode_key(event.run_id), value=encode(event))
+    producer.flush(30)
+    producer.close()
+
+
+class Running:
+    """A sink's consumer loop in a thread; stops on exit."""
+
+    def __init__(self, sink, bootstrap, topics, group):
+        self.stop = threading.Event()
+        self.loop = SinkLoop(
+            sink,
+            bootstrap=bootstrap,
+            topics=topics,
+            group_id=group,
+            stop=self.stop,
+            poll_timeout_s=0.1,
+            lag_interval_s=0.2,
+        )
+
+    def __enter__(self):
+        self.thread = start_thread(self.loop)
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join(30)
+        assert self.loop.error is None, self.loop.error
+
+
+def scrape(port):
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        return r.read().decode()
+
+
+def sample(text, name, **labels):
+    want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    for line in text.splitlines():
+        m = re.match(r"^(\w+)(?:\{(.*)\})? (\S+)$", line)
+        if m and m[1] == name:
+            got = ",".join(sorted((m[2] or "").split(","))) if m[2] else ""
+            if got == want:
+                return float(m[3])
+    return None
+
+
+def scrape_until(port, ok, timeout_s=30.0):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        text = scrape(port)
+        if ok(text):
+            return text
+        if time.monotonic() > deadline:
+            raise AssertionError(f"metrics never matched:\n{text}")
+        time.sleep(0.1)  # polling an HTTP endpoint: the wait is on its content, not the sleep
+
+
+def test_alerts_are_delivered_once_across_a_restart(
+    kafka_bootstrap, topic_prefix, make_topics, tmp_path
+):
+    make_topics(topic_prefix, partitions=2)
+    t = names(topic_prefix)
+    group = f"{topic_prefix}-alerts"
+    publish(
+        kafka_bootstrap,
+        [
+            (t.anomalies, anomaly(run="ra", step=30)),
+            (t.anomalies, anomaly(run="ra", step=30)),  # at-least-once duplicate
+            (t.anomalies, anomaly(run="rb", kind="hang", step=7, rank=None)),
+            (t.commands, restart(run="ra", cid="c1")),
+            (t.controller, rejected(run="ra", cid="c1")),
+        ],
+    )
+    with Recorder(fail_first=2) as server:
+        settings = AlertSettings(
+            webhooks=(server.url,), group_wait_s=0.3, retry=FAST, webhook_format="alertmanager"
+        )
+        out = io.StringIO()
+        sink = AlertSink(settings, t, DeliveryLog(tmp_path / "state.jsonl"), out=out)
+        with Running(sink, kafka_bootstrap, sink.topics, group):
+            bodies = server.wait_for(lambda b: sum(len(x["alerts"]) for x in b) >= 4)
+        sink.log.close()
+        fingerprints = sorted(a["fingerprint"] for b in bodies for a in b["alerts"])
+        assert fingerprints == sorted(
+            ["v-ra-loss_spike-30", "v-rb-hang-7", "restart_requested:c1", "command_rejected:c1"]
+        )
+        assert server.attempts >= 4  # two 500s were retried
+        assert {b["groupLabels"]["run"] for b in bodies} == {"ra", "rb"}
+        assert len(out.getvalue().splitlines()) == 4
+
+        # a new process with the same group and state: old alerts stay quiet, new ones go out
+        publish(kafka_bootstrap, [(t.anomalies, anomaly(run="ra", kind="straggler", step=31))])
+        again = AlertSink(settings, t, DeliveryLog(tmp_path / "state.jsonl"), out=io.StringIO())
+        with Running(again, kafka_bootstrap, again.topics, group):
+            bodies = server.wait_for(lambda b: len(b) >= len(bodies) + 1, timeout_s=60)
+        assert [a["fingerprint"] for a in bodies[-1]["alerts"]] == ["v-ra-straggler-31"]
+        assert again.stats.duplicates == 0
+
+        # the same group with the state lost and offsets reset would re-alert: the delivery
+        # log, not the offsets, is what prevents it
+        third = AlertSink(settings, t, DeliveryLog(tmp_path / "state.jsonl"), out=io.StringIO())
+        with Running(third, kafka_bootstrap, third.topics, f"{group}-fresh") as run:
+            deadline = time.monotonic() + 30
+            while third.stats.duplicates < 6 and time.monotonic() < deadline:
+                run.loop.ready.wait(0.1)
+                time.sleep(0.05)
+        assert third.stats.duplicates == 6 and third.stats.alerts == 0
+        assert len(server.bodies) == len(bodies)
+
+
+def test_metrics_are_scraped_over_http(kafka_bootstrap, topic_prefix, make_topics):
+    make_topics(topic_prefix, partitions=2)
+    t = names(topic_prefix)
+    sink = MetricsSink(t)
+    port = sink.serve(0, "127.0.0.1")
+    try:
+        with Running(sink, kafka_bootstrap, sink.topics, f"{topic_prefix}-metrics"):
+            publish(
+                kafka_bootstrap,
+                [
+                    (t.steps, started(run="rm")),
+                    (t.steps, step(run="rm", n=41, loss=2.5)),
+                    (t.heartbeats, heartbeat(run="rm", rank=0, ts_s=100)),
+                    (t.heartbeats, heartbeat(run="rm", rank=1, ts_s=100)),
+                    (t.anomalies, anomaly(run="rm", kind="loss_spike", step=41)),
+                    (t.anomalies, anomaly(run="rm", kind="loss_spike", step=41)),
+                    (t.anomalies, anomaly(run="rm", kind="dead_rank", step=41, rank=1)),
+                    (t.commands, restart(run="rm", cid="c9")),
+                    (t.controller, completed(run="rm", cid="c9")),
+                ],
+            )
+            text = scrape_until(
+                port,
+                lambda x: (
+                    sample(x, "runwatch_restart_outcomes_total", run="rm", outcome="completed") == 1
+                ),
+            )
+            assert sample(text, "runwatch_run_loss", run="rm") == 2.5
+            assert sample(text, "runwatch_run_grad_norm", run="rm") == 1.25
+            assert sample(text, "runwatch_run_last_step", run="rm") == 41
+            assert sample(text, "runwatch_run_tokens_per_second", run="rm") == 8192
+            assert 0 < sample(text, "runwatch_run_mfu_ratio", run="rm") < 1
+            assert sample(text, "runwatch_run_live_ranks", run="rm") == 2
+            assert sample(text, "runwatch_anomalies_total", run="rm", kind="loss_spike") == 1
+            assert sample(text, "runwatch_anomalies_total", run="rm", kind="dead_rank") == 1
+            assert sample(text, "runwatch_restarts_total", run="rm") == 1
+            text = scrape_until(port, lambda x: "runwatch_consumer_lag_records{" in x)
+            lags = [
+                sample(text, "runwatch_consumer_lag_records", topic=tp, partition=p)
+                for tp in sink.topics
+                for p in (0, 1)
+            ]
+            assert all(v is not None and v >= 0 for v in lags)
+    finally:
+        sink.close()
