@@ -59,6 +59,12 @@ ProducerFactory = Callable[..., ProducerLike]
 """Called with keyword arguments (kafka-python's producer configuration)."""
 
 
+def describe(exc: BaseException) -> str:
+    """``Type: message`` once, although kafka-python's messages often start with the type."""
+    name, text = type(exc).__name__, str(exc)
+    return text if text.startswith(name) else f"{name}: {text}" if text else name
+
+
 class _MultiTopic:
     """Settles an event sent to several topics once every copy has an outcome."""
 
@@ -238,11 +244,10 @@ class DeliveryThread:
         except Exception as exc:
             self._log.warning(
                 "connect",
-                "runwatch emitter: cannot reach Kafka at %s (%s: %s); %d event(s) buffered, "
+                "runwatch emitter: cannot reach Kafka at %s (%s); %d event(s) buffered, "
                 "retrying in the background",
                 config.get("bootstrap_servers"),
-                type(exc).__name__,
-                exc,
+                describe(exc),
                 len(self._buffer),
             )
             return False
@@ -286,10 +291,9 @@ class DeliveryThread:
             except Exception as exc:
                 self._log.error(
                     f"send:{type(exc).__name__}",
-                    "runwatch emitter: the producer refused an event for %s: %s: %s",
+                    "runwatch emitter: the producer refused an event for %s: %s",
                     topic,
-                    type(exc).__name__,
-                    exc,
+                    describe(exc),
                 )
                 unsent = copies - sending.sent
                 if sending.tracker is not None:
@@ -346,10 +350,9 @@ class DeliveryThread:
     def _report_failure(self, topic: str, exc: BaseException) -> None:
         self._log.error(
             f"failed:{type(exc).__name__}",
-            "runwatch emitter: delivery to %s failed: %s: %s",
+            "runwatch emitter: delivery to %s failed: %s",
             topic,
-            type(exc).__name__,
-            exc,
+            describe(exc),
         )
 
 

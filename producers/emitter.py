@@ -44,7 +44,7 @@ import msgspec
 
 from producers.buffer import EventBuffer
 from producers.delivery import DeliveryThread, ProducerFactory, QueuedEvent
-from producers.ratelimit import RateLimitedLog
+from producers.ratelimit import RateLimitedLog, quiet_library_loggers
 from producers.validation import (
     as_bool,
     as_duration_s,
@@ -111,6 +111,9 @@ they only ever block the delivery thread, which retries.
 _FIXED_SETTINGS: Final = frozenset(
     {"acks", "enable_idempotence", "bootstrap_servers", "key_serializer", "value_serializer"}
 )
+
+_THREAD_PREFIX: Final = "runwatch-emitter-"
+"""Start of the names of the emitter's threads (its own and kafka-python's)."""
 
 EXIT_FLUSH_TIMEOUT_S: Final = 5.0
 """How long an emitter that was never closed may delay interpreter exit to deliver."""
@@ -264,7 +267,9 @@ class RunEmitter:
 
         config: dict[str, Any] = {
             **PRODUCER_DEFAULTS,
-            "client_id": f"runwatch-{self.run_id}-rank{self.rank}",
+            # kafka-python names its network thread after the client id: with this
+            # prefix, its connection chatter is rate-limited like the delivery thread's.
+            "client_id": f"{_THREAD_PREFIX}{self.run_id}-rank{self.rank}",
             **kafka_client_config(),
             **overrides,
             "bootstrap_servers": self.bootstrap,
@@ -276,12 +281,13 @@ class RunEmitter:
             if unknown:
                 raise ValueError(f"unknown kafka-python producer setting(s): {', '.join(unknown)}")
             producer_factory = KafkaProducer
+            quiet_library_loggers("kafka", _THREAD_PREFIX)
         self._exit_hook = _ExitHook(self)
         self._delivery = DeliveryThread(
             self._buffer,
             producer_factory=producer_factory,
             producer_config=config,
-            name=f"runwatch-emitter-{self.run_id}-rank{self.rank}",
+            name=f"{_THREAD_PREFIX}{self.run_id}-rank{self.rank}",
             log=self._log,
             on_connect=self._exit_hook.register_last,
         )
