@@ -102,12 +102,14 @@ class EventBuffer(Generic[T]):
         Returns:
             True if items are queued.
         """
-        self._ready.clear()
+        # Never clear before waiting: a `wake` that came just before must not be lost. A
+        # stale signal only costs one spurious return, and the caller re-checks anyway.
         self._reader_waiting = True
         try:
             if self._queue:
                 return True
             self._ready.wait(timeout_s)
+            self._ready.clear()
         finally:
             self._reader_waiting = False
         return bool(self._queue)

@@ -64,3 +64,13 @@ def test_wait_for_items_wakes_on_push_and_on_wake() -> None:
     assert not buf.wait_for_items(5.0)  # woken with nothing queued
     pusher.join()
     waker.join()
+
+
+def test_a_wake_before_the_wait_is_not_lost() -> None:
+    import time
+
+    buf: EventBuffer[int] = EventBuffer(10)
+    buf.wake()  # e.g. close() called while the reader was busy
+    started = time.monotonic()
+    assert not buf.wait_for_items(5.0)
+    assert time.monotonic() - started < 1.0
