@@ -1,0 +1,139 @@
+"""The archive sink as a `runwatch sinks` process: SIGKILL mid-stream, restart, then audit.
+
+A real `runwatch processors` worker judges a scripted run; the archive must end with every
+record Kafka holds exactly once, and `runwatch audit --from-archive` must agree with the
+audit read from Kafka.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import duckdb
+import pytest
+from kafka import KafkaConsumer, TopicPartition
+
+from schemas.topics import names
+from tests.integration.processors.harness import Reader, Trainer, workers
+
+pytestmark = pytest.mark.integration
+
+
+class Sinks:
+    """One `runwatch sinks --archive` process."""
+
+    def __init__(self, bootstrap: str, prefix: str, archive: Path, log: Path) -> None:
+        self._log = log.open("ab")
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "runwatch.cli",
+                "sinks",
+                "--archive",
+                str(archive),
+                "--archive-flush-s",
+                "0.2",
+                "--bootstrap",
+                bootstrap,
+                "--prefix",
+                prefix,
+            ],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+
+    def kill(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(30)
+
+    def stop(self) -> int:
+        os.killpg(self.proc.pid, signal.SIGTERM)
+        return self.proc.wait(60)
+
+
+def end_offsets(bootstrap: str, topics: list[str]) -> int:
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None)
+    try:
+        tps = [TopicPartition(t, p) for t in topics for p in consumer.partitions_for_topic(t) or ()]
+        return sum(consumer.end_offsets(tps).values())
+    finally:
+        consumer.close()
+
+
+def archived(root: Path) -> tuple[int, int]:
+    if not list(root.rglob("*.parquet")):
+        return 0, 0
+    return duckdb.execute(
+        f'SELECT count(*), count(DISTINCT (topic, partition, "offset")) '
+        f"FROM read_parquet('{root}/**/*.parquet', hive_partitioning=true)"
+    ).fetchone()
+
+
+def wait_until(check, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)  # polling files and offsets: the condition decides, not the sleep
+
+
+def audit(args: list[str]) -> dict:
+    out = subprocess.run(
+        [sys.executable, "-m", "runwatch.cli", "audit", "--json", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode in (0, 1), out.stderr
+    return json.loads(out.stdout)
+
+
+def test_archive_survives_sigkill_and_audits_like_kafka(
+    kafka_bootstrap, topic_prefix, make_topics, tmp_path
+):
+    make_topics(topic_prefix, partitions=2)
+    t = names(topic_prefix)
+    all_topics = [getattr(t, f) for f in t.__struct_fields__]
+    root = tmp_path / "archive"
+    run = "run-archive"
+    anomalies = Reader(kafka_bootstrap, t.anomalies)
+    trainer = Trainer(kafka_bootstrap, topic_prefix, run)
+    sinks = Sinks(kafka_bootstrap, topic_prefix, root, tmp_path / "sinks.log")
+    with workers(kafka_bootstrap, topic_prefix, tmp_path, partitions=2) as start:
+        start()
+        trainer.start(0)
+        for s in range(1, 21):
+            trainer.step(s)
+        wait_until(lambda: archived(root)[0] > 0, 60, "the first archive files")
+        sinks.kill()  # mid-stream: no final flush, no final commit
+        for s in range(21, 41):
+            trainer.step(s, loss=9.0 if s == 30 else None)
+            if s == 30:
+                sinks = Sinks(kafka_bootstrap, topic_prefix, root, tmp_path / "sinks.log")
+        trainer.end("completed")
+        anomalies.wait_for(lambda ev: any(getattr(e, "kind", "") == "loss_spike" for e in ev))
+    trainer.close()
+    anomalies.close()
+    # the worker is stopped: no more ticks, so the log has an end to reach
+    total = end_offsets(kafka_bootstrap, all_topics)
+    wait_until(lambda: archived(root)[0] >= total, 60, f"{total} archived rows")
+    assert sinks.stop() == 0
+    rows, distinct = archived(root)
+    assert rows == distinct == total
+    dirs = sorted(p.name for p in root.iterdir())
+    assert f"run_id={run}" in dirs, dirs
+
+    from_kafka = audit(["--run", run, "--bootstrap", kafka_bootstrap, "--prefix", topic_prefix])
+    from_archive = audit(["--run", run, "--from-archive", str(root)])
+    assert from_kafka["agrees"] and from_archive["agrees"]
+    assert len(from_archive["anomalies"]["matched"]) >= 1
+    assert from_archive == from_kafka
