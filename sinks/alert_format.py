@@ -222,7 +222,7 @@ def alertmanager_payload(
     alerts = list(group.alerts)
     if group.suppressed:
         alerts.append(suppression_alert(group, now_ns))
-    items = [
+    items: list[dict[str, Any]] = [
         {
             "status": "firing",
             "labels": _labels(a),

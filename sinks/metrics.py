@@ -130,7 +130,7 @@ class MetricsSink:
         self.lock = threading.Lock()
         self.collector = FleetCollector(self.figures, self.lock)
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(self.collector)  # type: ignore[arg-type]
+        self.registry.register(self.collector)
         self.server: Any = None
 
     @property

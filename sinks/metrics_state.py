@@ -130,8 +130,9 @@ class FleetFigures:
                 )
 
     def _count(self, fig: RunFigures, event: Event) -> None:
+        bucket: tuple[str, str]
         if isinstance(event, AnomalyDetected):
-            key, bucket = event.verdict_id, ("anomaly", event.kind)
+            key, bucket = event.verdict_id, ("anomaly", str(event.kind))
         elif isinstance(event, RestartRequested):
             key, bucket = f"cmd:{event.command_id}", ("restart", "")
         elif isinstance(event, RestartCompleted | RestartFailed | CommandRejected):
