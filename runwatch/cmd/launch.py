@@ -1,0 +1,146 @@
+"""`runwatch launch`: start a torch gang the way torchrun does and serve its restart commands."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import secrets
+import time
+from pathlib import Path
+
+from runwatch.errors import UsageError
+
+HELP = "start a gang of N ranks (torchrun-style) and execute the restart commands for its run"
+
+log = logging.getLogger("runwatch")
+
+
+def add_supervision_args(parser: argparse.ArgumentParser) -> None:
+    """Arguments `runwatch launch` and `runwatch controller` share."""
+    parser.add_argument(
+        "--bootstrap", help="Kafka bootstrap HOST:PORT (default: RUNWATCH_BOOTSTRAP)"
+    )
+    parser.add_argument("--prefix", help="topic name prefix (default: runwatch)")
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Add the arguments of `runwatch launch`."""
+    add_supervision_args(parser)
+    parser.add_argument("--nproc", type=int, required=True, help="ranks to start")
+    parser.add_argument("--run-id", help="the run's id (default: <script>-<time>-<random>)")
+    parser.add_argument(
+        "--checkpoint-dir",
+        type=Path,
+        help="the gang's checkpoint root (RUNWATCH_CHECKPOINT_DIR); respawns resume from it",
+    )
+    parser.add_argument(
+        "--state-dir",
+        type=Path,
+        help="controller state (default: $RUNWATCH_HOME/controller/<run-id>)",
+    )
+    parser.add_argument("--grace-s", type=float, default=10.0, help="SIGTERM grace before SIGKILL")
+    parser.add_argument(
+        "--command-timeout",
+        type=float,
+        default=120.0,
+        metavar="SECONDS",
+        help="a dead gang without a restart command this long fails the run",
+    )
+    parser.add_argument(
+        "--rank-failure-budget",
+        type=int,
+        default=2,
+        help="failures a rank may cause; one more shrinks the gang by one rank",
+    )
+    parser.add_argument("--min-nproc", type=int, default=1, help="never shrink below this")
+    parser.add_argument(
+        "--env", action="append", default=[], metavar="NAME=VALUE", help="extra rank variable"
+    )
+    parser.add_argument("argv", nargs=argparse.REMAINDER, help="-- COMMAND ARGS...")
+
+
+def default_run_id(argv: list[str]) -> str:
+    """``<script stem>-<yyyymmdd-hhmmss>-<4 hex>``."""
+    script = next((a for a in argv if a.endswith(".py")), argv[0])
+    stem = Path(script).stem or "run"
+    return f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+
+
+def _validate(args: argparse.Namespace) -> list[str]:
+    argv = list(args.argv)
+    if argv and argv[0] == "--":
+        argv = argv[1:]
+    if not argv:
+        raise UsageError("no command: runwatch launch --nproc N -- python train.py ...")
+    if args.nproc < 1 or args.min_nproc < 1 or args.rank_failure_budget < 0:
+        raise UsageError("--nproc and --min-nproc must be >= 1, --rank-failure-budget >= 0")
+    if args.grace_s < 0 or args.command_timeout <= 0:
+        raise UsageError("--grace-s must be >= 0 and --command-timeout > 0")
+    for pair in args.env:
+        if "=" not in pair:
+            raise UsageError(f"--env expects NAME=VALUE, got {pair!r}")
+    return argv
+
+
+def run(args: argparse.Namespace) -> int:
+    """Launch the gang, then serve its commands until the run ends."""
+    from runwatch.cmd.controller import load_keys, make_controller
+    from runwatch.settings import resolve_bootstrap, topic_prefix
+    from sinks.controller import commands_end_offsets
+    from sinks.controller_state import (
+        ControllerState,
+        GangRecord,
+        StateLocked,
+        default_state_dir,
+        lock_state_dir,
+    )
+    from sinks.gang import Gang
+
+    argv = _validate(args)
+    bootstrap = resolve_bootstrap(args.bootstrap)
+    prefix = topic_prefix(args.prefix)
+    run_id = args.run_id or default_run_id(argv)
+    state_dir = (args.state_dir or default_state_dir(run_id)).resolve()
+    try:
+        lock_state_dir(state_dir)
+    except StateLocked as exc:
+        raise UsageError(str(exc)) from None
+    state = ControllerState(state_dir)
+    keys = load_keys()
+    previous = state.load_gang()
+    if previous is not None and previous.status == "running":
+        exits = [state.exit_path(previous.incarnation, p.rank) for p in previous.ranks]
+        alive = Gang.adopt(previous.ranks, exits).running()
+        if alive:
+            raise UsageError(
+                f"{state_dir} holds a running gang of run {previous.run_id} (pids "
+                f"{[p.pid for p in previous.ranks]}): adopt it with `runwatch controller "
+                f"--state-dir {state_dir}`"
+            )
+    record = GangRecord(
+        run_id=run_id,
+        argv=tuple(argv),
+        world_size=args.nproc,
+        bootstrap=bootstrap,
+        prefix=prefix,
+        checkpoint_dir=str(args.checkpoint_dir.resolve()) if args.checkpoint_dir else None,
+        env=dict(pair.split("=", 1) for pair in args.env),
+        # A relaunch of a run id continues its incarnations: the processors' policy issues
+        # at most one command per (run, incarnation), so incarnation 0 again would get none.
+        incarnation=0 if previous is None else previous.incarnation + 1,
+        launch_offsets=commands_end_offsets(bootstrap, prefix),
+        grace_s=args.grace_s,
+        command_timeout_s=args.command_timeout,
+        rank_failure_budget=args.rank_failure_budget,
+        min_nproc=args.min_nproc,
+    )
+    state.save_gang(record)
+    controller, (supervisor,) = make_controller([state], keys, bootstrap, prefix)
+    supervisor.launch(None)
+    print(
+        f"runwatch launch: run {run_id}, {args.nproc} ranks, incarnation {record.incarnation}, "
+        f"state {state_dir} (pid {os.getpid()})",
+        flush=True,
+    )
+    return controller.serve()

@@ -1,0 +1,233 @@
+"""The controller loop: read restart commands, let the gate decide, supervise the gangs.
+
+A thin I/O loop over `sinks.command_gate` (the decision) and `sinks.supervisor` (a run's
+gang). Kafka use:
+
+* commands: a `KafkaConsumer` without a consumer group, assigned every partition of the
+  commands topic (every controller sees every command; each acts only on the runs it
+  owns), starting per partition at the smallest position any owned run needs: the run's
+  launch offset, or the offset of the last command it acted on (that command is read
+  again after a controller restart, and the processed ids make the gate refuse it as
+  replayed);
+* the controller topic: RestartCompleted, RestartFailed and CommandRejected, keyed by run
+  id, with ``ts_ns`` the time of the event (controller-side facts, not verdicts);
+* RunEnded for an incarnation the controller ends (stopped for a restart, failed when a
+  dead gang got no command in time) goes through a `RunEmitter`, like a rank's would.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from collections.abc import Mapping
+from types import FrameType
+from typing import Any
+
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+
+from producers.emitter import RunEmitter
+from runwatch.errors import RunwatchError
+from runwatch.settings import kafka_client_config
+from schemas.codec import DecodeError, decode, encode, encode_key
+from schemas.events import CommandRejected, Event, Provenance, RestartRequested
+from schemas.signing import CommandKey
+from schemas.topics import names
+from sinks.command_gate import OwnedGang, decide
+from sinks.controller_state import GangRecord
+from sinks.supervisor import RunSupervisor
+
+log = logging.getLogger(__name__)
+
+POLL_MS = 200
+
+
+def commands_end_offsets(bootstrap: str, prefix: str) -> dict[int, int]:
+    """The commands topic's end offset per partition (a run's launch offsets).
+
+    Raises:
+        RunwatchError: The commands topic does not exist.
+    """
+    topic = names(prefix).commands
+    consumer = KafkaConsumer(
+        bootstrap_servers=bootstrap,
+        group_id=None,
+        enable_auto_commit=False,
+        **kafka_client_config(),
+    )
+    try:
+        parts = consumer.partitions_for_topic(topic)
+        if not parts:
+            raise RunwatchError(
+                f"topic {topic} does not exist: start `runwatch processors` or run "
+                f"`runwatch topics create` first"
+            )
+        ends = consumer.end_offsets([TopicPartition(topic, p) for p in parts])
+        return {tp.partition: int(off) for tp, off in ends.items()}
+    finally:
+        consumer.close()
+
+
+def announce_end(record: GangRecord, status: str, reason: str) -> None:
+    """Emit RunEnded for ``record``'s incarnation through a `RunEmitter`, and wait for it."""
+    emitter = RunEmitter(
+        record.run_id,
+        bootstrap=record.bootstrap,
+        topic_prefix=record.prefix,
+        rank=0,
+        world_size=max(1, record.world_size),
+        incarnation=record.incarnation,
+    )
+    emitter.run_ended(status, reason=reason)
+    if not emitter.close(timeout_s=30.0):
+        log.warning("run %s: RunEnded(%s) may not have been delivered", record.run_id, status)
+
+
+class Controller:
+    """Serves the commands of the runs it supervises until every run has ended.
+
+    Args:
+        runs: The supervised runs (all on the same bootstrap and prefix).
+        keys: Command keys by key id (empty: every command is rejected).
+        bootstrap: Kafka bootstrap address.
+        prefix: Topic name prefix.
+    """
+
+    def __init__(
+        self,
+        runs: list[RunSupervisor],
+        keys: Mapping[str, CommandKey],
+        bootstrap: str,
+        prefix: str,
+    ) -> None:
+        self.runs = {r.run_id: r for r in runs}
+        self.keys = dict(keys)
+        self.topics = names(prefix)
+        self.stop_requested: int | None = None
+        config = kafka_client_config()
+        self.producer = KafkaProducer(
+            bootstrap_servers=bootstrap, acks="all", linger_ms=0, **config
+        )
+        self.consumer = KafkaConsumer(
+            bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False, **config
+        )
+        self._assign()
+
+    def _start_offset(self, partition: int) -> int | None:
+        wanted = [
+            max(
+                r.record.launch_offsets.get(partition, 0),
+                r.record.consumer_offsets.get(partition, 0),
+            )
+            for r in self.runs.values()
+        ]
+        return min(wanted) if wanted else None
+
+    def _assign(self) -> None:
+        topic = self.topics.commands
+        parts = sorted(self.consumer.partitions_for_topic(topic) or ())
+        if not parts:
+            raise RunwatchError(f"topic {topic} does not exist")
+        tps = [TopicPartition(topic, p) for p in parts]
+        self.consumer.assign(tps)
+        for tp in tps:
+            start = self._start_offset(tp.partition)
+            self.consumer.seek(tp, start or 0)
+
+    # ------------------------------------------------------------------ output
+
+    def publish(self, event: Event) -> None:
+        """Send a controller-side event to the controller topic and wait for the ack."""
+        future = self.producer.send(
+            self.topics.controller, key=encode_key(event.run_id), value=encode(event)
+        )
+        future.get(timeout=30)
+
+    # ------------------------------------------------------------------ input
+
+    def handle(self, record: Any, received_s: float) -> None:
+        """Decide on one commands-topic record and act on it."""
+        source = Provenance(topic=record.topic, partition=record.partition, offset=record.offset)
+        try:
+            command = decode(record.value)
+        except DecodeError as exc:
+            log.warning("undecodable record at %s: %s", source, exc.reason)
+            return
+        if not isinstance(command, RestartRequested):
+            return
+        run = self.runs.get(command.run_id)
+        if run is not None and source.offset < run.record.consumer_offsets.get(
+            source.partition, -1
+        ):
+            return  # before the last command this run acted on: settled long ago
+        gangs = {
+            r.run_id: OwnedGang(r.run_id, r.record.incarnation, r.record.launch_offsets)
+            for r in self.runs.values()
+            if not r.finished
+        }
+        processed = run.state.processed if run is not None else frozenset()
+        decision = decide(command, source, gangs=gangs, keys=self.keys, processed=processed)
+        if decision.verdict == "ignore":
+            log.debug("ignored command %s: %s", command.command_id, decision.reason)
+            return
+        assert run is not None
+        run.note_offset(source.partition, source.offset)
+        if decision.verdict == "reject":
+            log.warning(
+                "run %s: rejected command %s: %s", run.run_id, command.command_id, decision.reason
+            )
+            self.publish(
+                CommandRejected(
+                    run_id=command.run_id,
+                    ts_ns=time.time_ns(),
+                    command_id=command.command_id,
+                    reason=decision.reason,
+                    source=source,
+                )
+            )
+            return
+        log.warning(
+            "run %s: executing %s %s (cause %s, incarnation %d)",
+            run.run_id,
+            command.action,
+            command.command_id,
+            command.cause_kind,
+            command.incarnation,
+        )
+        run.execute(command, received_s)
+
+    # ------------------------------------------------------------------ loop
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self.stop_requested = signum
+
+    def serve(self) -> int:
+        """Run until every supervised run ended; 0 if all completed, else 1 (or 128+signal)."""
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._on_signal)
+        try:
+            while not all(r.finished for r in self.runs.values()):
+                if self.stop_requested is not None:
+                    for run in self.runs.values():
+                        if not run.finished:
+                            run.stop()
+                    return 128 + self.stop_requested
+                batches = self.consumer.poll(timeout_ms=POLL_MS)
+                received_s = time.monotonic()
+                for records in batches.values():
+                    for record in records:
+                        self.handle(record, received_s)
+                now_s = time.monotonic()
+                for run in self.runs.values():
+                    run.observe(now_s)
+        finally:
+            self.close()
+        return 0 if all(r.record.status == "completed" for r in self.runs.values()) else 1
+
+    def close(self) -> None:
+        """Close the Kafka clients."""
+        self.consumer.close()
+        self.producer.close(timeout=10)
+
+
+__all__ = ["Controller", "announce_end", "commands_end_offsets"]

@@ -1,0 +1,241 @@
+"""Launching, watching and stopping a torch gang: one process per rank, as torchrun does.
+
+Each rank gets torchrun's environment (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
+``LOCAL_WORLD_SIZE``, ``MASTER_ADDR=127.0.0.1``, ``MASTER_PORT``) plus runwatch's
+(``RUNWATCH_BOOTSTRAP``, ``RUNWATCH_RUN_ID``, ``RUNWATCH_TOPIC_PREFIX``,
+``RUNWATCH_INCARNATION``, ``RUNWATCH_CHECKPOINT_DIR`` when known, ``RUNWATCH_RESTART_FROM`` on
+a respawn). The command key is removed from the ranks' environment: only the controller
+verifies commands.
+
+A rank runs under a tiny ``sh`` wrapper in its own session (so its process group id is the
+wrapper's pid, and a signal to the gang never reaches the controller). The wrapper writes
+the rank's exit status to a file when the rank ends, which lets a controller that did not
+launch the gang (it adopted it after a restart) still tell a finished run from a failed
+one. The wrapper traps SIGTERM and SIGINT with a handler (not by ignoring them, so the rank
+keeps their default disposition) and waits for the rank.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from sinks.controller_state import RankProcess
+
+WRAPPER = (
+    "trap : TERM INT HUP\n"
+    '"$@"\n'
+    "rc=$?\n"
+    'printf "%s\\n" "$rc" > "$0.tmp" && mv -f "$0.tmp" "$0"\n'
+    'exit "$rc"\n'
+)
+"""``sh -c WRAPPER <exit file> <argv...>``: run argv, then record its exit status."""
+
+SCRUBBED_ENV = ("RUNWATCH_COMMAND_KEY", "RUNWATCH_COMMAND_KEY_FILE", "RUNWATCH_RESTART_FROM")
+"""Variables never passed to ranks from the controller's own environment."""
+
+RUNNING = "running"
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (the rendezvous port)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def rank_env(
+    base: Mapping[str, str],
+    extra: Mapping[str, str],
+    *,
+    rank: int,
+    world_size: int,
+    master_port: int,
+    run_id: str,
+    bootstrap: str,
+    prefix: str,
+    incarnation: int,
+    checkpoint_dir: str | None,
+    restart_from: int | None,
+) -> dict[str, str]:
+    """The environment of one rank: the launch contract over ``base`` and ``extra``.
+
+    Args:
+        base: The controller's environment.
+        extra: Variables the gang record adds.
+        rank: Global rank (also the local rank: one host).
+        world_size: Ranks in the gang.
+        master_port: Rendezvous port.
+        run_id: The run.
+        bootstrap: Kafka bootstrap address.
+        prefix: Topic name prefix.
+        incarnation: The gang's incarnation.
+        checkpoint_dir: The checkpoint root, if known.
+        restart_from: Checkpoint step to resume from (0: none, start over); None on a
+            first launch.
+
+    Returns:
+        The environment.
+    """
+    env = {k: v for k, v in base.items() if k not in SCRUBBED_ENV}
+    env.update(extra)
+    env.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world_size),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(master_port),
+        RUNWATCH_BOOTSTRAP=bootstrap,
+        RUNWATCH_RUN_ID=run_id,
+        RUNWATCH_TOPIC_PREFIX=prefix,
+        RUNWATCH_INCARNATION=str(incarnation),
+    )
+    if checkpoint_dir:
+        env["RUNWATCH_CHECKPOINT_DIR"] = checkpoint_dir
+    if restart_from is not None:
+        env["RUNWATCH_RESTART_FROM"] = str(restart_from)
+    return env
+
+
+def start_ticks(pid: int) -> int:
+    """The start time of ``pid`` in clock ticks, 0 if it is gone or unreadable."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0
+    fields = stat[stat.rfind(")") + 2 :].split()
+    return int(fields[19]) if len(fields) > 19 else 0
+
+
+def _alive(proc: RankProcess) -> bool:
+    try:
+        stat = Path(f"/proc/{proc.pid}/stat").read_text()
+    except OSError:
+        return False
+    fields = stat[stat.rfind(")") + 2 :].split()
+    if not fields or fields[0] in ("Z", "X"):
+        return False
+    return proc.start_ticks == 0 or int(fields[19]) == proc.start_ticks
+
+
+def _read_exit(path: Path) -> int | None:
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+@dataclass
+class Gang:
+    """One incarnation's ranks, launched here (children) or adopted (pids only).
+
+    Attributes:
+        ranks: The rank processes.
+        exit_files: Where each rank's wrapper writes its exit status, by rank.
+        children: The `subprocess.Popen` of each rank launched by this process.
+    """
+
+    ranks: tuple[RankProcess, ...]
+    exit_files: tuple[Path, ...]
+    children: dict[int, subprocess.Popen[bytes]]
+
+    @classmethod
+    def launch(
+        cls,
+        argv: Sequence[str],
+        envs: Sequence[Mapping[str, str]],
+        log_paths: Sequence[Path],
+        exit_files: Sequence[Path],
+    ) -> Gang:
+        """Start one wrapped process per rank, each in its own session.
+
+        Args:
+            argv: The command every rank runs.
+            envs: Each rank's environment.
+            log_paths: Each rank's output file (appended).
+            exit_files: Each rank's exit-status file (removed first if present).
+
+        Returns:
+            The running gang.
+        """
+        ranks, children = [], {}
+        for rank, (env, log_path, exit_file) in enumerate(
+            zip(envs, log_paths, exit_files, strict=True)
+        ):
+            exit_file.unlink(missing_ok=True)
+            with log_path.open("ab") as log:
+                proc = subprocess.Popen(
+                    ["/bin/sh", "-c", WRAPPER, str(exit_file), *argv],
+                    env=dict(env),
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            children[rank] = proc
+            ranks.append(RankProcess(rank=rank, pid=proc.pid, start_ticks=start_ticks(proc.pid)))
+        return cls(tuple(ranks), tuple(exit_files), children)
+
+    @classmethod
+    def adopt(cls, ranks: Sequence[RankProcess], exit_files: Sequence[Path]) -> Gang:
+        """Watch ranks another process launched (their exit status comes from the files)."""
+        return cls(tuple(ranks), tuple(exit_files), {})
+
+    def status(self, rank: int) -> int | str | None:
+        """``"running"``, the rank's exit status, or None if it ended with an unknown status."""
+        child = self.children.get(rank)
+        if child is not None:
+            code = child.poll()
+            if code is None:
+                return RUNNING
+            recorded = _read_exit(self.exit_files[rank])
+            return code if recorded is None else recorded
+        if _alive(self.ranks[rank]):
+            return RUNNING
+        return _read_exit(self.exit_files[rank])
+
+    def running(self) -> list[int]:
+        """Ranks still running."""
+        return [r.rank for r in self.ranks if self.status(r.rank) == RUNNING]
+
+    def signal(self, sig: signal.Signals) -> None:
+        """Send ``sig`` to the process group of every running rank."""
+        for proc in self.ranks:
+            if self.status(proc.rank) == RUNNING:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, sig)
+
+    def wait(self, timeout_s: float, poll_s: float = 0.05) -> bool:
+        """Wait until every rank ended; True if they did within ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while self.running():
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(poll_s)
+        return True
+
+    def stop(self, grace_s: float, *, kill_now: bool = False) -> None:
+        """Stop the gang: SIGTERM, up to ``grace_s`` for a clean exit, then SIGKILL.
+
+        Args:
+            grace_s: Seconds between SIGTERM and SIGKILL.
+            kill_now: SIGKILL right away (a rollback: a rank that checkpoints on SIGTERM
+                would write poisoned state).
+        """
+        if not kill_now:
+            self.signal(signal.SIGTERM)
+            if self.wait(grace_s):
+                return
+        self.signal(signal.SIGKILL)
+        self.wait(30.0)
+
+
+__all__ = ["RUNNING", "SCRUBBED_ENV", "WRAPPER", "Gang", "free_port", "rank_env", "start_ticks"]

@@ -1,0 +1,279 @@
+"""One run under a controller: its gang, its record, and how a restart command is executed.
+
+`RunSupervisor` holds no Kafka client: the controller loop (`sinks.controller`) reads
+commands, asks the gate, and hands the commands to execute here; what the supervisor has to
+say (RestartCompleted, RestartFailed, RunEnded) goes back through the callables it is given.
+
+Decisions (see docs/controller.md):
+
+* **Respawn** stops the gang with SIGTERM, ``grace_s``, SIGKILL; **rollback** SIGKILLs at
+  once, because a rank that checkpoints on SIGTERM would write the poisoned state the
+  rollback is escaping.
+* The old incarnation's end is always announced by the controller (RunEnded ``stopped``)
+  before the new gang starts, whatever the old gang said, so liveness checks are suspended
+  while restarting and the new RunStarted opens a fresh incarnation.
+* The checkpoint is resolved here, from disk: the latest complete one at or before the
+  command's ``max_checkpoint_step``. None qualifies: the gang starts over with
+  ``RUNWATCH_RESTART_FROM=0`` ("no checkpoint", which also makes the script discard the
+  checkpoints newer than 0: a rollback must never land on them), and RestartCompleted
+  carries ``checkpoint_step=None``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import msgspec
+
+from producers.checkpoint_layout import latest_complete_checkpoint
+from schemas.events import Event, RestartCompleted, RestartFailed, RestartRequested
+from sinks.controller_state import ControllerState, GangRecord, ProcessedCommand
+from sinks.elastic import RankExit, count_failures, culprits, next_world_size
+from sinks.gang import RUNNING, Gang, free_port, rank_env
+
+log = logging.getLogger(__name__)
+
+Publish = Callable[[Event], None]
+"""Publishes a controller-side event to the controller topic."""
+AnnounceEnd = Callable[[GangRecord, str, str], None]
+"""``(record, status, reason)``: emits RunEnded for the record's incarnation."""
+
+
+@dataclass(frozen=True)
+class Resume:
+    """Where a respawned gang starts.
+
+    Attributes:
+        step: The checkpoint step, None: from scratch.
+        path: Its directory ("" from scratch).
+    """
+
+    step: int | None
+    path: str = ""
+
+    @property
+    def env_value(self) -> int:
+        """``RUNWATCH_RESTART_FROM``: the step, or 0 for "no checkpoint"."""
+        return 0 if self.step is None else self.step
+
+
+def resolve_resume(checkpoint_dir: str | None, max_step: int | None) -> Resume:
+    """The checkpoint a respawn resumes from (a read of the disk, no torch).
+
+    Args:
+        checkpoint_dir: The gang's checkpoint root; None: unknown, start from scratch.
+        max_step: The command's bound (``max_checkpoint_step``), None: the latest.
+
+    Returns:
+        The resume point.
+    """
+    if checkpoint_dir is None:
+        return Resume(None)
+    found = latest_complete_checkpoint(checkpoint_dir, at_or_before=max_step)
+    return Resume(None) if found is None else Resume(found[0], str(found[1]))
+
+
+@dataclass
+class RunSupervisor:
+    """Supervises one run's gang for the controller loop.
+
+    Attributes:
+        state: The run's state directory.
+        record: The current gang record (persisted on every change).
+        gang: The running (or ended) gang.
+        publish: Sends events to the controller topic.
+        announce_end: Emits RunEnded for an incarnation.
+        exits: Exits noticed in the current incarnation, by rank.
+        dead_since_s: When the whole gang was noticed dead (monotonic), None while alive.
+    """
+
+    state: ControllerState
+    record: GangRecord
+    gang: Gang
+    publish: Publish
+    announce_end: AnnounceEnd
+    exits: dict[int, RankExit] = field(default_factory=dict)
+    dead_since_s: float | None = None
+
+    @property
+    def run_id(self) -> str:
+        """The run."""
+        return self.record.run_id
+
+    @property
+    def finished(self) -> bool:
+        """True once the run completed or failed for good."""
+        return self.record.status != "running"
+
+    def _save(self, **changes: object) -> None:
+        self.record = msgspec.structs.replace(self.record, **changes)
+        self.state.save_gang(self.record)
+
+    # ------------------------------------------------------------------ launching
+
+    def launch(self, resume: Resume | None) -> None:
+        """Start the record's incarnation with ``world_size`` ranks and persist the pids.
+
+        Args:
+            resume: Where to resume; None for a first launch (no ``RUNWATCH_RESTART_FROM``).
+        """
+        rec, port = self.record, free_port()
+        envs = [
+            rank_env(
+                os.environ,
+                rec.env,
+                rank=r,
+                world_size=rec.world_size,
+                master_port=port,
+                run_id=rec.run_id,
+                bootstrap=rec.bootstrap,
+                prefix=rec.prefix,
+                incarnation=rec.incarnation,
+                checkpoint_dir=rec.checkpoint_dir,
+                restart_from=None if resume is None else resume.env_value,
+            )
+            for r in range(rec.world_size)
+        ]
+        ranks = range(rec.world_size)
+        self.gang = Gang.launch(
+            rec.argv,
+            envs,
+            [self.state.log_path(rec.incarnation, r) for r in ranks],
+            [self.state.exit_path(rec.incarnation, r) for r in ranks],
+        )
+        self.exits, self.dead_since_s = {}, None
+        self._save(ranks=self.gang.ranks, master_port=port)
+        log.warning(
+            "run %s incarnation %d: %d ranks started (pids %s)",
+            rec.run_id,
+            rec.incarnation,
+            rec.world_size,
+            [p.pid for p in self.gang.ranks],
+        )
+
+    # ------------------------------------------------------------------ watching
+
+    def observe(self, now_s: float) -> None:
+        """Notice rank exits; finish the run when it completed or waited too long for help."""
+        if self.finished:
+            return
+        for proc in self.record.ranks:
+            if proc.rank in self.exits:
+                continue
+            status = self.gang.status(proc.rank)
+            if status != RUNNING:
+                code = status if isinstance(status, int) else None
+                self.exits[proc.rank] = RankExit(proc.rank, code, now_s)
+        if len(self.exits) < len(self.record.ranks):
+            return
+        if all(e.code == 0 for e in self.exits.values()):
+            log.warning("run %s completed: every rank exited 0", self.run_id)
+            self._save(status="completed")
+            return
+        if self.dead_since_s is None:
+            self.dead_since_s = now_s
+            blamed = culprits(list(self.exits.values()))
+            counts = count_failures(self.record.failure_counts, blamed, self.record.world_size)
+            codes = {r: e.code for r, e in sorted(self.exits.items())}
+            log.warning(
+                "run %s incarnation %d: gang dead (exit codes %s, blamed ranks %s); "
+                "waiting up to %.0fs for a command",
+                self.run_id,
+                self.record.incarnation,
+                codes,
+                list(blamed),
+                self.record.command_timeout_s,
+            )
+            self._save(failure_counts=counts)
+        elif now_s - self.dead_since_s > self.record.command_timeout_s:
+            codes = {r: e.code for r, e in sorted(self.exits.items())}
+            reason = (
+                f"gang dead (exit codes {codes}) and no restart command within "
+                f"{self.record.command_timeout_s:g}s"
+            )
+            log.warning("run %s failed: %s", self.run_id, reason)
+            self.announce_end(self.record, "failed", reason)
+            self._save(status="failed")
+
+    # ------------------------------------------------------------------ executing
+
+    def execute(self, command: RestartRequested, received_s: float) -> None:
+        """Execute a command the gate let through: record it, stop, resume, report.
+
+        Args:
+            command: The verified command.
+            received_s: When it was read (monotonic), the start of ``duration_s``.
+        """
+        self.state.mark_processed(
+            ProcessedCommand(
+                command_id=command.command_id,
+                run_id=command.run_id,
+                incarnation=command.incarnation,
+                ts_ns=time.time_ns(),
+            )
+        )
+        try:
+            self._restart(command, received_s)
+        except Exception as exc:  # the run must hear about it, whatever went wrong
+            reason = f"{type(exc).__name__}: {exc}".splitlines()[0]
+            log.exception("run %s: command %s failed", self.run_id, command.command_id)
+            self.publish(
+                RestartFailed(
+                    run_id=self.run_id,
+                    ts_ns=time.time_ns(),
+                    command_id=command.command_id,
+                    reason=reason,
+                )
+            )
+
+    def _restart(self, command: RestartRequested, received_s: float) -> None:
+        self.observe(time.monotonic())  # count the failure before the stop hides it
+        old = self.record
+        self.gang.stop(old.grace_s, kill_now=command.action == "rollback")
+        self.announce_end(
+            old, "stopped", f"controller: {command.action} for command {command.command_id}"
+        )
+        resume = resolve_resume(old.checkpoint_dir, command.max_checkpoint_step)
+        size = next_world_size(
+            old.world_size,
+            self.record.failure_counts,
+            budget=old.rank_failure_budget,
+            min_nproc=old.min_nproc,
+            requested=command.world_size,
+        )
+        if size.reason:
+            log.warning("run %s: elastic: %s", self.run_id, size.reason)
+        self._save(
+            incarnation=old.incarnation + 1,
+            world_size=size.world_size,
+            failure_counts=size.counts,
+            ranks=(),
+        )
+        self.launch(resume)
+        self.publish(
+            RestartCompleted(
+                run_id=self.run_id,
+                ts_ns=time.time_ns(),
+                command_id=command.command_id,
+                checkpoint_step=resume.step,
+                checkpoint_path=resume.path,
+                world_size=size.world_size,
+                duration_s=round(time.monotonic() - received_s, 6),
+            )
+        )
+
+    def note_offset(self, partition: int, offset: int) -> None:
+        """Remember the position of the last command acted on (re-read after a restart)."""
+        self._save(consumer_offsets={**self.record.consumer_offsets, partition: offset})
+
+    def stop(self) -> None:
+        """Stop the gang for good (the controller itself was asked to stop)."""
+        self.gang.stop(self.record.grace_s)
+        self._save(status="failed")
+
+
+__all__ = ["AnnounceEnd", "Publish", "Resume", "RunSupervisor", "resolve_resume"]

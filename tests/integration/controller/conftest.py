@@ -1,0 +1,221 @@
+"""Fixtures for the controller tests: one processors worker, launchers, readers, a reference.
+
+Everything is real: the session broker, a `runwatch processors` worker subprocess, `runwatch
+launch` / `runwatch controller` subprocesses, and gloo ranks of `examples/train_ddp.py`.
+Waiting is always a read of a topic (or a changelog) with a deadline, never a sleep.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from runwatch import admin
+from schemas.events import Event
+from schemas.topics import TopicNames, names
+from tests.integration.processors.harness import COMMAND_KEY, Reader, workers
+
+if importlib.util.find_spec("torch") is None:  # an optional extra
+    collect_ignore_glob = ["test_*.py"]
+
+REPO = Path(__file__).resolve().parents[3]
+SCRIPT = REPO / "examples" / "train_ddp.py"
+SETS = ("dead_rank_timeout_s=3", "hang_timeout_s=6")
+"""Fast liveness verdicts (log time) so a killed gang is flagged in seconds."""
+PARTITIONS = 2
+WAIT_S = 120.0
+
+
+@dataclass
+class Loop:
+    """The closed loop's shared parts: broker, topics, the processors' app id, a scratch dir."""
+
+    bootstrap: str
+    prefix: str
+    topics: TopicNames
+    app_id: str
+    root: Path
+
+    def reader(self, topic: str) -> Reader:
+        return Reader(self.bootstrap, topic)
+
+
+@pytest.fixture(scope="package")
+def loop(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Loop]:
+    """Topics for a fresh prefix and one processors worker with fast liveness verdicts."""
+    import uuid
+
+    prefix = f"c{uuid.uuid4().hex[:10]}"
+    admin.create_topics(kafka_bootstrap, admin.catalogue(prefix, PARTITIONS))
+    root = tmp_path_factory.mktemp("loop")
+    with ExitStack() as stack:
+        start = stack.enter_context(
+            workers(kafka_bootstrap, prefix, root, partitions=PARTITIONS, sets=SETS)
+        )
+        start()
+        yield Loop(kafka_bootstrap, prefix, names(prefix), f"{prefix}-app", root)
+
+
+def rank_env() -> dict[str, str]:
+    """The environment tests give launchers (and so ranks): no stray RUNWATCH_* settings."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RUNWATCH_")}
+    env.update(RUNWATCH_COMMAND_KEY=COMMAND_KEY, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    return env
+
+
+class Proc:
+    """A `runwatch` subcommand running as a subprocess in its own session."""
+
+    def __init__(self, args: Sequence[str], log_path: Path, env: dict[str, str]) -> None:
+        self.log_path = log_path
+        self._log = log_path.open("ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "runwatch.cli", *args],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=REPO,
+            start_new_session=True,
+        )
+
+    def wait(self, timeout_s: float = WAIT_S) -> int:
+        try:
+            return self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"still running after {timeout_s}s:\n{self.log()}") from None
+
+    def kill(self) -> None:
+        """SIGKILL this process only (the gang's ranks are in sessions of their own)."""
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=30)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.kill()
+        self._log.close()
+
+
+@dataclass
+class Run:
+    """One launched run: its launcher and its directories."""
+
+    run_id: str
+    launcher: Proc
+    state_dir: Path
+    checkpoint_dir: Path
+    trace_dir: Path
+
+    def metrics(self) -> dict[str, Any]:
+        return json.loads((self.trace_dir / "metrics.json").read_text())
+
+    def losses(self) -> dict[int, float]:
+        return {int(k): v for k, v in self.metrics()["losses"].items()}
+
+    def gang_record(self) -> dict[str, Any]:
+        return json.loads((self.state_dir / "gang.json").read_text())
+
+    def rank_logs(self) -> str:
+        logs = sorted((self.state_dir / "logs").glob("*.log"))
+        return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in logs)
+
+
+@pytest.fixture
+def launch(loop: Loop, tmp_path: Path) -> Iterator[Callable[..., Run]]:
+    """``launch(run_id, script_args, nproc=2, extra=())``: `runwatch launch` a gang."""
+    started: list[Run] = []
+
+    def start(
+        run_id: str, script_args: Sequence[str], nproc: int = 2, extra: Sequence[str] = ()
+    ) -> Run:
+        base = tmp_path / run_id
+        run = Run(run_id, None, base / "state", base / "ckpt", base / "trace")  # type: ignore[arg-type]
+        base.mkdir(parents=True)
+        args = [
+            "launch",
+            "--bootstrap",
+            loop.bootstrap,
+            "--prefix",
+            loop.prefix,
+            "--nproc",
+            str(nproc),
+            "--run-id",
+            run_id,
+            "--checkpoint-dir",
+            str(run.checkpoint_dir),
+            "--state-dir",
+            str(run.state_dir),
+            "--grace-s",
+            "5",
+            "--command-timeout",
+            "60",
+            *extra,
+            "--",
+            sys.executable,
+            str(SCRIPT),
+            "--trace-dir",
+            str(run.trace_dir),
+            "--checkpoint-every",
+            "5",
+            *script_args,
+        ]
+        run.launcher = Proc(args, base / "launcher.log", rank_env())
+        started.append(run)
+        return run
+
+    yield start
+    for run in started:
+        run.launcher.close()
+
+
+def of_run(run_id: str, kind: type[Event] | None = None) -> Callable[[Event], bool]:
+    """A filter for one run's events (of one type)."""
+    return lambda e: e.run_id == run_id and (kind is None or isinstance(e, kind))
+
+
+def wait_events(
+    reader: Reader, keep: Callable[[Event], bool], count: int = 1, timeout_s: float = WAIT_S
+) -> list[Event]:
+    """Consume until ``count`` events pass ``keep``; return those that do."""
+    events = reader.wait_for(lambda ev: sum(1 for e in ev if keep(e)) >= count, timeout_s)
+    return [e for e in events if keep(e)]
+
+
+def reference_losses(root: Path, script_args: Sequence[str], nproc: int = 2) -> dict[int, float]:
+    """Losses of an uninterrupted gang (no Kafka, no controller) with the same arguments."""
+    from sinks.gang import free_port
+
+    trace = root / "trace"
+    port = free_port()
+    procs = []
+    for rank in range(nproc):
+        env = rank_env() | {
+            "RANK": str(rank),
+            "WORLD_SIZE": str(nproc),
+            "LOCAL_RANK": str(rank),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+        }
+        cmd = [sys.executable, str(SCRIPT), "--no-emit", "--trace-dir", str(trace)]
+        cmd += ["--checkpoint-dir", str(root / "ckpt"), "--checkpoint-every", "5", *script_args]
+        log = (root / f"ref.rank{rank}.log").open("wb")
+        procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT))
+    deadline = time.monotonic() + WAIT_S
+    codes = [p.wait(timeout=max(1.0, deadline - time.monotonic())) for p in procs]
+    assert codes == [0] * nproc, (root / "ref.rank0.log").read_text()
+    metrics = json.loads((trace / "metrics.json").read_text())
+    return {int(k): v for k, v in metrics["losses"].items()}
