@@ -1,0 +1,255 @@
+"""Recovery time of the closed loop: from a SIGKILLed rank to the first step after the resume.
+
+Runs the whole loop on real processes: a broker (``RUNWATCH_BOOTSTRAP`` / ``--bootstrap``,
+else an embedded one in a temporary directory), one `runwatch processors` worker, and
+`runwatch launch --nproc 2 -- python examples/train_ddp.py`. When the run has reported step
+``--kill-at-step``, the bench SIGKILLs rank 1's process group and takes the kill time
+(``time.time_ns()`` right after the signal). It then reads the topics and reports, in
+seconds after the kill:
+
+* ``dead_rank``: the dead_rank verdict of the killed incarnation;
+* ``command``: the RestartRequested it caused;
+* ``restart_completed``: the controller's RestartCompleted (the new gang is started);
+* ``first_step``: the first StepCompleted after the resume (``restart_from_step`` set).
+
+Each is given twice: ``*_ts_s`` from the record's Kafka timestamp (CreateTime: when its
+producer sent it; all processes share this host's clock) and ``*_read_s`` from when this
+bench's consumer read it (what an observer sees, polling every 50 ms). The dead_rank figure
+is dominated by ``--dead-rank-timeout-s`` (the processors' setting, in log time), which
+the output states. One JSON line per run follows the table, then one with the medians.
+
+    .venv/bin/python bench/recovery.py [--runs 3] [--bootstrap HOST:PORT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from kafka import KafkaConsumer, TopicPartition  # noqa: E402
+
+from runwatch import admin  # noqa: E402
+from schemas.codec import decode  # noqa: E402
+from schemas.events import (  # noqa: E402
+    AnomalyDetected,
+    RestartCompleted,
+    RestartRequested,
+    StepCompleted,
+    Tick,
+)
+from schemas.topics import names  # noqa: E402
+
+KEY = "bench-recovery-command-key-0123"
+PHASES = ("dead_rank", "command", "restart_completed", "first_step")
+
+
+@contextlib.contextmanager
+def broker(explicit: str | None) -> Iterator[str]:
+    bootstrap = explicit or os.environ.get("RUNWATCH_BOOTSTRAP")
+    if bootstrap:
+        yield bootstrap
+        return
+    from runwatch.broker import ephemeral_broker
+
+    with tempfile.TemporaryDirectory() as tmp, ephemeral_broker(Path(tmp)) as info:
+        yield info.bootstrap
+
+
+def child_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RUNWATCH_")}
+    return env | {"RUNWATCH_COMMAND_KEY": KEY, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+
+
+def runwatch(args: list[str], log: Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "runwatch.cli", *args],
+        stdout=log.open("ab"),
+        stderr=subprocess.STDOUT,
+        env=child_env(),
+        cwd=REPO,
+        start_new_session=True,
+    )
+
+
+class Tail:
+    """Reads topics from their current end, decoding every record."""
+
+    def __init__(self, bootstrap: str, topics: list[str]) -> None:
+        self.consumer = KafkaConsumer(
+            bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False
+        )
+        tps = [
+            TopicPartition(t, p)
+            for t in topics
+            for p in sorted(self.consumer.partitions_for_topic(t) or ())
+        ]
+        self.consumer.assign(tps)
+        self.consumer.seek_to_end(*tps)
+        for tp in tps:
+            self.consumer.position(tp)
+
+    def poll(self) -> Iterator[tuple[Any, Any, int]]:
+        """``(event, record, read_ns)`` for each record that arrived."""
+        for records in self.consumer.poll(timeout_ms=50).values():
+            read_ns = time.time_ns()
+            for r in records:
+                yield decode(r.value), r, read_ns
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
+def wait_worker(bootstrap: str, prefix: str, timeout_s: float = 180.0) -> None:
+    """Until the worker's clock writes a Tick (the worker is up and owns the partitions)."""
+    tail = Tail(bootstrap, [names(prefix).heartbeats])
+    deadline = time.monotonic() + timeout_s
+    try:
+        while time.monotonic() < deadline:
+            if any(isinstance(e, Tick) for e, _, _ in tail.poll()):
+                return
+        raise SystemExit("the processors worker did not start")
+    finally:
+        tail.close()
+
+
+def one_run(bootstrap: str, prefix: str, work: Path, args: argparse.Namespace) -> dict[str, Any]:
+    run_id = f"recovery-{uuid.uuid4().hex[:6]}"
+    topics = names(prefix)
+    tail = Tail(bootstrap, [topics.steps, topics.anomalies, topics.commands, topics.controller])
+    state = work / run_id / "state"
+    launcher = runwatch(
+        [
+            "launch", "--bootstrap", bootstrap, "--prefix", prefix, "--nproc", "2",
+            "--run-id", run_id, "--checkpoint-dir", str(work / run_id / "ckpt"),
+            "--state-dir", str(state), "--",
+            sys.executable, str(REPO / "examples" / "train_ddp.py"),
+            "--steps", str(args.steps), "--checkpoint-every", "5",
+            "--step-delay-s", str(args.step_delay_s),
+        ],
+        work / f"{run_id}.launcher.log",
+    )  # fmt: skip
+    kill_ns: int | None = None
+    seen: dict[str, tuple[int, int]] = {}
+    extra: dict[str, Any] = {}
+    deadline = time.monotonic() + args.timeout_s
+    try:
+        while len(seen) < len(PHASES):
+            if time.monotonic() > deadline:
+                raise SystemExit(f"{run_id}: timed out; seen {sorted(seen)}")
+            for event, record, read_ns in tail.poll():
+                if event.run_id != run_id:
+                    continue
+                stamp = (record.timestamp * 1_000_000, read_ns)
+                if isinstance(event, StepCompleted):
+                    if kill_ns is None and event.step >= args.kill_at_step:
+                        ranks = json.loads((state / "gang.json").read_text())["ranks"]
+                        os.killpg(ranks[1]["pid"], signal.SIGKILL)
+                        kill_ns = time.time_ns()
+                        extra["killed_after_step"] = event.step
+                    elif kill_ns and event.restart_from_step is not None:
+                        seen.setdefault("first_step", stamp)
+                        extra["resumed_from_step"] = event.restart_from_step
+                elif kill_ns is None:
+                    continue
+                elif isinstance(event, AnomalyDetected) and event.kind == "dead_rank":
+                    seen.setdefault("dead_rank", stamp)
+                elif isinstance(event, RestartRequested):
+                    seen.setdefault("command", stamp)
+                elif isinstance(event, RestartCompleted):
+                    seen.setdefault("restart_completed", stamp)
+                    extra["controller_duration_s"] = event.duration_s
+        code = launcher.wait(timeout=args.timeout_s)
+        if code != 0:
+            raise SystemExit(f"{run_id}: launcher exited {code}")
+    finally:
+        if launcher.poll() is None:
+            launcher.send_signal(signal.SIGTERM)
+            launcher.wait(timeout=60)
+        tail.close()
+    assert kill_ns is not None
+    row: dict[str, Any] = {"run_id": run_id, **extra}
+    for phase in PHASES:
+        ts_ns, read_ns = seen[phase]
+        row[f"{phase}_ts_s"] = round((ts_ns - kill_ns) / 1e9, 3)
+        row[f"{phase}_read_s"] = round((read_ns - kill_ns) / 1e9, 3)
+    return row
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--bootstrap", help="Kafka (default: RUNWATCH_BOOTSTRAP, else embedded)")
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--kill-at-step", type=int, default=22)
+    p.add_argument("--step-delay-s", type=float, default=0.05)
+    p.add_argument("--dead-rank-timeout-s", type=float, default=3.0)
+    p.add_argument("--hang-timeout-s", type=float, default=6.0)
+    p.add_argument("--tick-interval-s", type=float, default=0.5)
+    p.add_argument("--timeout-s", type=float, default=300.0)
+    args = p.parse_args()
+    settings = {
+        "dead_rank_timeout_s": args.dead_rank_timeout_s,
+        "hang_timeout_s": args.hang_timeout_s,
+        "tick_interval_s": args.tick_interval_s,
+    }
+    with broker(args.bootstrap) as bootstrap, tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        prefix = f"bench{uuid.uuid4().hex[:8]}"
+        admin.create_topics(bootstrap, admin.catalogue(prefix, 2))
+        worker = runwatch(
+            [
+                "processors", "--bootstrap", bootstrap, "--prefix", prefix,
+                "--app-id", f"{prefix}-app", "--partitions", "2",
+                "--tick-interval", str(args.tick_interval_s), "--session-timeout", "6",
+                "--set", f"dead_rank_timeout_s={args.dead_rank_timeout_s}",
+                "--set", f"hang_timeout_s={args.hang_timeout_s}",
+            ],
+            work / "processors.log",
+        )  # fmt: skip
+        try:
+            wait_worker(bootstrap, prefix)
+            rows = [one_run(bootstrap, prefix, work, args) for _ in range(args.runs)]
+        finally:
+            worker.send_signal(signal.SIGTERM)
+            worker.wait(timeout=60)
+    print(f"recovery after SIGKILL of rank 1 (2 gloo ranks on CPU; {settings})")
+    print(f"{'phase':<20} {'broker ts (s)':>14} {'read (s)':>10}   per run")
+    for phase in PHASES:
+        ts = [r[f"{phase}_ts_s"] for r in rows]
+        read = [r[f"{phase}_read_s"] for r in rows]
+        per_run = " ".join(f"{v:.2f}" for v in read)
+        print(
+            f"{phase:<20} {statistics.median(ts):>14.2f} {statistics.median(read):>10.2f}   "
+            f"{per_run}"
+        )
+    for row in rows:
+        print(json.dumps({"bench": "recovery", **settings, **row}))
+    medians = {
+        f"median_{k}": statistics.median(r[k] for r in rows)
+        for k in rows[0]
+        if k.endswith("_s") and k != "controller_duration_s"
+    }
+    medians["median_controller_duration_s"] = statistics.median(
+        r["controller_duration_s"] for r in rows
+    )
+    print(json.dumps({"bench": "recovery", "runs": len(rows), **settings, **medians}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
