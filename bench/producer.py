@@ -94,7 +94,7 @@ def time_calls(call: Callable[[int], None], n: int) -> list[int]:
     return samples
 
 
-def calling_thread_cost(bootstrap: str, prefix: str, calls: int) -> dict:
+def calling_thread_cost(bootstrap: str, prefix: str, calls: int) -> dict[str, Any]:
     """Time step() and heartbeat() one call at a time, for both places encoding can happen.
 
     The two emitters run side by side and the modes take turns in blocks of calls, so
@@ -142,7 +142,7 @@ def calling_thread_cost(bootstrap: str, prefix: str, calls: int) -> dict:
     return result
 
 
-def sustained(bootstrap: str, prefix: str, events: int, config: dict[str, Any]) -> dict:
+def sustained(bootstrap: str, prefix: str, events: int, config: dict[str, Any]) -> dict[str, Any]:
     em = RunEmitter(
         f"bench-rate-{uuid.uuid4().hex[:6]}",
         bootstrap=bootstrap,
@@ -173,7 +173,7 @@ def sustained(bootstrap: str, prefix: str, events: int, config: dict[str, Any]) 
     }
 
 
-def raw_kafka_python(bootstrap: str, prefix: str, events: int) -> dict:
+def raw_kafka_python(bootstrap: str, prefix: str, events: int) -> dict[str, Any]:
     """The ceiling: kafka-python alone sending pre-encoded records with the same settings."""
     from kafka import KafkaProducer
 

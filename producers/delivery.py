@@ -261,7 +261,7 @@ class DeliveryThread:
         producer = self._producer
         assert producer is not None
         topics, key, payload = sending.item
-        if type(payload) is not bytes:
+        if not isinstance(payload, bytes):
             try:
                 payload = encode(payload)
             except Exception as exc:

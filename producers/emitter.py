@@ -750,7 +750,7 @@ def _positive(name: str, value: Any) -> int:
 
 def _path(name: str, value: Any) -> str:
     try:
-        text = os.fspath(value)
+        text: str | bytes = os.fspath(value)
     except TypeError:
         raise TypeError(f"{name} must be a str or path, got {type(value).__name__}") from None
     if isinstance(text, bytes):
