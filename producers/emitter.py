@@ -1,12 +1,14 @@
 """`RunEmitter`: what a training process uses to put its events on Kafka, never blocking.
 
 A call such as ``emitter.step(12, loss=3.1, step_time_s=0.25)`` checks its arguments,
-builds the event, encodes it and appends it to a bounded buffer; a background thread owns
-the Kafka producer and delivers. Nothing on the calling thread waits for the network: not
-the constructor (the producer is created in the background, with retries), not a call
-while the broker is down (events wait in the buffer), not a full buffer (the event is
-dropped, counted, logged at most every 30 s and reported in the ``dropped`` field of the
-next event). Only `flush` and `close` wait, and only as long as their timeout.
+builds the event and appends it to a bounded buffer; a background thread owns the Kafka
+producer, encodes (``step`` and ``heartbeat``; rarer events are encoded at the call site
+so that a bad one raises there) and delivers. Nothing on the calling thread waits for the
+network: not the constructor (the producer is created in the background, with retries),
+not a call while the broker is down (events wait in the buffer), not a full buffer (the
+event is dropped, counted, logged at most every 30 s and reported in the ``dropped`` field
+of the next event). Only `flush` and `close` wait, and only as long as their timeout; an
+emitter never closed is closed at interpreter exit with `EXIT_FLUSH_TIMEOUT_S`.
 
 Configuration comes from arguments or from the environment that ``torchrun`` or
 ``runwatch launch`` give a gang::
