@@ -97,18 +97,19 @@ def test_nan_rolls_back_to_the_last_good_checkpoint(loop, launch):
     (command,) = wait_events(commands, of_run("nan", RestartRequested))
     assert command.action == "rollback" and command.max_checkpoint_step == nan_at - 1
     (done,) = wait_events(controller, of_run("nan"))
-    assert isinstance(done, RestartCompleted) and done.checkpoint_step == 10
+    # Step 10's checkpoint is committed unless its write was still in flight when the
+    # rollback SIGKILLed the gang (seconds later); never one of the poisoned ones (15, ...).
+    assert isinstance(done, RestartCompleted) and done.checkpoint_step in (5, 10)
     assert run.launcher.wait() == 0, run.launcher.log() + run.rank_logs()
     nonfinite = wait_events(anomalies, of_run("nan", AnomalyDetected))
     assert {(a.kind, a.step, a.incarnation) for a in nonfinite if "nonfinite" in a.kind} >= {
         ("nonfinite_loss", nan_at, 0)
     }
     assert all(a.incarnation == 0 for a in nonfinite if a.kind != "restart_discontinuity")
-    losses = run.losses()  # the resumed incarnation: finite, from step 11 to the end
-    assert min(losses) == 11 and max(losses) == 30
+    losses = run.losses()  # the resumed incarnation: finite, from the checkpoint to the end
+    assert min(losses) == done.checkpoint_step + 1 and max(losses) == 30
     assert all(math.isfinite(v) for v in losses.values())
-    # The poisoned checkpoint(s) after the NaN were discarded, never resumed from.
-    assert "resumed from" in run.rank_logs() and "step_000010" in run.rank_logs()
+    assert f"resumed from {done.checkpoint_path} at step {done.checkpoint_step}" in run.rank_logs()
 
 
 def test_a_rank_past_its_failure_budget_shrinks_the_gang(loop, launch):
@@ -118,7 +119,9 @@ def test_a_rank_past_its_failure_budget_shrinks_the_gang(loop, launch):
     assert run.launcher.wait() == 0, run.launcher.log() + run.rank_logs()
     (done,) = wait_events(controller, of_run("elastic"))
     assert isinstance(done, RestartCompleted) and done.world_size == 1
-    assert done.checkpoint_step == 10
+    # The write of step 10 may still be in flight at the kill (2 steps later, on a busy
+    # machine): then 5 is the latest committed checkpoint, and the right one to resume.
+    assert done.checkpoint_step in (5, 10)
     record = run.gang_record()
     assert (record["world_size"], record["incarnation"], len(record["ranks"])) == (1, 1, 1)
     assert run.metrics()["world_size"] == 1
