@@ -132,7 +132,7 @@ class Reader:
 
 
 def short(event: Event) -> tuple[Any, ...]:
-    """A compact, comparable view of a verdict or command."""
+    """A compact, comparable view of a verdict or command (None fields left out)."""
     d = {k: getattr(event, k, None) for k in ("kind", "action", "step", "rank", "incarnation")}
     return tuple(v for v in d.values() if v is not None)
 

@@ -87,7 +87,7 @@ def _check_exact_and_audited(bootstrap: str, prefix: str, last: int) -> None:
         # exactly once on state: a redelivered event applied twice would count twice
         assert views[run].steps.steps_observed == last
         assert views[run].liveness.heartbeats == _expected_heartbeats(run, last)
-        expected = [("loss_spike", SPIKE_AT, 0, 0)]
+        expected = [("loss_spike", SPIKE_AT, 0)]
         if run == DEAD_RUN:
             expected.append(("dead_rank", DEAD_AFTER + 11, 1, 0))
         assert sorted(recorded[run]) == sorted(expected), run
@@ -193,6 +193,6 @@ def test_bad_input_goes_to_the_dead_letter_topic(
         assert reason in letter.reason
         assert letter.source.topic == topic and letter.source.offset >= 0
         assert letter.key == run.encode()
-    assert [short(a) for a in anomalies] == [("loss_spike", 40, 0, 0)]
+    assert [short(a) for a in anomalies] == [("loss_spike", 40, 0)]
     receipt = audit(load_run_log(kafka_bootstrap, topic_prefix, run), CFG)
     assert receipt.agrees and receipt.dead_letters == len(bad)
