@@ -1,0 +1,41 @@
+"""The embedded Kafka broker: a real single-node KRaft Apache Kafka run as a local JVM process.
+
+The jars come from Maven Central (`ensure_jars`, through Maven and
+``compose/kafka-embedded/pom.xml``) into ``$RUNWATCH_HOME/kafka/<version>/libs``. A broker
+keeps everything in one data directory (default ``$RUNWATCH_HOME/broker``)::
+
+    server.properties   generated on every start (ports may change)
+    kafka-logs/         the KRaft metadata log and the topic partitions (durable)
+    logs/server.log     the broker's log4j2 log (rolled)
+    broker.out          the JVM's stdout/stderr (WARN and above, crashes)
+    broker.pid          the pid while it runs
+    broker.json         the state: bootstrap address, pid, ports, data dir
+
+Readiness is a real metadata request (DescribeCluster) answered by the broker, never a sleep.
+
+Modules: `config` (versions, JVM options, ports, cluster id, ``server.properties``), `jars`
+(the Maven assembly), `state` (`BrokerInfo`), `pids` (the JVM as an OS process),
+`readiness` (the DescribeCluster probe) and `lifecycle` (`EmbeddedBroker` and shortcuts).
+Everything public is re-exported here: import from ``runwatch.broker``.
+"""
+
+import shutil as shutil  # kept: tests patch ``runwatch.broker.shutil.which``
+
+from runwatch.broker.config import DEFAULT_JVM_OPTS, HOST, KAFKA_VERSION, default_data_dir
+from runwatch.broker.jars import assembly_pom, ensure_jars, kafka_libs_dir
+from runwatch.broker.lifecycle import EmbeddedBroker, ephemeral_broker, running_bootstrap
+from runwatch.broker.state import BrokerInfo
+
+__all__ = [
+    "DEFAULT_JVM_OPTS",
+    "HOST",
+    "KAFKA_VERSION",
+    "BrokerInfo",
+    "EmbeddedBroker",
+    "assembly_pom",
+    "default_data_dir",
+    "ensure_jars",
+    "ephemeral_broker",
+    "kafka_libs_dir",
+    "running_bootstrap",
+]

@@ -1,0 +1,54 @@
+"""The embedded broker's state file record: `BrokerInfo`."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from runwatch.broker.config import KAFKA_VERSION
+
+
+@dataclass(frozen=True)
+class BrokerInfo:
+    """A running embedded broker, as recorded in its state file.
+
+    Attributes:
+        bootstrap: ``host:port`` of the PLAINTEXT listener, for clients.
+        pid: Process id of the broker's JVM.
+        data_dir: The broker's data directory.
+        port: Client (PLAINTEXT) port.
+        controller_port: KRaft controller port.
+        port_auto: True when the client port was picked automatically (and may be reused).
+        kafka_version: The Apache Kafka release it runs.
+        startup_s: Seconds from launching the JVM to the first answered metadata request.
+    """
+
+    bootstrap: str
+    pid: int
+    data_dir: Path
+    port: int
+    controller_port: int
+    port_auto: bool
+    kafka_version: str = KAFKA_VERSION
+    startup_s: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        """The state-file form (paths as strings)."""
+        out = asdict(self)
+        out["data_dir"] = str(self.data_dir)
+        return out
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> BrokerInfo:
+        """Parse the state-file form; raises KeyError/TypeError/ValueError when malformed."""
+        return cls(
+            bootstrap=str(raw["bootstrap"]),
+            pid=int(raw["pid"]),
+            data_dir=Path(raw["data_dir"]),
+            port=int(raw["port"]),
+            controller_port=int(raw["controller_port"]),
+            port_auto=bool(raw.get("port_auto", True)),
+            kafka_version=str(raw.get("kafka_version", KAFKA_VERSION)),
+            startup_s=float(raw.get("startup_s", 0.0)),
+        )
