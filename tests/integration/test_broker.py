@@ -178,11 +178,11 @@ def test_status_fails_when_none_runs(
 
 
 def test_no_mvn_on_path_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import runwatch.broker as broker_module
+    import runwatch.broker.jars as jars
 
-    real_which = broker_module.shutil.which
+    real_which = jars.shutil.which
     monkeypatch.setattr(
-        broker_module.shutil, "which", lambda name: None if name == "mvn" else real_which(name)
+        jars.shutil, "which", lambda name: None if name == "mvn" else real_which(name)
     )
     with pytest.raises(RunwatchError, match="no `mvn` on PATH"):
         ensure_jars(tmp_path / "libs")
