@@ -265,9 +265,7 @@ class DeliveryThread:
             try:
                 payload = encode(payload)
             except Exception as exc:
-                self._log.error(
-                    "encode", "runwatch emitter: cannot encode %r: %s", payload, exc
-                )
+                self._log.error("encode", "runwatch emitter: cannot encode %r: %s", payload, exc)
                 self._buffer.settle(failed=1)
                 return True
             sending.item = (topics, key, payload)

@@ -108,8 +108,10 @@ def _to_step(groups: dict[str, str | None]) -> ParsedStep | None:
             step=int(step),  # type: ignore[arg-type]
             loss=float(loss),  # type: ignore[arg-type]
             step_time_s=(
-                float(dt) if dt is not None
-                else None if time_ms is None
+                float(dt)
+                if dt is not None
+                else None
+                if time_ms is None
                 else float(time_ms) / 1000.0
             ),
             grad_norm=None if grad_norm is None else float(grad_norm),

@@ -1,4 +1,4 @@
-"""Cheap argument checks for the emitter's hot path.
+"""Cheap argument checks for the emitter's call sites (the hot path first).
 
 Each check takes the common case (a plain ``int`` or ``float``) with one ``type() is``
 test and only falls back to slower conversions for numpy and torch scalars, which
@@ -10,6 +10,7 @@ would succeed: they are always a caller's mistake. NaN and infinities are valid 
 from __future__ import annotations
 
 import operator
+import os
 from typing import Any
 
 _REFUSED_FOR_NUMBERS = (str, bytes, bytearray, bool)
@@ -35,9 +36,7 @@ def as_int(name: str, value: Any) -> int:
     try:
         return operator.index(value)
     except TypeError:
-        raise TypeError(
-            f"{name} must be an int, got {type(value).__name__} {value!r}"
-        ) from None
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}") from None
 
 
 def as_step(name: str, value: Any) -> int:
@@ -74,9 +73,7 @@ def as_float(name: str, value: Any) -> float:
     try:
         return float(value)
     except (TypeError, ValueError):
-        raise TypeError(
-            f"{name} must be a float, got {type(value).__name__} {value!r}"
-        ) from None
+        raise TypeError(f"{name} must be a float, got {type(value).__name__} {value!r}") from None
 
 
 def as_optional_float(name: str, value: Any) -> float | None:
@@ -131,12 +128,52 @@ def as_str(name: str, value: Any, *, allow_empty: bool = True) -> str:
     return value
 
 
+def as_positive(name: str, value: Any) -> int:
+    """``value`` as an int >= 1 (a count of microbatches, of ranks).
+
+    Raises:
+        TypeError: not an integer (see `as_int`).
+        ValueError: less than 1.
+    """
+    result = as_int(name, value)
+    if result < 1:
+        raise ValueError(f"{name} must be >= 1, got {result}")
+    return result
+
+
+def as_path(name: str, value: Any) -> str:
+    """``value`` (a str or path-like) as a non-empty str.
+
+    Raises:
+        TypeError: not a str or ``os.PathLike`` of str (bytes are refused).
+        ValueError: empty.
+    """
+    try:
+        text: str | bytes = os.fspath(value)
+    except TypeError:
+        raise TypeError(f"{name} must be a str or path, got {type(value).__name__}") from None
+    if isinstance(text, bytes):
+        raise TypeError(f"{name} must be a str or path, got bytes")
+    if not text:
+        raise ValueError(f"{name} must not be empty")
+    return text
+
+
+def one_line(text: str, limit: int = 2000) -> str:
+    """``text`` with its whitespace collapsed to single spaces, cut to ``limit`` chars."""
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
 __all__ = [
     "as_bool",
     "as_duration_s",
     "as_float",
     "as_int",
     "as_optional_float",
+    "as_path",
+    "as_positive",
     "as_step",
     "as_str",
+    "one_line",
 ]

@@ -1,0 +1,228 @@
+"""The emitter's configuration: arguments over ``RUNWATCH_*``/torchrun variables, checked.
+
+`resolve_config` turns `RunEmitter`'s constructor arguments (each falling back to an
+environment variable, then to a default) into a checked `EmitterConfig`;
+`producer_settings` builds the kafka-python producer's keyword arguments from it and
+`default_producer_factory` checks them against kafka-python's when no fake is passed.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from producers.delivery import ProducerFactory
+from producers.ratelimit import quiet_library_loggers
+from producers.validation import as_int, as_step, as_str
+from runwatch.settings import ENV_BOOTSTRAP, ENV_TOPIC_PREFIX, kafka_client_config
+
+ENV_RUN_ID: Final = "RUNWATCH_RUN_ID"
+"""The run's id, set by ``runwatch launch`` for every rank of the gang."""
+ENV_INCARNATION: Final = "RUNWATCH_INCARNATION"
+"""The gang's incarnation (0, then +1 per restart), set by ``runwatch launch``."""
+ENV_RANK: Final = "RANK"
+"""torchrun's global rank."""
+ENV_WORLD_SIZE: Final = "WORLD_SIZE"
+"""torchrun's world size."""
+
+PRODUCER_DEFAULTS: Final[Mapping[str, Any]] = {
+    "acks": "all",
+    "enable_idempotence": True,
+    "linger_ms": 5,
+    "batch_size": 256 * 1024,
+    "compression_type": "gzip",
+    "max_block_ms": 2_000,
+    "bootstrap_timeout_ms": 5_000,
+    "delivery_timeout_ms": 7 * 24 * 3600 * 1000,
+    "reconnect_backoff_ms": 50,
+    "reconnect_backoff_max_ms": 1_000,
+}
+"""kafka-python settings the emitter starts from (``client_config`` may override most).
+
+gzip (zlib, always available) costs the process less CPU per event than no compression
+with kafka-python, delivers more events/s and shrinks the retained topics about tenfold
+(JSON events repeat their field names); see bench/producer.py.
+
+``delivery_timeout_ms`` is a week: while the broker is away the producer keeps retrying
+(idempotently, so without duplicates) instead of failing events, and the emitter's own
+bound caps the memory. ``max_block_ms`` and ``bootstrap_timeout_ms`` are short because
+they only ever block the delivery thread, which retries.
+"""
+
+FIXED_SETTINGS: Final = frozenset(
+    {"acks", "enable_idempotence", "bootstrap_servers", "key_serializer", "value_serializer"}
+)
+"""Producer settings ``client_config`` may not override."""
+
+THREAD_PREFIX: Final = "runwatch-emitter-"
+"""Start of the names of the emitter's threads (its own and kafka-python's)."""
+
+
+@dataclass(frozen=True, slots=True)
+class EmitterConfig:
+    """One emitter's checked configuration; see `resolve_config`.
+
+    Attributes:
+        run_id: The run (not empty).
+        bootstrap: Kafka bootstrap servers (not empty).
+        rank: This process's rank, in ``[0, world_size)``.
+        world_size: Ranks in the gang (>= 1).
+        incarnation: Restarts of the gang so far (>= 0).
+        topic_prefix: Prefix of the topic names (not empty).
+        max_buffered: Most events held before new ones are dropped (>= 1).
+        client_config: Extra kafka-python producer settings, none of them fixed.
+    """
+
+    run_id: str
+    bootstrap: str
+    rank: int
+    world_size: int
+    incarnation: int
+    topic_prefix: str
+    max_buffered: int
+    client_config: Mapping[str, Any]
+
+    @property
+    def thread_name(self) -> str:
+        """The name of the delivery thread (and kafka-python's client id)."""
+        return f"{THREAD_PREFIX}{self.run_id}-rank{self.rank}"
+
+
+def env_int(name: str, default: int) -> int:
+    """The integer in environment variable ``name``; ``default`` when unset or blank.
+
+    Raises:
+        ValueError: The variable is set to something that is not an integer.
+    """
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"environment variable {name} must be an integer, got {raw!r}") from None
+
+
+def resolve_config(
+    run_id: str | None,
+    *,
+    bootstrap: str | None,
+    rank: int | None,
+    world_size: int | None,
+    topic_prefix: str | None,
+    incarnation: int | None,
+    max_buffered: int,
+    client_config: Mapping[str, Any] | None,
+) -> EmitterConfig:
+    """Fill in `RunEmitter`'s arguments from the environment and check them.
+
+    Args: as `RunEmitter`'s constructor; None means "from the environment, else the
+    default".
+
+    Returns:
+        The configuration.
+
+    Raises:
+        ValueError: No run id or bootstrap, a negative rank, a rank outside the world,
+            a malformed environment variable, ``max_buffered`` < 1, or ``client_config``
+            overriding a fixed setting.
+        TypeError: An argument of the wrong type.
+    """
+    run_id = run_id if run_id is not None else os.environ.get(ENV_RUN_ID)
+    if run_id is None or run_id == "":
+        raise ValueError(f"RunEmitter needs a run id: pass run_id=... or set {ENV_RUN_ID}")
+    run_id = as_str("run_id", run_id, allow_empty=False)
+    bootstrap = bootstrap if bootstrap is not None else os.environ.get(ENV_BOOTSTRAP)
+    if not bootstrap:
+        raise ValueError(
+            f"RunEmitter needs a Kafka address: pass bootstrap='host:port' or set {ENV_BOOTSTRAP}"
+        )
+    bootstrap = as_str("bootstrap", bootstrap, allow_empty=False)
+    rank = as_step("rank", rank if rank is not None else env_int(ENV_RANK, 0))
+    world_size = as_int(
+        "world_size", world_size if world_size is not None else env_int(ENV_WORLD_SIZE, 1)
+    )
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    if rank >= world_size:
+        raise ValueError(f"rank {rank} is outside world_size {world_size}")
+    incarnation = as_step(
+        "incarnation",
+        incarnation if incarnation is not None else env_int(ENV_INCARNATION, 0),
+    )
+    prefix = topic_prefix or os.environ.get(ENV_TOPIC_PREFIX) or "runwatch"
+    topic_prefix = as_str("topic_prefix", prefix, allow_empty=False)
+    max_buffered = as_int("max_buffered", max_buffered)
+    if max_buffered < 1:
+        raise ValueError(f"max_buffered must be >= 1, got {max_buffered}")
+    overrides = dict(client_config or {})
+    fixed = sorted(FIXED_SETTINGS & overrides.keys())
+    if fixed:
+        raise ValueError(f"client_config may not override {', '.join(fixed)}")
+    return EmitterConfig(
+        run_id=run_id,
+        bootstrap=bootstrap,
+        rank=rank,
+        world_size=world_size,
+        incarnation=incarnation,
+        topic_prefix=topic_prefix,
+        max_buffered=max_buffered,
+        client_config=overrides,
+    )
+
+
+def producer_settings(config: EmitterConfig) -> dict[str, Any]:
+    """The kafka-python producer's keyword arguments for ``config``.
+
+    `PRODUCER_DEFAULTS`, then the client id, then the ``RUNWATCH_*`` security variables,
+    then ``config.client_config``; ``bootstrap_servers`` last.
+    """
+    return {
+        **PRODUCER_DEFAULTS,
+        # kafka-python names its network thread after the client id: with this
+        # prefix, its connection chatter is rate-limited like the delivery thread's.
+        "client_id": config.thread_name,
+        **kafka_client_config(),
+        **config.client_config,
+        "bootstrap_servers": config.bootstrap,
+    }
+
+
+def default_producer_factory(settings: Mapping[str, Any]) -> ProducerFactory:
+    """``kafka.KafkaProducer``, once ``settings`` are known to it; quiets its loggers.
+
+    Args:
+        settings: The producer's keyword arguments (`producer_settings`).
+
+    Returns:
+        The factory.
+
+    Raises:
+        ValueError: A setting kafka-python does not know.
+    """
+    from kafka import KafkaProducer
+
+    unknown = sorted(settings.keys() - KafkaProducer.DEFAULT_CONFIG.keys())
+    if unknown:
+        raise ValueError(f"unknown kafka-python producer setting(s): {', '.join(unknown)}")
+    quiet_library_loggers("kafka", THREAD_PREFIX)
+    factory: ProducerFactory = KafkaProducer
+    return factory
+
+
+__all__ = [
+    "ENV_INCARNATION",
+    "ENV_RANK",
+    "ENV_RUN_ID",
+    "ENV_WORLD_SIZE",
+    "FIXED_SETTINGS",
+    "PRODUCER_DEFAULTS",
+    "THREAD_PREFIX",
+    "EmitterConfig",
+    "default_producer_factory",
+    "env_int",
+    "producer_settings",
+    "resolve_config",
+]
