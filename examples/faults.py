@@ -10,6 +10,9 @@ with ``--inject`` (repeatable) or the ``RUNWATCH_INJECT`` environment variable:
 * ``kill@15:rank=1``: rank 1 sends itself SIGKILL at the start of step 15.
 * ``hang@15:rank=1:secs=600``: rank 1 sleeps ``secs`` seconds (default 3600) at the start of
   step 15; the rest of the gang blocks in the next collective.
+* ``dropopt@0:incarnation=2``: when incarnation 2 resumes from a checkpoint it loads the model
+  but not the optimizer state (``--drop-optimizer-state`` for one incarnation only; the step
+  is ignored). The demo uses it to provoke a resume that breaks continuity.
 
 Keys: ``rank`` (default: every rank), ``incarnation`` (default 0: a fault fires only in the
 first launch, so a restarted gang does not re-inject it; the incarnation comes from
@@ -26,8 +29,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
-FaultKind = Literal["nan", "spike", "kill", "hang"]
-KINDS: tuple[FaultKind, ...] = ("nan", "spike", "kill", "hang")
+FaultKind = Literal["nan", "spike", "kill", "hang", "dropopt"]
+KINDS: tuple[FaultKind, ...] = ("nan", "spike", "kill", "hang", "dropopt")
 GARBAGE_TOKEN = 255
 """The target byte of a spike batch: absent from the corpus, so the model rates it unlikely."""
 
@@ -114,6 +117,12 @@ class FaultPlan:
         """True if a fault of ``kind`` fires here at ``step``."""
         return any(f.kind == kind and f.fires(step, self.rank, self.incarnation)
                    for f in self.faults)
+
+    def active(self, kind: FaultKind) -> bool:
+        """True if a fault of ``kind`` applies to this rank and incarnation at any step."""
+        return any(
+            f.kind == kind and f.fires(f.step, self.rank, self.incarnation) for f in self.faults
+        )
 
     def before_step(self, step: int) -> None:
         """Apply the process-level faults (kill, hang) due at the start of ``step``."""

@@ -226,8 +226,9 @@ class Trainer:
         if isinstance(path, SystemExit):
             raise path
         if path is not None:
+            drop_optimizer = args.drop_optimizer_state or self.faults.active("dropopt")
             restored = load_checkpoint(
-                path, self.ddp, None if args.drop_optimizer_state else self.optimizer,
+                path, self.ddp, None if drop_optimizer else self.optimizer,
                 process_group=self.ckpt.process_group if self.ckpt else None)
             if restored.loader.seed != args.seed:
                 raise SystemExit(f"checkpoint data seed {restored.loader.seed} != --seed "

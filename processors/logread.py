@@ -102,3 +102,45 @@ def _drain(
             if consumer.position(tp) >= stop:
                 del remaining[tp]
                 consumer.pause(tp)
+
+
+class TopicTail:
+    """Follow topics from their beginning without a consumer group, decoding nothing.
+
+    For live views and tests: ``poll()`` returns whatever arrived since the last call.
+    """
+
+    def __init__(self, bootstrap: str, topics: Sequence[str], **config: Any) -> None:
+        """Assign every partition of ``topics`` and seek to the beginning.
+
+        Args:
+            bootstrap: Kafka bootstrap address.
+            topics: Topic names (they must exist).
+            **config: Extra kafka-python consumer settings.
+        """
+        self._consumer = KafkaConsumer(
+            bootstrap_servers=bootstrap,
+            group_id=None,
+            enable_auto_commit=False,
+            **{**kafka_client_config(), **config},
+        )
+        partitions = [
+            TopicPartition(t, p)
+            for t in topics
+            for p in sorted(self._consumer.partitions_for_topic(t) or ())
+        ]
+        self._consumer.assign(partitions)
+        self._consumer.seek_to_beginning(*partitions)
+
+    def poll(self, timeout_s: float = 0.0) -> list[RawRecord]:
+        """Records that arrived since the last call (waiting up to ``timeout_s`` for some)."""
+        batch = self._consumer.poll(timeout_ms=int(timeout_s * 1000))
+        return [
+            RawRecord(m.topic, m.partition, m.offset, m.key, m.value, m.timestamp)
+            for tp in sorted(batch, key=lambda tp: (tp.topic, tp.partition))
+            for m in batch[tp]
+        ]
+
+    def close(self) -> None:
+        """Close the consumer."""
+        self._consumer.close()
