@@ -32,8 +32,9 @@ test: $(STAMP) kafka-jars tools  ## run the whole test suite against a real brok
 demo: $(STAMP) kafka-jars  ## the whole pipeline on the embedded broker with a real torch run
 	$(VENV)/bin/runwatch demo
 
-lint: $(STAMP)  ## ruff and mypy (strict on schemas/ and processors/core/)
+lint: $(STAMP)  ## ruff (lint and format) and mypy (strict on schemas/ and processors/core/)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy schemas processors/core
 
 bench: $(STAMP) kafka-jars  ## every benchmark in bench/ (prints figures and a JSON line each)

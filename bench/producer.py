@@ -182,13 +182,18 @@ def raw_kafka_python(bootstrap: str, prefix: str, events: int) -> dict[str, Any]
 
     value = encode(
         StepCompleted(
-            run_id="bench-raw", ts_ns=time.time_ns(), seq=1, step=1, loss=3.14159,
-            step_time_s=0.25, tokens=32768, grad_norm=0.9, lr=6e-4,
+            run_id="bench-raw",
+            ts_ns=time.time_ns(),
+            seq=1,
+            step=1,
+            loss=3.14159,
+            step_time_s=0.25,
+            tokens=32768,
+            grad_norm=0.9,
+            lr=6e-4,
         )
     )
-    config = {
-        k: v for k, v in PRODUCER_DEFAULTS.items() if k not in ("acks", "enable_idempotence")
-    }
+    config = {k: v for k, v in PRODUCER_DEFAULTS.items() if k not in ("acks", "enable_idempotence")}
     producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", **config)
     topic = f"{prefix}.steps"
     producer.send(topic, value, key=b"bench-raw").get(30)
@@ -238,44 +243,56 @@ def main() -> int:
         prefix = f"bench{uuid.uuid4().hex[:8]}"
         create_catalogue(bootstrap, prefix=prefix)
         overhead = timer_overhead_ns()
-        print(f"broker {bootstrap}; python {platform.python_version()}, kafka-python "
-              f"{kafka.__version__}; timer overhead {overhead} ns (included below)")
+        print(
+            f"broker {bootstrap}; python {platform.python_version()}, kafka-python "
+            f"{kafka.__version__}; timer overhead {overhead} ns (included below)"
+        )
         gc.collect()
         cost = calling_thread_cost(bootstrap, prefix, calls)
         print(f"\ncalling-thread cost over {calls} calls each (delivery running meanwhile):")
         for mode, result in cost.items():
             for method in ("step", "heartbeat"):
                 r = result[method]
-                print(f"  {mode:15s} {method:9s} median {r['median_us']:6.2f} us  "
-                      f"p99 {r['p99_us']:6.2f} us  p99.9 {r['p999_us']:7.2f} us  "
-                      f"max {r['max_us']:8.1f} us")
+                print(
+                    f"  {mode:15s} {method:9s} median {r['median_us']:6.2f} us  "
+                    f"p99 {r['p99_us']:6.2f} us  p99.9 {r['p999_us']:7.2f} us  "
+                    f"max {r['max_us']:8.1f} us"
+                )
         print(f"\nsustained delivery of {events} step events (emit loop + flush until acked):")
         rates = []
         for config in matrix:
             result = sustained(bootstrap, prefix, events, {**config})
             rates.append(result)
-            print(f"  {json.dumps(config):75s} {result['events_per_s']:>8d} events/s  "
-                  f"{result['process_cpu_us_per_event']:6.1f} us CPU/event  "
-                  f"(emit loop {result['emit_phase_s']:.2f} s, total {result['total_s']:.2f} s"
-                  f"{'' if result['delivered_all'] else ', NOT ALL DELIVERED'})")
+            print(
+                f"  {json.dumps(config):75s} {result['events_per_s']:>8d} events/s  "
+                f"{result['process_cpu_us_per_event']:6.1f} us CPU/event  "
+                f"(emit loop {result['emit_phase_s']:.2f} s, total {result['total_s']:.2f} s"
+                f"{'' if result['delivered_all'] else ', NOT ALL DELIVERED'})"
+            )
         raw = raw_kafka_python(bootstrap, prefix, events)
-        print(f"  {'kafka-python alone, emitter defaults, pre-encoded':75s} "
-              f"{raw['events_per_s']:>8d} events/s  "
-              f"{raw['process_cpu_us_per_event']:6.1f} us CPU/event  (the ceiling)")
+        print(
+            f"  {'kafka-python alone, emitter defaults, pre-encoded':75s} "
+            f"{raw['events_per_s']:>8d} events/s  "
+            f"{raw['process_cpu_us_per_event']:6.1f} us CPU/event  (the ceiling)"
+        )
         defaults = {
             k: PRODUCER_DEFAULTS[k] for k in ("linger_ms", "batch_size", "compression_type")
         }
         print(f"\nemitter defaults: {defaults}")
-        print(json.dumps({
-            "bench": "producer",
-            "bootstrap": bootstrap,
-            "timer_overhead_ns": overhead,
-            "calls": calls,
-            "calling_thread": cost,
-            "sustained": rates,
-            "kafka_python_alone": raw,
-            "defaults": defaults,
-        }))
+        print(
+            json.dumps(
+                {
+                    "bench": "producer",
+                    "bootstrap": bootstrap,
+                    "timer_overhead_ns": overhead,
+                    "calls": calls,
+                    "calling_thread": cost,
+                    "sustained": rates,
+                    "kafka_python_alone": raw,
+                    "defaults": defaults,
+                }
+            )
+        )
     return 0
 
 

@@ -27,13 +27,43 @@ from schemas.events import LoaderState
 VOCAB_SIZE = 256
 """Byte-level vocabulary: every byte value is a token."""
 
-_SUBJECTS = ("the fox", "a heron", "the old miller", "my sister", "the small robot", "a crow",
-             "the river", "our neighbour", "the clockmaker", "a tired dog")
-_VERBS = ("watches", "carries", "paints", "follows", "forgets", "repairs", "counts", "finds",
-          "sings to", "waits for")
+_SUBJECTS = (
+    "the fox",
+    "a heron",
+    "the old miller",
+    "my sister",
+    "the small robot",
+    "a crow",
+    "the river",
+    "our neighbour",
+    "the clockmaker",
+    "a tired dog",
+)
+_VERBS = (
+    "watches",
+    "carries",
+    "paints",
+    "follows",
+    "forgets",
+    "repairs",
+    "counts",
+    "finds",
+    "sings to",
+    "waits for",
+)
 _ADJECTIVES = ("green", "quiet", "broken", "golden", "heavy", "tiny", "distant", "warm")
-_OBJECTS = ("lantern", "bridge", "letter", "garden", "wheel", "song", "window", "harbour",
-            "basket", "mountain")
+_OBJECTS = (
+    "lantern",
+    "bridge",
+    "letter",
+    "garden",
+    "wheel",
+    "song",
+    "window",
+    "harbour",
+    "basket",
+    "mountain",
+)
 _ADVERBS = ("slowly", "again", "at dawn", "without a word", "every winter", "by the sea")
 
 
@@ -139,12 +169,14 @@ class WindowDataset:
         Returns:
             ``(x, y)``, both ``long`` of shape ``(len(ids), seq_len)``.
         """
-        rows = torch.stack([self._tokens[i * self.seq_len : i * self.seq_len + self.seq_len + 1]
-                            for i in ids])
+        rows = torch.stack(
+            [self._tokens[i * self.seq_len : i * self.seq_len + self.seq_len + 1] for i in ids]
+        )
         return rows[:, :-1].contiguous(), rows[:, 1:].contiguous()
 
-    def rank_batch(self, global_start: int, global_batch: int, world_size: int, rank: int
-                   ) -> tuple[list[int], torch.Tensor, torch.Tensor]:
+    def rank_batch(
+        self, global_start: int, global_batch: int, world_size: int, rank: int
+    ) -> tuple[list[int], torch.Tensor, torch.Tensor]:
         """This rank's slice of the global batch that starts at ``global_start``.
 
         Args:
@@ -161,8 +193,9 @@ class WindowDataset:
         x, y = self.batch(ids)
         return ids, x, y
 
-    def loader_state(self, *, global_sample: int, step: int, world_size: int, rank: int
-                     ) -> LoaderState:
+    def loader_state(
+        self, *, global_sample: int, step: int, world_size: int, rank: int
+    ) -> LoaderState:
         """The loader position of one rank after ``step`` steps, as the event schema has it.
 
         ``batch_idx`` counts the batches this rank's loader produced since the run began
@@ -178,5 +211,11 @@ class WindowDataset:
         Returns:
             The rank's `LoaderState`.
         """
-        return LoaderState(seed=self.seed, epoch=global_sample // self.n_samples, rank=rank,
-                           world_size=world_size, batch_idx=step, global_sample=global_sample)
+        return LoaderState(
+            seed=self.seed,
+            epoch=global_sample // self.n_samples,
+            rank=rank,
+            world_size=world_size,
+            batch_idx=step,
+            global_sample=global_sample,
+        )

@@ -57,8 +57,11 @@ class Fault:
 
     def fires(self, step: int, rank: int, incarnation: int) -> bool:
         """True if this fault applies to ``rank`` at ``step`` in ``incarnation``."""
-        return (self.step == step and self.incarnation == incarnation
-                and (self.rank is None or self.rank == rank))
+        return (
+            self.step == step
+            and self.incarnation == incarnation
+            and (self.rank is None or self.rank == rank)
+        )
 
 
 def parse_fault(spec: str) -> Fault:
@@ -75,11 +78,11 @@ def parse_fault(spec: str) -> Fault:
     """
     match = _SPEC.match(spec.strip())
     if not match or match["kind"] not in KINDS:
-        raise ValueError(f"bad fault spec {spec!r}; expected KIND@STEP[:key=value] with KIND "
-                         f"in {', '.join(KINDS)}")
-    opts: dict[str, str] = dict(
-        part.split("=", 1) for part in match["opts"].split(":") if part
-    )
+        raise ValueError(
+            f"bad fault spec {spec!r}; expected KIND@STEP[:key=value] with KIND "
+            f"in {', '.join(KINDS)}"
+        )
+    opts: dict[str, str] = dict(part.split("=", 1) for part in match["opts"].split(":") if part)
     unknown = set(opts) - {"rank", "incarnation", "secs"}
     if unknown:
         raise ValueError(f"bad fault spec {spec!r}: unknown keys {sorted(unknown)}")
@@ -95,8 +98,7 @@ def parse_fault(spec: str) -> Fault:
 
 def parse_faults(specs: Iterable[str]) -> tuple[Fault, ...]:
     """Parse specs, each possibly holding several faults separated by commas or spaces."""
-    return tuple(parse_fault(part) for spec in specs for part in re.split(r"[,\s]+", spec)
-                 if part)
+    return tuple(parse_fault(part) for spec in specs for part in re.split(r"[,\s]+", spec) if part)
 
 
 @dataclass(frozen=True)
@@ -115,8 +117,9 @@ class FaultPlan:
 
     def has(self, kind: FaultKind, step: int) -> bool:
         """True if a fault of ``kind`` fires here at ``step``."""
-        return any(f.kind == kind and f.fires(step, self.rank, self.incarnation)
-                   for f in self.faults)
+        return any(
+            f.kind == kind and f.fires(step, self.rank, self.incarnation) for f in self.faults
+        )
 
     def active(self, kind: FaultKind) -> bool:
         """True if a fault of ``kind`` applies to this rank and incarnation at any step."""
@@ -133,6 +136,5 @@ class FaultPlan:
                 print(f"[inject] rank {self.rank} SIGKILL at step {step}", flush=True)
                 os.kill(os.getpid(), signal.SIGKILL)
             elif fault.kind == "hang":
-                print(f"[inject] rank {self.rank} hangs {fault.secs:g}s at step {step}",
-                      flush=True)
+                print(f"[inject] rank {self.rank} hangs {fault.secs:g}s at step {step}", flush=True)
                 time.sleep(fault.secs)

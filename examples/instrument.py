@@ -125,8 +125,9 @@ class TraceEmitter:
         return self._inner.close(timeout_s)
 
 
-def make_emitter(*, enabled: bool, run_id: str, rank: int, world_size: int,
-                 trace_path: Path | None) -> Emitter:
+def make_emitter(
+    *, enabled: bool, run_id: str, rank: int, world_size: int, trace_path: Path | None
+) -> Emitter:
     """Build the emitter for this rank.
 
     Args:

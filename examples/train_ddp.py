@@ -65,30 +65,53 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--n-layer", type=int, default=2)
     p.add_argument("--n-head", type=int, default=4)
     p.add_argument("--dropout", type=float, default=0.0)
-    p.add_argument("--checkpoint-dir", type=Path,
-                   default=os.environ.get("RUNWATCH_CHECKPOINT_DIR") or None,
-                   help="checkpoint root (default: RUNWATCH_CHECKPOINT_DIR, as set by "
-                        "`runwatch launch --checkpoint-dir`)")
+    p.add_argument(
+        "--checkpoint-dir",
+        type=Path,
+        default=os.environ.get("RUNWATCH_CHECKPOINT_DIR") or None,
+        help="checkpoint root (default: RUNWATCH_CHECKPOINT_DIR, as set by "
+        "`runwatch launch --checkpoint-dir`)",
+    )
     p.add_argument("--checkpoint-every", type=int, default=0, help="0: only at the end")
     p.add_argument("--keep-checkpoints", type=int, default=None, metavar="N")
     p.add_argument("--resume", action="store_true", help="resume from the latest checkpoint")
-    p.add_argument("--fresh", action="store_true",
-                   help="start from scratch even if --checkpoint-dir holds checkpoints "
-                        "(they are deleted)")
-    p.add_argument("--resume-from", default=os.environ.get("RUNWATCH_RESTART_FROM") or None,
-                   metavar="PATH|STEP")
-    p.add_argument("--drop-optimizer-state", action="store_true",
-                   help="on resume, load the model but not the optimizer (a provoked failure)")
-    p.add_argument("--inject", action="append", default=[], metavar="SPEC",
-                   help="fault to inject, e.g. nan@12, spike@20, kill@15:rank=1, hang@15:rank=1")
-    p.add_argument("--skip-nonfinite", action="store_true",
-                   help="skip the optimizer update when the grad norm is NaN/Inf")
+    p.add_argument(
+        "--fresh",
+        action="store_true",
+        help="start from scratch even if --checkpoint-dir holds checkpoints (they are deleted)",
+    )
+    p.add_argument(
+        "--resume-from",
+        default=os.environ.get("RUNWATCH_RESTART_FROM") or None,
+        metavar="PATH|STEP",
+    )
+    p.add_argument(
+        "--drop-optimizer-state",
+        action="store_true",
+        help="on resume, load the model but not the optimizer (a provoked failure)",
+    )
+    p.add_argument(
+        "--inject",
+        action="append",
+        default=[],
+        metavar="SPEC",
+        help="fault to inject, e.g. nan@12, spike@20, kill@15:rank=1, hang@15:rank=1",
+    )
+    p.add_argument(
+        "--skip-nonfinite",
+        action="store_true",
+        help="skip the optimizer update when the grad norm is NaN/Inf",
+    )
     p.add_argument("--stop-at", type=int, default=None, help="checkpoint and stop after it")
     p.add_argument("--step-delay-s", type=float, default=0.0, help="sleep per step (demos)")
     p.add_argument("--no-emit", action="store_true", help="do not emit even if Kafka is set")
     p.add_argument("--run-id", default=os.environ.get("RUNWATCH_RUN_ID") or "tinylm")
-    p.add_argument("--peak-flops-per-rank", type=float, default=5e10,
-                   help="nominal peak FLOP/s of one rank (RunStarted sums over the gang)")
+    p.add_argument(
+        "--peak-flops-per-rank",
+        type=float,
+        default=5e10,
+        help="nominal peak FLOP/s of one rank (RunStarted sums over the gang)",
+    )
     p.add_argument("--tag", action="append", default=[], metavar="K=V")
     p.add_argument("--threshold", action="append", default=[], metavar="NAME=VALUE")
     p.add_argument("--trace-dir", type=Path, help="write events, samples and metrics here")
@@ -128,12 +151,22 @@ def resolve_resume(args: argparse.Namespace) -> Path | None:
         return found[1] if found else None
     if args.fresh:
         return None
-    raise SystemExit(f"{root} holds checkpoints up to step {found[0]}: pass --resume to "
-                     f"continue from them or --fresh to delete them and start over")
+    raise SystemExit(
+        f"{root} holds checkpoints up to step {found[0]}: pass --resume to "
+        f"continue from them or --fresh to delete them and start over"
+    )
 
 
-PEER_FAILURE_MARKERS = ("gloo", "nccl", "connection reset", "connection closed",
-                        "broken pipe", "processgroup", "timed out", "timeout")
+PEER_FAILURE_MARKERS = (
+    "gloo",
+    "nccl",
+    "connection reset",
+    "connection closed",
+    "broken pipe",
+    "processgroup",
+    "timed out",
+    "timeout",
+)
 
 
 def is_peer_failure(exc: BaseException) -> bool:
@@ -156,8 +189,13 @@ class Trace:
 
     def __init__(self, root: Path | None, rank: int, **header: Any) -> None:
         self.root, self.rank = root, rank
-        self.metrics: dict[str, Any] = {**header, "losses": {}, "grad_norms": {},
-                                        "step_time_s": {}, "checkpoints": []}
+        self.metrics: dict[str, Any] = {
+            **header,
+            "losses": {},
+            "grad_norms": {},
+            "step_time_s": {},
+            "checkpoints": [],
+        }
         self._samples = (root / f"samples.rank{rank}.jsonl").open("a") if root else None
 
     def step(self, step: int, ids: list[int], loss: float, gnorm: float, dt: float) -> None:
@@ -193,26 +231,43 @@ class Trainer:
         self.backend = TorchDDPBackend()
         self.backend.init(env, timeout_s=args.pg_timeout_s)
         self.stop = StopFlag()
-        cfg = TinyLMConfig(vocab_size=VOCAB_SIZE, seq_len=args.seq_len, d_model=args.d_model,
-                           n_layer=args.n_layer, n_head=args.n_head, dropout=args.dropout)
+        cfg = TinyLMConfig(
+            vocab_size=VOCAB_SIZE,
+            seq_len=args.seq_len,
+            d_model=args.d_model,
+            n_layer=args.n_layer,
+            n_head=args.n_head,
+            dropout=args.dropout,
+        )
         self.data = WindowDataset(generate_corpus(), args.seq_len, args.seed)
         torch.manual_seed(args.seed)
         self.model = TinyLM(cfg)
         self.flop_config = flop_config_from_causal_lm(self.model, args.seq_len)
         self.ddp = self.backend.wrap_model(self.model)
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=args.lr,
-                                           betas=(0.9, 0.95), weight_decay=0.0)
-        self.ckpt = (AsyncCheckpointer(args.checkpoint_dir, keep=args.keep_checkpoints)
-                     if args.checkpoint_dir else None)
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0
+        )
+        self.ckpt = (
+            AsyncCheckpointer(args.checkpoint_dir, keep=args.keep_checkpoints)
+            if args.checkpoint_dir
+            else None
+        )
         self.step, self.global_sample, self.restart_from = 0, 0, None
         self._resume()
         self.emitter = make_emitter(
             enabled=bool(os.environ.get("RUNWATCH_BOOTSTRAP")) and not args.no_emit,
-            run_id=args.run_id, rank=self.rank, world_size=self.ws,
-            trace_path=args.trace_dir / f"events.rank{self.rank}.jsonl" if args.trace_dir
-            else None)
-        self.trace = Trace(args.trace_dir, self.rank, world_size=self.ws,
-                           incarnation=self.incarnation, resumed_from=self.restart_from)
+            run_id=args.run_id,
+            rank=self.rank,
+            world_size=self.ws,
+            trace_path=args.trace_dir / f"events.rank{self.rank}.jsonl" if args.trace_dir else None,
+        )
+        self.trace = Trace(
+            args.trace_dir,
+            self.rank,
+            world_size=self.ws,
+            incarnation=self.incarnation,
+            resumed_from=self.restart_from,
+        )
 
     def _resume(self) -> None:
         args, rank = self.args, self.rank
@@ -228,19 +283,26 @@ class Trainer:
         if path is not None:
             drop_optimizer = args.drop_optimizer_state or self.faults.active("dropopt")
             restored = load_checkpoint(
-                path, self.ddp, None if drop_optimizer else self.optimizer,
-                process_group=self.ckpt.process_group if self.ckpt else None)
+                path,
+                self.ddp,
+                None if drop_optimizer else self.optimizer,
+                process_group=self.ckpt.process_group if self.ckpt else None,
+            )
             if restored.loader.seed != args.seed:
-                raise SystemExit(f"checkpoint data seed {restored.loader.seed} != --seed "
-                                 f"{args.seed}")
+                raise SystemExit(
+                    f"checkpoint data seed {restored.loader.seed} != --seed {args.seed}"
+                )
             self.step = self.restart_from = restored.step
             self.global_sample = restored.loader.global_sample
             if not restored.rng_restored:  # a rank the saving gang did not have
                 torch.manual_seed(args.seed * 1_000_003 + self.step * 101 + rank)
             if rank == 0:
-                print(f"resumed from {path} at step {self.step} (saved by "
-                      f"{restored.saved_world_size} ranks, now {self.ws}; optimizer "
-                      f"{'restored' if restored.optimizer_restored else 'DROPPED'})", flush=True)
+                print(
+                    f"resumed from {path} at step {self.step} (saved by "
+                    f"{restored.saved_world_size} ranks, now {self.ws}; optimizer "
+                    f"{'restored' if restored.optimizer_restored else 'DROPPED'})",
+                    flush=True,
+                )
         if rank == 0 and args.checkpoint_dir:
             remove_staging_dirs(args.checkpoint_dir)
             for gone in discard_checkpoints_after(args.checkpoint_dir, self.step):
@@ -249,18 +311,23 @@ class Trainer:
     def _announce(self) -> None:
         args = self.args
         self.emitter.run_started(
-            flop_config=self.flop_config, plan=self.backend.plan(),
-            peak_flops_per_s=args.peak_flops_per_rank * self.ws, dtype="fp32",
+            flop_config=self.flop_config,
+            plan=self.backend.plan(),
+            peak_flops_per_s=args.peak_flops_per_rank * self.ws,
+            dtype="fp32",
             vocab_size=VOCAB_SIZE,
-            tags={"model": "tinylm", "backend": self.backend.capabilities.name,
-                  **dict(t.split("=", 1) for t in args.tag)},
-            thresholds={k: float(v) for k, v in (t.split("=", 1) for t in args.threshold)})
+            tags={
+                "model": "tinylm",
+                "backend": self.backend.capabilities.name,
+                **dict(t.split("=", 1) for t in args.tag),
+            },
+            thresholds={k: float(v) for k, v in (t.split("=", 1) for t in args.threshold)},
+        )
 
     def _train_step(self, step: int) -> tuple[list[int], float, float, bool, float, bool]:
         """Forward, backward, update, gang all-reduce: ``(ids, loss, gnorm, skipped, lr, stop)``."""
         args, device = self.args, self.backend.device
-        ids, x, y = self.data.rank_batch(self.global_sample, args.global_batch, self.ws,
-                                         self.rank)
+        ids, x, y = self.data.rank_batch(self.global_sample, args.global_batch, self.ws, self.rank)
         if self.faults.has("spike", step):
             y = torch.full_like(y, GARBAGE_TOKEN)
         lr = args.lr * min(1.0, step / max(1, args.warmup_steps))
@@ -284,10 +351,20 @@ class Trainer:
 
     def _save(self, step: int) -> None:
         assert self.ckpt is not None
-        gang = tuple(self.data.loader_state(global_sample=self.global_sample, step=step,
-                                            world_size=self.ws, rank=r) for r in range(self.ws))
-        self.ckpt.save(step, self.ddp, self.optimizer, loader_state=gang[self.rank],
-                       gang_loader_states=gang, world_size=self.ws)
+        gang = tuple(
+            self.data.loader_state(
+                global_sample=self.global_sample, step=step, world_size=self.ws, rank=r
+            )
+            for r in range(self.ws)
+        )
+        self.ckpt.save(
+            step,
+            self.ddp,
+            self.optimizer,
+            loader_state=gang[self.rank],
+            gang_loader_states=gang,
+            world_size=self.ws,
+        )
 
     def _report_checkpoints(self, results: list[CheckpointResult]) -> None:
         report_checkpoints(results, self.emitter, self.rank)
@@ -306,19 +383,28 @@ class Trainer:
                 self.faults.before_step(step)
                 timer.start()
                 ids, loss, gnorm, skipped, lr, stop = self._train_step(step)
-                if self.ckpt and (stop or (args.checkpoint_every
-                                           and step % args.checkpoint_every == 0)):
+                if self.ckpt and (
+                    stop or (args.checkpoint_every and step % args.checkpoint_every == 0)
+                ):
                     self._save(step)
                 dt = timer.stop()
                 self.emitter.heartbeat(step, step_time_s=dt)
                 self.trace.step(step, ids, loss, gnorm, dt)
                 if rank == 0:
                     self.emitter.step(
-                        step, loss=loss, step_time_s=dt, grad_norm=gnorm,
-                        tokens=args.global_batch * args.seq_len, examples=args.global_batch,
-                        local_tokens=per_rank * args.seq_len, local_examples=per_rank, lr=lr,
-                        skipped=skipped, restart_from_step=self.restart_from,
-                        data_parallel_size=ws)
+                        step,
+                        loss=loss,
+                        step_time_s=dt,
+                        grad_norm=gnorm,
+                        tokens=args.global_batch * args.seq_len,
+                        examples=args.global_batch,
+                        local_tokens=per_rank * args.seq_len,
+                        local_examples=per_rank,
+                        lr=lr,
+                        skipped=skipped,
+                        restart_from_step=self.restart_from,
+                        data_parallel_size=ws,
+                    )
                     print(f"step {step} loss {loss:.4f} dt {dt:.3f}s", flush=True)
                 self.restart_from, done = None, step
                 if self.ckpt:
@@ -336,16 +422,18 @@ class Trainer:
             # RunEnded would suspend the processors' liveness checks, and the dead_rank
             # verdict that makes the controller respawn the gang would never come.
             peer_failed = is_peer_failure(exc)
-            print(f"rank {rank} failed after step {done}"
-                  f"{' (a peer failed; no RunEnded)' if peer_failed else ''}:",
-                  file=sys.stderr, flush=True)
+            print(
+                f"rank {rank} failed after step {done}"
+                f"{' (a peer failed; no RunEnded)' if peer_failed else ''}:",
+                file=sys.stderr,
+                flush=True,
+            )
             traceback.print_exc()
             if self.ckpt:  # a write in flight may still commit; the gang's collectives decide
                 self._report_checkpoints(self.ckpt.wait(timeout_s=5.0))
         finally:
             if rank == 0 and not peer_failed:
-                self.emitter.run_ended(status, final_step=done if done > 0 else None,
-                                       reason=reason)
+                self.emitter.run_ended(status, final_step=done if done > 0 else None, reason=reason)
             self.emitter.close(timeout_s=10.0)
             self.trace.close(status=status, final_step=done)
         return status
@@ -354,11 +442,19 @@ class Trainer:
 def report_checkpoints(results: list[CheckpointResult], emitter: Emitter, rank: int) -> None:
     for r in results:
         if r.status == "committed":
-            emitter.checkpoint_committed(r.step, r.path, loader_states=r.loader_states,
-                                         size_bytes=r.size_bytes, write_s=r.write_s,
-                                         blocked_s=r.blocked_s)
-            print(f"checkpoint step {r.step} committed {r.path} size {r.size_bytes}B "
-                  f"blocked {r.blocked_s:.4f}s write {r.write_s:.4f}s", flush=True)
+            emitter.checkpoint_committed(
+                r.step,
+                r.path,
+                loader_states=r.loader_states,
+                size_bytes=r.size_bytes,
+                write_s=r.write_s,
+                blocked_s=r.blocked_s,
+            )
+            print(
+                f"checkpoint step {r.step} committed {r.path} size {r.size_bytes}B "
+                f"blocked {r.blocked_s:.4f}s write {r.write_s:.4f}s",
+                flush=True,
+            )
         elif r.status == "failed":
             emitter.checkpoint_failed(r.step, r.path, r.error)
             print(f"checkpoint step {r.step} FAILED on rank {rank}: {r.error}", flush=True)

@@ -60,10 +60,14 @@ class BackendCapabilities:
             One line per problem.
         """
         used = {axis for axis in PLAN_AXES if getattr(plan, axis) > 1}
-        problems = [f"{self.name} does not implement axis {axis}"
-                    for axis in sorted(used - self.axes)]
-        problems += [f"{self.name} cannot combine {sorted(bad)}"
-                     for bad in self.incompatible_axis_sets if bad <= used]
+        problems = [
+            f"{self.name} does not implement axis {axis}" for axis in sorted(used - self.axes)
+        ]
+        problems += [
+            f"{self.name} cannot combine {sorted(bad)}"
+            for bad in self.incompatible_axis_sets
+            if bad <= used
+        ]
         if precision not in self.precisions:
             problems.append(f"{self.name} does not train in {precision}")
         return problems
@@ -155,8 +159,11 @@ class TorchDDPBackend:
         distributed_optimizer=False,
         reshardable_checkpoint=True,
         elastic_restart=True,
-        requirements=("torch>=2.4", "torch.distributed with gloo (CPU) or nccl (CUDA)",
-                      "a file system shared by all ranks for checkpoints"),
+        requirements=(
+            "torch>=2.4",
+            "torch.distributed with gloo (CPU) or nccl (CUDA)",
+            "a file system shared by all ranks for checkpoints",
+        ),
     )
 
     def __init__(self) -> None:

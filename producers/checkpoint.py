@@ -148,8 +148,14 @@ def _set_rng_states(states: dict[str, Any]) -> None:
         np.random.set_state(np_state)
 
 
-def training_state_dict(model: nn.Module, optimizer: torch.optim.Optimizer, *, step: int,
-                        loader_state: LoaderState, world_size: int) -> dict[str, Any]:
+def training_state_dict(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    *,
+    step: int,
+    loader_state: LoaderState,
+    world_size: int,
+) -> dict[str, Any]:
     """This rank's view of the whole training state, in the layout of the module docstring.
 
     Args:
@@ -184,8 +190,9 @@ class AsyncCheckpointer:
         coordinator_rank: The rank that commits and prunes (DCP's coordinator, rank 0).
     """
 
-    def __init__(self, root: str | os.PathLike[str], *, keep: int | None = None,
-                 coordinator_rank: int = 0) -> None:
+    def __init__(
+        self, root: str | os.PathLike[str], *, keep: int | None = None, coordinator_rank: int = 0
+    ) -> None:
         self.root = Path(root)
         self.keep = keep
         self.rank = _rank()
@@ -203,9 +210,16 @@ class AsyncCheckpointer:
         """True on the rank that commits checkpoints and reports them."""
         return self.rank == self.coordinator_rank
 
-    def save(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer, *,
-             loader_state: LoaderState, gang_loader_states: Sequence[LoaderState] = (),
-             world_size: int = 1) -> float:
+    def save(
+        self,
+        step: int,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        *,
+        loader_state: LoaderState,
+        gang_loader_states: Sequence[LoaderState] = (),
+        world_size: int = 1,
+    ) -> float:
         """Stage the training state and start writing it in the background.
 
         Waits first for the previous write, if it is still running (so at most one is in
@@ -227,10 +241,15 @@ class AsyncCheckpointer:
             self._inflight.wait()  # the previous write, its commit and pruning
             self._inflight = None
         tmp = staging_dir(self.root, step)
-        state = training_state_dict(model, optimizer, step=step, loader_state=loader_state,
-                                    world_size=world_size)
-        future = async_save(state, checkpoint_id=str(tmp), process_group=self.process_group,
-                                no_dist=not self._distributed)
+        state = training_state_dict(
+            model, optimizer, step=step, loader_state=loader_state, world_size=world_size
+        )
+        future = async_save(
+            state,
+            checkpoint_id=str(tmp),
+            process_group=self.process_group,
+            no_dist=not self._distributed,
+        )
         staged = time.perf_counter()
         blocked_s = staged - t0
         states = tuple(gang_loader_states)
@@ -248,24 +267,46 @@ class AsyncCheckpointer:
         future.add_done_callback(on_done)
         return blocked_s
 
-    def _finish(self, fut: Future[Any], step: int, tmp: Path, blocked_s: float, staged: float,
-                states: tuple[LoaderState, ...]) -> CheckpointResult:
+    def _finish(
+        self,
+        fut: Future[Any],
+        step: int,
+        tmp: Path,
+        blocked_s: float,
+        staged: float,
+        states: tuple[LoaderState, ...],
+    ) -> CheckpointResult:
         error = fut.exception()
         write_s = time.perf_counter() - staged
         if error is not None:
-            return CheckpointResult(step, str(tmp), "failed", blocked_s, write_s,
-                                    loader_states=states, error=_one_line(error))
+            return CheckpointResult(
+                step,
+                str(tmp),
+                "failed",
+                blocked_s,
+                write_s,
+                loader_states=states,
+                error=_one_line(error),
+            )
         if not self.is_coordinator:
-            return CheckpointResult(step, str(tmp), "written", blocked_s, write_s,
-                                    loader_states=states)
+            return CheckpointResult(
+                step, str(tmp), "written", blocked_s, write_s, loader_states=states
+            )
         try:
             final = commit_checkpoint(self.root, step)
             size = directory_size_bytes(final)
             if self.keep is not None:
                 prune_checkpoints(self.root, self.keep)
         except OSError as exc:
-            return CheckpointResult(step, str(tmp), "failed", blocked_s, write_s,
-                                    loader_states=states, error=_one_line(exc))
+            return CheckpointResult(
+                step,
+                str(tmp),
+                "failed",
+                blocked_s,
+                write_s,
+                loader_states=states,
+                error=_one_line(exc),
+            )
         write_s = time.perf_counter() - staged
         return CheckpointResult(step, str(final), "committed", blocked_s, write_s, size, states)
 
@@ -312,9 +353,13 @@ def _one_line(exc: BaseException) -> str:
     return text.splitlines()[0][:500] if text else type(exc).__name__
 
 
-def load_checkpoint(path: str | os.PathLike[str], model: nn.Module,
-                    optimizer: torch.optim.Optimizer | None = None, *,
-                    process_group: dist.ProcessGroup | None = None) -> RestoredState:
+def load_checkpoint(
+    path: str | os.PathLike[str],
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None = None,
+    *,
+    process_group: dist.ProcessGroup | None = None,
+) -> RestoredState:
     """Load a checkpoint into ``model`` (and ``optimizer``) on every rank; restore RNG state.
 
     Every rank of the gang calls it. The gang may have another size than the one that saved:
@@ -338,19 +383,22 @@ def load_checkpoint(path: str | os.PathLike[str], model: nn.Module,
     keys = set(FileSystemReader(str(path)).read_metadata().state_dict_metadata)
     own = f"rank{rank}" if f"rank{rank}.loader" in keys else "rank0"
     state: dict[str, Any] = {"progress": "", own: {"loader": ""}}
-    rngs = {name: value for name, value in _rng_states().items()
-            if own == f"rank{rank}" and f"{own}.rng.{name}" in keys}
+    rngs = {
+        name: value
+        for name, value in _rng_states().items()
+        if own == f"rank{rank}" and f"{own}.rng.{name}" in keys
+    }
     if rngs:
         state[own]["rng"] = rngs
     if optimizer is not None:
         state["model"], state["optim"] = get_state_dict(model, optimizer)
     else:
         state["model"] = get_model_state_dict(model)
-    dcp_load(state, checkpoint_id=str(path), process_group=process_group,
-             no_dist=not distributed)
+    dcp_load(state, checkpoint_id=str(path), process_group=process_group, no_dist=not distributed)
     if optimizer is not None:
-        set_state_dict(model, optimizer, model_state_dict=state["model"],
-                       optim_state_dict=state["optim"])
+        set_state_dict(
+            model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
+        )
     else:
         set_model_state_dict(model, state["model"])
     rng = state[own].get("rng", {})

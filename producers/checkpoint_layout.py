@@ -191,8 +191,13 @@ def remove_staging_dirs(root: str | os.PathLike[str]) -> list[Path]:
     base = Path(root)
     if not base.is_dir():
         return []
-    doomed = [p for p in base.iterdir() if p.is_dir() and p.name.endswith(TMP_SUFFIX)
-              and checkpoint_step(p.name[: -len(TMP_SUFFIX)]) is not None]
+    doomed = [
+        p
+        for p in base.iterdir()
+        if p.is_dir()
+        and p.name.endswith(TMP_SUFFIX)
+        and checkpoint_step(p.name[: -len(TMP_SUFFIX)]) is not None
+    ]
     for path in doomed:
         shutil.rmtree(path, ignore_errors=True)
     return doomed

@@ -28,7 +28,8 @@ NONFINITE_TOKENS: Final[dict[str, float]] = {
     "-Infinity": -math.inf,
 }
 KNOWN_TAGS: Final[frozenset[str]] = frozenset(
-    str(msgspec.inspect.type_info(t).tag) for t in ALL_TYPES  # type: ignore[attr-defined]
+    str(msgspec.inspect.type_info(t).tag)
+    for t in ALL_TYPES  # type: ignore[attr-defined]
 )
 
 
@@ -140,9 +141,7 @@ def _decode_lenient(data: bytes) -> AnyEvent:
         obj[name] = _restore_float(obj[name], null_is_nan=name in required)
     for name in dicts & obj.keys():
         if isinstance(obj[name], dict):
-            obj[name] = {
-                k: _restore_float(v, null_is_nan=True) for k, v in obj[name].items()
-            }
+            obj[name] = {k: _restore_float(v, null_is_nan=True) for k, v in obj[name].items()}
     try:
         event: AnyEvent = msgspec.convert(obj, AnyEvent)
     except msgspec.ValidationError as exc:

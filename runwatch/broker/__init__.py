@@ -19,7 +19,6 @@ Modules: `config` (versions, JVM options, ports, cluster id, ``server.properties
 Everything public is re-exported here: import from ``runwatch.broker``.
 """
 
-
 from runwatch.broker.config import DEFAULT_JVM_OPTS, HOST, KAFKA_VERSION, default_data_dir
 from runwatch.broker.jars import assembly_pom, ensure_jars, kafka_libs_dir
 from runwatch.broker.lifecycle import EmbeddedBroker, ephemeral_broker, running_bootstrap

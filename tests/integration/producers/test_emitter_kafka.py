@@ -165,9 +165,7 @@ def test_broker_down_then_up_then_down_again(tmp_path: Path) -> None:
         broker.start()
         em.run_ended("completed", final_step=29)
         assert em.close(60.0), em.stats
-        assert em.stats == EmitterStats(
-            enqueued=52, delivered=52, dropped=0, failed=0, buffered=0
-        )
+        assert em.stats == EmitterStats(enqueued=52, delivered=52, dropped=0, failed=0, buffered=0)
         records = consume_records(bootstrap, [topics.steps], 32, timeout_s=30)
         events = [decode(r.value) for r in records]
         steps = sorted(e.step for e in events if isinstance(e, StepCompleted))

@@ -58,9 +58,14 @@ class Gang:
         return {r["step"]: r["ids"] for r in rows}
 
 
-def start_gang(nproc: int, args: Sequence[str], trace: Path, *,
-               env: dict[str, str] | None = None,
-               emit: bool = False) -> list[subprocess.Popen[str]]:
+def start_gang(
+    nproc: int,
+    args: Sequence[str],
+    trace: Path,
+    *,
+    env: dict[str, str] | None = None,
+    emit: bool = False,
+) -> list[subprocess.Popen[str]]:
     """Start ``nproc`` ranks of the training script; returns their processes.
 
     ``RUNWATCH_*`` variables are cleared, then ``env`` applied; ``emit=False`` adds
@@ -71,13 +76,32 @@ def start_gang(nproc: int, args: Sequence[str], trace: Path, *,
     base.update(env or {})
     procs = []
     for rank in range(nproc):
-        rank_env = base | {"RANK": str(rank), "WORLD_SIZE": str(nproc), "LOCAL_RANK": str(rank),
-                           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-                           "OMP_NUM_THREADS": "1"}
-        cmd = [sys.executable, str(SCRIPT), *([] if emit else ["--no-emit"]),
-               "--trace-dir", str(trace), *args]
-        procs.append(subprocess.Popen(cmd, env=rank_env, cwd=REPO, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True))
+        rank_env = base | {
+            "RANK": str(rank),
+            "WORLD_SIZE": str(nproc),
+            "LOCAL_RANK": str(rank),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "OMP_NUM_THREADS": "1",
+        }
+        cmd = [
+            sys.executable,
+            str(SCRIPT),
+            *([] if emit else ["--no-emit"]),
+            "--trace-dir",
+            str(trace),
+            *args,
+        ]
+        procs.append(
+            subprocess.Popen(
+                cmd,
+                env=rank_env,
+                cwd=REPO,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
     return procs
 
 
@@ -97,8 +121,14 @@ def wait_gang(procs: list[subprocess.Popen[str]], trace: Path, timeout_s: float 
     return Gang([p.returncode for p in procs], logs, trace)
 
 
-def run_gang(nproc: int, args: Sequence[str], trace: Path, *, env: dict[str, str] | None = None,
-             timeout_s: float = 120.0) -> Gang:
+def run_gang(
+    nproc: int,
+    args: Sequence[str],
+    trace: Path,
+    *,
+    env: dict[str, str] | None = None,
+    timeout_s: float = 120.0,
+) -> Gang:
     """Start ``nproc`` ranks, wait for all of them, return exit codes and logs."""
     return wait_gang(start_gang(nproc, args, trace, env=env), trace, timeout_s)
 

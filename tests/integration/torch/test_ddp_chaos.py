@@ -27,8 +27,7 @@ def runs(gang_runner, tmp_path_factory):
     args = [*COMMON, "--checkpoint-dir", str(ckpt), "--inject", f"kill@{KILL_AT}:rank=1"]
     crashed = gang_runner(2, args, "crashed")
     latest = latest_complete_checkpoint(ckpt)
-    restarted = gang_runner(2, [*args, "--resume"], "restarted",
-                            env={"RUNWATCH_INCARNATION": "1"})
+    restarted = gang_runner(2, [*args, "--resume"], "restarted", env={"RUNWATCH_INCARNATION": "1"})
     return crashed, latest, restarted
 
 
@@ -68,12 +67,14 @@ def test_restart_resumes_from_the_latest_complete_checkpoint(runs):
 def test_sigterm_stops_the_gang_with_a_checkpoint(tmp_path, gang_control):
     start_gang, wait_gang = gang_control
     ckpt, trace = tmp_path / "ckpt", tmp_path / "trace"
-    procs = start_gang(2, ["--steps", "100000", "--checkpoint-dir", str(ckpt),
-                           "--checkpoint-every", "1000"], trace)
+    procs = start_gang(
+        2, ["--steps", "100000", "--checkpoint-dir", str(ckpt), "--checkpoint-every", "1000"], trace
+    )
     beats = trace / "events.rank1.jsonl"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and (
-            not beats.exists() or beats.read_text().count('"heartbeat"') < 3):
+        not beats.exists() or beats.read_text().count('"heartbeat"') < 3
+    ):
         time.sleep(0.05)
     for p in procs:
         p.send_signal(signal.SIGTERM)

@@ -22,10 +22,12 @@ COMMON = ["--steps", str(STEPS), "--global-batch", str(BATCH), "--seed", "5"]
 @pytest.fixture(scope="module")
 def runs(gang_runner, tmp_path_factory):
     ckpt = tmp_path_factory.mktemp("ckpt")
-    two = gang_runner(2, [*COMMON, "--checkpoint-dir", str(ckpt), "--checkpoint-every", "3"],
-                      "two_ranks")
-    one = gang_runner(1, [*COMMON, "--resume-from", str(checkpoint_dir(ckpt, RESUME_AT))],
-                      "one_rank")
+    two = gang_runner(
+        2, [*COMMON, "--checkpoint-dir", str(ckpt), "--checkpoint-every", "3"], "two_ranks"
+    )
+    one = gang_runner(
+        1, [*COMMON, "--resume-from", str(checkpoint_dir(ckpt, RESUME_AT))], "one_rank"
+    )
     return two, one
 
 

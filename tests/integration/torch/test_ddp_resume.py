@@ -18,24 +18,46 @@ from producers.checkpoint_layout import latest_complete_checkpoint, list_complet
 pytestmark = pytest.mark.torch
 
 STEPS, STOP = 16, 8
-COMMON = ["--steps", str(STEPS), "--global-batch", "16", "--dropout", "0.1", "--seed", "3",
-          "--checkpoint-every", "4"]
+COMMON = [
+    "--steps",
+    str(STEPS),
+    "--global-batch",
+    "16",
+    "--dropout",
+    "0.1",
+    "--seed",
+    "3",
+    "--checkpoint-every",
+    "4",
+]
 
 
 @pytest.fixture(scope="module")
 def runs(gang_runner, tmp_path_factory):
     ref_ckpt = tmp_path_factory.mktemp("ref_ckpt")
     stop_ckpt = tmp_path_factory.mktemp("stop_ckpt")
-    ref = gang_runner(2, [*COMMON, "--checkpoint-dir", str(ref_ckpt), "--keep-checkpoints", "2"],
-                      "ref")
-    stopped = gang_runner(2, [*COMMON, "--checkpoint-dir", str(stop_ckpt), "--stop-at", str(STOP)],
-                          "stopped")
+    ref = gang_runner(
+        2, [*COMMON, "--checkpoint-dir", str(ref_ckpt), "--keep-checkpoints", "2"], "ref"
+    )
+    stopped = gang_runner(
+        2, [*COMMON, "--checkpoint-dir", str(stop_ckpt), "--stop-at", str(STOP)], "stopped"
+    )
     step8 = latest_complete_checkpoint(stop_ckpt)
     resumed = gang_runner(2, [*COMMON, "--checkpoint-dir", str(stop_ckpt), "--resume"], "resumed")
-    no_optim = gang_runner(2, [*COMMON, "--resume-from", str(step8[1]) if step8 else "missing",
-                               "--drop-optimizer-state"], "no_optim")
-    return {"ref": ref, "stopped": stopped, "resumed": resumed, "no_optim": no_optim,
-            "ref_ckpt": ref_ckpt, "stop_ckpt": stop_ckpt, "step8": step8}
+    no_optim = gang_runner(
+        2,
+        [*COMMON, "--resume-from", str(step8[1]) if step8 else "missing", "--drop-optimizer-state"],
+        "no_optim",
+    )
+    return {
+        "ref": ref,
+        "stopped": stopped,
+        "resumed": resumed,
+        "no_optim": no_optim,
+        "ref_ckpt": ref_ckpt,
+        "stop_ckpt": stop_ckpt,
+        "step8": step8,
+    }
 
 
 def test_every_run_exits_cleanly(runs):

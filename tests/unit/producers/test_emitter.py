@@ -242,7 +242,7 @@ def test_ts_ns_is_taken_at_the_call(emitter: RunEmitter, broker: FakeBroker) -> 
     emitter.heartbeat(0)
     after = time.time_ns()
     assert emitter.flush(5.0)
-    (_, _, event), = sent_events(broker)
+    ((_, _, event),) = sent_events(broker)
     assert before <= event.ts_ns <= after  # type: ignore[attr-defined]
 
 
@@ -257,11 +257,9 @@ def test_nonfinite_losses_are_sent(emitter: RunEmitter, broker: FakeBroker) -> N
 
 
 def test_numpy_scalars_are_accepted(emitter: RunEmitter, broker: FakeBroker) -> None:
-    emitter.step(
-        np.int64(4), loss=np.float32(2.5), step_time_s=np.float64(0.5), tokens=np.int32(8)
-    )
+    emitter.step(np.int64(4), loss=np.float32(2.5), step_time_s=np.float64(0.5), tokens=np.int32(8))
     assert emitter.flush(5.0)
-    (_, _, event), = sent_events(broker)
+    ((_, _, event),) = sent_events(broker)
     assert isinstance(event, StepCompleted)
     assert (event.step, event.loss, event.step_time_s, event.tokens) == (4, 2.5, 0.5, 8)
     assert type(event.step) is int

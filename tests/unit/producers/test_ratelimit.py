@@ -37,7 +37,9 @@ def test_thread_noise_filter_only_quiets_matching_threads() -> None:
         return rec
 
     assert noise.filter(record("runwatch-emitter-r-rank0", "Connection failed: %s"))
-    assert not noise.filter(record("runwatch-emitter-r-rank0-network-thread", "Connection failed: %s"))
+    assert not noise.filter(
+        record("runwatch-emitter-r-rank0-network-thread", "Connection failed: %s")
+    )
     assert noise.filter(record("runwatch-emitter-r-rank0", "Bootstrap failed: %s"))
     assert noise.filter(record("MainThread", "Connection failed: %s"))
     assert noise.filter(record("runwatch-emitter-r", "Connection failed: %s", logging.CRITICAL))

@@ -139,7 +139,9 @@ def test_nonfinite_floats_travel_as_tokens(value, token):
 
 def test_null_in_required_float_reads_as_nan():
     # What msgspec's plain encoder and JavaScript's JSON.stringify write for NaN.
-    event = codec.decode(b'{"type":"step.v1","run_id":"r","ts_ns":1,"step":1,"loss":null,"step_time_s":0.1}')
+    event = codec.decode(
+        b'{"type":"step.v1","run_id":"r","ts_ns":1,"step":1,"loss":null,"step_time_s":0.1}'
+    )
     assert isinstance(event, StepCompleted) and math.isnan(event.loss)
 
 
@@ -170,10 +172,26 @@ def test_nonfinite_inside_thresholds_dict_round_trips():
         (b"[1, 2]", codec.MalformedEvent, "JSON object"),
         (b'{"run_id":"r"}', codec.MalformedEvent, "type"),
         (b'{"type":"step.v9","run_id":"r","ts_ns":1}', codec.UnknownEventType, "step.v9"),
-        (b'{"type":"step.v1","run_id":"r","ts_ns":1,"step":"3","loss":1,"step_time_s":0.1}', codec.MalformedEvent, "$.step"),
-        (b'{"type":"step.v1","run_id":"r","ts_ns":1,"loss":1,"step_time_s":0.1}', codec.MalformedEvent, "step"),
-        (b'{"type":"step.v1","run_id":"r","ts_ns":1,"step":1,"loss":"NaN","step_time_s":"x"}', codec.MalformedEvent, "step_time_s"),
-        (b'{"type":"run_ended.v1","run_id":"r","ts_ns":1,"status":"exploded"}', codec.MalformedEvent, "status"),
+        (
+            b'{"type":"step.v1","run_id":"r","ts_ns":1,"step":"3","loss":1,"step_time_s":0.1}',
+            codec.MalformedEvent,
+            "$.step",
+        ),
+        (
+            b'{"type":"step.v1","run_id":"r","ts_ns":1,"loss":1,"step_time_s":0.1}',
+            codec.MalformedEvent,
+            "step",
+        ),
+        (
+            b'{"type":"step.v1","run_id":"r","ts_ns":1,"step":1,"loss":"NaN","step_time_s":"x"}',
+            codec.MalformedEvent,
+            "step_time_s",
+        ),
+        (
+            b'{"type":"run_ended.v1","run_id":"r","ts_ns":1,"status":"exploded"}',
+            codec.MalformedEvent,
+            "status",
+        ),
     ],
 )
 def test_bad_input_is_reported_with_a_reason(data, error, fragment):

@@ -30,7 +30,9 @@ def test_old_event_without_new_defaulted_fields_decodes_with_defaults():
 
 
 def test_a_new_version_lives_beside_the_old_one():
-    class HeartbeatV2(msgspec.Struct, frozen=True, kw_only=True, tag="heartbeat.v2", tag_field="type"):
+    class HeartbeatV2(
+        msgspec.Struct, frozen=True, kw_only=True, tag="heartbeat.v2", tag_field="type"
+    ):
         run_id: str
         ts_ns: int
         rank: int
@@ -41,7 +43,9 @@ def test_a_new_version_lives_beside_the_old_one():
     with pytest.raises(codec.UnknownEventType):
         codec.decode(raw)
     # and the v1 event still decodes
-    assert isinstance(codec.decode(codec.encode(Heartbeat(run_id="r", ts_ns=1, rank=0, step=1))), Heartbeat)
+    assert isinstance(
+        codec.decode(codec.encode(Heartbeat(run_id="r", ts_ns=1, rank=0, step=1))), Heartbeat
+    )
 
 
 def test_checked_in_json_schema_is_current():

@@ -20,9 +20,15 @@ def test_signed_command_verifies():
     [
         (lambda c: c, "unsigned"),
         (lambda c: signing.sign(c, OTHER), "unknown key"),
-        (lambda c: msgspec.structs.replace(signing.sign(c, KEY), max_checkpoint_step=0), "bad signature"),
+        (
+            lambda c: msgspec.structs.replace(signing.sign(c, KEY), max_checkpoint_step=0),
+            "bad signature",
+        ),
         (lambda c: msgspec.structs.replace(signing.sign(c, KEY), run_id="victim"), "bad signature"),
-        (lambda c: msgspec.structs.replace(signing.sign(c, KEY), signature="00" * 32), "bad signature"),
+        (
+            lambda c: msgspec.structs.replace(signing.sign(c, KEY), signature="00" * 32),
+            "bad signature",
+        ),
     ],
     ids=["unsigned", "unknown-key", "altered-step", "altered-run", "forged"],
 )

@@ -6,8 +6,14 @@ from schemas import topics
 def test_catalogue_names_and_policies():
     specs = {s.name: s for s in topics.catalogue("rw")}
     assert set(specs) == {
-        "rw.runs", "rw.steps", "rw.heartbeats", "rw.checkpoints",
-        "rw.anomalies", "rw.commands", "rw.controller", "rw.deadletter",
+        "rw.runs",
+        "rw.steps",
+        "rw.heartbeats",
+        "rw.checkpoints",
+        "rw.anomalies",
+        "rw.commands",
+        "rw.controller",
+        "rw.deadletter",
     }
     assert specs["rw.runs"].configs() == {"cleanup.policy": "compact"}
     assert specs["rw.steps"].configs()["cleanup.policy"] == "delete"

@@ -3,6 +3,7 @@
 import importlib.util
 
 collect_ignore_glob = (
-    [] if importlib.util.find_spec("torch") else ["test_checkpoint.py", "test_torch_helpers.py",
-                                                   "test_data.py"]
+    []
+    if importlib.util.find_spec("torch")
+    else ["test_checkpoint.py", "test_torch_helpers.py", "test_data.py"]
 )

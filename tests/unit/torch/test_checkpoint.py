@@ -33,8 +33,9 @@ def trained(seed: int = 0) -> tuple[TinyLM, torch.optim.Optimizer]:
 
 
 def loader(step: int) -> LoaderState:
-    return LoaderState(seed=3, epoch=0, rank=0, world_size=1, batch_idx=step,
-                       global_sample=8 * step)
+    return LoaderState(
+        seed=3, epoch=0, rank=0, world_size=1, batch_idx=step, global_sample=8 * step
+    )
 
 
 def test_save_commits_keeps_last_n_and_reports_timings(tmp_path):
@@ -43,8 +44,11 @@ def test_save_commits_keeps_last_n_and_reports_timings(tmp_path):
     for step in (1, 2, 3):
         ckpt.save(step, model, opt, loader_state=loader(step), gang_loader_states=(loader(step),))
     results = ckpt.close()
-    assert [(r.step, r.status) for r in results] == [(1, "committed"), (2, "committed"),
-                                                      (3, "committed")]
+    assert [(r.step, r.status) for r in results] == [
+        (1, "committed"),
+        (2, "committed"),
+        (3, "committed"),
+    ]
     assert all(r.blocked_s > 0 and r.write_s > 0 and r.size_bytes > 0 for r in results)
     assert results[-1].loader_states == (loader(3),)
     assert [s for s, _ in list_complete_checkpoints(tmp_path)] == [2, 3]

@@ -20,8 +20,7 @@ def test_corpus_is_pinned():
 @pytest.mark.parametrize("world_size", [1, 2, 4, 8])
 def test_ranks_partition_the_global_batch_whatever_the_world_size(world_size):
     data = WindowDataset(generate_corpus(), seq_len=64, seed=7)
-    gang = [i for r in range(world_size)
-            for i in data.rank_batch(48, 16, world_size, r)[0]]
+    gang = [i for r in range(world_size) for i in data.rank_batch(48, 16, world_size, r)[0]]
     assert gang == sample_ids(7, data.n_samples, 48, 16)
 
 

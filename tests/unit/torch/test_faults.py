@@ -9,9 +9,13 @@ def test_parse_specs():
     assert parse_fault("nan@12") == Fault("nan", 12)
     assert parse_fault("kill@15:rank=1") == Fault("kill", 15, rank=1)
     assert parse_fault("hang@3:rank=0:secs=2.5:incarnation=1") == Fault(
-        "hang", 3, rank=0, incarnation=1, secs=2.5)
+        "hang", 3, rank=0, incarnation=1, secs=2.5
+    )
     assert parse_faults(["nan@1,spike@2", " kill@3:rank=1  ", ""]) == (
-        Fault("nan", 1), Fault("spike", 2), Fault("kill", 3, rank=1))
+        Fault("nan", 1),
+        Fault("spike", 2),
+        Fault("kill", 3, rank=1),
+    )
 
 
 @pytest.mark.parametrize("bad", ["nan", "boom@3", "nan@x", "kill@3:who=1", "kill@3:rank"])
