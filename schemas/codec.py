@@ -28,8 +28,8 @@ NONFINITE_TOKENS: Final[dict[str, float]] = {
     "-Infinity": -math.inf,
 }
 KNOWN_TAGS: Final[frozenset[str]] = frozenset(
-    str(msgspec.inspect.type_info(t).tag)
-    for t in ALL_TYPES  # type: ignore[attr-defined]
+    str(msgspec.inspect.type_info(t).tag)  # type: ignore[attr-defined]
+    for t in ALL_TYPES
 )
 
 

@@ -70,6 +70,46 @@ class Emitter:
         )
 
 
+def spike_episode(
+    em: Emitter,
+    kind: AnomalyKind,
+    label: str,
+    base: RollingBaseline,
+    value: float,
+    thresh: float,
+    run: int,
+) -> int:
+    """Advance a spike episode: one verdict when it opens, none while it lasts.
+
+    Args:
+        em: Collects the verdict.
+        kind: ``loss_spike`` or ``grad_norm_spike``.
+        label: The value's name in the verdict's detail.
+        base: The baseline before ``value``.
+        value: The observed value.
+        thresh: The z threshold.
+        run: Consecutive spiking steps before this one.
+
+    Returns:
+        Consecutive spiking steps including this one (0: the episode is over).
+    """
+    spike = spike_of(base, value, thresh)
+    if spike is None:
+        return 0
+    if run == 0:
+        median, scale, z = spike
+        em.emit(
+            kind,
+            value=value,
+            baseline=median,
+            scale=scale,
+            z=z,
+            threshold=thresh,
+            detail=f"{label} {value:.6g} vs median {median:.6g} (z={z:.3g})",
+        )
+    return run + 1
+
+
 def spike_of(
     base: RollingBaseline, value: float, thresh: float
 ) -> tuple[float, float, float] | None:

@@ -34,7 +34,7 @@ from processors.core.continuity import (
 )
 from processors.core.ledger import COL_GRAD, COL_LOSS, StepLedger
 from processors.core.runinfo import RunInfo
-from processors.core.step_checks import Emitter, count_kinds, spike_of, step_accounting
+from processors.core.step_checks import Emitter, count_kinds, spike_episode, step_accounting
 from processors.core.step_state import StepHealthState, new_step_state
 from schemas.events import (
     AnomalyDetected,
@@ -214,45 +214,20 @@ def _on_step(
                     f"over {check.n + 1} steps",
                 )
             check = outcome.check
-        spike = None if broke else spike_of(loss_base, loss, cfg.loss_z_thresh)
         if broke:
             loss_spike_run = 1  # the discontinuity opens the episode
-        elif spike is None:
-            loss_spike_run = 0
         else:
-            loss_spike_run += 1
-            if loss_spike_run == 1:
-                median, scale, z = spike
-                em.emit(
-                    "loss_spike",
-                    value=loss,
-                    baseline=median,
-                    scale=scale,
-                    z=z,
-                    threshold=cfg.loss_z_thresh,
-                    detail=f"loss {loss:.6g} vs median {median:.6g} (z={z:.3g})",
-                )
+            loss_spike_run = spike_episode(
+                em, "loss_spike", "loss", loss_base, loss, cfg.loss_z_thresh, loss_spike_run
+            )
         loss_base = loss_base.update(loss, step)
 
     grad_base, grad_spike_run = state.grad, state.grad_spike_run
     if grad_ok:
         assert grad is not None
-        spike = spike_of(grad_base, grad, cfg.grad_z_thresh)
-        if spike is None:
-            grad_spike_run = 0
-        else:
-            grad_spike_run += 1
-            if grad_spike_run == 1:
-                median, scale, z = spike
-                em.emit(
-                    "grad_norm_spike",
-                    value=grad,
-                    baseline=median,
-                    scale=scale,
-                    z=z,
-                    threshold=cfg.grad_z_thresh,
-                    detail=f"grad norm {grad:.6g} vs median {median:.6g} (z={z:.3g})",
-                )
+        grad_spike_run = spike_episode(
+            em, "grad_norm_spike", "grad norm", grad_base, grad, cfg.grad_z_thresh, grad_spike_run
+        )
         grad_base = grad_base.update(grad, step)
 
     step_time_s, tokens, step_mfu, tokens_per_s = step_accounting(info, event, cfg)
