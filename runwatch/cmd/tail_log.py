@@ -57,7 +57,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--bootstrap", help="Kafka bootstrap host:port (default: $RUNWATCH_BOOTSTRAP)"
     )
-    parser.add_argument("--topic-prefix", help="topic name prefix (default: runwatch)")
+    parser.add_argument(
+        "--prefix",
+        "--topic-prefix",
+        dest="topic_prefix",
+        help="topic name prefix (default: runwatch)",
+    )
     parser.add_argument(
         "--tokens-per-step",
         type=int,
