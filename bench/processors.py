@@ -39,6 +39,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
+from kafka.errors import KafkaError
 
 from processors.core.config import DetectorConfig
 from processors.intake import RawRecord, split
@@ -121,7 +122,10 @@ def start_worker(
 
 
 def committed_total(admin: KafkaAdminClient, group: str, topics: set[str]) -> int:
-    offsets = admin.list_group_offsets(group).get(group, {})
+    try:
+        offsets = admin.list_group_offsets(group).get(group, {})
+    except KafkaError:  # the group's coordinator appears with the worker's first join
+        return 0
     return sum(
         meta.offset for tp, meta in offsets.items() if tp.topic in topics and meta.offset > 0
     )
