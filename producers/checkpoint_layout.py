@@ -23,6 +23,8 @@ import re
 import shutil
 from pathlib import Path
 
+from runwatch.durable import fsync_dir
+
 METADATA_FILE = ".metadata"
 """The file DCP writes last; its presence is half of completeness."""
 
@@ -96,14 +98,6 @@ def latest_complete_checkpoint(
     return candidates[-1] if candidates else None
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def commit_checkpoint(root: str | os.PathLike[str], step: int) -> Path:
     """Promote a fully written staging directory to a committed checkpoint.
 
@@ -128,7 +122,7 @@ def commit_checkpoint(root: str | os.PathLike[str], step: int) -> Path:
         shutil.rmtree(old, ignore_errors=True)
         final.rename(old)
     tmp.rename(final)
-    _fsync_dir(final.parent)
+    fsync_dir(final.parent)
     shutil.rmtree(old, ignore_errors=True)
     return final
 

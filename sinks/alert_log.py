@@ -22,6 +22,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Final
 
+from runwatch.durable import replace_file
+
 SUPPRESSED: Final = "_suppressed"
 REPORTED: Final = "_reported"
 UNREPORTED: Final = "_unreported"
@@ -91,9 +93,7 @@ class DeliveryLog:
         tmp = self.path.with_name(self.path.name + ".tmp")
         with tmp.open("w", encoding="utf-8") as fh:
             fh.writelines(json.dumps(e) + "\n" for e in entries)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, self.path)
+        replace_file(tmp, self.path)
         self.done, self.unreported = {}, {}
         self._load()
 

@@ -11,7 +11,6 @@ between writing a file and committing the offsets therefore never duplicates a r
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Final
@@ -20,6 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from processors.intake import RawRecord
+from runwatch.durable import replace_file
 from sinks.archive_layout import (
     SUFFIX,
     Stream,
@@ -67,14 +67,7 @@ def write_file(root: Path, stream: Stream, records: Sequence[RawRecord]) -> Path
     rows = [row_of(r) for r in records]
     table = pa.Table.from_pylist(rows, schema=SCHEMA)
     pq.write_table(table, tmp, compression="zstd")
-    with tmp.open("rb") as fh:
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    replace_file(tmp, path)
     return path
 
 

@@ -22,6 +22,8 @@ from typing import Literal
 
 import msgspec
 
+from runwatch.durable import append_durably, atomic_write
+
 GANG_FILE = "gang.json"
 PROCESSED_FILE = "processed.jsonl"
 
@@ -98,14 +100,6 @@ class ProcessedCommand(msgspec.Struct, frozen=True, kw_only=True):
     ts_ns: int
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 class ControllerState:
     """The state directory of one run's controller.
 
@@ -131,14 +125,7 @@ class ControllerState:
 
     def save_gang(self, record: GangRecord) -> None:
         """Replace the gang record atomically and durably."""
-        path = self.root / GANG_FILE
-        tmp = path.with_suffix(".tmp")
-        with tmp.open("wb") as f:
-            f.write(msgspec.json.format(msgspec.json.encode(record)))
-            f.flush()
-            os.fsync(f.fileno())
-        tmp.replace(path)
-        _fsync_dir(self.root)
+        atomic_write(self.root / GANG_FILE, msgspec.json.format(msgspec.json.encode(record)))
 
     # ------------------------------------------------------------------ processed commands
 
@@ -165,17 +152,7 @@ class ControllerState:
 
     def mark_processed(self, entry: ProcessedCommand) -> None:
         """Record a command as executed; durable when this returns (call it before acting)."""
-        line = msgspec.json.encode(entry) + b"\n"
-        path = self.root / PROCESSED_FILE
-        new = not path.exists()
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            os.write(fd, line)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        if new:
-            _fsync_dir(self.root)
+        append_durably(self.root / PROCESSED_FILE, msgspec.json.encode(entry) + b"\n")
         self._processed.add(entry.command_id)
 
     # ------------------------------------------------------------------ paths

@@ -5,16 +5,15 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from runwatch.durable import atomic_write
+
 
 def _write_json(path: Path, payload: dict[str, Any]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(payload, indent=2) + "\n")
-    os.replace(tmp, path)
+    atomic_write(path, (json.dumps(payload, indent=2) + "\n").encode())
 
 
 @contextlib.contextmanager
