@@ -38,10 +38,10 @@ import uuid
 from contextlib import ExitStack
 from pathlib import Path
 
-from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
-from kafka.errors import KafkaError
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
 from processors.core.config import DetectorConfig
+from processors.fleet import committed_offsets
 from processors.intake import RawRecord, split
 from processors.pipeline import fold_batch
 from runwatch.admin import create_catalogue
@@ -121,14 +121,9 @@ def start_worker(
     return subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env)
 
 
-def committed_total(admin: KafkaAdminClient, group: str, topics: set[str]) -> int:
-    try:
-        offsets = admin.list_group_offsets(group).get(group, {})
-    except KafkaError:  # the group's coordinator appears with the worker's first join
-        return 0
-    return sum(
-        meta.offset for tp, meta in offsets.items() if tp.topic in topics and meta.offset > 0
-    )
+def committed_total(group: str, bootstrap: str, topics: set[str]) -> int:
+    done = committed_offsets(bootstrap, group)
+    return sum(n for (topic, _), n in done.items() if topic in topics and n > 0)
 
 
 def end_total(consumer: KafkaConsumer, topics: list[str]) -> int:
@@ -143,12 +138,11 @@ def throughput(bootstrap: str, prefix: str, partitions: int, runs: int, steps: i
     produce_s = produce(bootstrap, prefix, events)
     consumer = KafkaConsumer(bootstrap_servers=bootstrap)
     target = end_total(consumer, inputs)
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
     worker = start_worker(bootstrap, prefix, partitions, log)
     samples: list[tuple[float, int]] = []
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
-        done = committed_total(admin, f"{prefix}-app", set(inputs))
+        done = committed_total(f"{prefix}-app", bootstrap, set(inputs))
         samples.append((time.monotonic(), done))
         if done >= target:
             break
@@ -160,7 +154,6 @@ def throughput(bootstrap: str, prefix: str, partitions: int, runs: int, steps: i
     t_last, n_last = samples[-1]
     rate = (n_last - n_first) / max(t_last - t_first, 1e-9)
     consumer.close()
-    admin.close()
     return worker, {
         "events": len(events),
         "produce_s": produce_s,

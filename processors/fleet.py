@@ -97,3 +97,55 @@ def summarize(view: RunView) -> RunSummary:
         steps_observed=s.steps_observed if s else 0,
         heartbeats=lv.heartbeats if lv else 0,
     )
+
+
+def committed_offsets(bootstrap: str, group: str) -> dict[tuple[str, int], int]:
+    """The group's committed offsets by (topic, partition); empty before its first commit."""
+    from kafka import KafkaAdminClient
+    from kafka.errors import KafkaError
+
+    from runwatch.settings import kafka_client_config
+
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap, **kafka_client_config())
+    try:
+        offsets = admin.list_group_offsets(group).get(group, {})
+    except KafkaError:  # no coordinator yet: the group never joined
+        return {}
+    finally:
+        admin.close()
+    return {(tp.topic, tp.partition): meta.offset for tp, meta in offsets.items()}
+
+
+def wait_until_processed(
+    bootstrap: str, app_id: str, topics: list[str], *, timeout_s: float = 60.0
+) -> None:
+    """Block until the processors have committed every record now in ``topics``.
+
+    Commits trail processing by up to a second, so this is how a caller that read the
+    log itself (the demo's audit) knows the verdicts of everything it read are published.
+
+    Raises:
+        TimeoutError: The processors did not catch up in time.
+    """
+    import time
+
+    from kafka import KafkaConsumer, TopicPartition
+
+    from runwatch.settings import kafka_client_config
+
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, **kafka_client_config())
+    try:
+        parts = [
+            TopicPartition(t, p) for t in topics for p in consumer.partitions_for_topic(t) or ()
+        ]
+        target = {(tp.topic, tp.partition): n for tp, n in consumer.end_offsets(parts).items() if n}
+    finally:
+        consumer.close()
+    deadline = time.monotonic() + timeout_s
+    while True:
+        done = committed_offsets(bootstrap, app_id)
+        if all(done.get(tp, 0) >= n for tp, n in target.items()):
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"processors of {app_id} did not catch up with {topics}")
+        time.sleep(0.2)  # commits land on the broker's schedule; poll them

@@ -24,7 +24,7 @@ from processors.audit import audit, load_run_log
 from processors.core.config import DetectorConfig, with_overrides
 from processors.core.replay import replay
 from processors.core.report import health_report
-from processors.fleet import latest_states, summarize
+from processors.fleet import latest_states, summarize, wait_until_processed
 from processors.intake import split
 from processors.logread import TopicTail
 from runwatch.admin import create_catalogue
@@ -225,6 +225,10 @@ def run_demo(cfg: DemoConfig, out: TextIO = sys.stdout) -> int:
             is_tty,
         )
         failed = {r: p.returncode for r, p in launches.items() if p.returncode != 0}
+        # every event is in the log; let the processors finish with it (inputs, then the
+        # anomalies the policy reads) before the audit compares
+        wait_until_processed(bootstrap, app_id, [topics.steps, topics.heartbeats])
+        wait_until_processed(bootstrap, app_id, [topics.anomalies])
         recent.extend(_events(tail, roles))
         say("")
         ok = _receipts(bootstrap, prefix, run_ids, detector, say)

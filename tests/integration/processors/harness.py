@@ -94,6 +94,10 @@ def workers(
 
     try:
         yield start
+    except BaseException:
+        for worker in started:  # the workers' view of a failure, in the test report
+            print(f"--- {worker.log_path.name}\n{worker.log_tail(60)}")
+        raise
     finally:
         for worker in started:
             worker.stop()

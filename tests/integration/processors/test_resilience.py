@@ -11,6 +11,7 @@ from kafka import KafkaProducer
 from processors.audit import audit, load_run_log
 from processors.core.config import DetectorConfig, with_overrides
 from processors.fleet import latest_states
+from runwatch.cmd.audit import render
 from schemas.codec import encode
 from schemas.events import DeadLetter, Heartbeat
 from schemas.topics import names
@@ -81,6 +82,11 @@ def _anomalies_by_run(bootstrap: str, prefix: str) -> dict[str, list]:
 
 
 def _check_exact_and_audited(bootstrap: str, prefix: str, last: int) -> None:
+    # the policy acts on the anomalies after they are published: wait for its command
+    # (the dead rank's respawn) before auditing, or the audit would race the worker
+    commands = Reader(bootstrap, names(prefix).commands)
+    commands.wait_for(lambda ev: any(c.run_id == DEAD_RUN for c in ev))
+    commands.close()
     views = latest_states(bootstrap, f"{prefix}-app")
     recorded = _anomalies_by_run(bootstrap, prefix)
     for run in RUNS:
@@ -91,8 +97,14 @@ def _check_exact_and_audited(bootstrap: str, prefix: str, last: int) -> None:
         if run == DEAD_RUN:
             expected.append(("dead_rank", DEAD_AFTER + 11, 1, 0))
         assert sorted(recorded[run]) == sorted(expected), run
-        receipt = audit(load_run_log(bootstrap, prefix, run), CFG)
-        assert receipt.agrees, (run, receipt)
+        log = load_run_log(bootstrap, prefix, run)
+        receipt = audit(log, CFG)
+        assert receipt.agrees, (
+            run,
+            render(receipt),
+            [short(e) for _, _, e in log.recorded_anomalies],
+            [short(c) for c in log.recorded_commands],
+        )
 
 
 @pytest.fixture
@@ -128,7 +140,7 @@ def test_sigkill_mid_stream_loses_nothing_and_applies_nothing_twice(
         feeder.join()
         start()
         _wait_states(kafka_bootstrap, app_id, _all_applied_exactly(STEPS))
-    _check_exact_and_audited(kafka_bootstrap, topic_prefix, STEPS)
+        _check_exact_and_audited(kafka_bootstrap, topic_prefix, STEPS)
 
 
 def test_a_second_worker_joins_and_takes_over(kafka_bootstrap, topic_prefix, tmp_path, trainers):
@@ -151,7 +163,7 @@ def test_a_second_worker_joins_and_takes_over(kafka_bootstrap, topic_prefix, tmp
         first.stop()  # and the newcomer must now own every partition
         _feed(kafka_bootstrap, topic_prefix, 101, STEPS, trainers)
         _wait_states(kafka_bootstrap, app_id, _all_applied_exactly(STEPS))
-    _check_exact_and_audited(kafka_bootstrap, topic_prefix, STEPS)
+        _check_exact_and_audited(kafka_bootstrap, topic_prefix, STEPS)
 
 
 def test_bad_input_goes_to_the_dead_letter_topic(
