@@ -31,7 +31,6 @@ import json
 import os
 import random
 import statistics
-import subprocess
 import tempfile
 import time
 import uuid
@@ -45,6 +44,7 @@ from processors.fleet import committed_offsets
 from processors.intake import RawRecord, split
 from processors.pipeline import fold_batch
 from runwatch.admin import create_catalogue
+from runwatch.procs import ManagedProcess
 from schemas.codec import decode, encode, encode_key
 from schemas.events import AnomalyDetected, Heartbeat, RunStarted, StepCompleted
 from schemas.topics import names
@@ -96,29 +96,14 @@ def produce(bootstrap: str, prefix: str, events: list[tuple[str, bytes, bytes]])
     return time.perf_counter() - t
 
 
-def start_worker(
-    bootstrap: str, prefix: str, partitions: int, log: Path
-) -> subprocess.Popen[bytes]:
-    cmd = [
-        sys.executable,
-        "-m",
-        "runwatch.cli",
-        "processors",
-        "--bootstrap",
-        bootstrap,
-        "--prefix",
-        prefix,
-        "--app-id",
-        f"{prefix}-app",
-        "--partitions",
-        str(partitions),
-        "--set",
-        "hang_timeout_s=3600",
-        "--set",
-        "dead_rank_timeout_s=3600",
-    ]
+def start_worker(bootstrap: str, prefix: str, partitions: int, log: Path) -> ManagedProcess:
+    args = [
+        "processors", "--bootstrap", bootstrap, "--prefix", prefix, "--app-id", f"{prefix}-app",
+        "--partitions", str(partitions),
+        "--set", "hang_timeout_s=3600", "--set", "dead_rank_timeout_s=3600",
+    ]  # fmt: skip
     env = {**os.environ, "RUNWATCH_COMMAND_KEY": "bench-command-key-0123456789"}
-    return subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env)
+    return ManagedProcess.runwatch("processors", args, log, env=env)
 
 
 def committed_total(group: str, bootstrap: str, topics: set[str]) -> int:
@@ -131,14 +116,23 @@ def end_total(consumer: KafkaConsumer, topics: list[str]) -> int:
     return sum(consumer.end_offsets(tps).values())
 
 
-def throughput(bootstrap: str, prefix: str, partitions: int, runs: int, steps: int, log: Path):
+def throughput(
+    bootstrap: str,
+    prefix: str,
+    partitions: int,
+    runs: int,
+    steps: int,
+    worker_log: Path,
+    stack: ExitStack,
+):
     topics = names(prefix)
     inputs = [topics.steps, topics.heartbeats]
     events = backlog(runs, steps)
     produce_s = produce(bootstrap, prefix, events)
     consumer = KafkaConsumer(bootstrap_servers=bootstrap)
     target = end_total(consumer, inputs)
-    worker = start_worker(bootstrap, prefix, partitions, log)
+    worker = start_worker(bootstrap, prefix, partitions, worker_log)
+    stack.callback(worker.stop)  # also when the measurement fails
     samples: list[tuple[float, int]] = []
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
@@ -148,13 +142,13 @@ def throughput(bootstrap: str, prefix: str, partitions: int, runs: int, steps: i
             break
         time.sleep(0.25)  # sampling interval of a measurement, not synchronisation
     else:
-        raise SystemExit(f"worker did not drain the backlog; see {log}")
+        raise SystemExit(f"worker did not drain the backlog; see {worker_log}")
     first = next(i for i, (_, n) in enumerate(samples) if n > 0)
     t_first, n_first = samples[first - 1] if first > 0 else samples[first]
     t_last, n_last = samples[-1]
     rate = (n_last - n_first) / max(t_last - t_first, 1e-9)
     consumer.close()
-    return worker, {
+    return {
         "events": len(events),
         "produce_s": produce_s,
         "drain_s": t_last - t_first,
@@ -263,14 +257,10 @@ def main() -> int:
             bootstrap = stack.enter_context(ephemeral_broker(tmp / "kafka")).bootstrap
         prefix = f"bench{uuid.uuid4().hex[:6]}"
         create_catalogue(bootstrap, prefix=prefix, partitions=args.partitions)
-        worker, tput = throughput(
-            bootstrap, prefix, args.partitions, args.runs, args.steps, tmp / "worker.log"
+        tput = throughput(
+            bootstrap, prefix, args.partitions, args.runs, args.steps, tmp / "worker.log", stack
         )
-        try:
-            lat = latency(bootstrap, prefix, args.spikes)
-        finally:
-            worker.terminate()
-            worker.wait(timeout=60)
+        lat = latency(bootstrap, prefix, args.spikes)
     parts = breakdown(min(args.runs, 50), args.steps)
     print(
         f"throughput: {tput['events']} events ({args.runs} runs x {args.steps} steps x "
