@@ -8,9 +8,6 @@ from __future__ import annotations
 
 import os
 import random
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -20,6 +17,7 @@ from typing import Any
 from kafka import KafkaConsumer, TopicPartition
 
 from producers import RunEmitter
+from runwatch.procs import ManagedProcess
 from schemas.codec import decode
 from schemas.events import Event
 
@@ -27,51 +25,15 @@ COMMAND_KEY = "test-command-key-0123456789"
 WAIT_S = 90.0
 
 
-class Worker:
-    """One `runwatch processors` process."""
-
-    def __init__(self, args: Sequence[str], log_path: Path) -> None:
-        self.log_path = log_path
-        env = {**os.environ, "RUNWATCH_COMMAND_KEY": COMMAND_KEY, "PYTHONUNBUFFERED": "1"}
-        self._log = log_path.open("ab")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "runwatch.cli", "processors", *args],
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
-        )
-
-    def kill(self) -> None:
-        """SIGKILL: no shutdown, no final commit."""
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(timeout=30)
-
-    def stop(self) -> None:
-        """SIGTERM and wait (faust shuts down cleanly)."""
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.kill()
-        self._log.close()
-
-    def log_tail(self, n: int = 40) -> str:
-        lines = self.log_path.read_text(errors="replace").splitlines()
-        return "\n".join(lines[-n:])
-
-
 @contextmanager
 def workers(
     bootstrap: str, prefix: str, tmp_path: Path, *, partitions: int, sets: Sequence[str] = ()
-) -> Iterator[Callable[[], Worker]]:
+) -> Iterator[Callable[[], ManagedProcess]]:
     """Yield a function that starts one more worker of the same app; all stop at the end."""
-    started: list[Worker] = []
+    started: list[ManagedProcess] = []
     app_id = f"{prefix}-app"
 
-    def start() -> Worker:
+    def start() -> ManagedProcess:
         args = [
             "--bootstrap",
             bootstrap,
@@ -88,7 +50,10 @@ def workers(
         ]
         for s in sets:
             args += ["--set", s]
-        worker = Worker(args, tmp_path / f"worker{len(started)}.log")
+        env = {**os.environ, "RUNWATCH_COMMAND_KEY": COMMAND_KEY, "PYTHONUNBUFFERED": "1"}
+        worker = ManagedProcess.runwatch(
+            f"worker{len(started)}", args, tmp_path / f"worker{len(started)}.log", env=env
+        )
         started.append(worker)
         return worker
 
