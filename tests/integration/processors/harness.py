@@ -35,6 +35,7 @@ def workers(
 
     def start() -> ManagedProcess:
         args = [
+            "processors",
             "--bootstrap",
             bootstrap,
             "--prefix",
