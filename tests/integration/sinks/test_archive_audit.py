@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -19,45 +18,28 @@ import duckdb
 import pytest
 from kafka import KafkaConsumer, TopicPartition
 
+from runwatch.procs import ManagedProcess
 from schemas.topics import names
 from tests.integration.processors.harness import Reader, Trainer, workers
 
 pytestmark = pytest.mark.integration
 
 
-class Sinks:
-    """One `runwatch sinks --archive` process."""
+@pytest.fixture
+def start_sinks(kafka_bootstrap, topic_prefix, tmp_path):
+    """Start `runwatch sinks --archive` processes; every one is stopped at the end."""
+    started: list[ManagedProcess] = []
 
-    def __init__(self, bootstrap: str, prefix: str, archive: Path, log: Path) -> None:
-        self._log = log.open("ab")
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "runwatch.cli",
-                "sinks",
-                "--archive",
-                str(archive),
-                "--archive-flush-s",
-                "0.2",
-                "--bootstrap",
-                bootstrap,
-                "--prefix",
-                prefix,
-            ],
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
+    def start(root: Path) -> ManagedProcess:
+        args = ["sinks", "--archive", str(root), "--archive-flush-s", "0.2",
+                "--bootstrap", kafka_bootstrap, "--prefix", topic_prefix]  # fmt: skip
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        started.append(ManagedProcess.runwatch("sinks", args, tmp_path / "sinks.log", env=env))
+        return started[-1]
 
-    def kill(self) -> None:
-        os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(30)
-
-    def stop(self) -> int:
-        os.killpg(self.proc.pid, signal.SIGTERM)
-        return self.proc.wait(60)
+    yield start
+    for proc in started:
+        proc.stop()
 
 
 def end_offsets(bootstrap: str, topics: list[str]) -> int:
@@ -98,7 +80,7 @@ def audit(args: list[str]) -> dict:
 
 
 def test_archive_survives_sigkill_and_audits_like_kafka(
-    kafka_bootstrap, topic_prefix, make_topics, tmp_path
+    kafka_bootstrap, topic_prefix, make_topics, tmp_path, start_sinks
 ):
     make_topics(topic_prefix, partitions=2)
     t = names(topic_prefix)
@@ -107,7 +89,7 @@ def test_archive_survives_sigkill_and_audits_like_kafka(
     run = "run-archive"
     anomalies = Reader(kafka_bootstrap, t.anomalies)
     trainer = Trainer(kafka_bootstrap, topic_prefix, run)
-    sinks = Sinks(kafka_bootstrap, topic_prefix, root, tmp_path / "sinks.log")
+    sinks = start_sinks(root)
     with workers(kafka_bootstrap, topic_prefix, tmp_path, partitions=2) as start:
         start()
         trainer.start(0)
@@ -118,7 +100,7 @@ def test_archive_survives_sigkill_and_audits_like_kafka(
         for s in range(21, 41):
             trainer.step(s, loss=9.0 if s == 30 else None)
             if s == 30:
-                sinks = Sinks(kafka_bootstrap, topic_prefix, root, tmp_path / "sinks.log")
+                sinks = start_sinks(root)
         trainer.end("completed")
         anomalies.wait_for(lambda ev: any(getattr(e, "kind", "") == "loss_spike" for e in ev))
     trainer.close()
