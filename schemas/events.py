@@ -24,7 +24,7 @@ import msgspec
 # --------------------------------------------------------------------------- value types
 
 
-class ModelFlopConfig(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+class ModelFlopConfig(msgspec.Struct, frozen=True, omit_defaults=True):
     """The shape a decoder-only transformer's FLOPs per token depend on.
 
     Attributes:
@@ -34,6 +34,9 @@ class ModelFlopConfig(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=T
         n_head: Attention heads per block.
         d_model: Hidden width (``n_head * head_dim``).
         seq_len: Tokens per sequence (the context length T).
+
+    Seed 000 builds it positionally, ``ModelFlopConfig(n_params, n_layer, n_head, d_model,
+    seq_len)``, so the field order is part of the API (the wire format is by name).
     """
 
     n_params: int
