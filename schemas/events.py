@@ -34,10 +34,10 @@ class ModelFlopConfig(msgspec.Struct, frozen=True, omit_defaults=True):
         n_head: Attention heads per block.
         d_model: Hidden width (``n_head * head_dim``).
         seq_len: Tokens per sequence (the context length T).
-
-    Seed 000 builds it positionally, ``ModelFlopConfig(n_params, n_layer, n_head, d_model,
-    seq_len)``, so the field order is part of the API (the wire format is by name).
     """
+
+    # Not kw_only: seed 000 builds it positionally, ModelFlopConfig(n_params, n_layer,
+    # n_head, d_model, seq_len), so this field order is API (the wire format is by name).
 
     n_params: int
     n_layer: int
