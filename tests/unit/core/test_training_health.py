@@ -65,7 +65,7 @@ def test_signatures_are_the_seeds() -> None:
     assert params(StepRecord) == ["step", "loss", "grad_norm", "step_time_s", "restart"]
     assert defaults(StepRecord) == {"grad_norm": None, "step_time_s": None, "restart": False}
     assert defaults(RollingBaseline) == {"window": 20, "min_periods": 5, "min_scale_rel": 1e-3}
-    assert defaults(TrainingHealthMonitor) | {} == {
+    assert defaults(TrainingHealthMonitor) == {
         "flop_config": None,
         "peak_flops_per_sec": None,
         "loss_window": 20,
