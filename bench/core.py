@@ -120,7 +120,7 @@ def baseline_rates(repeat: int) -> tuple[float, float]:
         b = RollingBaseline(window, 10)
         for i, v in enumerate(values):
             b.z_score(v)
-            b = b.update(v, i)
+            b = b.with_value(v, i)
 
     def with_numpy() -> None:
         buf = np.empty(0)

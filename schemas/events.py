@@ -24,7 +24,7 @@ import msgspec
 # --------------------------------------------------------------------------- value types
 
 
-class ModelFlopConfig(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+class ModelFlopConfig(msgspec.Struct, frozen=True, omit_defaults=True):
     """The shape a decoder-only transformer's FLOPs per token depend on.
 
     Attributes:
@@ -35,6 +35,9 @@ class ModelFlopConfig(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=T
         d_model: Hidden width (``n_head * head_dim``).
         seq_len: Tokens per sequence (the context length T).
     """
+
+    # Not kw_only: seed 000 builds it positionally, ModelFlopConfig(n_params, n_layer,
+    # n_head, d_model, seq_len), so this field order is API (the wire format is by name).
 
     n_params: int
     n_layer: int

@@ -2,11 +2,14 @@
 
 Median and MAD rather than mean and standard deviation, so an earlier spike in the window
 does not widen the spread that judges the next one. The baseline is an immutable value:
-`RollingBaseline.update` returns a new baseline and leaves the old one as it was, so a
-fold that keeps it in its state never mutates earlier states.
+`RollingBaseline.with_value` returns a new baseline and leaves the old one as it was, so a
+fold that keeps it in its state never mutates earlier states. There is deliberately no
+``update``: seed 000's baseline mutates in place under that name, and ``b.update(v)`` on an
+immutable value would drop ``v`` without a word, so the name raises instead. The seed's
+mutable baseline is `processors.core.training_health.RollingBaseline`, built on this one.
 
 Scoring is causal: `RollingBaseline.z_score` judges a value against the window as it
-stood before the value was added, and the caller adds it afterwards with ``update``.
+stood before the value was added, and the caller adds it afterwards with ``with_value``.
 
 The window is kept twice, in arrival order (to know which value leaves next, and the step
 of each value, so a rollback to step S can drop every value after S) and sorted (so the
@@ -19,7 +22,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_left, bisect_right, insort
 from collections.abc import Iterable, Sequence
-from typing import Any, Final
+from typing import Any, Final, NoReturn
 
 import msgspec
 
@@ -188,8 +191,10 @@ class RollingBaseline(msgspec.Struct, frozen=True, gc=False):
         m, scale = stats
         return (value - m) / scale
 
-    def update(self, value: float, step: int | None = None) -> RollingBaseline:
-        """The baseline with ``value`` added (the oldest value leaves a full window).
+    def with_value(self, value: float, step: int | None = None) -> RollingBaseline:
+        """A new baseline with ``value`` added (the oldest value leaves a full window).
+
+        Use as ``b = b.with_value(v, step)``: this baseline is not changed.
 
         Args:
             value: A finite observation.
@@ -217,6 +222,20 @@ class RollingBaseline(msgspec.Struct, frozen=True, gc=False):
             steps = self.steps + (step,)  # noqa: RUF005
         return RollingBaseline(
             self.window, self.min_periods, self.min_scale_rel, steps, values, tuple(ordered)
+        )
+
+    def update(self, *args: object, **kwargs: object) -> NoReturn:
+        """Always raises: this baseline is immutable and ``update`` would lose the value.
+
+        Raises:
+            TypeError: Always, naming `RollingBaseline.with_value` and the mutable
+                seed-compatible `processors.core.training_health.RollingBaseline`.
+        """
+        raise TypeError(
+            "processors.core.baseline.RollingBaseline is immutable, so update() would "
+            "silently drop the value: write `b = b.with_value(v)`, or use "
+            "processors.core.training_health.RollingBaseline, which updates in place "
+            "(seed 000's API)"
         )
 
     def rollback(self, step: int) -> RollingBaseline:

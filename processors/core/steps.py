@@ -220,7 +220,7 @@ def _on_step(
             loss_spike_run = spike_episode(
                 em, "loss_spike", "loss", loss_base, loss, cfg.loss_z_thresh, loss_spike_run
             )
-        loss_base = loss_base.update(loss, step)
+        loss_base = loss_base.with_value(loss, step)
 
     grad_base, grad_spike_run = state.grad, state.grad_spike_run
     if grad_ok:
@@ -228,7 +228,7 @@ def _on_step(
         grad_spike_run = spike_episode(
             em, "grad_norm_spike", "grad norm", grad_base, grad, cfg.grad_z_thresh, grad_spike_run
         )
-        grad_base = grad_base.update(grad, step)
+        grad_base = grad_base.with_value(grad, step)
 
     step_time_s, tokens, step_mfu, tokens_per_s = step_accounting(info, event, cfg)
     ledger = state.ledger.append(

@@ -25,7 +25,7 @@ quantised = st.integers(min_value=-3, max_value=3).map(float)
 def filled(values: list[float], window: int = 50, min_periods: int = 10) -> RollingBaseline:
     b = RollingBaseline(window, min_periods)
     for i, v in enumerate(values):
-        b = b.update(v, i)
+        b = b.with_value(v, i)
     return b
 
 
@@ -101,12 +101,12 @@ def test_robust_scale_fallbacks() -> None:
     assert robust_scale([1.0, 1.0, 1.0, 4.0], 1.0, 1e-3) == pytest.approx(1.2533 * 0.75)
 
 
-def test_scoring_is_causal_and_update_returns_a_new_value() -> None:
+def test_scoring_is_causal_and_with_value_returns_a_new_value() -> None:
     b = filled([1.0, 2.0, 3.0, 4.0, 5.0] * 4)
     before = b.baseline()
     z = b.z_score(100.0)
-    after = b.update(100.0, 99)
-    assert b.baseline() == before, "update must not change the original"
+    after = b.with_value(100.0, 99)
+    assert b.baseline() == before, "with_value must not change the original"
     assert z is not None and z > 10
     assert after.values[-1] == 100.0 and 100.0 not in b.values
 
@@ -114,7 +114,7 @@ def test_scoring_is_causal_and_update_returns_a_new_value() -> None:
 def test_rollback_drops_values_after_the_step() -> None:
     b = RollingBaseline(10, 3)
     for s in range(20):
-        b = b.update(float(s), s)
+        b = b.with_value(float(s), s)
     rolled = b.rollback(14)
     assert rolled.steps == tuple(range(10, 15))
     assert list(rolled.ordered) == [10.0, 11.0, 12.0, 13.0, 14.0]
@@ -142,4 +142,14 @@ def test_bad_window_rejected(window: int, min_periods: int) -> None:
 
 def test_nonfinite_values_are_refused() -> None:
     with pytest.raises(ValueError):
-        RollingBaseline().update(math.inf)
+        RollingBaseline().with_value(math.inf)
+
+
+def test_update_fails_loudly_naming_the_alternatives() -> None:
+    """Seed code ``b.update(v); b.z_score(x)`` must not stay in warmup without a word."""
+    b = filled([1.0, 2.0, 3.0] * 4)
+    with pytest.raises(TypeError, match=r"with_value.*training_health\.RollingBaseline"):
+        b.update(5.0)
+    with pytest.raises(TypeError, match="immutable"):
+        b.update(5.0, step=3)
+    assert b == filled([1.0, 2.0, 3.0] * 4), "the failed call changed nothing"

@@ -16,8 +16,10 @@ def test_seed_defaults_and_explicit_keywords() -> None:
     m = TrainingHealthMonitor()
     assert (m.config.loss_window, m.config.loss_min_periods, m.config.loss_z_thresh) == (20, 5, 6.0)
     assert m.config.rank_heartbeat_threshold == 50
-    m = TrainingHealthMonitor(config=DetectorConfig(), loss_z_thresh=8.0)
-    assert (m.config.loss_window, m.config.loss_z_thresh) == (50, 8.0)
+    m = TrainingHealthMonitor(loss_z_thresh=8.0)
+    assert (m.config.loss_window, m.config.loss_z_thresh) == (20, 8.0)
+    m = TrainingHealthMonitor.from_config(DetectorConfig())
+    assert m.config == DetectorConfig()
 
 
 def test_nonfinite_fires_during_warmup() -> None:
