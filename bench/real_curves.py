@@ -376,13 +376,14 @@ def train(c: Curve) -> Recorded:
         resuming = c.fault in ("resume_no_optimizer", "good_resume")
         if resuming and step == c.fault_step and not resumed:
             saved = (copy.deepcopy(model.state_dict()), copy.deepcopy(opt.state_dict()))
-        if resuming and saved is not None and not resumed:
-            if step == (c.fault_step or 0) + RESUME_CRASH_AFTER:  # the crash; resume from S
-                model.load_state_dict(saved[0])
-                opt = make_optimizer(c, model)
-                if c.fault == "good_resume":
-                    opt.load_state_dict(saved[1])
-                step, restart_marker, resumed = c.fault_step or 0, c.fault_step or 0, True
+        crash = resuming and saved is not None and not resumed
+        if crash and step == (c.fault_step or 0) + RESUME_CRASH_AFTER:  # resume from S
+            assert saved is not None
+            model.load_state_dict(saved[0])
+            opt = make_optimizer(c, model)
+            if c.fault == "good_resume":
+                opt.load_state_dict(saved[1])
+            step, restart_marker, resumed = c.fault_step or 0, c.fault_step or 0, True
     return rec
 
 
@@ -400,8 +401,8 @@ def save(curves: list[tuple[Curve, Recorded]], out: Path) -> None:
         arrays[f"{c.name}/skipped"] = np.asarray(r.skipped, dtype=np.int8)
     np.savez_compressed(out / "curves.npz", **arrays)  # type: ignore[arg-type]
     manifest = {
-        "made_by": "bench/real_curves.py (torch %s, 1 thread, deterministic algorithms)"
-        % torch.__version__,
+        "made_by": f"bench/real_curves.py (torch {torch.__version__}, 1 thread, "
+        "deterministic algorithms)",
         "columns": {
             "step": "step number (a resume redoes steps: not monotonic)",
             "loss": "training loss of the step (float32, exact)",

@@ -14,6 +14,13 @@ resumed row for a resume), and rows after the window are not judged (the run was
 A verdict that pages (severity warning or critical) on a healthy row is a false positive;
 info verdicts are counted apart. A fault is found when a paging verdict of an expected kind
 falls in its window; the delay is in rows (steps) from the fault.
+
+Materiality: a resume without optimizer state does not always change the curve (with a
+small learning rate, fresh Adam moments make a few updates of size lr and nothing else).
+Whether it did is measured on the recording itself, independent of any detector: the
+mean loss of the first 20 redone steps against their first attempt (same weights at S,
+same batches). Below +2 % the fault had no material effect; it is reported, but not
+counted in recall (and nothing it raises counts as a false positive either).
 """
 
 from __future__ import annotations
@@ -55,6 +62,9 @@ FAULT_WINDOW_ROWS: Mapping[str, int] = {
     "resume_no_optimizer": 40,
 }
 PAGING = frozenset({"warning", "critical"})
+MATERIAL_REL = 0.02
+"""A resume fault is material when the redone steps' mean loss rose by this fraction."""
+PAIRED_ROWS = 20
 
 
 def severity_of(a: AnomalyDetected) -> str:
@@ -77,6 +87,21 @@ class CurveResult:
     info_on_healthy: list[AnomalyDetected] = field(default_factory=list)
     detected_delay: int | None = None
     detected_kind: str | None = None
+    effect: float | None = None
+    material: bool = True
+
+
+def resume_effect(steps: np.ndarray, loss: np.ndarray, frow: int) -> float:
+    """Mean relative loss change of the first redone rows against their first attempts."""
+    first = {int(s): float(v) for s, v in zip(steps[:frow], loss[:frow], strict=True)}
+    pairs = [
+        (float(loss[i]), first[int(steps[i])])
+        for i in range(frow, min(len(steps), frow + PAIRED_ROWS))
+        if int(steps[i]) in first
+    ]
+    resumed = sum(a for a, _ in pairs) / len(pairs)
+    before = sum(b for _, b in pairs) / len(pairs)
+    return resumed / before - 1.0
 
 
 def load_corpus(root: Path = CORPUS) -> tuple[list[dict[str, Any]], dict[str, np.ndarray]]:
@@ -172,6 +197,9 @@ def evaluate(cfg: DetectorConfig, root: Path = CORPUS) -> list[CurveResult]:
             healthy_rows=n if frow is None else frow,
             fault_row=frow,
         )
+        if res.fault == "resume_no_optimizer" and frow is not None:
+            res.effect = resume_effect(arrays[f"{name}/step"], arrays[f"{name}/loss"], frow)
+            res.material = res.effect >= MATERIAL_REL
         window = FAULT_WINDOW_ROWS.get(res.fault or "", 0)
         for v in verdicts:
             assert v.source is not None
@@ -206,7 +234,8 @@ def summarize(results: list[CurveResult]) -> dict[str, Any]:
         per10k = 10_000 / max(1, healthy)
         faults: dict[str, Any] = {}
         for kind in FAULT_EXPECTED:
-            fg = [r for r in group if r.fault == kind]
+            every = [r for r in group if r.fault == kind]
+            fg = [r for r in every if r.material]
             found = [r for r in fg if r.detected_delay is not None]
             delays = [float(r.detected_delay or 0) for r in found]
             faults[kind] = {
@@ -216,6 +245,7 @@ def summarize(results: list[CurveResult]) -> dict[str, Any]:
                 "delay_median": float(np.median(delays)) if delays else None,
                 "delay_max": max(delays) if delays else None,
                 "missed": [r.name for r in fg if r.detected_delay is None],
+                "immaterial": {r.name: round(r.effect or 0.0, 4) for r in every if not r.material},
             }
         n_fp = sum(fp_kinds.values())
         out[split] = {
