@@ -187,8 +187,12 @@ def loss_shift(
         return 0.0, False
     ordered = base.ordered
     median = median_of_sorted(ordered)
-    if cusum == 0.0 and loss <= median:
-        return 0.0, False  # the common case: nothing to add, no MAD search
+    if cusum == 0.0:
+        # The common case: z <= k adds nothing to an empty sum. scale >= 1.4826 * bound
+        # (see `spike_of`), so a loss this close needs no O(log n) MAD search.
+        bound = cfg.loss_shift_k * MAD_TO_SIGMA * mad_lower_bound(ordered, median) * _SAFE
+        if loss - median <= bound:
+            return 0.0, False
     scale = robust_scale(ordered, median, base.min_scale_rel)
     z = (loss - median) / scale
     cap = min(cfg.loss_z_thresh, cfg.loss_shift_h / 2.0)
