@@ -150,3 +150,16 @@ def test_corpus_manifest_fixes_the_split() -> None:
     with np.load(CORPUS / "curves.npz") as data:
         for c in curves:
             assert len(data[f"{c['name']}/loss"]) == c["rows"]
+
+
+def test_a_verdict_recorded_before_severities_reads_as_warning() -> None:
+    from schemas.codec import decode, encode
+
+    v = AnomalyDetected(run_id="r", ts_ns=1, verdict_id="v", kind="hang", step=3)
+    wire = encode(v)
+    assert b"severity" not in wire  # the default is not written: old decoders see nothing new
+    assert decode(wire).severity == "warning"  # type: ignore[union-attr]
+    crit = AnomalyDetected(
+        run_id="r", ts_ns=1, verdict_id="v", kind="hang", step=3, severity="critical"
+    )
+    assert decode(encode(crit)) == crit
