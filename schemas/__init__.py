@@ -22,6 +22,7 @@ from schemas.events import (
     RestartRequested,
     RunEnded,
     RunStarted,
+    Severity,
     StepCompleted,
     Tick,
 )
@@ -49,6 +50,7 @@ __all__ = [
     "RestartRequested",
     "RunEnded",
     "RunStarted",
+    "Severity",
     "StepCompleted",
     "Tick",
     "UnknownEventType",

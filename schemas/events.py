@@ -284,6 +284,12 @@ AnomalyKind = Literal[
 ]
 """Every kind of anomaly a detector can raise."""
 
+Severity = Literal["info", "warning", "critical"]
+"""How much a verdict matters, least first: ``info`` is recorded and shown but pages nobody
+(a lone grad-norm spike), ``warning`` pages (a loss spike), ``critical`` pages and usually
+stops or restarts the run (a non-finite loss). The order of this Literal is the order the
+alert sinks compare severities by."""
+
 RestartAction = Literal["respawn", "rollback"]
 """``respawn``: restart the gang from the latest committed checkpoint.
 ``rollback``: restart from the last committed checkpoint before the anomaly."""
@@ -309,6 +315,8 @@ class AnomalyDetected(Event, frozen=True, kw_only=True, tag="anomaly.v1"):
         source: Log position of the triggering event.
         config_hash: Hash of the detector configuration that produced it.
         incarnation: The gang incarnation (from the run's latest RunStarted) it concerns.
+        severity: How much it matters (see `Severity`); verdicts recorded before severities
+            existed read as ``warning`` (every verdict paged then).
     """
 
     verdict_id: str
@@ -324,6 +332,7 @@ class AnomalyDetected(Event, frozen=True, kw_only=True, tag="anomaly.v1"):
     source: Provenance | None = None
     config_hash: str = ""
     incarnation: int = 0
+    severity: Severity = "warning"
 
 
 class RestartRequested(Event, frozen=True, kw_only=True, tag="restart_requested.v1"):

@@ -23,18 +23,6 @@ from schemas.events import (
     RestartRequested,
 )
 
-CRITICAL_KINDS: Final[frozenset[str]] = frozenset(
-    {
-        "nonfinite_loss",
-        "nonfinite_grad_norm",
-        "loss_divergence",
-        "dead_rank",
-        "hang",
-        "restart_discontinuity",
-    }
-)
-"""Anomaly kinds that mean the run is not making progress or is wrong; the rest warn."""
-
 ZERO_TIME: Final = "0001-01-01T00:00:00Z"
 """Alertmanager's "unset" time (``endsAt`` of a firing alert)."""
 
@@ -95,7 +83,7 @@ def _anomaly(event: AnomalyDetected) -> Alert:
         alert_id=event.verdict_id,
         run_id=event.run_id,
         kind=event.kind,
-        severity="critical" if event.kind in CRITICAL_KINDS else "warning",
+        severity=event.severity,  # chosen by the detector (processors.core.verdicts)
         step=event.step,
         rank=event.rank,
         summary=summary,

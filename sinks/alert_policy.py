@@ -7,14 +7,28 @@ refilled continuously); an alert that finds none is *suppressed*: not sent, but 
 and the count rides on the run's next group. When a run has a count and no alert to carry
 it, a notice (a group without alerts) goes out as soon as a token is free, so nothing is
 dropped without a trace.
+
+Which verdicts become alerts at all is `pages`: a verdict pages when its severity is at
+least the sink's ``--min-severity`` (default ``warning``: a lone grad-norm spike, severity
+``info``, is recorded in the anomalies topic and the metrics but pages nobody).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import NamedTuple
+from typing import NamedTuple, get_args
 
+from schemas.events import Severity
 from sinks.alert_format import Alert, AlertGroup
+
+SEVERITY_ORDER: tuple[Severity, ...] = get_args(Severity)
+"""Severities, least first (the order `schemas.events.Severity` declares them in)."""
+
+
+def pages(severity: Severity, min_severity: Severity) -> bool:
+    """True when a verdict of ``severity`` is at least ``min_severity`` (so it is alerted)."""
+    return SEVERITY_ORDER.index(severity) >= SEVERITY_ORDER.index(min_severity)
+
 
 Source = tuple[str, int, int]
 """``(topic, partition, offset)`` of the record an alert came from."""

@@ -19,6 +19,7 @@ from typing import Any, Literal, TextIO
 import msgspec
 
 from processors.intake import Decoded, RawRecord, check
+from schemas.events import AnomalyDetected, Severity
 from schemas.topics import TopicNames
 from sinks.alert_format import (
     AlertGroup,
@@ -28,7 +29,7 @@ from sinks.alert_format import (
     runwatch_payload,
 )
 from sinks.alert_log import DeliveryLog
-from sinks.alert_policy import Grouper, Release
+from sinks.alert_policy import Grouper, Release, pages
 from sinks.consumer import TopicPartitionKey
 from sinks.webhook import PostResult, RetryPolicy, post_json
 
@@ -49,6 +50,8 @@ class AlertSettings(msgspec.Struct, frozen=True, kw_only=True):
         max_alerts_per_min: Per-run rate limit (and burst).
         retry: Attempts, backoff and timeout of a POST.
         console: Print one line per alert.
+        min_severity: Verdicts below this severity are not alerted (`sinks.alert_policy.pages`);
+            restart and controller events are always alerted.
     """
 
     webhooks: tuple[str, ...] = ()
@@ -58,6 +61,7 @@ class AlertSettings(msgspec.Struct, frozen=True, kw_only=True):
     max_alerts_per_min: float = 20.0
     retry: RetryPolicy = RetryPolicy()
     console: bool = True
+    min_severity: Severity = "warning"
 
 
 class AlertStats(msgspec.Struct, kw_only=True):
@@ -69,6 +73,7 @@ class AlertStats(msgspec.Struct, kw_only=True):
     posts: int = 0
     failed_posts: int = 0
     undecodable: int = 0
+    below_min_severity: int = 0
 
 
 Poster = Callable[[str, Any, RetryPolicy], PostResult]
@@ -133,7 +138,13 @@ class AlertSink:
                 self.stats.undecodable += 1
                 logger.warning("alerts: skipped %s: %s", decoded.source, decoded.reason)
                 continue
-            alert = alert_of(decoded.event)
+            event = decoded.event
+            if isinstance(event, AnomalyDetected) and not pages(
+                event.severity, self.settings.min_severity
+            ):
+                self.stats.below_min_severity += 1
+                continue
+            alert = alert_of(event)
             if alert is None:
                 continue
             source = (record.topic, record.partition, record.offset)

@@ -35,7 +35,14 @@ class DetectorConfig(msgspec.Struct, frozen=True, kw_only=True):
         loss_z_thresh: Robust z above which a loss is a spike (upward only).
         grad_window: Trailing steps in the grad-norm baseline.
         grad_min_periods: Values needed before the grad-norm baseline judges anything.
-        grad_z_thresh: Robust z above which a grad norm is a spike (upward only).
+        grad_z_thresh: Robust z of the grad norm's logarithm above which it is a spike
+            (upward only; grad norms are scored in log space, where their noise is).
+        grad_min_ratio: A grad-norm spike must also be at least this many times the
+            window's median (a tight window makes a small blip a large z).
+        loss_shift_k: Allowance of the sustained-loss CUSUM: a loss adds its robust z
+            minus this (at most ``loss_z_thresh``), so healthy noise adds up to nothing.
+        loss_shift_h: The CUSUM above which the loss has shifted up (a sustained loss
+            spike no single step shows); 0 disables.
         max_loss: Loss ceiling: above it the run has diverged; None: no explicit ceiling.
         divergence_uniform_factor: Without ``max_loss``, the ceiling is this factor times
             ln(vocab_size) when the vocabulary is known; 0 disables the derived ceiling.
@@ -46,6 +53,9 @@ class DetectorConfig(msgspec.Struct, frozen=True, kw_only=True):
         restart_check_steps: Steps after a restart marker judged against the baseline as
             it stood at the step resumed from.
         restart_z_thresh: Threshold for the restart check (per step and cumulative).
+        restart_pair_z_thresh: Threshold for the cumulative z of the redone steps compared
+            with their own first attempts (same weights, same batches: a healthy resume
+            leaves almost nothing to add up, so this one can be lower).
         rank_heartbeat_threshold: A rank more than this many steps behind the run is dead.
         dead_rank_timeout_s: A rank silent this long in log time is dead.
         hang_timeout_s: No rank reported for this long in log time: the run hangs.
@@ -66,6 +76,9 @@ class DetectorConfig(msgspec.Struct, frozen=True, kw_only=True):
     grad_window: PosInt = 50
     grad_min_periods: PosInt = 10
     grad_z_thresh: PosFloat = 6.0
+    grad_min_ratio: Annotated[float, msgspec.Meta(ge=1.0)] = 3.0
+    loss_shift_k: NonNegFloat = 1.0
+    loss_shift_h: NonNegFloat = 12.0
     max_loss: PosFloat | None = None
     divergence_uniform_factor: NonNegFloat = 2.0
     collapse_steps: PosInt = 20
@@ -73,6 +86,7 @@ class DetectorConfig(msgspec.Struct, frozen=True, kw_only=True):
     collapse_learned_nats: PosFloat = 1.0
     restart_check_steps: NonNegInt = 20
     restart_z_thresh: PosFloat = 6.0
+    restart_pair_z_thresh: PosFloat = 3.0
     rank_heartbeat_threshold: PosInt = 50
     dead_rank_timeout_s: PosFloat = 300.0
     hang_timeout_s: PosFloat = 600.0

@@ -80,6 +80,8 @@ class RestartCheck(msgspec.Struct, frozen=True, gc=False):
         n: Steps judged.
         sum_z: Sum of their z.
         max_z: Largest z.
+        pair_n: Judged steps compared with their first attempt.
+        pair_sum_z: Sum of their z.
     """
 
     remaining: int
@@ -91,6 +93,8 @@ class RestartCheck(msgspec.Struct, frozen=True, gc=False):
     n: int = 0
     sum_z: float = 0.0
     max_z: float = -math.inf
+    pair_n: int = 0
+    pair_sum_z: float = 0.0
 
 
 class CheckOutcome(msgspec.Struct, frozen=True, gc=False):
@@ -188,7 +192,14 @@ def start_check(
     return RestartCheck(steps, level, scale, first_step, prior, spread)
 
 
-def judge(check: RestartCheck, step: int, loss: float, threshold: float) -> CheckOutcome:
+def judge(
+    check: RestartCheck,
+    step: int,
+    loss: float,
+    threshold: float,
+    *,
+    pair_threshold: float | None = None,
+) -> CheckOutcome:
     """Judge one finite post-resume loss.
 
     Args:
@@ -196,6 +207,11 @@ def judge(check: RestartCheck, step: int, loss: float, threshold: float) -> Chec
         step: The step.
         loss: Its loss.
         threshold: ``restart_z_thresh``.
+        pair_threshold: ``restart_pair_z_thresh``: the cumulative z of the paired steps
+            alone breaks continuity above it (None: ``threshold``). The paired spread is that
+            of two different batches, while a redone step sees the same batch with the same
+            weights at S, so a healthy resume's paired z stays near 0 and a lower threshold
+            keeps its false-alarm rate (real curves: docs/core.md).
 
     Returns:
         The outcome; the check is None once broken or once every step is judged.
@@ -214,7 +230,12 @@ def judge(check: RestartCheck, step: int, loss: float, threshold: float) -> Chec
     n = check.n + 1
     sum_z = check.sum_z + z
     cumulative = sum_z / math.sqrt(n)
-    broken = z > threshold or cumulative > threshold
+    pair_n = check.pair_n + paired
+    pair_sum_z = check.pair_sum_z + (z if paired else 0.0)
+    pair_cumulative = pair_sum_z / math.sqrt(pair_n) if pair_n else 0.0
+    limit = threshold if pair_threshold is None else pair_threshold
+    broken = z > threshold or cumulative > threshold or pair_cumulative > limit
+    cumulative = max(cumulative, pair_cumulative)
     remaining = check.remaining - 1
     if broken or remaining <= 0:
         return CheckOutcome(None, z, cumulative, broken, reference, paired)
@@ -228,6 +249,8 @@ def judge(check: RestartCheck, step: int, loss: float, threshold: float) -> Chec
         n,
         sum_z,
         max(check.max_z, z),
+        pair_n,
+        pair_sum_z,
     )
     return CheckOutcome(nxt, z, cumulative, broken, reference, paired)
 

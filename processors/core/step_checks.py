@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from typing import Final
 
 from processors.core.baseline import (
@@ -110,6 +111,114 @@ def spike_episode(
     return run + 1
 
 
+def grad_spike_episode(
+    em: Emitter, log_base: RollingBaseline, grad: float, cfg: DetectorConfig, run: int
+) -> int:
+    """Advance a grad-norm spike episode, scored in log space with a magnitude gate.
+
+    A grad norm is a spike when the robust z of its logarithm against the window of
+    logarithms exceeds ``grad_z_thresh`` AND it is at least ``grad_min_ratio`` times the
+    window's median. One verdict (severity info, `SEVERITY_OF_KIND`) when the episode opens.
+
+    Args:
+        em: Collects the verdict.
+        log_base: The baseline of ln(grad norm) before this one.
+        grad: The observed grad norm (finite, positive).
+        cfg: Thresholds.
+        run: Consecutive spiking steps before this one.
+
+    Returns:
+        Consecutive spiking steps including this one (0: the episode is over).
+    """
+    log_grad = math.log(grad)
+    spike = spike_of(log_base, log_grad, cfg.grad_z_thresh)
+    if spike is None:
+        return 0
+    log_median, log_scale, z = spike
+    ratio = math.exp(log_grad - log_median)
+    if ratio < cfg.grad_min_ratio:
+        return 0
+    if run == 0:
+        median = math.exp(log_median)
+        em.emit(
+            "grad_norm_spike",
+            value=grad,
+            baseline=median,
+            scale=log_scale,
+            z=z,
+            threshold=cfg.grad_z_thresh,
+            detail=f"grad norm {grad:.6g} is {ratio:.3g}x the median {median:.6g} "
+            f"(log-space z={z:.3g})",
+        )
+    return run + 1
+
+
+def loss_shift(
+    em: Emitter,
+    base: RollingBaseline,
+    loss: float,
+    cfg: DetectorConfig,
+    cusum: float,
+    reported: bool,
+) -> tuple[float, bool]:
+    """Advance the sustained-loss CUSUM; one ``loss_spike`` when it crosses ``loss_shift_h``.
+
+    A level shift (a learning rate blown up, a model that forgot what it learned) can stay
+    under the one-step threshold on every step of a noisy curve. Page's one-sided CUSUM
+    ``S = max(0, S + min(z, cap) - loss_shift_k)`` adds the evidence up, where
+    ``cap = min(loss_z_thresh, loss_shift_h / 2)``: no single step crosses ``loss_shift_h``
+    on its own (that is the one-step test's job). A healthy loss, which mostly lies below
+    its trailing median, keeps the sum near 0. An
+    excursion already reported by the one-step test (or by this one) is not reported again
+    until the CUSUM is back to 0.
+
+    Args:
+        em: Collects the verdict.
+        base: The loss baseline before ``loss``.
+        loss: The finite loss.
+        cfg: Thresholds.
+        cusum: The CUSUM before this loss.
+        reported: True when the current excursion was already reported.
+
+    Returns:
+        ``(cusum, reported)`` after this loss.
+    """
+    if cfg.loss_shift_h == 0.0 or len(base.ordered) < base.min_periods:
+        return 0.0, False
+    ordered = base.ordered
+    median = median_of_sorted(ordered)
+    if cusum == 0.0:
+        # The common case: z <= k adds nothing to an empty sum. scale >= 1.4826 * bound
+        # (see `spike_of`), so a loss this close needs no O(log n) MAD search.
+        bound = cfg.loss_shift_k * MAD_TO_SIGMA * mad_lower_bound(ordered, median) * _SAFE
+        if loss - median <= bound:
+            return 0.0, False
+    scale = robust_scale(ordered, median, base.min_scale_rel)
+    z = (loss - median) / scale
+    cap = min(cfg.loss_z_thresh, cfg.loss_shift_h / 2.0)
+    cusum = max(0.0, cusum + min(z, cap) - cfg.loss_shift_k)
+    if cusum == 0.0:
+        return 0.0, False
+    if cusum > cfg.loss_shift_h and not reported:
+        em.emit(
+            "loss_spike",
+            value=loss,
+            baseline=median,
+            scale=scale,
+            z=cusum,
+            threshold=cfg.loss_shift_h,
+            detail=f"loss {loss:.6g} vs median {median:.6g}: sustained rise "
+            f"(CUSUM of z={cusum:.3g} > {cfg.loss_shift_h:g})",
+        )
+        reported = True
+    return cusum, reported
+
+
+def log_pairs(pairs: Iterable[tuple[int, float]]) -> list[tuple[int, float]]:
+    """``(step, ln value)`` of the positive values (grad norms are judged in log space)."""
+    return [(s, math.log(v)) for s, v in pairs if v > 0.0 and math.isfinite(v)]
+
+
 def spike_of(
     base: RollingBaseline, value: float, thresh: float
 ) -> tuple[float, float, float] | None:
@@ -157,4 +266,12 @@ def step_accounting(
     return step_time_s, float(tokens), step_mfu, tokens / step_time_s
 
 
-__all__ = ["Emitter", "count_kinds", "spike_of", "step_accounting"]
+__all__ = [
+    "Emitter",
+    "count_kinds",
+    "grad_spike_episode",
+    "log_pairs",
+    "loss_shift",
+    "spike_of",
+    "step_accounting",
+]

@@ -21,7 +21,7 @@ class StepHealthState(msgspec.Struct, frozen=True, gc=False):
         last_offset: Offset of the last applied event (-1: none); older ones are skipped.
         info: What the run announced (incarnation, model shape, peak, thresholds).
         loss: Loss baseline.
-        grad: Grad-norm baseline.
+        grad: Baseline of ln(grad norm) (grad norms are judged in log space).
         ledger: Kept steps and run totals.
         last_step: Step of the last applied StepCompleted (-1: none).
         last_ts_ns: Log time of the last applied event.
@@ -45,6 +45,8 @@ class StepHealthState(msgspec.Struct, frozen=True, gc=False):
         continuity_ok: False once any resume broke continuity.
         restarts: The latest resumes with their continuity verdicts.
         anomaly_counts: Verdicts raised, by kind.
+        loss_cusum: One-sided CUSUM of the loss's robust z (sustained loss spikes).
+        loss_cusum_reported: The current CUSUM excursion was already reported.
     """
 
     run_id: str
@@ -75,6 +77,8 @@ class StepHealthState(msgspec.Struct, frozen=True, gc=False):
     continuity_ok: bool = True
     restarts: tuple[RestartRecord, ...] = ()
     anomaly_counts: dict[str, int] = {}
+    loss_cusum: float = 0.0
+    loss_cusum_reported: bool = False
 
     @property
     def incarnation(self) -> int:

@@ -10,7 +10,9 @@ this order:
 * non-finite loss and grad norm (always, also during warmup; once per streak);
 * divergence (loss above the ceiling, once per streak) and collapse (loss held near
   ln(vocab) for ``collapse_steps`` after the run had learned);
-* upward loss and grad-norm spikes (robust z against the baseline before the value);
+* upward loss spikes (robust z against the baseline before the value, or a run of
+  ``loss_shift_steps`` losses each above ``loss_shift_z``) and grad-norm spikes (robust z
+  of the logarithm, and at least ``grad_min_ratio`` times the median);
 * MFU and tokens/s of the step, and the run totals over kept steps.
 """
 
@@ -34,7 +36,15 @@ from processors.core.continuity import (
 )
 from processors.core.ledger import COL_GRAD, COL_LOSS, StepLedger
 from processors.core.runinfo import RunInfo
-from processors.core.step_checks import Emitter, count_kinds, spike_episode, step_accounting
+from processors.core.step_checks import (
+    Emitter,
+    count_kinds,
+    grad_spike_episode,
+    log_pairs,
+    loss_shift,
+    spike_episode,
+    step_accounting,
+)
 from processors.core.step_state import StepHealthState, new_step_state
 from schemas.events import (
     AnomalyDetected,
@@ -60,7 +70,7 @@ def _rebuild(state: StepHealthState, ledger: StepLedger, cfg: DetectorConfig) ->
         "grad": RollingBaseline.from_pairs(
             cfg.grad_window,
             cfg.grad_min_periods,
-            ledger.recent(COL_GRAD, cfg.grad_window),
+            log_pairs(ledger.recent(COL_GRAD, cfg.grad_window)),
             cfg.min_scale_rel,
         ),
         "ledger": ledger,
@@ -89,6 +99,8 @@ def _on_run_started(
         collapse_run=0,
         loss_spike_run=0,
         grad_spike_run=0,
+        loss_cusum=0.0,
+        loss_cusum_reported=False,
         check=None,
         restarts=restarts,
         **rebuilt,
@@ -129,6 +141,8 @@ def _resume(
         collapse_run=0,
         loss_spike_run=0,
         grad_spike_run=0,
+        loss_cusum=0.0,
+        loss_cusum_reported=False,
         **rebuilt,
     )
 
@@ -163,6 +177,7 @@ def _on_step(
     continuity_ok, best_loss = state.continuity_ok, state.best_loss
     divergence_run, collapse_run = state.divergence_run, state.collapse_run
     loss_spike_run = state.loss_spike_run
+    loss_cusum, loss_cusum_reported = state.loss_cusum, state.loss_cusum_reported
     if loss_ok:
         ceiling = info.loss_ceiling(cfg)
         if ceiling is not None and loss > ceiling:
@@ -195,7 +210,9 @@ def _on_step(
         best_loss = min(best_loss, loss)
         broke = False
         if check is not None:
-            outcome = judge(check, step, loss, cfg.restart_z_thresh)
+            outcome = judge(
+                check, step, loss, cfg.restart_z_thresh, pair_threshold=cfg.restart_pair_z_thresh
+            )
             restarts = (*restarts[:-1], record_outcome(restarts[-1], outcome))
             if outcome.broken:
                 broke = True
@@ -220,15 +237,16 @@ def _on_step(
             loss_spike_run = spike_episode(
                 em, "loss_spike", "loss", loss_base, loss, cfg.loss_z_thresh, loss_spike_run
             )
+        loss_cusum, loss_cusum_reported = loss_shift(
+            em, loss_base, loss, cfg, loss_cusum, loss_cusum_reported or loss_spike_run > 0
+        )
         loss_base = loss_base.with_value(loss, step)
 
     grad_base, grad_spike_run = state.grad, state.grad_spike_run
-    if grad_ok:
+    if grad_ok and grad > 0.0:  # type: ignore[operator]
         assert grad is not None
-        grad_spike_run = spike_episode(
-            em, "grad_norm_spike", "grad norm", grad_base, grad, cfg.grad_z_thresh, grad_spike_run
-        )
-        grad_base = grad_base.with_value(grad, step)
+        grad_spike_run = grad_spike_episode(em, grad_base, grad, cfg, grad_spike_run)
+        grad_base = grad_base.with_value(math.log(grad), step)
 
     step_time_s, tokens, step_mfu, tokens_per_s = step_accounting(info, event, cfg)
     ledger = state.ledger.append(
@@ -276,6 +294,8 @@ def _on_step(
         continuity_ok,
         restarts,
         count_kinds(state.anomaly_counts, verdicts) if verdicts else state.anomaly_counts,
+        loss_cusum,
+        loss_cusum_reported,
     )
     return new, verdicts
 

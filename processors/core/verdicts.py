@@ -10,10 +10,29 @@ verdict is byte-identical across replays.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
+from typing import Final
 
-from schemas.events import AnomalyDetected, AnomalyKind, Provenance, RestartAction
+from schemas.events import AnomalyDetected, AnomalyKind, Provenance, RestartAction, Severity
 
 _SEP = "\x1f"
+
+SEVERITY_OF_KIND: Final[Mapping[AnomalyKind, Severity]] = {
+    "nonfinite_loss": "critical",
+    "nonfinite_grad_norm": "critical",
+    "loss_divergence": "critical",
+    "restart_discontinuity": "critical",
+    "dead_rank": "critical",
+    "hang": "critical",
+    "loss_spike": "warning",
+    "loss_collapse": "warning",
+    "straggler": "warning",
+    "grad_norm_spike": "info",
+}
+"""The severity of each kind's verdicts (docs/core.md, "Severity"): a run that is not making
+progress or is wrong is critical; a loss that jumps or collapses, or a slow rank, warns; a
+grad-norm spike on its own is information (on real curves healthy runs have them about
+once per 1,000 steps, and every real fault that matters also moves the loss)."""
 
 
 def _digest(*parts: object) -> str:
@@ -82,6 +101,7 @@ def make_anomaly(
     z: float | None = None,
     threshold: float | None = None,
     detail: str = "",
+    severity: Severity | None = None,
 ) -> AnomalyDetected:
     """Build an anomaly verdict with its deterministic id, log time and provenance.
 
@@ -101,6 +121,7 @@ def make_anomaly(
         z: The robust z-score.
         threshold: The threshold crossed.
         detail: One human-readable line.
+        severity: How much it matters; None: the kind's (`SEVERITY_OF_KIND`).
 
     Returns:
         The verdict.
@@ -124,7 +145,8 @@ def make_anomaly(
         source=source,
         config_hash=config_hash,
         incarnation=incarnation,
+        severity=SEVERITY_OF_KIND[kind] if severity is None else severity,
     )
 
 
-__all__ = ["command_id", "make_anomaly", "verdict_id"]
+__all__ = ["SEVERITY_OF_KIND", "command_id", "make_anomaly", "verdict_id"]

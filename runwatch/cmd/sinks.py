@@ -37,6 +37,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--webhook-backoff-s", type=float, default=0.5, help="first retry delay")
     parser.add_argument("--group-wait-s", type=float, default=2.0)
     parser.add_argument("--max-alerts-per-min", type=float, default=20.0)
+    parser.add_argument(
+        "--min-severity",
+        choices=("info", "warning", "critical"),
+        default="warning",
+        help="alert verdicts of at least this severity (default: warning; info verdicts, "
+        "such as a lone grad-norm spike, stay in the anomalies topic and the metrics)",
+    )
     parser.add_argument("--no-console", action="store_true", help="no alert lines on stdout")
     parser.add_argument("--metrics-port", type=int, default=9464)
     parser.add_argument("--metrics-addr", default="0.0.0.0")
@@ -106,6 +113,7 @@ def build_sinks(args: argparse.Namespace, topics: Any, webhooks: list[str]) -> l
                 timeout_s=args.webhook_timeout_s,
             ),
             console=not args.no_console,
+            min_severity=args.min_severity,
         )
         group = args.group_prefix
         log = DeliveryLog(state_dir / f"{group}-alerts.jsonl")

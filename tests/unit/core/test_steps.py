@@ -347,6 +347,8 @@ def test_hot_path_field_order_is_pinned() -> None:
         "continuity_ok",
         "restarts",
         "anomaly_counts",
+        "loss_cusum",
+        "loss_cusum_reported",
     )
 
 

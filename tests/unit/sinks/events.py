@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from processors.core.verdicts import SEVERITY_OF_KIND
 from schemas.events import (
     AnomalyDetected,
     CommandRejected,
@@ -39,6 +40,7 @@ def anomaly(
         threshold=6.0,
         detail="loss 9 vs median 3.7",
         config_hash="cfg1",
+        severity=SEVERITY_OF_KIND[kind],  # as the detectors set it
     )
 
 
