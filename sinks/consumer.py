@@ -109,7 +109,13 @@ class SinkLoop:
         poll_timeout_s: Longest a poll waits; bounds how late `Sink.tick` runs.
         lag_interval_s: How often end offsets are fetched for `Sink.on_lag`.
         notify: Where progress notes go (waiting for an assignment, rebalances).
+        bootstrap_timeout_s: Longest to wait for the first connection to Kafka.
         clock: Monotonic seconds.
+
+    Attributes:
+        error: What stopped the loop, if anything.
+        connected: The consumer was created (the broker answered); False with an
+            ``error`` means Kafka could not be reached.
     """
 
     def __init__(
@@ -126,6 +132,7 @@ class SinkLoop:
         poll_timeout_s: float = 0.2,
         lag_interval_s: float = 2.0,
         notify: Callable[[str], None] | None = None,
+        bootstrap_timeout_s: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.sink = sink
@@ -139,6 +146,8 @@ class SinkLoop:
         self.poll_timeout_s = poll_timeout_s
         self.lag_interval_s = lag_interval_s
         self.notify = notify or logger.info
+        self.bootstrap_timeout_s = bootstrap_timeout_s
+        self.connected = False
         self.clock = clock
         self.error: BaseException | None = None
         self.ready = threading.Event()
@@ -161,6 +170,7 @@ class SinkLoop:
                 max_poll_records=2000,
                 session_timeout_ms=session_ms,
                 heartbeat_interval_ms=max(100, min(3000, session_ms // 3)),
+                bootstrap_timeout_ms=int(self.bootstrap_timeout_s * 1000),
                 **self.client_config,
             )
         except BaseException as exc:
@@ -168,6 +178,7 @@ class SinkLoop:
             self.error = exc
             logger.debug("sink %s could not start", self.sink.name, exc_info=True)
             return
+        self.connected = True
         try:
             consumer.subscribe(self.topics, listener=_listener(self, consumer))
             self._waiting_since = self.clock()
