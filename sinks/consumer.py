@@ -113,6 +113,8 @@ class SinkLoop:
         clock: Monotonic seconds.
 
     Attributes:
+        ready: Set once partitions are assigned and their start positions resolved: a
+            record published after it is read.
         error: What stopped the loop, if anything.
         connected: The consumer was created (the broker answered); False with an
             ``error`` means Kafka could not be reached.
@@ -214,7 +216,8 @@ class SinkLoop:
                 self.sink.handle(records, now)
             self.sink.tick(now)
             if consumer.assignment():
-                self.ready.set()
+                if self._waiting_since is not None:
+                    self._now_reading(consumer)
                 if now >= next_lag:
                     next_lag = now + self.lag_interval_s
                     self.sink.on_lag(self._lag(consumer))
@@ -222,6 +225,10 @@ class SinkLoop:
             elif self._waiting_since is not None and now >= next_note:
                 waited = now - self._waiting_since
                 if waited >= 2.0:
+                    # Fresh metadata of the subscribed topics: a first join that saw no
+                    # partitions (topics just created) rejoins once the metadata has them.
+                    for topic in self.topics:
+                        consumer.partitions_for_topic(topic)
                     self.notify(
                         f"{self.sink.name}: waiting {waited:.0f} s for group {self.group_id} "
                         "to assign partitions (rebalance in progress; partitions of a member "
@@ -245,13 +252,19 @@ class SinkLoop:
             if fresh:
                 consumer.seek_to_beginning(*fresh)
         self.sink.on_assigned(keys)
-        if self._waiting_since is not None:
-            waited = self.clock() - self._waiting_since
-            self.notify(
-                f"{self.sink.name}: assigned {len(keys)} partition(s) of group "
-                f"{self.group_id} after {waited:.1f} s"
-            )
-            self._waiting_since = None
+
+    def _now_reading(self, consumer: Any) -> None:
+        """Partitions came: resolve where each starts, then say so and set `ready`."""
+        assigned = consumer.assignment()
+        for tp in assigned:
+            consumer.position(tp)  # a new group's offset reset happens here
+        waited = self.clock() - (self._waiting_since or self.clock())
+        self.notify(
+            f"{self.sink.name}: assigned {len(assigned)} partition(s) of group "
+            f"{self.group_id} after {waited:.1f} s; reading"
+        )
+        self._waiting_since = None
+        self.ready.set()
 
     def _revoked(self, consumer: Any, revoked: Sequence[Any]) -> None:
         self._waiting_since = self.clock()
