@@ -267,7 +267,7 @@ class AlertSink:
 
     def _delay_s(self, failures: int) -> float:
         base = max(self.settings.retry.base_delay_s, 0.01)
-        delay = min(self.settings.pending_max_delay_s, base * 2**failures)
+        delay = min(self.settings.pending_max_delay_s, base * 2.0**failures)
         return delay * (0.5 + 0.5 * self._rng.random())
 
     def _retry_pending(self, now_s: float) -> None:
