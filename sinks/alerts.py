@@ -271,9 +271,14 @@ class AlertSink:
         return delay * (0.5 + 0.5 * self._rng.random())
 
     def _retry_pending(self, now_s: float) -> None:
-        """One try per receiver whose backoff is over, oldest delivery first."""
+        """One try per receiver whose backoff is over, oldest delivery first.
+
+        Only configured receivers: deliveries owed to a webhook no longer passed stay in
+        the log (and come back with it) instead of being sent somewhere unasked.
+        """
         once = self.settings.retry._replace(attempts=1)
-        for url in dict.fromkeys(p.target for p in self.log.pending()):
+        owed = dict.fromkeys(p.target for p in self.log.pending())
+        for url in (u for u in owed if u in self.settings.webhooks):
             backoff = self._backoff.setdefault(url, _Backoff())
             if now_s < backoff.next_s:
                 continue

@@ -167,3 +167,16 @@ def test_a_command_alert_never_precedes_its_cause(tmp_path):
         assert [a["id"] for a in body["alerts"]] == [cause.verdict_id, "restart_requested:c1"]
         kinds = [line.split()[2:4] for line in out.getvalue().splitlines()]
         assert [k[1].split(":")[0] for k in kinds] == ["loss_spike", "restart_requested"]
+
+
+def test_deliveries_owed_to_a_webhook_no_longer_configured_are_kept_not_sent(tmp_path):
+    port = Recorder.free_port()
+    url = f"http://127.0.0.1:{port}/hook"
+    sink, _ = make(tmp_path, url)
+    sink.handle([rec(T.anomalies, 0, anomaly())], now_s=0.0)
+    sink.flush()
+    sink.log.close()
+    with Recorder(port=port) as server, Recorder() as other:
+        again, _ = make(tmp_path, other.url)  # the operator now passes another webhook
+        again.tick(10.0)
+        assert server.attempts == 0 and [p.target for p in again.log.pending()] == [url]
