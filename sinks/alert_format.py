@@ -40,6 +40,10 @@ class Alert(msgspec.Struct, frozen=True, kw_only=True):
         summary: One short line.
         description: Detail.
         ts_ns: Log time of the event.
+        detail: What happened, without the run, kind or step already said elsewhere (the
+            console line's text).
+        cause_id: The alert this one follows from (a restart's cause verdict, a command
+            outcome's ``restart_requested:<command id>``); it is delivered after it.
     """
 
     alert_id: str
@@ -51,6 +55,8 @@ class Alert(msgspec.Struct, frozen=True, kw_only=True):
     summary: str
     description: str
     ts_ns: int
+    detail: str = ""
+    cause_id: str | None = None
 
 
 class AlertGroup(msgspec.Struct, frozen=True, kw_only=True):
@@ -75,10 +81,11 @@ def _anomaly(event: AnomalyDetected) -> Alert:
     where = f"step {event.step}" + ("" if event.rank is None else f" rank {event.rank}")
     summary = f"{event.kind} in run {event.run_id} at {where}"
     bits = [event.detail] if event.detail else []
-    bits.append(
+    figures = (
         f"value {_fmt(event.value)}, baseline {_fmt(event.baseline)}, z {_fmt(event.z)}, "
-        f"threshold {_fmt(event.threshold)}, incarnation {event.incarnation}"
+        f"threshold {_fmt(event.threshold)}"
     )
+    bits.append(f"{figures}, incarnation {event.incarnation}")
     return Alert(
         alert_id=event.verdict_id,
         run_id=event.run_id,
@@ -89,6 +96,7 @@ def _anomaly(event: AnomalyDetected) -> Alert:
         summary=summary,
         description="; ".join(bits),
         ts_ns=event.ts_ns,
+        detail=event.detail or figures,
     )
 
 
@@ -107,6 +115,11 @@ def _restart(event: RestartRequested) -> Alert:
             f"cause verdict {event.cause_verdict_id}; command {event.command_id}"
         ),
         ts_ns=event.ts_ns,
+        detail=(
+            f"{event.action} after {event.cause_kind} ({event.cause_verdict_id}), "
+            f"resume from checkpoint {upto}, incarnation {event.incarnation} ends"
+        ),
+        cause_id=event.cause_verdict_id,
     )
 
 
@@ -118,11 +131,12 @@ def _outcome(event: RestartCompleted | RestartFailed | CommandRejected) -> Alert
             f"world size {event.world_size}, {event.duration_s:.1f} s, "
             f"checkpoint {event.checkpoint_path or '-'}"
         )
+        detail = f"from checkpoint step {event.checkpoint_step}, {description}"
     else:
         kind = "restart_failed" if isinstance(event, RestartFailed) else "command_rejected"
         severity = "critical"
         summary = f"{kind.replace('_', ' ')} for run {event.run_id}"
-        description = event.reason
+        description = detail = event.reason
     return Alert(
         alert_id=f"{kind}:{event.command_id}",
         run_id=event.run_id,
@@ -133,6 +147,8 @@ def _outcome(event: RestartCompleted | RestartFailed | CommandRejected) -> Alert
         summary=summary,
         description=f"{description}; command {event.command_id}",
         ts_ns=event.ts_ns,
+        detail=detail,
+        cause_id=f"restart_requested:{event.command_id}",
     )
 
 
@@ -153,14 +169,21 @@ def rfc3339(ts_ns: int) -> str:
     return moment.isoformat(timespec="microseconds").replace("+00:00", "Z")
 
 
+def console_line(a: Alert) -> str:
+    """``<time> <SEVERITY> run=R <kind>[ step=S][ rank=K]: <detail> [<alert id>]``.
+
+    Each fact once: the run, kind, step and rank are fields; the text says only what
+    happened (the verdict's own detail, or its figures when it has none).
+    """
+    where = "" if a.step is None else f" step={a.step}"
+    where += "" if a.rank is None else f" rank={a.rank}"
+    head = f"{rfc3339(a.ts_ns)} {a.severity.upper():8} run={a.run_id} {a.kind}{where}"
+    return f"{head}: {a.detail or a.summary} [{a.alert_id}]"
+
+
 def console_lines(group: AlertGroup, max_per_min: float) -> list[str]:
     """One human-readable line per alert, then one for the suppressed count, if any."""
-    lines = []
-    for a in group.alerts:
-        lines.append(
-            f"{rfc3339(a.ts_ns)} {a.severity.upper():8} run={a.run_id} {a.kind}: "
-            f"{a.summary} ({a.description}) [{a.alert_id}]"
-        )
+    lines = [console_line(a) for a in group.alerts]
     if group.suppressed:
         lines.append(
             f"{'':27} {'NOTICE':8} run={group.run_id}: {group.suppressed} alert(s) suppressed "

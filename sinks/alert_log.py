@@ -7,6 +7,14 @@ the restart. Lines::
     {"target": "console" | <webhook url>, "run": R, "ids": [...]}   delivered
     {"target": "_suppressed", "run": R, "ids": [...]}               rate-limited, counted
     {"target": "_reported", "run": R, "n": N}                       N suppressed reported
+    {"target": "_pending", "to": URL, "run": R, "ids": [...],
+     "pid": P, "group": {...}}                                      owed to URL, retried
+    {"target": URL, "run": R, "ids": [...], "pid": P}               a pending one went out
+
+A delivery whose retries were spent is not delivered: it is written as ``_pending`` (the
+whole group, so it can be sent again after a restart) and counts as handled for that
+receiver, so the records behind it can be committed without losing it. It leaves the
+pending set when a delivery line with its ``pid`` is written.
 
 The file is compacted on open once it exceeds ``max_lines``: the newest ``keep_ids`` ids
 per target survive (older ones are far behind the committed offsets), and a compaction
@@ -18,15 +26,34 @@ from __future__ import annotations
 
 import json
 import os
+import uuid
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
+
+import msgspec
 
 from runwatch.durable import replace_file
+from sinks.alert_format import AlertGroup
 
 SUPPRESSED: Final = "_suppressed"
 REPORTED: Final = "_reported"
 UNREPORTED: Final = "_unreported"
+PENDING: Final = "_pending"
+
+
+class Pending(NamedTuple):
+    """A delivery still owed to a receiver.
+
+    Attributes:
+        pid: Its id in the log.
+        target: The receiver (webhook URL).
+        group: What to send.
+    """
+
+    pid: str
+    target: str
+    group: AlertGroup
 
 
 class DeliveryLog:
@@ -42,6 +69,7 @@ class DeliveryLog:
         self.path = path
         self.done: dict[str, dict[str, None]] = {}
         self.unreported: dict[str, int] = {}
+        self.owed: dict[str, Pending] = {}
         path.parent.mkdir(parents=True, exist_ok=True)
         lines = self._load()
         if lines > max_lines:
@@ -64,6 +92,12 @@ class DeliveryLog:
 
     def _apply(self, entry: dict[str, Any]) -> None:
         target, run = entry.get("target"), entry.get("run", "")
+        if target == PENDING:
+            group = msgspec.convert(entry["group"], AlertGroup)
+            self.owed[entry["pid"]] = Pending(entry["pid"], str(entry["to"]), group)
+            return
+        if "pid" in entry:
+            self.owed.pop(entry["pid"], None)
         if target == UNREPORTED:
             self.unreported[run] = self.unreported.get(run, 0) + int(entry.get("n", 0))
             return
@@ -90,12 +124,24 @@ class DeliveryLog:
         kept = list(self.done.get(SUPPRESSED, {}))[-keep_ids:]
         entries.append({"target": SUPPRESSED, "run": "", "ids": kept, "counted": False})
         entries += [{"target": UNREPORTED, "run": r, "n": n} for r, n in self.unreported.items()]
+        entries += [self._pending_entry(p) for p in self.owed.values()]
         tmp = self.path.with_name(self.path.name + ".tmp")
         with tmp.open("w", encoding="utf-8") as fh:
             fh.writelines(json.dumps(e) + "\n" for e in entries)
         replace_file(tmp, self.path)
-        self.done, self.unreported = {}, {}
+        self.done, self.unreported, self.owed = {}, {}, {}
         self._load()
+
+    @staticmethod
+    def _pending_entry(p: Pending) -> dict[str, Any]:
+        return {
+            "target": PENDING,
+            "to": p.target,
+            "run": p.group.run_id,
+            "ids": [a.alert_id for a in p.group.alerts],
+            "pid": p.pid,
+            "group": msgspec.to_builtins(p.group),
+        }
 
     def _append(self, entry: dict[str, Any]) -> None:
         self._fh.write(json.dumps(entry) + "\n")
@@ -104,8 +150,40 @@ class DeliveryLog:
         self._apply(entry)
 
     def has(self, target: str, alert_id: str) -> bool:
-        """True when ``target`` has had ``alert_id``."""
-        return alert_id in self.done.get(target, {})
+        """True when ``target`` has had ``alert_id``, or it is pending for ``target``."""
+        if alert_id in self.done.get(target, {}):
+            return True
+        return any(
+            p.target == target and any(a.alert_id == alert_id for a in p.group.alerts)
+            for p in self.owed.values()
+        )
+
+    def seen(self, alert_id: str) -> bool:
+        """True when any receiver has had the id (or owes it), or it was suppressed."""
+        return any(alert_id in ids for ids in self.done.values()) or any(
+            any(a.alert_id == alert_id for a in p.group.alerts) for p in self.owed.values()
+        )
+
+    def pending(self, target: str | None = None) -> list[Pending]:
+        """Deliveries still owed (to ``target``, or to any), oldest first."""
+        return [p for p in self.owed.values() if target is None or p.target == target]
+
+    def pend(self, target: str, group: AlertGroup) -> Pending:
+        """Record a delivery to ``target`` that did not go through: it stays owed."""
+        p = Pending(uuid.uuid4().hex, target, group)
+        self._append(self._pending_entry(p))
+        return p
+
+    def retried(self, p: Pending) -> None:
+        """Record that the pending delivery ``p`` finally went out."""
+        self._append(
+            {
+                "target": p.target,
+                "run": p.group.run_id,
+                "ids": [a.alert_id for a in p.group.alerts],
+                "pid": p.pid,
+            }
+        )
 
     def handled(self, alert_id: str, targets: Iterable[str]) -> bool:
         """True when the id was suppressed, or every target has had it."""

@@ -11,11 +11,18 @@ dropped without a trace.
 Which verdicts become alerts at all is `pages`: a verdict pages when its severity is at
 least the sink's ``--min-severity`` (default ``warning``: a lone grad-norm spike, severity
 ``info``, is recorded in the anomalies topic and the metrics but pages nobody).
+
+Cause order: an alert with a ``cause_id`` (a restart command's cause verdict, a command
+outcome's command) never leaves before its cause. The anomaly, command and controller
+topics are read independently, so an effect can arrive first; when its window closes it
+is held until the cause has been handled (``known``) or is in the same window (where
+causes are put first), for at most ``cause_wait_s`` after it arrived (a cause that never
+comes, e.g. one from before a new group started, must not hold a page forever).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import NamedTuple, get_args
 
 from schemas.events import Severity
@@ -81,9 +88,35 @@ class Release(NamedTuple):
     suppressed_ids: tuple[str, ...]
 
 
+class _Entry(NamedTuple):
+    alert: Alert
+    source: Source
+    added_s: float
+
+
 class _Window(NamedTuple):
     opened_s: float
-    alerts: list[tuple[Alert, Source]]
+    alerts: list[_Entry]
+
+
+def causes_first(entries: list[_Entry]) -> list[_Entry]:
+    """Arrival order, except that an alert whose cause is also here comes after it."""
+    by_id = {e.alert.alert_id: e for e in entries}
+    out: list[_Entry] = []
+    placed: set[str] = set()
+
+    def place(e: _Entry, path: frozenset[str]) -> None:
+        if e.alert.alert_id in placed:
+            return
+        cause = by_id.get(e.alert.cause_id or "")
+        if cause is not None and cause.alert.alert_id not in path:
+            place(cause, path | {e.alert.alert_id})
+        placed.add(e.alert.alert_id)
+        out.append(e)
+
+    for e in entries:
+        place(e, frozenset())
+    return out
 
 
 class Grouper:
@@ -93,31 +126,41 @@ class Grouper:
         group_wait_s: How long the first alert of a run waits for others to join it.
         max_per_min: Alerts per minute per run (also the burst).
         carried: Suppressed counts not yet reported, per run (from the delivery log).
+        known: True for an alert id already delivered or suppressed (a cause handled).
+        cause_wait_s: Longest an alert waits for its cause.
     """
 
     def __init__(
-        self, group_wait_s: float, max_per_min: float, carried: Mapping[str, int] | None = None
+        self,
+        group_wait_s: float,
+        max_per_min: float,
+        carried: Mapping[str, int] | None = None,
+        *,
+        known: Callable[[str], bool] | None = None,
+        cause_wait_s: float = 5.0,
     ) -> None:
-        if group_wait_s < 0 or max_per_min <= 0:
-            raise ValueError("group_wait_s must be >= 0 and max_per_min > 0")
+        if group_wait_s < 0 or max_per_min <= 0 or cause_wait_s < 0:
+            raise ValueError("group_wait_s and cause_wait_s must be >= 0 and max_per_min > 0")
         self.group_wait_s = group_wait_s
         self.max_per_min = max_per_min
+        self.known = known or (lambda _id: False)
+        self.cause_wait_s = cause_wait_s
         self.windows: dict[str, _Window] = {}
         self.buckets: dict[str, TokenBucket] = {}
         self.carried: dict[str, int] = {r: n for r, n in (carried or {}).items() if n > 0}
 
     def pending_ids(self) -> set[str]:
         """Ids waiting in an open window."""
-        return {a.alert_id for w in self.windows.values() for a, _ in w.alerts}
+        return {e.alert.alert_id for w in self.windows.values() for e in w.alerts}
 
     def add(self, alert: Alert, source: Source, now_s: float) -> bool:
         """Put an alert in its run's window; False when the same id is already waiting."""
         window = self.windows.get(alert.run_id)
         if window is None:
             window = self.windows[alert.run_id] = _Window(now_s, [])
-        elif any(a.alert_id == alert.alert_id for a, _ in window.alerts):
+        elif any(e.alert.alert_id == alert.alert_id for e in window.alerts):
             return False
-        window.alerts.append((alert, source))
+        window.alerts.append(_Entry(alert, source, now_s))
         return True
 
     def _bucket(self, run_id: str, now_s: float) -> TokenBucket:
@@ -128,11 +171,23 @@ class Grouper:
             )
         return bucket
 
-    def _release(self, run_id: str, window: _Window, now_s: float) -> Release:
+    def _held(self, entries: list[_Entry], now_s: float) -> set[str]:
+        """Ids (in causes-first order) that must wait for a cause not yet handled."""
+        here = {e.alert.alert_id for e in entries}
+        held: set[str] = set()
+        for e in entries:
+            cause = e.alert.cause_id
+            if cause is None or now_s - e.added_s >= self.cause_wait_s:
+                continue
+            if cause in held or (cause not in here and not self.known(cause)):
+                held.add(e.alert.alert_id)
+        return held
+
+    def _release(self, run_id: str, entries: list[_Entry], now_s: float) -> Release:
         bucket = self._bucket(run_id, now_s)
         sent: list[Alert] = []
         suppressed: list[str] = []
-        for alert, _ in window.alerts:
+        for alert, _, _ in entries:
             if bucket.take(now_s):
                 sent.append(alert)
             else:
@@ -153,8 +208,16 @@ class Grouper:
         for run_id in sorted(self.windows):
             window = self.windows[run_id]
             if force or now_s - window.opened_s >= self.group_wait_s:
+                entries = causes_first(window.alerts)
+                held = set() if force else self._held(entries, now_s)
                 del self.windows[run_id]
-                out.append(self._release(run_id, window, now_s))
+                if held:
+                    self.windows[run_id] = _Window(
+                        window.opened_s, [e for e in entries if e.alert.alert_id in held]
+                    )
+                    entries = [e for e in entries if e.alert.alert_id not in held]
+                if entries:
+                    out.append(self._release(run_id, entries, now_s))
         for run_id in sorted(self.carried):
             if run_id in self.windows:
                 continue
@@ -169,7 +232,7 @@ class Grouper:
         """Lowest source offset per partition among waiting alerts."""
         out: dict[tuple[str, int], int] = {}
         for window in self.windows.values():
-            for _, (topic, partition, offset) in window.alerts:
+            for _, (topic, partition, offset), _ in window.alerts:
                 key = (topic, partition)
                 out[key] = min(out.get(key, offset), offset)
         return out

@@ -6,17 +6,26 @@ every receiver (an identical duplicate the processors published at-least-once, o
 delivered just before a crash) is dropped. Alerts wait in their run's group window
 (`sinks.alert_policy`), pass the per-run rate limit, and go to every receiver; each
 delivery is written to the log before the offsets behind it are committed.
+
+A POST whose retries are spent is not lost: the group is written to the log as *pending*
+for that receiver and retried with backoff (one request per try, so a dead receiver does
+not stall the loop) until it goes through, across restarts. While a receiver owes
+deliveries, new ones for it queue behind them, so it gets them in order.
 """
 
 from __future__ import annotations
 
 import logging
+import random
 import sys
+import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Literal, TextIO
+from urllib.parse import urlsplit
 
 import msgspec
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from processors.intake import Decoded, RawRecord, check
 from schemas.events import AnomalyDetected, Severity
@@ -28,7 +37,7 @@ from sinks.alert_format import (
     console_lines,
     runwatch_payload,
 )
-from sinks.alert_log import DeliveryLog
+from sinks.alert_log import DeliveryLog, Pending
 from sinks.alert_policy import Grouper, Release, pages
 from sinks.consumer import TopicPartitionKey
 from sinks.webhook import PostResult, RetryPolicy, post_json
@@ -52,6 +61,8 @@ class AlertSettings(msgspec.Struct, frozen=True, kw_only=True):
         console: Print one line per alert.
         min_severity: Verdicts below this severity are not alerted (`sinks.alert_policy.pages`);
             restart and controller events are always alerted.
+        pending_max_delay_s: Ceiling of the backoff between tries of a pending delivery.
+        cause_wait_s: Longest an alert waits for the alert it follows from.
     """
 
     webhooks: tuple[str, ...] = ()
@@ -62,6 +73,8 @@ class AlertSettings(msgspec.Struct, frozen=True, kw_only=True):
     retry: RetryPolicy = RetryPolicy()
     console: bool = True
     min_severity: Severity = "warning"
+    pending_max_delay_s: float = 60.0
+    cause_wait_s: float = 5.0
 
 
 class AlertStats(msgspec.Struct, kw_only=True):
@@ -74,6 +87,18 @@ class AlertStats(msgspec.Struct, kw_only=True):
     failed_posts: int = 0
     undecodable: int = 0
     below_min_severity: int = 0
+    retried: int = 0
+
+
+def receiver_label(url: str) -> str:
+    """A webhook's metric label: scheme, host and port only (paths often hold tokens)."""
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.hostname or ''}" + (f":{parts.port}" if parts.port else "")
+
+
+class _Backoff(msgspec.Struct):
+    failures: int = 0
+    next_s: float = 0.0
 
 
 Poster = Callable[[str, Any, RetryPolicy], PostResult]
@@ -114,9 +139,21 @@ class AlertSink:
         self.post = post
         self.now_ns = now_ns
         self.targets = ((CONSOLE,) if settings.console else ()) + settings.webhooks
-        self.grouper = Grouper(settings.group_wait_s, settings.max_alerts_per_min, log.unreported)
+        self.grouper = Grouper(
+            settings.group_wait_s,
+            settings.max_alerts_per_min,
+            log.unreported,
+            known=log.seen,
+            cause_wait_s=settings.cause_wait_s,
+        )
         self.stats = AlertStats()
         self._last_now_s = 0.0
+        self._backoff: dict[str, _Backoff] = {}
+        self._rng = random.Random()
+        self._lock = threading.Lock()
+        self.delivered_posts: dict[str, int] = {}
+        self.failed_attempts: dict[str, int] = {}
+        self.collector = AlertCollector(self)
 
     @property
     def topics(self) -> list[str]:
@@ -160,6 +197,7 @@ class AlertSink:
         self._last_now_s = now_s
         for release in self.grouper.due(now_s):
             self._deliver(release)
+        self._retry_pending(now_s)
 
     def flush(self) -> None:
         """Deliver every waiting group now."""
@@ -187,8 +225,8 @@ class AlertSink:
             part = msgspec.structs.replace(group, alerts=alerts)
             if target == CONSOLE:
                 self._print(part)
-            else:
-                self._post(target, part)
+            elif not self._post(target, part):
+                continue  # owed: written as pending by _post
             self.log.delivered(target, group.run_id, [a.alert_id for a in alerts])
         if group.suppressed:
             self.log.reported(group.run_id, group.suppressed)
@@ -198,22 +236,125 @@ class AlertSink:
             print(line, file=self.out)
         self.out.flush()
 
-    def _post(self, url: str, group: AlertGroup) -> None:
+    def _payload(self, group: AlertGroup) -> Any:
         if self.settings.webhook_format == "alertmanager":
-            payload = alertmanager_payload(
+            return alertmanager_payload(
                 group, receiver=self.settings.receiver, now_ns=self.now_ns()
             )
-        else:
-            payload = runwatch_payload(group, max_per_min=self.settings.max_alerts_per_min)
-        result = self.post(url, payload, self.settings.retry)
-        self.stats.posts += 1
-        if not result.ok:
-            # Bounded retries are spent: say so loudly, with the ids, and move on, so one
-            # dead receiver cannot stall alerts to the others.
-            self.stats.failed_posts += 1
-            ids = ", ".join(a.alert_id for a in group.alerts) or "suppression notice"
-            print(
-                f"runwatch sinks: webhook {url} failed after {result.attempts} attempt(s) "
-                f"({result.error}); not delivered there: {ids}",
-                file=sys.stderr,
-            )
+        return runwatch_payload(group, max_per_min=self.settings.max_alerts_per_min)
+
+    def _send(self, url: str, group: AlertGroup, policy: RetryPolicy) -> PostResult:
+        result = self.post(url, self._payload(group), policy)
+        label = receiver_label(url)
+        with self._lock:
+            self.stats.posts += 1
+            failed = result.attempts - (1 if result.ok else 0)
+            self.failed_attempts[label] = self.failed_attempts.get(label, 0) + failed
+            if result.ok:
+                self.delivered_posts[label] = self.delivered_posts.get(label, 0) + 1
+        return result
+
+    def _post(self, url: str, group: AlertGroup) -> bool:
+        """Deliver now, or queue as pending; True when it went out."""
+        if self.log.pending(url):
+            self.log.pend(url, group)  # behind the ones it owes already, in order
+            return False
+        result = self._send(url, group, self.settings.retry)
+        if result.ok:
+            return True
+        # Bounded retries are spent: keep it owed (durably) and move on, so one dead
+        # receiver cannot stall alerts to the others; `_retry_pending` tries again.
+        self.stats.failed_posts += 1
+        self.log.pend(url, group)
+        self._backoff[url] = _Backoff(1, self._last_now_s + self._delay_s(1))
+        ids = ", ".join(a.alert_id for a in group.alerts) or "suppression notice"
+        print(
+            f"runwatch sinks: webhook {receiver_label(url)} failed after {result.attempts} "
+            f"attempt(s) ({result.error}); kept pending, will retry: {ids}",
+            file=sys.stderr,
+            flush=True,
+        )
+        return False
+
+    def _delay_s(self, failures: int) -> float:
+        base = max(self.settings.retry.base_delay_s, 0.01)
+        delay = min(self.settings.pending_max_delay_s, base * 2.0**failures)
+        return delay * (0.5 + 0.5 * self._rng.random())
+
+    def _retry_pending(self, now_s: float) -> None:
+        """One try per receiver whose backoff is over, oldest delivery first.
+
+        Only configured receivers: deliveries owed to a webhook no longer passed stay in
+        the log (and come back with it) instead of being sent somewhere unasked.
+        """
+        once = self.settings.retry._replace(attempts=1)
+        owed = dict.fromkeys(p.target for p in self.log.pending())
+        for url in (u for u in owed if u in self.settings.webhooks):
+            backoff = self._backoff.setdefault(url, _Backoff())
+            if now_s < backoff.next_s:
+                continue
+            for owed in self.log.pending(url):
+                if not self._send(url, owed.group, once).ok:
+                    backoff.failures += 1
+                    backoff.next_s = now_s + self._delay_s(backoff.failures)
+                    break
+                self._retried(owed)
+            else:
+                del self._backoff[url]
+
+    def _retried(self, owed: Pending) -> None:
+        self.log.retried(owed)
+        self.stats.retried += 1
+        ids = ", ".join(a.alert_id for a in owed.group.alerts) or "suppression notice"
+        print(
+            f"runwatch sinks: webhook {receiver_label(owed.target)} took the pending "
+            f"delivery: {ids}",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
+class AlertCollector:
+    """The alert sink's delivery figures for the metrics exporter (thread-safe).
+
+    * ``runwatch_alert_deliveries_pending{receiver}``: deliveries owed (retries spent,
+      retried with backoff until they go through);
+    * ``runwatch_alert_delivery_failed_attempts_total{receiver}``: POSTs that failed;
+    * ``runwatch_alert_deliveries_total{receiver}``: POSTs that went through.
+
+    ``receiver`` is the webhook's scheme, host and port.
+    """
+
+    def __init__(self, sink: AlertSink) -> None:
+        self.sink = sink
+
+    def collect(self) -> Iterator[Metric]:
+        """The metric families, from a snapshot."""
+        sink = self.sink
+        with sink._lock:
+            ok = dict(sink.delivered_posts)
+            failed = dict(sink.failed_attempts)
+        owed: dict[str, int] = {receiver_label(u): 0 for u in sink.settings.webhooks}
+        for p in list(sink.log.owed.values()):
+            label = receiver_label(p.target)
+            owed[label] = owed.get(label, 0) + 1
+        pending = GaugeMetricFamily(
+            "runwatch_alert_deliveries_pending",
+            "Alert deliveries owed to a receiver (retries spent; retried with backoff).",
+            labels=["receiver"],
+        )
+        attempts = CounterMetricFamily(
+            "runwatch_alert_delivery_failed_attempts",
+            "Webhook POSTs that failed (each retry counts).",
+            labels=["receiver"],
+        )
+        posts = CounterMetricFamily(
+            "runwatch_alert_deliveries", "Webhook POSTs that went through.", labels=["receiver"]
+        )
+        for label in sorted(owed):
+            pending.add_metric([label], owed[label])
+            attempts.add_metric([label], failed.get(label, 0))
+            posts.add_metric([label], ok.get(label, 0))
+        yield pending
+        yield attempts
+        yield posts

@@ -6,12 +6,17 @@ written atomically (a hidden temp file, fsync, rename) and named after the offse
 hold (see `sinks.archive_layout`); on start and after every rebalance the high-water marks
 are read back from the file names, and records at or below them are skipped. A crash
 between writing a file and committing the offsets therefore never duplicates a row.
+
+Every ``compact_interval_s`` the files of the streams this instance owns are merged into
+one per stream per closed hour (`sinks.archive_compact`), so ticks and steady streams do
+not leave a file per flush for good.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Final
 
@@ -20,6 +25,7 @@ import pyarrow.parquet as pq
 
 from processors.intake import RawRecord
 from runwatch.durable import replace_file
+from sinks.archive_compact import compact
 from sinks.archive_layout import (
     SUFFIX,
     Stream,
@@ -78,16 +84,33 @@ class ArchiveSink:
         root: The archive directory.
         flush_records: Flush when this many records are buffered.
         flush_interval_s: Flush buffered records at least this often.
+        compact_interval_s: Compact the owned streams this often (0: never); the first
+            compaction runs at most a minute after the first assignment.
+        compact_budget_s: Longest one compaction step runs before polling resumes.
+        wall_ms: Wall clock in milliseconds (which hours are closed).
     """
 
     name = "archive"
 
     def __init__(
-        self, root: Path, *, flush_records: int = 20_000, flush_interval_s: float = 5.0
+        self,
+        root: Path,
+        *,
+        flush_records: int = 20_000,
+        flush_interval_s: float = 5.0,
+        compact_interval_s: float = 3600.0,
+        compact_budget_s: float = 10.0,
+        wall_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
     ) -> None:
         self.root = root
         self.flush_records = flush_records
         self.flush_interval_s = flush_interval_s
+        self.compact_interval_s = compact_interval_s
+        self.compact_budget_s = compact_budget_s
+        self.wall_ms = wall_ms
+        self.assigned: set[TopicPartitionKey] = set()
+        self.next_compact_s: float | None = None
+        self.files_merged = 0
         self.root.mkdir(parents=True, exist_ok=True)
         self.marks: dict[Stream, int] = scan_marks(root)
         self.buffer: dict[Stream, list[RawRecord]] = {}
@@ -100,6 +123,7 @@ class ArchiveSink:
     def on_assigned(self, partitions: Sequence[TopicPartitionKey]) -> None:
         """Re-read the high-water marks (another instance may have written meanwhile)."""
         self.marks = scan_marks(self.root)
+        self.assigned = set(partitions)
 
     def handle(self, records: Sequence[RawRecord], now_s: float) -> None:
         """Buffer the records not archived yet."""
@@ -120,6 +144,17 @@ class ArchiveSink:
         """Flush when the oldest buffered record has waited `flush_interval_s`."""
         if self.oldest_s is not None and now_s - self.oldest_s >= self.flush_interval_s:
             self.flush()
+        if self.compact_interval_s > 0 and self.assigned:
+            if self.next_compact_s is None:
+                self.next_compact_s = now_s + min(60.0, self.compact_interval_s)
+            elif now_s >= self.next_compact_s:
+                self.compact(now_s)
+
+    def compact(self, now_s: float = 0.0) -> None:
+        """Merge the owned streams' files of closed hours (a step of it, if large)."""
+        stats = compact(self.root, self.wall_ms(), self.assigned, budget_s=self.compact_budget_s)
+        self.files_merged += stats.merged_files
+        self.next_compact_s = now_s + (self.compact_interval_s if stats.done else 0.0)
 
     def flush(self) -> None:
         """Write every buffered stream to its own file."""

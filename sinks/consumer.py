@@ -5,10 +5,16 @@ has not yet made durable (`Sink.pending_offsets`). The loop commits, for every a
 partition, the smaller of the consumer's position and that offset, so a crash never
 commits past work that was not done: after a restart the sink sees those records again
 and its own dedupe (delivered-id file, archive high-water marks) drops what was done.
+
+Where a group with no committed offset starts is the sink's choice (`StartFrom`): the
+alerts sink starts from now (it must not page the past), the archive from the beginning
+(it exists to hold the history), and the metrics exporter replays the whole retained log
+at every start (its figures are a fold of the log; nothing of it is committed).
 """
 
 from __future__ import annotations
 
+import enum
 import logging
 import threading
 import time
@@ -21,6 +27,20 @@ logger = logging.getLogger(__name__)
 
 TopicPartitionKey = tuple[str, int]
 """``(topic, partition)``."""
+
+
+class StartFrom(enum.Enum):
+    """Where a sink's consumer starts reading.
+
+    Attributes:
+        EARLIEST: The committed offset; a new group reads the whole retained log.
+        LATEST: The committed offset; a new group starts at the end (from now).
+        REPLAY: The beginning, at every start; nothing is committed (a fold of the log).
+    """
+
+    EARLIEST = "earliest"
+    LATEST = "latest"
+    REPLAY = "replay"
 
 
 class Sink(Protocol):
@@ -60,6 +80,19 @@ def commit_offsets(
     return {tp: min(pos, pending.get(tp, pos)) for tp, pos in positions.items()}
 
 
+def settled_lag(
+    previous_ends: Mapping[TopicPartitionKey, int], positions: Mapping[TopicPartitionKey, int]
+) -> dict[TopicPartitionKey, int]:
+    """Records that were already in each partition at the previous sample and are unread.
+
+    ``previous_ends`` are the end offsets fetched one sampling interval ago. A consumer
+    that keeps up has read all of them by now, so its lag is 0 even though the clock's
+    ticks (or any steady trickle) land in the partitions between two polls; one that
+    falls behind shows how far. Partitions without a previous sample are left out.
+    """
+    return {tp: max(0, end - positions[tp]) for tp, end in previous_ends.items() if tp in positions}
+
+
 class SinkLoop:
     """Runs one sink over a kafka-python consumer until `stop` is set.
 
@@ -70,9 +103,21 @@ class SinkLoop:
         group_id: The sink's own consumer group.
         stop: Set it to stop the loop (it flushes and commits on the way out).
         client_config: Extra kafka-python settings (security).
+        start: Where a new group starts (`StartFrom`).
+        session_timeout_s: A member silent this long (a SIGKILLed process) loses its
+            partitions; until then a restarted sink waits for them.
         poll_timeout_s: Longest a poll waits; bounds how late `Sink.tick` runs.
         lag_interval_s: How often end offsets are fetched for `Sink.on_lag`.
+        notify: Where progress notes go (waiting for an assignment, rebalances).
+        bootstrap_timeout_s: Longest to wait for the first connection to Kafka.
         clock: Monotonic seconds.
+
+    Attributes:
+        ready: Set once partitions are assigned and their start positions resolved: a
+            record published after it is read.
+        error: What stopped the loop, if anything.
+        connected: The consumer was created (the broker answered); False with an
+            ``error`` means Kafka could not be reached.
     """
 
     def __init__(
@@ -84,8 +129,12 @@ class SinkLoop:
         group_id: str,
         stop: threading.Event,
         client_config: Mapping[str, Any] | None = None,
+        start: StartFrom = StartFrom.EARLIEST,
+        session_timeout_s: float = 10.0,
         poll_timeout_s: float = 0.2,
         lag_interval_s: float = 2.0,
+        notify: Callable[[str], None] | None = None,
+        bootstrap_timeout_s: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.sink = sink
@@ -94,31 +143,51 @@ class SinkLoop:
         self.group_id = group_id
         self.stop = stop
         self.client_config = dict(client_config or {})
+        self.start = start
+        self.session_timeout_s = session_timeout_s
         self.poll_timeout_s = poll_timeout_s
         self.lag_interval_s = lag_interval_s
+        self.notify = notify or logger.info
+        self.bootstrap_timeout_s = bootstrap_timeout_s
+        self.connected = False
         self.clock = clock
         self.error: BaseException | None = None
         self.ready = threading.Event()
         self._committed: dict[TopicPartitionKey, int] = {}
+        self._read_upto: dict[TopicPartitionKey, int] = {}
+        self._previous_ends: dict[TopicPartitionKey, int] = {}
+        self._waiting_since: float | None = None
 
     def run(self) -> None:
         """Consume until stopped; an exception is kept in `error` and stops the loop."""
         from kafka import KafkaConsumer
 
-        consumer = KafkaConsumer(
-            bootstrap_servers=self.bootstrap,
-            group_id=self.group_id,
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-            max_poll_records=2000,
-            **self.client_config,
-        )
+        session_ms = int(self.session_timeout_s * 1000)
+        try:
+            consumer = KafkaConsumer(
+                bootstrap_servers=self.bootstrap,
+                group_id=self.group_id,
+                enable_auto_commit=False,
+                auto_offset_reset="latest" if self.start is StartFrom.LATEST else "earliest",
+                max_poll_records=2000,
+                session_timeout_ms=session_ms,
+                heartbeat_interval_ms=max(100, min(3000, session_ms // 3)),
+                bootstrap_timeout_ms=int(self.bootstrap_timeout_s * 1000),
+                **self.client_config,
+            )
+        except BaseException as exc:
+            # The caller reports it in one line (an unreachable broker is no traceback).
+            self.error = exc
+            logger.debug("sink %s could not start", self.sink.name, exc_info=True)
+            return
+        self.connected = True
         try:
             consumer.subscribe(self.topics, listener=_listener(self, consumer))
+            self._waiting_since = self.clock()
             self._loop(consumer)
         except BaseException as exc:
             self.error = exc
-            logger.exception("sink %s stopped", self.sink.name)
+            logger.debug("sink %s stopped", self.sink.name, exc_info=True)
         finally:
             try:
                 if self.error is None:
@@ -132,6 +201,7 @@ class SinkLoop:
 
     def _loop(self, consumer: Any) -> None:
         next_lag = 0.0
+        next_note = 0.0
         while not self.stop.is_set():
             batch = consumer.poll(timeout_ms=int(self.poll_timeout_s * 1000))
             records = [
@@ -139,23 +209,83 @@ class SinkLoop:
                 for messages in batch.values()
                 for m in messages
             ]
+            for r in records:
+                self._read_upto[(r.topic, r.partition)] = r.offset + 1
             now = self.clock()
             if records:
                 self.sink.handle(records, now)
             self.sink.tick(now)
             if consumer.assignment():
-                self.ready.set()
+                if self._waiting_since is not None:
+                    self._now_reading(consumer)
                 if now >= next_lag:
                     next_lag = now + self.lag_interval_s
-                    self.sink.on_lag(_lag(consumer))
+                    self.sink.on_lag(self._lag(consumer))
                 self._commit(consumer)
+            elif self._waiting_since is not None and now >= next_note:
+                waited = now - self._waiting_since
+                if waited >= 2.0:
+                    # Fresh metadata of the subscribed topics: a first join that saw no
+                    # partitions (topics just created) rejoins once the metadata has them.
+                    for topic in self.topics:
+                        consumer.partitions_for_topic(topic)
+                    self.notify(
+                        f"{self.sink.name}: waiting {waited:.0f} s for group {self.group_id} "
+                        "to assign partitions (rebalance in progress; partitions of a member "
+                        f"that died are freed when its session times out, "
+                        f"{self.session_timeout_s:g} s for ours)"
+                    )
+                    next_note = now + 5.0
+
+    def _assigned(self, consumer: Any, assigned: Sequence[Any]) -> None:
+        from kafka import TopicPartition
+
+        self._committed = {}
+        keys = sorted((tp.topic, tp.partition) for tp in assigned)
+        if self.start is StartFrom.REPLAY:
+            # Partitions read before in this process resume where they were; new ones
+            # are replayed from the beginning (the fold is idempotent by id).
+            fresh = [TopicPartition(t, p) for t, p in keys if (t, p) not in self._read_upto]
+            for t, p in keys:
+                if (t, p) in self._read_upto:
+                    consumer.seek(TopicPartition(t, p), self._read_upto[(t, p)])
+            if fresh:
+                consumer.seek_to_beginning(*fresh)
+        self.sink.on_assigned(keys)
+
+    def _now_reading(self, consumer: Any) -> None:
+        """Partitions came: resolve where each starts, then say so and set `ready`."""
+        assigned = consumer.assignment()
+        for tp in assigned:
+            consumer.position(tp)  # a new group's offset reset happens here
+        waited = self.clock() - (self._waiting_since or self.clock())
+        self.notify(
+            f"{self.sink.name}: assigned {len(assigned)} partition(s) of group "
+            f"{self.group_id} after {waited:.1f} s; reading"
+        )
+        self._waiting_since = None
+        self.ready.set()
+
+    def _revoked(self, consumer: Any, revoked: Sequence[Any]) -> None:
+        self._waiting_since = self.clock()
+        if revoked:
+            self.sink.flush()
+            self._commit(consumer)
+
+    def _lag(self, consumer: Any) -> dict[TopicPartitionKey, int]:
+        assigned = list(consumer.assignment())
+        ends = {(tp.topic, tp.partition): e for tp, e in consumer.end_offsets(assigned).items()}
+        positions = {(tp.topic, tp.partition): consumer.position(tp) for tp in assigned}
+        lag = settled_lag(self._previous_ends, positions)
+        self._previous_ends = ends
+        return lag
 
     def _commit(self, consumer: Any) -> None:
         from kafka import TopicPartition
         from kafka.structs import OffsetAndMetadata
 
         assigned = consumer.assignment()
-        if not assigned:
+        if not assigned or self.start is StartFrom.REPLAY:
             return
         positions = {(tp.topic, tp.partition): consumer.position(tp) for tp in assigned}
         safe = commit_offsets(positions, self.sink.pending_offsets())
@@ -168,27 +298,16 @@ class SinkLoop:
         self._committed.update(todo)
 
 
-def _lag(consumer: Any) -> dict[TopicPartitionKey, int]:
-    assigned = list(consumer.assignment())
-    ends = consumer.end_offsets(assigned)
-    return {
-        (tp.topic, tp.partition): max(0, ends.get(tp, 0) - consumer.position(tp)) for tp in assigned
-    }
-
-
 def _listener(loop: SinkLoop, consumer: Any) -> Any:
     """A kafka-python rebalance listener that flushes and commits before partitions move."""
     from kafka import ConsumerRebalanceListener
 
     class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
         def on_partitions_revoked(self, revoked: Any) -> None:
-            if revoked:
-                loop.sink.flush()
-                loop._commit(consumer)
+            loop._revoked(consumer, list(revoked))
 
         def on_partitions_assigned(self, assigned: Any) -> None:
-            loop._committed = {}
-            loop.sink.on_assigned([(tp.topic, tp.partition) for tp in assigned])
+            loop._assigned(consumer, list(assigned))
 
     return _Listener()
 

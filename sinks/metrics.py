@@ -8,17 +8,23 @@ being rendered). Served metrics (label ``run`` unless said otherwise):
 
 * ``runwatch_run_loss``, ``runwatch_run_grad_norm``: of the last step;
 * ``runwatch_run_mfu_ratio`` (0..1), ``runwatch_run_tokens_per_second``: of the last step;
+  an MFU above 1 is exported as computed (not clamped), with
+  ``runwatch_run_mfu_implausible`` 1 and a warning logged once per run;
 * ``runwatch_run_live_ranks``: ranks that heartbeat within the live window (log time);
 * ``runwatch_run_last_step``, ``runwatch_run_incarnation``;
 * ``runwatch_anomalies_total{run,kind}``, ``runwatch_restarts_total`` (restart commands),
   ``runwatch_restart_outcomes_total{run,outcome}`` (completed, failed, rejected);
-* ``runwatch_consumer_lag_records{topic,partition}``: records between the exporter's
-  position and the end of each partition it reads;
+* ``runwatch_consumer_lag_records{topic,partition}``: records that were already in the
+  partition one sampling interval ago and that the exporter has not read yet (so the
+  clock's ticks, landing every second, do not keep it above 0 for a consumer that keeps
+  up; see `sinks.consumer.settled_lag`);
 * ``runwatch_runs_tracked``: runs with label sets.
 
-Counters count what this exporter has read since its group's committed offsets: after a
-restart they begin again from 0, which Prometheus' ``rate`` and ``increase`` treat as a
-counter reset.
+The figures are a fold of the log: at every start the exporter replays the topics from
+the beginning of their retention (`sinks.consumer.StartFrom.REPLAY`, nothing committed),
+so a restart shows the same per-run gauges and counters as before it, finished runs
+included. Collectors of other sinks in the process (the alert sink's delivery figures)
+are served from the same registry.
 """
 
 from __future__ import annotations
@@ -41,7 +47,12 @@ logger = logging.getLogger(__name__)
 _GAUGES: tuple[tuple[str, str, str], ...] = (
     ("runwatch_run_loss", "Loss of the run's last step.", "loss"),
     ("runwatch_run_grad_norm", "Gradient norm of the run's last step.", "grad_norm"),
-    ("runwatch_run_mfu_ratio", "Model FLOPs utilisation of the last step (0..1).", "mfu_ratio"),
+    (
+        "runwatch_run_mfu_ratio",
+        "Model FLOPs utilisation of the last step (0..1; above 1 is exported as computed "
+        "and flagged by runwatch_run_mfu_implausible).",
+        "mfu_ratio",
+    ),
     ("runwatch_run_tokens_per_second", "Tokens/s of the last step (whole gang).", "tokens_per_s"),
     ("runwatch_run_last_step", "The run's last completed optimizer step.", "last_step"),
     ("runwatch_run_incarnation", "Gang incarnation (+1 per restart).", "incarnation"),
@@ -64,7 +75,8 @@ class FleetCollector:
             families = self._run_families(runs, live)
             lag = GaugeMetricFamily(
                 "runwatch_consumer_lag_records",
-                "Records between the metrics consumer's position and the partition end.",
+                "Records already in the partition one sampling interval ago that the "
+                "metrics consumer has not read yet (0 when it keeps up, ticks included).",
                 labels=["topic", "partition"],
             )
             for (topic, partition), n in sorted(self.lag.items()):
@@ -84,6 +96,12 @@ class FleetCollector:
                 if value is not None:
                     family.add_metric([fig.run_id], float(value))
             out.append(family)
+        implausible = GaugeMetricFamily(
+            "runwatch_run_mfu_implausible",
+            "1 when the last step's MFU is above 1: impossible, the run's declared peak "
+            "FLOP/s (or model size) is wrong.",
+            labels=["run"],
+        )
         ranks = GaugeMetricFamily(
             "runwatch_run_live_ranks", "Ranks with a recent heartbeat (log time).", labels=["run"]
         )
@@ -99,13 +117,15 @@ class FleetCollector:
             labels=["run", "outcome"],
         )
         for fig in runs:
+            if fig.mfu_ratio is not None:
+                implausible.add_metric([fig.run_id], 1.0 if fig.mfu_implausible else 0.0)
             ranks.add_metric([fig.run_id], live[fig.run_id])
             for kind, n in sorted(fig.anomalies.items()):
                 anomalies.add_metric([fig.run_id, kind], n)
             restarts.add_metric([fig.run_id], fig.restarts)
             for outcome, n in sorted(fig.outcomes.items()):
                 outcomes.add_metric([fig.run_id, outcome], n)
-        return [*out, ranks, anomalies, restarts, outcomes]
+        return [*out, implausible, ranks, anomalies, restarts, outcomes]
 
 
 class MetricsSink:
@@ -114,11 +134,17 @@ class MetricsSink:
     Args:
         topics: The deployment's topic names.
         policy: Live window and cardinality rule.
+        collectors: More collectors to serve from the same registry.
     """
 
     name = "metrics"
 
-    def __init__(self, topics: TopicNames, policy: MetricsPolicy | None = None) -> None:
+    def __init__(
+        self,
+        topics: TopicNames,
+        policy: MetricsPolicy | None = None,
+        collectors: Sequence[Any] = (),
+    ) -> None:
         self.roles = {
             topics.steps: "steps",
             topics.heartbeats: "heartbeats",
@@ -131,15 +157,22 @@ class MetricsSink:
         self.collector = FleetCollector(self.figures, self.lock)
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self.collector)
+        for extra in collectors:
+            self.registry.register(extra)
         self.server: Any = None
+        self.mfu_warned: set[str] = set()
 
     @property
     def topics(self) -> list[str]:
         """The topics the sink reads."""
         return list(self.roles)
 
-    def serve(self, port: int, addr: str = "0.0.0.0") -> int:
-        """Serve /metrics on ``addr:port`` (0: any free port); returns the port."""
+    def serve(self, port: int, addr: str = "127.0.0.1") -> int:
+        """Serve /metrics on ``addr:port`` (0: any free port); returns the port.
+
+        Raises:
+            OSError: The address cannot be bound (the port is taken, say).
+        """
         from prometheus_client import start_http_server
 
         self.server, _ = start_http_server(port, addr=addr, registry=self.registry)
@@ -169,12 +202,27 @@ class MetricsSink:
             for event, partition in decoded:
                 self.figures.apply(event, partition)
             self.figures.prune()
+            implausible = [
+                f
+                for f in self.figures.runs.values()
+                if f.mfu_implausible and f.run_id not in self.mfu_warned
+            ]
+        for fig in implausible:
+            self.mfu_warned.add(fig.run_id)
+            logger.warning(
+                "run %s: MFU %.2f at step %s is above 1, which is impossible: its declared "
+                "peak FLOP/s or model size is wrong (exported as is, flagged by "
+                "runwatch_run_mfu_implausible; warned once per run)",
+                fig.run_id,
+                fig.mfu_ratio,
+                fig.last_step,
+            )
 
     def tick(self, now_s: float) -> None:
         """Nothing is time-driven."""
 
     def flush(self) -> None:
-        """Nothing to make durable: the figures are rebuilt from the log."""
+        """Nothing to make durable: the figures are rebuilt from the log at every start."""
 
     def pending_offsets(self) -> Mapping[TopicPartitionKey, int]:
         """Nothing pending."""

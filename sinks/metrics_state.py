@@ -5,6 +5,10 @@ the processors publish at-least-once count once. Times are log times (event time
 the clock's ticks), never the exporter's clock, so a replay of the same log shows the same
 figures.
 
+An MFU above 1 is impossible (the run declared a peak below what it achieves, or a wrong
+model size): it is kept as computed, never clamped, and the step is flagged
+(``mfu_implausible``) so the exporter can warn and export the flag.
+
 Bounded cardinality: a run's label sets are dropped once the run ended (RunEnded) more
 than ``ended_retention_s`` of log time ago, or has been silent for ``stale_s`` of log time;
 "log time now" is the newest timestamp the exporter has read from any topic.
@@ -33,6 +37,8 @@ from schemas.events import (
 )
 
 NS_PER_S = 1_000_000_000
+MFU_MAX = 1.0
+"""Above this an MFU is implausible: more FLOP/s than the hardware's declared peak."""
 
 
 @dataclass
@@ -46,6 +52,7 @@ class RunFigures:
     loss: float | None = None
     grad_norm: float | None = None
     mfu_ratio: float | None = None
+    mfu_implausible: bool = False
     tokens_per_s: float | None = None
     rank_seen_ns: dict[int, int] = field(default_factory=dict)
     heartbeat_partition: int | None = None
@@ -121,6 +128,7 @@ class FleetFigures:
     def _step(self, fig: RunFigures, event: StepCompleted) -> None:
         fig.last_step, fig.loss, fig.grad_norm = event.step, event.loss, event.grad_norm
         fig.tokens_per_s = fig.mfu_ratio = None
+        fig.mfu_implausible = False
         if event.tokens > 0 and event.step_time_s > 0 and math.isfinite(event.step_time_s):
             fig.tokens_per_s = event.tokens / event.step_time_s
             per_token = fig.info.flops_per_token(self.policy.detector) if fig.info else None
@@ -128,6 +136,7 @@ class FleetFigures:
                 fig.mfu_ratio = mfu(
                     per_token * event.tokens, event.step_time_s, fig.info.peak_flops_per_s
                 )
+                fig.mfu_implausible = fig.mfu_ratio is not None and fig.mfu_ratio > MFU_MAX
 
     def _count(self, fig: RunFigures, event: Event) -> None:
         bucket: tuple[str, str]

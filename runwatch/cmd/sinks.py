@@ -18,50 +18,149 @@ ENV_WEBHOOK = "RUNWATCH_ALERT_WEBHOOK"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    """Add the arguments of `runwatch sinks`."""
-    parser.add_argument("--alerts", action="store_true", help="console and webhook alerts")
-    parser.add_argument("--metrics", action="store_true", help="Prometheus exporter")
-    parser.add_argument("--archive", metavar="DIR", help="append every event to Parquet in DIR")
-    parser.add_argument(
+    """Add the arguments of `runwatch sinks` (every flag says its default)."""
+    add = parser.add_argument
+    sinks = parser.add_argument_group("sinks (choose at least one)")
+    sinks.add_argument("--alerts", action="store_true", help="console and webhook alerts")
+    sinks.add_argument("--metrics", action="store_true", help="Prometheus exporter")
+    sinks.add_argument("--archive", metavar="DIR", help="append every event to Parquet in DIR")
+
+    alerts = parser.add_argument_group("alerts")
+    alerts.add_argument(
         "--webhook",
         action="append",
         default=[],
         metavar="URL",
         help=f"POST alerts to URL (repeatable; default: ${ENV_WEBHOOK}, comma-separated)",
     )
-    parser.add_argument(
-        "--webhook-format", choices=["runwatch", "alertmanager"], default="runwatch"
+    alerts.add_argument(
+        "--webhook-format",
+        choices=["runwatch", "alertmanager"],
+        default="runwatch",
+        help="payload: runwatch's own JSON or Alertmanager webhook v4 (default: %(default)s)",
     )
-    parser.add_argument("--webhook-attempts", type=int, default=5)
-    parser.add_argument("--webhook-timeout-s", type=float, default=5.0)
-    parser.add_argument("--webhook-backoff-s", type=float, default=0.5, help="first retry delay")
-    parser.add_argument("--group-wait-s", type=float, default=2.0)
-    parser.add_argument("--max-alerts-per-min", type=float, default=20.0)
-    parser.add_argument(
+    alerts.add_argument(
+        "--webhook-attempts",
+        type=int,
+        default=5,
+        metavar="N",
+        help="requests per POST before it is kept pending and retried later (default: %(default)s)",
+    )
+    alerts.add_argument(
+        "--webhook-timeout-s",
+        type=float,
+        default=5.0,
+        metavar="S",
+        help="timeout of one request (default: %(default)s)",
+    )
+    alerts.add_argument(
+        "--webhook-backoff-s",
+        type=float,
+        default=0.5,
+        metavar="S",
+        help="first retry delay; doubles per retry, at most 8 s within a POST and "
+        "--pending-max-delay-s between tries of a pending one (default: %(default)s)",
+    )
+    alerts.add_argument(
+        "--pending-max-delay-s",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="longest wait between tries of a delivery a receiver still owes "
+        "(default: %(default)s)",
+    )
+    alerts.add_argument(
+        "--group-wait-s",
+        type=float,
+        default=2.0,
+        metavar="S",
+        help="a run's first alert waits this long for others to share its POST "
+        "(default: %(default)s)",
+    )
+    alerts.add_argument(
+        "--cause-wait-s",
+        type=float,
+        default=5.0,
+        metavar="S",
+        help="longest a command alert waits for the verdict that caused it (default: %(default)s)",
+    )
+    alerts.add_argument(
+        "--max-alerts-per-min",
+        type=float,
+        default=20.0,
+        metavar="N",
+        help="per-run rate limit and burst; the rest are counted (default: %(default)s)",
+    )
+    alerts.add_argument(
         "--min-severity",
         choices=("info", "warning", "critical"),
         default="warning",
-        help="alert verdicts of at least this severity (default: warning; info verdicts, "
-        "such as a lone grad-norm spike, stay in the anomalies topic and the metrics)",
+        help="alert verdicts of at least this severity; info verdicts, such as a lone "
+        "grad-norm spike, stay in the anomalies topic and the metrics (default: %(default)s)",
     )
-    parser.add_argument("--no-console", action="store_true", help="no alert lines on stdout")
-    parser.add_argument("--metrics-port", type=int, default=9464)
-    parser.add_argument("--metrics-addr", default="0.0.0.0")
-    parser.add_argument("--archive-flush-s", type=float, default=5.0)
-    parser.add_argument(
-        "--bootstrap", help="Kafka bootstrap HOST:PORT (default: RUNWATCH_BOOTSTRAP)"
+    alerts.add_argument("--no-console", action="store_true", help="no alert lines on stdout")
+    alerts.add_argument(
+        "--from-beginning",
+        action="store_true",
+        help="a new --group alerts on the whole retained anomalies history "
+        "(default: a new group starts from now)",
     )
-    parser.add_argument("--prefix", help="topic name prefix (default: runwatch)")
-    parser.add_argument(
+    alerts.add_argument(
+        "--state-dir",
+        metavar="DIR",
+        help="alert delivery log, pending deliveries included (default: $RUNWATCH_HOME/sinks)",
+    )
+
+    metrics = parser.add_argument_group("metrics")
+    metrics.add_argument(
+        "--metrics-port",
+        type=int,
+        default=9464,
+        metavar="N",
+        help="port of /metrics, 0 for any free one (default: %(default)s)",
+    )
+    metrics.add_argument(
+        "--metrics-host",
+        "--metrics-addr",
+        dest="metrics_host",
+        default="127.0.0.1",
+        metavar="ADDR",
+        help="address /metrics listens on; 0.0.0.0 for every interface, as a container "
+        "needs (default: %(default)s)",
+    )
+
+    archive = parser.add_argument_group("archive")
+    archive.add_argument(
+        "--archive-flush-s",
+        type=float,
+        default=5.0,
+        metavar="S",
+        help="write buffered records at least this often (default: %(default)s)",
+    )
+    archive.add_argument(
+        "--archive-compact-s",
+        type=float,
+        default=3600.0,
+        metavar="S",
+        help="merge each stream's small files this often; 0 never (default: %(default)s)",
+    )
+
+    add("--bootstrap", help="Kafka bootstrap HOST:PORT (default: $RUNWATCH_BOOTSTRAP)")
+    add("--prefix", help="topic name prefix (default: runwatch)")
+    add(
         "--group",
         metavar="PREFIX",
         help="consumer group prefix; groups are PREFIX-alerts, -metrics, -archive "
         "(default: <topic prefix>-sinks)",
     )
-    parser.add_argument(
-        "--state-dir",
-        metavar="DIR",
-        help="alert delivery log (default: $RUNWATCH_HOME/sinks)",
+    add(
+        "--session-timeout",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="a sinks process silent this long (killed) loses its partitions, so its "
+        "replacement waits at most this long for them; the broker allows 6 s at least "
+        "(default: %(default)s)",
     )
 
 
@@ -73,12 +172,29 @@ def _validate(args: argparse.Namespace, webhooks: list[str]) -> None:
     for url in webhooks:
         if not url.startswith(("http://", "https://")):
             raise UsageError(f"--webhook expects an http(s) URL, got {url!r}")
-    if args.webhook_attempts < 1 or min(args.webhook_timeout_s, args.max_alerts_per_min) <= 0:
+    positive = (
+        args.webhook_timeout_s,
+        args.max_alerts_per_min,
+        args.session_timeout,
+        args.pending_max_delay_s,
+    )
+    if args.webhook_attempts < 1 or min(positive) <= 0:
         raise UsageError(
-            "--webhook-attempts, --webhook-timeout-s and --max-alerts-per-min must be > 0"
+            "--webhook-attempts, --webhook-timeout-s, --max-alerts-per-min, "
+            "--pending-max-delay-s and --session-timeout must be > 0"
         )
-    if min(args.group_wait_s, args.webhook_backoff_s, args.archive_flush_s) < 0:
-        raise UsageError("--group-wait-s, --webhook-backoff-s and --archive-flush-s must be >= 0")
+    non_negative = (
+        args.group_wait_s,
+        args.webhook_backoff_s,
+        args.archive_flush_s,
+        args.cause_wait_s,
+        args.archive_compact_s,
+    )
+    if min(non_negative) < 0:
+        raise UsageError(
+            "--group-wait-s, --cause-wait-s, --webhook-backoff-s, --archive-flush-s and "
+            "--archive-compact-s must be >= 0"
+        )
     if not 0 <= args.metrics_port <= 65535:
         raise UsageError(f"--metrics-port must be 0..65535, got {args.metrics_port}")
 
@@ -100,6 +216,7 @@ def build_sinks(args: argparse.Namespace, topics: Any, webhooks: list[str]) -> l
     from sinks.webhook import RetryPolicy
 
     out: list[Any] = []
+    collectors: list[Any] = []
     if args.alerts:
         state_dir = Path(args.state_dir) if args.state_dir else runwatch_home() / "sinks"
         settings = AlertSettings(
@@ -114,15 +231,79 @@ def build_sinks(args: argparse.Namespace, topics: Any, webhooks: list[str]) -> l
             ),
             console=not args.no_console,
             min_severity=args.min_severity,
+            pending_max_delay_s=args.pending_max_delay_s,
+            cause_wait_s=args.cause_wait_s,
         )
         group = args.group_prefix
         log = DeliveryLog(state_dir / f"{group}-alerts.jsonl")
-        out.append(AlertSink(settings, topics, log))
+        alert_sink = AlertSink(settings, topics, log)
+        collectors.append(alert_sink.collector)
+        out.append(alert_sink)
     if args.metrics:
-        out.append(MetricsSink(topics))
+        out.append(MetricsSink(topics, collectors=collectors))
     if args.archive:
-        out.append(ArchiveSink(Path(args.archive), flush_interval_s=args.archive_flush_s))
+        out.append(
+            ArchiveSink(
+                Path(args.archive),
+                flush_interval_s=args.archive_flush_s,
+                compact_interval_s=args.archive_compact_s,
+            )
+        )
     return out
+
+
+def start_of(name: str, from_beginning: bool) -> Any:
+    """Where a new group of sink ``name`` starts (see `sinks.consumer.StartFrom`).
+
+    Alerts start from now unless ``from_beginning`` (a new group must not page the past);
+    the archive from the beginning (holding the history is its job, and its file marks
+    skip what it holds); the metrics replay the log at every start (their figures are a
+    fold of it, so a restart shows what it showed before).
+    """
+    from sinks.consumer import StartFrom
+
+    if name == "alerts":
+        return StartFrom.EARLIEST if from_beginning else StartFrom.LATEST
+    if name == "metrics":
+        return StartFrom.REPLAY
+    return StartFrom.EARLIEST
+
+
+_START_NOTE = {
+    "earliest": "a new group reads the retained history",
+    "latest": "a new group starts from now",
+    "replay": "replays the retained log at every start",
+}
+
+
+def _say(message: str) -> None:
+    print(f"runwatch sinks: {message}", file=sys.stderr, flush=True)
+
+
+def _serve(sink: Any, port: int, host: str) -> None:
+    try:
+        bound = sink.serve(port, host)
+    except OSError as exc:
+        raise RunwatchError(
+            f"cannot serve metrics on {host}:{port}: {exc.strerror or exc} "
+            "(another exporter there? choose --metrics-port, 0 for any free port)"
+        ) from None
+    _say(f"metrics on http://{host}:{bound}/metrics")
+
+
+BOOTSTRAP_TIMEOUT_S = 10.0
+"""How long `runwatch sinks` waits for Kafka to answer at start before it says so."""
+
+
+def _failure(loop: Any, bootstrap: str) -> str:
+    from kafka.errors import KafkaError
+
+    error = loop.error
+    if not loop.connected and isinstance(error, KafkaError | OSError):
+        return f"cannot reach Kafka at {bootstrap} ({type(error).__name__})"
+    if isinstance(error, KafkaError):
+        return f"{loop.sink.name} sink: Kafka error: {type(error).__name__}: {error}"
+    return f"{loop.sink.name} sink failed: {type(error).__name__}: {error}"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -138,16 +319,22 @@ def run(args: argparse.Namespace) -> int:
     topics = names(prefix)
     args.group_prefix = args.group or f"{prefix}-sinks"
     sinks = build_sinks(args, topics, webhooks)
+    try:
+        for sink in sinks:
+            if sink.name == "metrics":
+                _serve(sink, args.metrics_port, args.metrics_host)
+    except RunwatchError:
+        for sink in sinks:
+            if hasattr(sink, "close"):
+                sink.close()
+        raise
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     loops = []
+    all_topics = [getattr(topics, f) for f in topics.__struct_fields__]
     for sink in sinks:
-        if sink.name == "metrics":
-            port = sink.serve(args.metrics_port, args.metrics_addr)
-            url = f"http://{args.metrics_addr}:{port}/metrics"
-            print(f"runwatch sinks: metrics on {url}", file=sys.stderr, flush=True)
-        all_topics = [getattr(topics, f) for f in topics.__struct_fields__]
+        start = start_of(sink.name, args.from_beginning)
         loop = SinkLoop(
             sink,
             bootstrap=bootstrap,
@@ -155,9 +342,13 @@ def run(args: argparse.Namespace) -> int:
             group_id=f"{args.group_prefix}-{sink.name}",
             stop=stop,
             client_config=kafka_client_config(),
+            start=start,
+            session_timeout_s=args.session_timeout,
+            notify=_say,
+            bootstrap_timeout_s=BOOTSTRAP_TIMEOUT_S,
         )
         loops.append((loop, start_thread(loop)))
-        print(f"runwatch sinks: {sink.name} (group {loop.group_id})", file=sys.stderr, flush=True)
+        _say(f"{sink.name} (group {loop.group_id}; {_START_NOTE[start.value]})")
     try:
         while not stop.wait(0.5):
             if any(not t.is_alive() for _, t in loops):
@@ -169,9 +360,7 @@ def run(args: argparse.Namespace) -> int:
         for sink in sinks:
             if hasattr(sink, "close"):
                 sink.close()
-    failed = [loop for loop, _ in loops if loop.error is not None]
-    if failed:
-        raise RunwatchError(
-            "; ".join(f"{loop.sink.name} sink failed: {loop.error}" for loop in failed)
-        )
+    failures = list(dict.fromkeys(_failure(lp, bootstrap) for lp, _ in loops if lp.error))
+    if failures:
+        raise RunwatchError("; ".join(failures))
     return 0

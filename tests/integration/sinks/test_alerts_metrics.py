@@ -15,12 +15,13 @@ from schemas.codec import encode, encode_key
 from schemas.topics import names
 from sinks.alert_log import DeliveryLog
 from sinks.alerts import AlertSettings, AlertSink
-from sinks.consumer import SinkLoop, start_thread
+from sinks.consumer import SinkLoop, StartFrom, start_thread
 from sinks.metrics import MetricsSink
 from sinks.webhook import RetryPolicy
 from tests.unit.sinks.events import (
     anomaly,
     completed,
+    ended,
     heartbeat,
     rejected,
     restart,
@@ -45,7 +46,8 @@ def publish(bootstrap, items):
 class Running:
     """A sink's consumer loop in a thread; stops on exit."""
 
-    def __init__(self, sink, bootstrap, topics, group):
+    def __init__(self, sink, bootstrap, topics, group, **kwargs):
+        kwargs.setdefault("notify", print)
         self.stop = threading.Event()
         self.loop = SinkLoop(
             sink,
@@ -55,11 +57,16 @@ class Running:
             stop=self.stop,
             poll_timeout_s=0.1,
             lag_interval_s=0.2,
+            **kwargs,
         )
 
     def __enter__(self):
         self.thread = start_thread(self.loop)
         return self
+
+    def wait_ready(self, timeout_s=60.0):
+        assert self.loop.ready.wait(timeout_s), "no partitions assigned"
+        assert self.loop.error is None, self.loop.error
 
     def __exit__(self, *exc):
         self.stop.set()
@@ -192,3 +199,73 @@ def test_metrics_are_scraped_over_http(kafka_bootstrap, topic_prefix, make_topic
             assert all(v is not None and v >= 0 for v in lags)
     finally:
         sink.close()
+
+
+def test_a_new_alert_group_starts_from_now_unless_from_the_beginning(
+    kafka_bootstrap, topic_prefix, make_topics, tmp_path
+):
+    make_topics(topic_prefix, partitions=1)
+    t = names(topic_prefix)
+    past = [(t.anomalies, anomaly(run="ra", step=s)) for s in (1, 2, 3)]
+    publish(kafka_bootstrap, past)
+    settings = AlertSettings(group_wait_s=0.1, retry=FAST)
+
+    out = io.StringIO()
+    sink = AlertSink(settings, t, DeliveryLog(tmp_path / "a.jsonl"), out=out)
+    with Running(
+        sink, kafka_bootstrap, sink.topics, f"{topic_prefix}-new", start=StartFrom.LATEST
+    ) as run:
+        run.wait_ready()
+        publish(kafka_bootstrap, [(t.anomalies, anomaly(run="ra", kind="hang", step=4))])
+        deadline = time.monotonic() + 30
+        while sink.stats.alerts < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)  # waiting on the sink's own count
+        sink.flush()
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 1 and "v-ra-hang-4" in lines[0], lines  # the past stayed quiet
+
+    replay = io.StringIO()
+    again = AlertSink(settings, t, DeliveryLog(tmp_path / "b.jsonl"), out=replay)
+    with Running(
+        again, kafka_bootstrap, again.topics, f"{topic_prefix}-old", start=StartFrom.EARLIEST
+    ):
+        deadline = time.monotonic() + 30
+        while again.stats.alerts < 4 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert again.stats.alerts == 4  # --from-beginning: the whole history, as asked
+
+
+def test_a_metrics_restart_shows_the_same_per_run_figures(
+    kafka_bootstrap, topic_prefix, make_topics
+):
+    make_topics(topic_prefix, partitions=2)
+    t = names(topic_prefix)
+    publish(
+        kafka_bootstrap,
+        [
+            (t.steps, started(run="done")),
+            (t.steps, step(run="done", n=9, loss=1.5)),
+            (t.anomalies, anomaly(run="done", kind="loss_spike", step=9)),
+            (t.steps, ended(run="done")),
+        ],
+    )
+    group = f"{topic_prefix}-metrics"
+    wanted = {
+        ("runwatch_runs_tracked", ()): 1.0,
+        ("runwatch_run_last_step", (("run", "done"),)): 9.0,
+        ("runwatch_run_loss", (("run", "done"),)): 1.5,
+        ("runwatch_anomalies_total", (("kind", "loss_spike"), ("run", "done"))): 1.0,
+    }
+
+    def figures(text):
+        return {(name, labels): sample(text, name, **dict(labels)) for name, labels in wanted}
+
+    for _ in range(2):  # the same group twice: a restart
+        sink = MetricsSink(t)
+        port = sink.serve(0, "127.0.0.1")
+        try:
+            with Running(sink, kafka_bootstrap, sink.topics, group, start=StartFrom.REPLAY):
+                text = scrape_until(port, lambda x: figures(x) == wanted, timeout_s=90)
+        finally:
+            sink.close()
+        assert figures(text) == wanted

@@ -44,13 +44,15 @@ def anomaly(
     )
 
 
-def restart(run: str = "r1", cid: str = "c1", ts_s: float = 101.0) -> RestartRequested:
+def restart(
+    run: str = "r1", cid: str = "c1", ts_s: float = 101.0, cause: str = "v1"
+) -> RestartRequested:
     return RestartRequested(
         run_id=run,
         ts_ns=int(ts_s * S),
         command_id=cid,
         action="respawn",
-        cause_verdict_id="v1",
+        cause_verdict_id=cause,
         cause_kind="dead_rank",
     )
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -15,7 +16,7 @@ class Recorder:
     Use as a context manager; ``url`` is the address to POST to.
     """
 
-    def __init__(self, fail_first: int = 0, status_when_failing: int = 500) -> None:
+    def __init__(self, fail_first: int = 0, status_when_failing: int = 500, port: int = 0) -> None:
         self.fail_first = fail_first
         self.status_when_failing = status_when_failing
         self.attempts = 0
@@ -39,9 +40,16 @@ class Recorder:
             def log_message(self, *args: Any) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_port}/hook"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    @staticmethod
+    def free_port() -> int:
+        """A port nothing listens on now (a receiver that is down)."""
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            return int(sock.getsockname()[1])
 
     def __enter__(self) -> Recorder:
         self.thread.start()

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from sinks.alert_format import (
@@ -111,3 +112,28 @@ def test_console_lines_one_per_alert_plus_notice(suppressed, lines):
     assert "run=r1 loss_spike" in out[0] and "[v-r1-loss_spike-30]" in out[0]
     if suppressed:
         assert "4 alert(s) suppressed" in out[-1]
+
+
+def test_the_console_line_says_each_fact_once():
+    event = msgspec.structs.replace(
+        anomaly(kind="loss_spike", step=30), detail="loss 5.68 vs median 2.92 (z=13.6)"
+    )
+    (line,) = console_lines(AlertGroup(run_id="r1", alerts=(alert_of(event),)), 10)
+    assert line.endswith(
+        "WARNING  run=r1 loss_spike step=30 rank=0: loss 5.68 vs median 2.92 (z=13.6) "
+        "[v-r1-loss_spike-30]"
+    )
+    assert line.count("loss_spike") == 2  # the kind, and inside the alert id
+    assert "5.68" in line and line.count("5.68") == 1 and "baseline" not in line
+
+
+def test_a_verdict_without_detail_shows_its_figures_once():
+    event = msgspec.structs.replace(anomaly(), detail="")
+    (line,) = console_lines(AlertGroup(run_id="r1", alerts=(alert_of(event),)), 10)
+    assert "value 9, baseline 3.7, z 12.5, threshold 6" in line and line.count("value") == 1
+
+
+def test_restart_and_outcome_alerts_name_their_cause():
+    assert alert_of(restart(cause="v9")).cause_id == "v9"
+    assert alert_of(completed(cid="c7")).cause_id == "restart_requested:c7"
+    assert alert_of(anomaly()).cause_id is None

@@ -5,7 +5,7 @@ import pytest
 from sinks.alert_format import alert_of
 from sinks.alert_policy import Grouper, TokenBucket
 
-from .events import anomaly
+from .events import anomaly, completed, restart
 
 
 @pytest.mark.parametrize(
@@ -86,3 +86,39 @@ def test_carried_counts_survive_a_restart():
 def test_bad_settings(wait, rate):
     with pytest.raises(ValueError):
         Grouper(wait, rate)
+
+
+def _ids(releases):
+    return [[a.alert_id for a in r.group.alerts] for r in releases if r.group]
+
+
+def test_a_command_waits_for_its_cause_and_follows_it():
+    g = Grouper(group_wait_s=1.0, max_per_min=100, cause_wait_s=5.0)
+    cause = _alert(step=7)
+    assert g.add(alert_of(completed(cid="c1")), ("ctl", 0, 3), 0.0)
+    assert g.add(alert_of(restart(cid="c1", cause=cause.alert_id)), ("cmd", 0, 4), 0.5)
+    assert g.due(1.5) == []  # both wait: the verdict behind them has not been seen
+    assert g.pending_offsets() == {("ctl", 0): 3, ("cmd", 0): 4}
+    assert g.add(cause, ("anom", 0, 9), 2.0)
+    assert _ids(g.due(2.1)) == [[cause.alert_id, "restart_requested:c1", "restart_completed:c1"]]
+
+
+def test_a_cause_already_delivered_releases_the_command_at_once():
+    g = Grouper(group_wait_s=1.0, max_per_min=100, known={"v-x"}.__contains__)
+    assert g.add(alert_of(restart(cid="c1", cause="v-x")), ("cmd", 0, 4), 0.0)
+    assert _ids(g.due(1.0)) == [["restart_requested:c1"]]
+
+
+def test_a_cause_that_never_comes_holds_the_command_only_cause_wait_s():
+    g = Grouper(group_wait_s=1.0, max_per_min=100, cause_wait_s=5.0)
+    assert g.add(alert_of(restart(cid="c1", cause="v-gone")), ("cmd", 0, 4), 0.0)
+    assert g.due(4.9) == []
+    assert _ids(g.due(5.0)) == [["restart_requested:c1"]]
+
+
+def test_forced_release_still_puts_causes_first():
+    g = Grouper(group_wait_s=10.0, max_per_min=100)
+    cause = _alert(step=7)
+    g.add(alert_of(restart(cid="c1", cause=cause.alert_id)), ("cmd", 0, 4), 0.0)
+    g.add(cause, ("anom", 0, 9), 0.1)
+    assert _ids(g.due(0.2, force=True)) == [[cause.alert_id, "restart_requested:c1"]]

@@ -189,3 +189,111 @@ def test_history_read_back_is_what_kafka_held(tmp_path):
             by_topic.setdefault(r.topic, []).append(r)
     assert load_archived_run_log(tmp_path, "p", "r1") == records_of_run("r1", by_topic, T)
     assert archived_prefixes(tmp_path) == {"p"}
+
+
+HOUR_MS = 3_600_000
+
+
+def _tick_records(n, partition=0, start_ms=0, step_ms=1000):
+    return [
+        RawRecord(
+            T.heartbeats,
+            partition,
+            i,
+            b"*",
+            encode(tick(partition=partition, ts_s=(start_ms + i * step_ms) / 1000)),
+            start_ms + i * step_ms,
+        )
+        for i in range(n)
+    ]
+
+
+def _archive_in_flushes(root, records, per_flush):
+    sink = ArchiveSink(root, compact_interval_s=0)
+    for i in range(0, len(records), per_flush):
+        sink.handle(records[i : i + per_flush], now_s=0.0)
+        sink.flush()
+    return sink
+
+
+def test_compaction_leaves_one_file_per_stream_per_closed_hour(tmp_path):
+    from sinks.archive_compact import compact
+
+    # two hours and a bit of ticks (one per 10 s) flushed 5 at a time, and a run's records
+    ticks = _tick_records(2 * 360 + 3, step_ms=10_000)
+    _archive_in_flushes(tmp_path, ticks, per_flush=5)
+    own = [rec(T.heartbeats, 0, 10_000 + i, heartbeat(rank=0, n=i)) for i in range(3)]
+    _archive_in_flushes(tmp_path, own, per_flush=1)
+    before = run_history(tmp_path, "r1", T.heartbeats)
+    marks = scan_marks(tmp_path)
+    assert len(list(tmp_path.rglob("*.parquet"))) == 145 + 3
+
+    stats = compact(tmp_path, now_ms=2 * HOUR_MS + 10_000)
+    assert stats.merged_files == 144 + 3
+    tick_files = sorted(p.name for p in (tmp_path / "run_id=_ticks").glob("*.parquet"))
+    # hours 0 and 1 closed: one file each; the open hour 2 keeps its own
+    assert len(tick_files) == 2 + 1 and stats.done
+    assert tick_files[0] == file_name(Stream("_ticks", T.heartbeats, 0), 0, 359)
+    assert tick_files[1] == file_name(Stream("_ticks", T.heartbeats, 0), 360, 719)
+    assert len(list((tmp_path / "run_id=r1").glob("*.parquet"))) == 1  # hour 0 of 1970
+    assert scan_marks(tmp_path) == marks
+    assert run_history(tmp_path, "r1", T.heartbeats) == before  # the audit reads the same
+    assert compact(tmp_path, now_ms=2 * HOUR_MS + 10_000).merged_files == 0  # settled
+
+
+def test_a_crash_mid_compaction_leaves_duplicates_the_readers_drop_and_the_next_removes(
+    tmp_path,
+):
+    from sinks.archive_compact import compact
+
+    ticks = _tick_records(20)
+    _archive_in_flushes(tmp_path, ticks, per_flush=5)
+    small = sorted((tmp_path / "run_id=_ticks").glob("*.parquet"))
+    kept = [p.read_bytes() for p in small[:2]]
+    compact(tmp_path, now_ms=HOUR_MS)
+    for path, data in zip(small[:2], kept, strict=True):  # as if the unlinks never happened
+        path.write_bytes(data)
+    hb = [rec(T.heartbeats, 0, 100, heartbeat(rank=0))]
+    _archive_in_flushes(tmp_path, hb, per_flush=1)
+    got = run_history(tmp_path, "r1", T.heartbeats)[T.heartbeats]
+    assert [r.offset for r in got] == [*range(20), 100]  # each position once
+    assert compact(tmp_path, now_ms=HOUR_MS).removed_leftovers == 2
+    assert len(list((tmp_path / "run_id=_ticks").glob("*.parquet"))) == 1
+
+
+def test_a_file_inside_another_span_but_with_other_rows_is_kept():
+    from sinks.archive_compact import ArchiveFile, covered, plan_merges
+    from sinks.archive_layout import FileSpan
+
+    s = Stream("_ticks", T.heartbeats, 0)
+    spans = [FileSpan(s, 0, 9), FileSpan(s, 3, 4), FileSpan(s, 10, 12)]
+    assert covered(spans) == [(1, 0)]  # a candidate only: compact() compares the rows
+    files = [
+        ArchiveFile(Path(f"f{i}"), sp, hour)
+        for i, (sp, hour) in enumerate(
+            [
+                (FileSpan(s, 0, 4), 0),
+                (FileSpan(s, 5, 9), 0),
+                (FileSpan(s, 10, 14), 1),
+                (FileSpan(s, 15, 19), 1),
+                (FileSpan(s, 20, 24), 2),
+            ]
+        )
+    ]
+    groups = plan_merges(files, before_hour=2)
+    assert [[f.path.name for f in g] for g in groups] == [["f0", "f1"], ["f2", "f3"]]
+
+
+def test_the_sink_compacts_its_own_partitions_on_its_interval(tmp_path):
+    now_ms = [HOUR_MS + 1]
+    sink = ArchiveSink(
+        tmp_path, flush_interval_s=0, compact_interval_s=100, wall_ms=lambda: now_ms[0]
+    )
+    sink.on_assigned([(T.heartbeats, 0)])
+    for r in _tick_records(20):
+        sink.handle([r], now_s=0.0)
+        sink.flush()
+    sink.tick(0.0)  # schedules the first compaction, a minute on
+    assert len(list(tmp_path.rglob("*.parquet"))) == 20
+    sink.tick(60.0)
+    assert len(list(tmp_path.rglob("*.parquet"))) == 1 and sink.files_merged == 20

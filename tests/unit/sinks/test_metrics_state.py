@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import math
 
+import msgspec
 import pytest
 
 from sinks.metrics_state import FleetFigures, MetricsPolicy
@@ -96,3 +97,42 @@ def test_cardinality_rule(events, kept):
     f = fold(events)
     f.prune()
     assert set(f.runs) == kept
+
+
+def _impossible_start(mfu_wanted=1.8):
+    ok = fold([started(), step()]).runs["r1"].mfu_ratio
+    return msgspec.structs.replace(started(), peak_flops_per_s=1e12 * ok / mfu_wanted)
+
+
+def test_an_impossible_mfu_is_kept_and_flagged_not_clamped():
+    f = fold([_impossible_start(), step(n=1)])
+    r = f.runs["r1"]
+    assert r.mfu_ratio == pytest.approx(1.8) and r.mfu_implausible
+    f.apply(msgspec.structs.replace(step(n=2), step_time_s=5.0), 0)  # 0.18: plausible again
+    assert r.mfu_ratio == pytest.approx(0.18) and not r.mfu_implausible
+
+
+def test_the_exporter_warns_once_per_run_and_exports_the_flag(caplog):
+    from processors.intake import RawRecord
+    from schemas.codec import encode, encode_key
+    from schemas.topics import names
+    from sinks.metrics import MetricsSink
+
+    t = names("p")
+    sink = MetricsSink(t)
+    events = [_impossible_start(), step(n=1), step(n=2), step(n=3)]
+    records = [
+        RawRecord(t.steps, 0, i, encode_key(e.run_id), encode(e), 0) for i, e in enumerate(events)
+    ]
+    with caplog.at_level("WARNING", logger="sinks.metrics"):
+        sink.handle(records[:2], 0.0)
+        sink.handle(records[2:], 0.0)
+    warnings = [r.getMessage() for r in caplog.records if "MFU" in r.getMessage()]
+    assert len(warnings) == 1 and "run r1: MFU 1.80" in warnings[0]
+    samples = {
+        (s.name, s.labels.get("run")): s.value
+        for family in sink.registry.collect()
+        for s in family.samples
+    }
+    assert samples[("runwatch_run_mfu_implausible", "r1")] == 1.0
+    assert samples[("runwatch_run_mfu_ratio", "r1")] == pytest.approx(1.8)

@@ -25,3 +25,69 @@ def test_bad_arguments_are_one_line_usage_errors(argv, message, capsys):
 def test_audit_from_a_missing_archive_is_a_usage_error(tmp_path, capsys):
     assert main(["audit", "--run", "r", "--from-archive", str(tmp_path / "nope")]) == 2
     assert "not a directory" in capsys.readouterr().err
+
+
+def _help_entries(text):
+    """``{flag: help text}`` from argparse's --help output."""
+    entries, current = {}, None
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped.startswith("--"):
+            flag, _, rest = stripped.partition("  ")
+            current = flag.split()[0].rstrip(",")
+            entries[current] = rest.strip()
+        elif current and line.startswith(" " * 10) and stripped:
+            entries[current] += " " + stripped
+        elif not stripped:
+            current = None
+    return entries
+
+
+def test_help_shows_help_and_the_default_of_every_flag(capsys):
+    with pytest.raises(SystemExit):
+        main(["sinks", "--help"])
+    entries = _help_entries(capsys.readouterr().out)
+    assert {"--session-timeout", "--from-beginning", "--metrics-host", "--webhook-attempts"} <= set(
+        entries
+    )
+    for flag, text in entries.items():
+        assert text, f"{flag} has no help"
+    switches = {"--alerts", "--metrics", "--no-console", "--from-beginning", "--help"}
+    for flag, text in entries.items():
+        if flag not in switches and flag not in ("--archive",):
+            assert "default" in text, f"{flag} does not say its default: {text!r}"
+    assert "default: 127.0.0.1" in entries["--metrics-host"]
+    assert "default: 10.0" in entries["--session-timeout"]
+
+
+def test_a_taken_metrics_port_is_one_line_not_a_traceback(capsys):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        argv = ["sinks", "--metrics", "--metrics-port", str(port), "--bootstrap", "127.0.0.1:1"]
+        assert main(argv) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"cannot serve metrics on 127.0.0.1:{port}" in err[0]
+    assert "Traceback" not in err[0]
+
+
+def test_an_unreachable_broker_is_one_line(tmp_path, capsys):
+    argv = ["sinks", "--alerts", "--state-dir", str(tmp_path), "--bootstrap", "127.0.0.1:1"]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    last = err.strip().splitlines()[-1]
+    assert last == "runwatch sinks: cannot reach Kafka at 127.0.0.1:1 (KafkaTimeoutError)"
+
+
+def test_new_groups_of_each_sink_start_where_documented():
+    from runwatch.cmd.sinks import start_of
+    from sinks.consumer import StartFrom
+
+    assert start_of("alerts", from_beginning=False) is StartFrom.LATEST
+    assert start_of("alerts", from_beginning=True) is StartFrom.EARLIEST
+    assert start_of("metrics", from_beginning=False) is StartFrom.REPLAY
+    assert start_of("archive", from_beginning=False) is StartFrom.EARLIEST
