@@ -94,6 +94,11 @@ def test_a_stopped_worker_makes_the_audit_pending_then_it_agrees(
         again = runwatch_audit(kafka_bootstrap, topic_prefix, "--run", run, "--json")
         assert again.returncode == 0, again.stdout
         assert set(json.loads(again.stdout)["anomalies"]["matched"]) == recorded
+        # a group that never committed cannot tell lag: said, with the group that did
+        unknown = runwatch_audit(kafka_bootstrap, topic_prefix, "--run", run, "--app-id", "nope")
+        assert unknown.returncode == 0, unknown.stdout
+        assert "no consumer group 'nope'" in unknown.stdout and "cannot tell lag" in unknown.stdout
+        assert f"{topic_prefix}-app" in unknown.stdout
     trainer.close()
     anomalies.close()
 
