@@ -30,11 +30,13 @@ import json
 import statistics
 import time
 import uuid
+from collections.abc import Callable
 from contextlib import ExitStack
+from pathlib import Path
 
 from kafka import KafkaProducer
 
-from processors.audit import audit, load_run_log, records_of_run
+from processors.audit import AuditReceipt, audit, load_run_log, records_of_run
 from processors.core.config import DetectorConfig
 from processors.core.replay import replay
 from processors.intake import RawRecord
@@ -43,7 +45,7 @@ from producers import RunEmitter
 from runwatch.admin import create_catalogue
 from schemas.codec import encode, encode_key
 from schemas.events import TICK_RUN_ID, Heartbeat, RunStarted, StepCompleted, Tick
-from schemas.topics import names
+from schemas.topics import TopicNames, names
 
 PARTITIONS = 4
 RUN = "bench-run"
@@ -115,9 +117,10 @@ def emit_run(bootstrap: str, prefix: str) -> None:
     emitter.close(30.0)
 
 
-def timed(fn, repeats: int) -> tuple[float, object]:
-    times, out = [], None
-    for _ in range(repeats):
+def timed(fn: Callable[[], AuditReceipt], repeats: int) -> tuple[float, AuditReceipt]:
+    """Median seconds of ``repeats`` calls, and the last result."""
+    times = []
+    for _ in range(max(1, repeats)):
         t0 = time.perf_counter()
         out = fn()
         times.append(time.perf_counter() - t0)
@@ -184,7 +187,7 @@ def main() -> int:
                 from runwatch.broker import ephemeral_broker
 
                 tmp = stack.enter_context(tempfile.TemporaryDirectory())
-                bootstrap = stack.enter_context(ephemeral_broker(tmp)).bootstrap
+                bootstrap = stack.enter_context(ephemeral_broker(Path(tmp))).bootstrap
         for n in sizes:
             prefix = f"bench-audit-{uuid.uuid4().hex[:8]}"
             create_catalogue(bootstrap, prefix=prefix, partitions=PARTITIONS)
@@ -192,14 +195,15 @@ def main() -> int:
             fill(bootstrap, prefix, n)
             fill_s = time.perf_counter() - t
             emit_run(bootstrap, prefix)
-            audit_s, receipt = timed(
-                lambda prefix=prefix: audit(load_run_log(bootstrap, prefix, RUN), cfg),
-                args.repeats,
-            )
+
+            def partition_read(prefix: str = prefix) -> AuditReceipt:
+                return audit(load_run_log(bootstrap, prefix, RUN), cfg)
+
+            audit_s, receipt = timed(partition_read, args.repeats)
             topics = names(prefix)
             wanted = {encode_key(RUN), TICK_RUN_ID.encode()}
 
-            def full_scan(prefix: str = prefix, topics=topics, wanted=wanted):
+            def full_scan(topics: TopicNames = topics, wanted: set[bytes] = wanted) -> AuditReceipt:
                 history = read_history(
                     bootstrap,
                     [
@@ -214,11 +218,11 @@ def main() -> int:
                 return audit(records_of_run(RUN, history, topics), cfg)
 
             scan_s, scanned = timed(full_scan, 1)
-            assert receipt == scanned, "partition read and full scan disagree"  # type: ignore[comparison-overlap]
+            assert receipt == scanned, "partition read and full scan disagree"
             rows.append(
                 {
                     "other_records": n,
-                    "run_records": receipt.input_records,  # type: ignore[attr-defined]
+                    "run_records": receipt.input_records,
                     "audit_s": round(audit_s, 3),
                     "full_scan_s": round(scan_s, 3),
                     "fill_records_per_s": round(n / fill_s),
@@ -226,7 +230,7 @@ def main() -> int:
             )
             print(
                 f"{n:>9} other records in the partition: audit {audit_s:6.3f} s "
-                f"(full scan {scan_s:6.3f} s), run of {receipt.input_records} records",  # type: ignore[attr-defined]
+                f"(full scan {scan_s:6.3f} s), run of {receipt.input_records} records",
                 flush=True,
             )
     speed = replay_speed()
