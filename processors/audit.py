@@ -317,7 +317,7 @@ def _group_offsets(
     if group is None:
         return None, None
     offsets = stack.enter_context(GroupOffsets(bootstrap, group))
-    if offsets.exists():
+    if offsets.exists([topics.steps, topics.heartbeats, topics.checkpoints, topics.anomalies]):
         return offsets, None
     return None, Progress(
         group=group,

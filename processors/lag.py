@@ -150,9 +150,17 @@ class GroupOffsets:
             if meta is not None and meta.offset >= 0
         }
 
-    def exists(self) -> bool:
-        """True when the group has committed an offset anywhere."""
-        return any(meta.offset >= 0 for meta in self._fetch(self.group, None).values())
+    def exists(self, topics: Iterable[str]) -> bool:
+        """True when the group has committed an offset on one of ``topics``.
+
+        A group that commits only elsewhere (another prefix's topics: a wrong ``--app-id``)
+        counts as absent: it would never catch up with these.
+        """
+        wanted = set(topics)
+        return any(
+            tp.topic in wanted and meta.offset >= 0
+            for tp, meta in self._fetch(self.group, None).items()
+        )
 
     def groups_on(self, topics: Iterable[str]) -> tuple[str, ...]:
         """Other groups with committed offsets on any of ``topics``, sorted."""

@@ -12,7 +12,8 @@ import sys
 import time
 
 import pytest
-from kafka import KafkaProducer
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka.structs import OffsetAndMetadata
 
 from processors.lag import GroupOffsets
 from processors.logread import partition_for, read_history
@@ -37,10 +38,10 @@ def runwatch_audit(bootstrap: str, prefix: str, *args: str) -> subprocess.Comple
     )
 
 
-def wait_for_group(bootstrap: str, group: str) -> None:
+def wait_for_group(bootstrap: str, prefix: str, group: str) -> None:
     deadline = time.monotonic() + WAIT_S
     with GroupOffsets(bootstrap, group) as offsets:
-        while not offsets.exists():
+        while not offsets.exists([names(prefix).steps]):
             assert time.monotonic() < deadline, f"group {group} never committed"
             time.sleep(0.2)  # polling the coordinator for the first commit
 
@@ -65,7 +66,7 @@ def test_a_stopped_worker_makes_the_audit_pending_then_it_agrees(
         for s in range(1, 31):
             trainer.step(s, loss=9.0 if s == 25 else None)
         anomalies.wait_for(spiked(run))
-        wait_for_group(kafka_bootstrap, f"{topic_prefix}-app")
+        wait_for_group(kafka_bootstrap, topic_prefix, f"{topic_prefix}-app")
         assert worker.stop() is not None
         # mid-run, nobody processing: 20 steps, 40 heartbeats, a second spike, the end
         for s in range(31, 51):
@@ -99,6 +100,18 @@ def test_a_stopped_worker_makes_the_audit_pending_then_it_agrees(
         assert unknown.returncode == 0, unknown.stdout
         assert "no consumer group 'nope'" in unknown.stdout and "cannot tell lag" in unknown.stdout
         assert f"{topic_prefix}-app" in unknown.stdout
+        # nor can a group that commits only on other topics (another prefix): never PENDING
+        elsewhere = KafkaConsumer(
+            bootstrap_servers=kafka_bootstrap, group_id=f"{topic_prefix}-elsewhere"
+        )
+        controller = TopicPartition(names(topic_prefix).controller, 0)
+        elsewhere.assign([controller])
+        elsewhere.commit({controller: OffsetAndMetadata(0, "", -1)})
+        elsewhere.close()
+        other = runwatch_audit(
+            kafka_bootstrap, topic_prefix, "--run", run, "--app-id", f"{topic_prefix}-elsewhere"
+        )
+        assert other.returncode == 0 and "cannot tell lag" in other.stdout, other.stdout
     trainer.close()
     anomalies.close()
 
