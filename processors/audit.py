@@ -32,6 +32,7 @@ import enum
 import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
+from typing import NamedTuple
 
 import msgspec
 from kafka import TopicPartition
@@ -117,6 +118,8 @@ class AuditReceipt(msgspec.Struct, frozen=True, kw_only=True):
         commands: Recorded vs. recomputed commands.
         dead_letters: Records of the run that failed to decode.
         progress: What the processors had processed; None when lag was not asked about.
+        pending_ticks: Clock ticks not processed yet whose verdicts the record still
+            lacks (0 when the unprocessed ticks change nothing); see `audit`.
     """
 
     run_id: str
@@ -127,6 +130,7 @@ class AuditReceipt(msgspec.Struct, frozen=True, kw_only=True):
     commands: Comparison
     dead_letters: int
     progress: Progress | None = None
+    pending_ticks: int = 0
 
     @property
     def agrees(self) -> bool:
@@ -136,7 +140,12 @@ class AuditReceipt(msgspec.Struct, frozen=True, kw_only=True):
     @property
     def verdict(self) -> Verdict:
         """PENDING while the group is behind on the run; else AGREES or DISAGREES."""
-        if self.progress is not None and self.progress.group_found and self.progress.pending:
+        progress = self.progress
+        if (
+            progress is not None
+            and progress.group_found
+            and (progress.pending or self.pending_ticks)
+        ):
             return Verdict.PENDING
         return Verdict.AGREES if self.agrees else Verdict.DISAGREES
 
@@ -211,25 +220,34 @@ def _from_first_event(inputs: list[Record], run_id: str) -> list[Record]:
     ]
 
 
-def relied_offsets(records: Sequence[RawRecord], keys: frozenset[bytes] | None) -> list[int]:
-    """The offsets of one partition an audit relies on, ascending.
+class ReliedOn(NamedTuple):
+    """The offsets of one partition an audit relies on, each list ascending."""
+
+    records: list[int]
+    """The audited runs' own records (dead letters included: the processors handle them)."""
+    ticks: list[int]
+    """The clock's ticks after the first of those records."""
+
+
+def relied_offsets(records: Sequence[RawRecord], keys: frozenset[bytes] | None) -> ReliedOn:
+    """The offsets of one partition an audit relies on.
 
     Args:
         records: The partition's records as read, in offset order.
         keys: The run keys audited; None: every key (the whole log).
 
     Returns:
-        The offsets of the audited runs' records (dead letters included: the processors
-        handle them too), and of the clock's ticks after the first of those.
+        The audited runs' records, and the ticks after the first of them.
     """
-    out: list[int] = []
+    own: list[int] = []
+    ticks: list[int] = []
     for r in records:
         if r.key == TICK_KEY:
-            if out:
-                out.append(r.offset)
+            if own:
+                ticks.append(r.offset)
         elif keys is None or r.key in keys:
-            out.append(r.offset)
-    return out
+            own.append(r.offset)
+    return ReliedOn(own, ticks)
 
 
 def _run_start_ms(reader: LogReader, topics: TopicNames, run_id: str) -> int | None:
@@ -270,7 +288,7 @@ def _read_staged(
     parts: Mapping[str, Sequence[TopicPartition]],
     starts: Mapping[TopicPartition, int],
     key_filter: KeyFilter | None,
-    relied: Callable[[TopicPartition, list[RawRecord]], list[int]],
+    relied: Callable[[TopicPartition, list[RawRecord]], ReliedOn],
     wait_s: float,
 ) -> _Staged:
     began = time.monotonic()
@@ -283,9 +301,10 @@ def _read_staged(
         got = reader.read({tp: Span(starts[tp], ends[tp]) for tp in tps}, key_filter=key_filter)
         by_partition.update(got)
         if offsets is not None and committed is not None and PROCESSED_ROLES.issuperset(stage):
-            committed.update(
-                await_processed(offsets, {tp: relied(tp, got[tp]) for tp in tps}, deadline)
-            )
+            on = {tp: relied(tp, got[tp]) for tp in tps}
+            own = {tp: r.records for tp, r in on.items()}
+            ticks = {tp: r.ticks for tp, r in on.items() if r.ticks}
+            committed.update(await_processed(offsets, own, deadline, ticks=ticks))
     history: dict[str, list[RawRecord]] = {}
     for tp in sorted(by_partition, key=lambda tp: (tp.topic, tp.partition)):
         history.setdefault(tp.topic, []).extend(by_partition[tp])
@@ -297,15 +316,13 @@ def _read_staged(
     )
 
 
-def _progress(
-    group: str,
-    staged: _Staged,
-    relied: Mapping[TopicPartition, list[int]],
-) -> Progress:
+def _progress(group: str, staged: _Staged, relied: Mapping[TopicPartition, ReliedOn]) -> Progress:
+    committed = staged.committed or {}
     return Progress(
         group=group,
         group_found=True,
-        partitions=lag_of(relied, staged.committed or {}),
+        partitions=lag_of({tp: r.records for tp, r in relied.items()}, committed),
+        ticks=lag_of({tp: r.ticks for tp, r in relied.items() if r.ticks}, committed),
         waited_s=staged.waited_s,
     )
 
@@ -362,7 +379,7 @@ def load_run_log(
         }
         starts = reader.offsets_at([tp for tps in parts.values() for tp in tps], start_ms)
 
-        def relied(tp: TopicPartition, records: list[RawRecord]) -> list[int]:
+        def relied(tp: TopicPartition, records: list[RawRecord]) -> ReliedOn:
             return relied_offsets(records, keys)
 
         staged = _read_staged(
@@ -469,9 +486,8 @@ def audit_all(
     return receipts
 
 
-def audit(log: RunLog, cfg: DetectorConfig) -> AuditReceipt:
-    """Replay a run's log and compare the result with what was recorded."""
-    result: ReplayResult = replay([*log.inputs, *log.recorded_anomalies], cfg)
+def _compare(log: RunLog, inputs: list[Record], cfg: DetectorConfig) -> AuditReceipt:
+    result: ReplayResult = replay([*inputs, *log.recorded_anomalies], cfg)
     recorded = [e for _, _, e in log.recorded_anomalies if isinstance(e, AnomalyDetected)]
     mine = [a for a in result.anomalies if a.run_id == log.run_id]
     hashes = sorted({a.config_hash for a in recorded})
@@ -487,6 +503,45 @@ def audit(log: RunLog, cfg: DetectorConfig) -> AuditReceipt:
         dead_letters=log.dead_letters,
         progress=log.progress,
     )
+
+
+def _unprocessed_tick(record: Record, committed: Mapping[tuple[str, int], int | None]) -> bool:
+    role, source, event = record
+    if role != "heartbeats" or not isinstance(event, Tick):
+        return False
+    key = (source.topic, source.partition)
+    if key not in committed:
+        return False
+    done = committed[key]
+    return done is None or source.offset >= done
+
+
+def audit(log: RunLog, cfg: DetectorConfig) -> AuditReceipt:
+    """Replay a run's log and compare the result with what was recorded.
+
+    The clock keeps writing ticks while a worker runs, and a worker that stops leaves its
+    last ticks unprocessed for good. Once the run's own records are processed, such ticks
+    make the verdict PENDING only if they matter: when the record agrees with a replay of
+    the ticks the processors did process but not with a replay of all of them (the
+    pending ticks would raise a verdict the processors have not judged yet). When the
+    record agrees with all of them, they changed nothing; when it agrees with neither,
+    it disagrees.
+    """
+    receipt = _compare(log, log.inputs, cfg)
+    progress = log.progress
+    if (
+        receipt.agrees
+        or progress is None
+        or not progress.group_found
+        or progress.pending
+        or not progress.ticks_pending
+    ):
+        return receipt
+    committed = {(t.topic, t.partition): t.committed for t in progress.ticks}
+    judged = [r for r in log.inputs if not _unprocessed_tick(r, committed)]
+    if _compare(log, judged, cfg).agrees:
+        return msgspec.structs.replace(receipt, pending_ticks=progress.ticks_pending)
+    return receipt
 
 
 def what_if(log: RunLog, cfg: DetectorConfig) -> ReplayResult:

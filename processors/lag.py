@@ -27,6 +27,10 @@ from runwatch.settings import kafka_client_config
 
 POLL_S = 0.25
 """How often `await_processed` asks for the committed offsets (faust commits every 1 s)."""
+TICK_GRACE_S = 3.0
+"""How long to wait for the clock's last ticks once the run's own records are processed:
+a live worker commits them within about a second; a stopped one never will, and then the
+audit decides whether they matter (`processors.audit.audit`)."""
 
 
 class PartitionLag(msgspec.Struct, frozen=True, kw_only=True):
@@ -54,7 +58,8 @@ class Progress(msgspec.Struct, frozen=True, kw_only=True):
     Attributes:
         group: The consumer group (the processors' app id).
         group_found: The group has committed offsets; when False lag cannot be told.
-        partitions: Per partition relied on, what is processed.
+        partitions: Per partition relied on, what is processed of the run's own records.
+        ticks: Per heartbeat partition, what is processed of the clock's ticks relied on.
         waited_s: Seconds the audit waited for the group.
         other_groups: When the group was not found, groups that did commit offsets on
             the run's topics (a hint for ``--app-id``).
@@ -63,13 +68,19 @@ class Progress(msgspec.Struct, frozen=True, kw_only=True):
     group: str
     group_found: bool
     partitions: tuple[PartitionLag, ...] = ()
+    ticks: tuple[PartitionLag, ...] = ()
     waited_s: float = 0.0
     other_groups: tuple[str, ...] = ()
 
     @property
     def pending(self) -> int:
-        """Records relied on that the group has not processed yet."""
+        """The run's own records relied on that the group has not processed yet."""
         return sum(p.pending for p in self.partitions)
+
+    @property
+    def ticks_pending(self) -> int:
+        """Clock ticks relied on that the group has not processed yet."""
+        return sum(p.pending for p in self.ticks)
 
 
 def lag_of(
@@ -182,24 +193,37 @@ def await_processed(
     relied: Mapping[TopicPartition, Sequence[int]],
     deadline_s: float,
     *,
+    ticks: Mapping[TopicPartition, Sequence[int]] | None = None,
+    tick_grace_s: float = TICK_GRACE_S,
     poll_s: float = POLL_S,
 ) -> dict[TopicPartition, int]:
     """Poll the group's committed offsets until every offset relied on is processed.
 
     Args:
         offsets: The group's offsets reader.
-        relied: Partition -> the offsets relied on, ascending.
+        relied: Partition -> the offsets of the run's own records relied on, ascending.
         deadline_s: `time.monotonic()` value after which the last answer is returned.
+        ticks: Partition -> the offsets of clock ticks relied on, ascending; waited for
+            at most ``tick_grace_s`` after the own records are processed.
+        tick_grace_s: See ``ticks``.
         poll_s: Interval between two questions to the group coordinator.
 
     Returns:
         The committed offsets last read (compare with `lag_of`).
     """
+    ticks = ticks or {}
+    partitions = {*relied, *ticks}
+    own_done_at: float | None = None
     while True:
-        committed = offsets.committed(relied)
+        committed = offsets.committed(partitions)
+        now = time.monotonic()
         if all(p.pending == 0 for p in lag_of(relied, committed)):
-            return committed
-        left_s = deadline_s - time.monotonic()
+            if all(p.pending == 0 for p in lag_of(ticks, committed)):
+                return committed
+            own_done_at = now if own_done_at is None else own_done_at
+            if now - own_done_at >= tick_grace_s:
+                return committed
+        left_s = deadline_s - now
         if left_s <= 0:
             return committed
         time.sleep(min(poll_s, left_s))  # commits land on faust's schedule: ask again

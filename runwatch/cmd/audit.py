@@ -116,9 +116,10 @@ def _verdict_text(receipt: AuditReceipt) -> str:
         return "every verdict reproduced"
     if verdict is Verdict.PENDING:
         assert receipt.progress is not None
+        ticks = f" and {receipt.pending_ticks} clock ticks" if receipt.pending_ticks else ""
         return (
-            f"PENDING: {receipt.progress.pending} of the run's records not yet processed "
-            f"by {receipt.progress.group} (waited {receipt.progress.waited_s:.0f} s)"
+            f"PENDING: {receipt.progress.pending} of the run's records{ticks} not yet "
+            f"processed by {receipt.progress.group} (waited {receipt.progress.waited_s:.0f} s)"
         )
     return "DISAGREES"
 
@@ -137,12 +138,14 @@ def _progress_lines(receipt: AuditReceipt) -> list[str]:
             f"  note: no consumer group {progress.group!r} has committed offsets{hint}: "
             "cannot tell lag; auditing what is in the log (pass the processors' --app-id)"
         ]
+    lags = [(p, "records") for p in progress.partitions if p.pending]
+    if receipt.pending_ticks:
+        lags += [(p, "clock ticks") for p in progress.ticks if p.pending]
     return [
-        f"    not processed: {p.topic}[{p.partition}] {p.pending} records "
+        f"    not processed: {p.topic}[{p.partition}] {p.pending} {what} "
         f"(committed {p.committed if p.committed is not None else 'nothing'}, "
         f"relied on up to {p.target})"
-        for p in progress.partitions
-        if p.pending
+        for p, what in lags
     ]
 
 
@@ -180,7 +183,7 @@ def render_table(receipts: list[AuditReceipt]) -> str:
             _counts(r.commands),
             r.verdict.value
             + (
-                f" ({r.progress.pending} unprocessed)"
+                f" ({r.progress.pending + r.pending_ticks} unprocessed)"
                 if r.verdict is Verdict.PENDING and r.progress
                 else ""
             ),

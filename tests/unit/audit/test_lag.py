@@ -14,6 +14,7 @@ from processors.audit import (
     relied_offsets,
 )
 from processors.core.config import DetectorConfig
+from processors.core.replay import replay
 from processors.intake import RawRecord
 from processors.lag import PartitionLag, Progress, lag_of
 from processors.verdict_diff import Comparison
@@ -74,9 +75,9 @@ def test_ticks_count_only_after_the_runs_first_record():
         raw(T.heartbeats, 4, b"other"),
         raw(T.heartbeats, 5, b"r1"),
     ]
-    assert relied_offsets(records, frozenset({b"r1"})) == [2, 3, 5]
+    assert relied_offsets(records, frozenset({b"r1"})) == ([2, 5], [3])
     # the whole log: every keyed record, and the ticks after the first of them
-    assert relied_offsets(records, None) == [1, 2, 3, 4, 5]
+    assert relied_offsets(records, None) == ([1, 2, 4, 5], [3])
 
 
 def _history(first_tick_offsets: list[int]) -> dict[str, list[RawRecord]]:
@@ -163,3 +164,84 @@ def test_table_names_the_disagreeing_run():
     assert "0/0/1" in rows["run-b"] and rows["run-b"].endswith("DISAGREES")
     assert "PENDING (3 unprocessed)" in rows["run-c"]
     assert "audit of run run-b" in "\n".join(table)
+
+
+def _stalled_run() -> dict[str, list[RawRecord]]:
+    """Two ranks heartbeat 5 steps, then only the clock: ticks raise dead_rank and hang."""
+    hb = [raw(T.heartbeats, 0, b"r1", started(ts_s=1))]
+    for n in range(1, 6):
+        for rank in (0, 1):
+            hb.append(raw(T.heartbeats, len(hb), b"r1", heartbeat(rank=rank, n=n, ts_s=1 + n)))
+    for k in range(1, 30):  # offsets 11..39, a minute apart
+        hb.append(raw(T.heartbeats, len(hb), b"*", tick(0, ts_s=6 + 60 * k)))
+    return {T.heartbeats: hb}
+
+
+def _with_record(history: dict[str, list[RawRecord]], events: list[Event], topic: str):
+    out = dict(history)
+    out[topic] = [raw(topic, i, b"r1", e) for i, e in enumerate(events)]
+    return out
+
+
+def _ticks_behind(committed: int) -> Progress:
+    return Progress(
+        group="g",
+        group_found=True,
+        partitions=(
+            PartitionLag(
+                topic=T.heartbeats, partition=0, committed=committed, target=11, pending=0
+            ),
+        ),
+        ticks=(
+            PartitionLag(
+                topic=T.heartbeats,
+                partition=0,
+                committed=committed,
+                target=40,
+                pending=40 - committed,
+            ),
+        ),
+    )
+
+
+def _audit(history, progress: Progress) -> AuditReceipt:
+    log = msgspec.structs.replace(records_of_run("r1", history, T), progress=progress)
+    return audit(log, DetectorConfig())
+
+
+def test_unprocessed_ticks_that_would_raise_a_verdict_make_it_pending():
+    # a stopped worker judged the run's heartbeats and the first tick, not the later ones
+    receipt = _audit(_stalled_run(), _ticks_behind(12))
+    assert receipt.anomalies.missing  # a replay of every tick finds dead ranks and a hang
+    assert receipt.pending_ticks == 28
+    assert receipt.verdict is Verdict.PENDING
+    assert "and 28 clock ticks not yet processed" in render(receipt)
+
+
+def test_unprocessed_ticks_whose_verdicts_are_published_agree():
+    # processed and published, not yet committed: the record already has their verdicts
+    history = _stalled_run()
+    full = replay(records_of_run("r1", history, T).inputs, DetectorConfig())
+    history = _with_record(history, list(full.anomalies), T.anomalies)
+    log = records_of_run("r1", history, T)  # the policy reads the recorded anomalies
+    policy = replay([*log.inputs, *log.recorded_anomalies], DetectorConfig())
+    history = _with_record(history, list(policy.commands), T.commands)
+    receipt = _audit(history, _ticks_behind(12))
+    assert receipt.agrees and receipt.pending_ticks == 0
+    assert receipt.verdict is Verdict.AGREES
+
+
+def test_unprocessed_ticks_do_not_excuse_a_real_disagreement():
+    history = _with_record(_stalled_run(), [anomaly(vid="forged")], T.anomalies)
+    receipt = _audit(history, _ticks_behind(12))
+    assert receipt.pending_ticks == 0
+    assert receipt.verdict is Verdict.DISAGREES
+
+
+def test_unprocessed_ticks_that_change_nothing_are_not_waited_for():
+    # the log ends before the tick that finds the dead ranks (offset 16): ticks 13-15 are
+    # unprocessed (a stopped worker's last ticks) and raise nothing: no reason to wait
+    history = _stalled_run()
+    history[T.heartbeats] = history[T.heartbeats][:16]
+    receipt = _audit(history, _ticks_behind(13))
+    assert receipt.agrees and receipt.verdict is Verdict.AGREES
