@@ -60,9 +60,14 @@ def test_first_start_on_a_fresh_broker_issues_one_command_per_incarnation(tmp_pa
         ) as start:
             worker = start()
             trainer.start(0)
+            commands = Reader(bootstrap, names(prefix).commands)
             for s in range(1, STEPS + 1):
                 silent = (DEAD_RANK,) if s > DEAD_AFTER else ()
                 trainer.step(s, loss=math.nan if s == NAN_AT else None, silent=silent)
+                if s == NAN_AT - 10:
+                    # The steps and heartbeats agents publish anomalies independently: the
+                    # NaN comes once the dead rank's command is out, "later" in log order.
+                    commands.wait_for(lambda ev: len(ev) >= 1)
             trainer.close()
 
             anomalies = Reader(bootstrap, names(prefix).anomalies)
@@ -72,7 +77,6 @@ def test_first_start_on_a_fresh_broker_issues_one_command_per_incarnation(tmp_pa
             )
             last_offset = max(r.offset for r in anomalies.raw)
             anomalies.close()
-            commands = Reader(bootstrap, names(prefix).commands)
             # The policy has read every anomaly once its stored state says so; a lost state
             # shows up as a second command first.
             deadline = time.monotonic() + WAIT_S
