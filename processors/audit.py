@@ -60,7 +60,7 @@ class AuditReceipt(msgspec.Struct, frozen=True, kw_only=True):
         input_records: Input records replayed.
         anomalies: Recorded vs. recomputed anomalies.
         commands: Recorded vs. recomputed commands.
-        dead_letters: Records of the run that failed to decode.
+        dead_letters: Records of the run that failed to decode, fold or encode.
     """
 
     run_id: str
@@ -160,7 +160,10 @@ def audit(log: RunLog, cfg: DetectorConfig) -> AuditReceipt:
         commands=compare_commands(
             log.recorded_commands, [c for c in result.commands if c.run_id == log.run_id]
         ),
-        dead_letters=log.dead_letters,
+        # decode failures of the log plus the records the replay's fold or state encoding
+        # dead-lettered, as the live processors did
+        dead_letters=log.dead_letters
+        + sum(1 for d in result.dead_letters if d.run_id == log.run_id),
     )
 
 

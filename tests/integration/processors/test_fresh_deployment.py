@@ -39,8 +39,10 @@ STEPS = 70
 
 def _policy_caught_up(bootstrap: str, app_id: str, last_anomaly_offset: int) -> bool:
     view = latest_states(bootstrap, app_id).get(RUN)
-    return view is not None and view.policy is not None and (
-        view.policy.last_offset >= last_anomaly_offset
+    return (
+        view is not None
+        and view.policy is not None
+        and (view.policy.last_offset >= last_anomaly_offset)
     )
 
 
