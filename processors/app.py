@@ -11,11 +11,13 @@ A batch is applied whole or not at all (ARCHITECTURE rule 6). How faust-streamin
 acknowledges decides how that is kept:
 
 * ``take_events`` turns stream acks off and acks every event of a batch in the ``finally``
-  of its generator, when the agent asks for the next batch *or when the generator is
-  closed*. An exception escaping the agent body leaves the generator suspended; asyncio
-  finalizes it (``aclose``), the ``finally`` runs, and the whole batch is acked although
-  its states were never written. The supervisor then restarts the agent, which goes on
-  with the next records; the failed records are never delivered again.
+  of its generator: when the agent asks for the next batch, when the generator is closed
+  after an exception escaped the agent body (asyncio finalizes it), and when the stream
+  stops (``Stream.on_stop`` closes its buffering generators, *while the agent may still
+  be applying the batch*). So a batch whose states were never written is acked, hence
+  committed, by an agent crash, and even by a plain shutdown in the middle of a batch;
+  after a crash the supervisor restarts the agent, which goes on with the next records,
+  and the failed ones are never delivered again.
 * ``Consumer.commit`` commits, per partition, the end of the first run of consecutive
   acked offsets. It checks for a gap at the head only against a committed offset that is
   truthy and more than one below the lowest acked offset: with no commit yet (a new
@@ -41,14 +43,16 @@ So an agent here:
   `METADATA_TIMEOUT_S`, logged while it waits);
 * retries a failed state write in place (`STATE_WRITE_ATTEMPTS`, forcing a metadata
   refresh between attempts): reassigning the same bytes is idempotent;
+* holds its own reference on every message of a batch from the moment it receives it
+  (``Message.incref``) and drops it only once the states are written: until then no ack
+  of faust's can complete the batch, whatever closes the generator;
 * when a batch cannot be applied whole (a write that keeps failing, a publish that
-  fails, an interruption between its first publish and its last write), *pins* it: every
-  event of the batch gets one more reference, so the generator's acks cannot complete it,
-  and nothing after it is processed; then it stops the worker (`App.crash`), which exits
-  non-zero. Restarted, the worker reads the batch again from the committed offset; the
-  states still hold the offset they last applied and skip nothing they have not seen,
-  the folds recompute the same verdicts with the same ids, and consumers see at worst an
-  identical duplicate.
+  fails, the metadata wait timing out, an interruption half-way), keeps it pinned,
+  processes nothing after it in any partition of the agent, and stops the worker
+  (``App.crash``; the process exits non-zero). Restarted, the worker reads the batch
+  again from the committed offset; the states still hold the offset they last applied
+  and skip nothing they have not seen, the folds recompute the same verdicts with the
+  same ids, and consumers see at worst an identical duplicate.
 
 No exception from input reaches this shell: decode, fold and state encoding are isolated
 per record in the shared fold path and end as dead letters (ARCHITECTURE rule 7).
@@ -184,14 +188,23 @@ class _Agent:
         async for events in stream.take_events(
             self.settings.batch_max, within=self.settings.batch_within_s
         ):
+            # Our own reference on every message of the batch, taken before anything else:
+            # faust's acks of the batch (the generator's finally, also run by Stream.on_stop
+            # while the batch is still being applied) cannot complete it until we let go.
+            _pin(events)
             try:
                 await self.apply(events)
             except asyncio.CancelledError:
-                # Stopping (or a rebalance) in the middle of a batch: it must not be acked.
-                _pin(events)
+                # Interrupted half-way: the batch stays pinned, so it is never committed.
+                if not self.app.should_stop:  # a restart on rebalance: stop the worker too
+                    asyncio.get_running_loop().create_task(
+                        self.app.crash(StateWriteError(f"{self.role}: batch interrupted"))
+                    )
                 raise
             except Exception as exc:  # a batch that cannot be applied whole stops the worker
                 await self.halt(events, exc)
+            else:
+                _unpin(events)  # applied whole: the generator's ack may now complete it
 
     async def apply(self, events: list[Any]) -> None:
         """Fold one batch, publish its outputs, then write its states (rule 6)."""
@@ -280,12 +293,11 @@ class _Agent:
         )
 
     async def halt(self, events: list[Any], exc: BaseException) -> None:
-        """Keep a batch that failed half-way from being committed, and stop the worker.
+        """Stop the worker over a batch that failed half-way (and stays pinned).
 
-        Never returns: the agent waits to be cancelled by the stop, so it neither asks for
-        the next batch (which would ack this one) nor processes records after it.
+        Never returns: the agent waits to be cancelled by the stop, so it processes no
+        record after the batch (an ack after it could let faust commit past it).
         """
-        _pin(events)
         log.error(
             "%s: a batch of %d records could not be applied whole (%r); stopping the worker "
             "without committing it, a restart applies it again",
@@ -313,6 +325,12 @@ def _pin(events: list[Any]) -> None:
     """One more reference per message: the batch's acks can no longer complete it."""
     for event in events:
         event.message.incref()
+
+
+def _unpin(events: list[Any]) -> None:
+    """Drop the reference `_pin` took (faust's own ack of the batch then completes it)."""
+    for event in events:
+        event.message.decref()
 
 
 def create_app(
