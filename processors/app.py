@@ -1,39 +1,85 @@
 """The faust-streaming app: one agent per input topic, one table of reducer states each.
 
 Each agent takes batches of raw records (``stream.take_events``), decodes each record once,
-sends malformed ones to the dead-letter topic, folds the rest through the pure core and
-then, in this order:
+folds the batch through the pure core (`processors.pipeline.fold_batch`, the replay the
+audit runs) and then, in this order:
 
 1. publishes the verdicts and dead letters and waits until Kafka acknowledged them;
 2. writes the new states to its table (a changelog topic co-partitioned with the input).
 
-A crash between 1 and 2 replays the batch from the last committed offset: the states
-still hold the offset they last applied and skip nothing they have not seen, the folds
-recompute the same verdicts with the same ids, and consumers see at worst an identical
-duplicate. A crash after 2 skips the records the states already applied (each state
-carries its last applied source offset).
+A batch is applied whole or not at all (ARCHITECTURE rule 6). How faust-streaming 0.15
+acknowledges decides how that is kept:
+
+* ``take_events`` turns stream acks off and acks every event of a batch in the ``finally``
+  of its generator: when the agent asks for the next batch, when the generator is closed
+  after an exception escaped the agent body (asyncio finalizes it), and when the stream
+  stops (``Stream.on_stop`` closes its buffering generators, *while the agent may still
+  be applying the batch*). So a batch whose states were never written is acked, hence
+  committed, by an agent crash, and even by a plain shutdown in the middle of a batch;
+  after a crash the supervisor restarts the agent, which goes on with the next records,
+  and the failed ones are never delivered again.
+* ``Consumer.commit`` commits, per partition, the end of the first run of consecutive
+  acked offsets. It checks for a gap at the head only against a committed offset that is
+  truthy and more than one below the lowest acked offset: with no commit yet (a new
+  app id), or a one-record gap, it commits past unacked records. An unacked batch is
+  therefore only safe while nothing after it in its partition is acked either.
+* A table assignment sends the changelog record first (``on_key_set`` ->
+  ``send_changelog``, which picks the partition from the *producer's* metadata,
+  synchronously) and updates the in-memory store after it: a failed send leaves the
+  store as it was, so retrying the assignment is safe. Before committing offsets,
+  faust flushes the producer, so a committed offset never passes a changelog record still
+  in flight.
+
+That was the bug of a fresh deployment: the producer fetches its metadata when it starts,
+before the tables declare their changelog topics, and aiokafka refreshes it only every
+five minutes, so every first state write of a new app id failed on a partition lookup
+(``partitions_for_topic(...)`` None), after the verdicts were out; the batch was acked,
+the state lost, and the policy issued a second command for one incarnation.
+
+So an agent here:
+
+* folds nothing before its producer knows the metadata of its changelog topic and of
+  every topic it publishes to (`_Agent.wait_for_metadata`: forced refreshes, bounded by
+  `METADATA_TIMEOUT_S`, logged while it waits);
+* retries a failed state write in place (`STATE_WRITE_ATTEMPTS`, forcing a metadata
+  refresh between attempts): reassigning the same bytes is idempotent;
+* holds its own reference on every message of a batch from the moment it receives it
+  (``Message.incref``) and drops it only once the states are written: until then no ack
+  of faust's can complete the batch, whatever closes the generator;
+* when a batch cannot be applied whole (a write that keeps failing, a publish that
+  fails, the metadata wait timing out, an interruption half-way), keeps it pinned,
+  processes nothing after it in any partition of the agent, and stops the worker
+  (``App.crash``; the process exits non-zero). Restarted, the worker reads the batch
+  again from the committed offset; the states still hold the offset they last applied
+  and skip nothing they have not seen, the folds recompute the same verdicts with the
+  same ids, and consumers see at worst an identical duplicate.
+
+No exception from input reaches this shell: decode, fold and state encoding are isolated
+per record in the shared fold path and end as dead letters (ARCHITECTURE rule 7).
 
 Faust's timers and windowed tables run on the wall clock; none of them is used for a
 decision. The one timer here is the clock: it only *writes* Tick events into every
-heartbeat partition, and hang detection reads time from the log.
+heartbeat partition, and hang detection reads time from the log. (Retry backoff sleeps on
+the wall clock too; it decides nothing.)
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, Final
 
 import faust
 from kafka.partitioner.default import murmur2
 
 from processors.core.config import DetectorConfig
-from processors.core.state_codec import decode_state, encode_state
+from processors.core.state_codec import decode_state
 from processors.intake import RawRecord, split
 from processors.pipeline import ROLE_STATE, fold_batch
-from processors.settings import ProcessorSettings
+from processors.settings import ProcessorSettings, changelog_topic
 from runwatch.settings import faust_broker_settings
 from schemas.codec import encode, encode_key
 from schemas.events import TICK_RUN_ID, DeadLetter, Event, RestartRequested, Tick
@@ -50,6 +96,11 @@ TABLES: dict[str, str] = {
 }
 """Input role -> the name of the table holding its reducer states."""
 
+METADATA_TIMEOUT_S: Final = 120.0
+"""Longest an agent waits for its producer to know the topics it writes to."""
+STATE_WRITE_ATTEMPTS: Final = 5
+"""Attempts at writing a batch's states before the worker stops (backoff 0.1 s, doubling)."""
+
 
 def partition_for(run_id: str, partitions: int) -> int:
     """The partition Kafka's default partitioner gives a run's key (murmur2, like Java's)."""
@@ -65,8 +116,39 @@ def output_topic(event: Event, topics: TopicNames) -> str:
     return topics.anomalies
 
 
+class StateWriteError(RuntimeError):
+    """A batch's states could not be written after every retry."""
+
+
+class StateWriteFaults:
+    """A test seam: make the first ``count`` table writes of this process raise.
+
+    Read from ``RUNWATCH_FAULT_STATE_WRITES`` (unset or 0: no fault). The injected error
+    is raised where faust's own send would raise, before anything is stored, so it
+    exercises the real retry and halt paths against a real broker.
+    """
+
+    ENV = "RUNWATCH_FAULT_STATE_WRITES"
+
+    def __init__(self, count: int = 0) -> None:
+        """Arm ``count`` failures."""
+        self.remaining = count
+
+    @classmethod
+    def from_env(cls) -> StateWriteFaults:
+        """The faults the environment asks for."""
+        raw = os.environ.get(cls.ENV, "").strip()
+        return cls(int(raw) if raw else 0)
+
+    def check(self, topic: str) -> None:
+        """Raise while armed."""
+        if self.remaining > 0:
+            self.remaining -= 1
+            raise StateWriteError(f"injected state write failure ({self.ENV}) on {topic}")
+
+
 class _Agent:
-    """The body of one agent: batch in, verdicts out, states written."""
+    """The body of one agent: batch in, verdicts out, states written, or the worker stops."""
 
     def __init__(
         self,
@@ -77,6 +159,7 @@ class _Agent:
         cfg: DetectorConfig,
         topics: TopicNames,
         finish: Callable[[Event], Event],
+        faults: StateWriteFaults,
     ) -> None:
         self.app = app
         self.role = role
@@ -85,7 +168,10 @@ class _Agent:
         self.cfg = cfg
         self.topics = topics
         self.finish = finish
+        self.faults = faults
         self.kind = ROLE_STATE[role]
+        self.changelog = changelog_topic(settings.app_id, TABLES[role])
+        self.needs_metadata = [self.changelog, topics.anomalies, topics.commands, topics.deadletter]
 
     def load(self, run_id: str) -> Any:
         raw = self.table.get(encode_key(run_id))
@@ -102,22 +188,125 @@ class _Agent:
         async for events in stream.take_events(
             self.settings.batch_max, within=self.settings.batch_within_s
         ):
-            records = [
-                RawRecord(
-                    e.message.topic,
-                    e.message.partition,
-                    e.message.offset,
-                    e.key,
-                    e.value,
-                    int((e.message.timestamp or 0) * 1000),
+            # Our own reference on every message of the batch, taken before anything else:
+            # faust's acks of the batch (the generator's finally, also run by Stream.on_stop
+            # while the batch is still being applied) cannot complete it until we let go.
+            _pin(events)
+            try:
+                await self.apply(events)
+            except asyncio.CancelledError:
+                # Interrupted half-way: the batch stays pinned, so it is never committed.
+                if not self.app.should_stop:  # a restart on rebalance: stop the worker too
+                    asyncio.get_running_loop().create_task(
+                        self.app.crash(StateWriteError(f"{self.role}: batch interrupted"))
+                    )
+                raise
+            except Exception as exc:  # a batch that cannot be applied whole stops the worker
+                await self.halt(events, exc)
+            else:
+                _unpin(events)  # applied whole: the generator's ack may now complete it
+
+    async def apply(self, events: list[Any]) -> None:
+        """Fold one batch, publish its outputs, then write its states (rule 6)."""
+        await self.wait_for_metadata()  # at once when known; new assignments included
+        records = [
+            RawRecord(
+                e.message.topic,
+                e.message.partition,
+                e.message.offset,
+                e.key,
+                e.value,
+                int((e.message.timestamp or 0) * 1000),
+            )
+            for e in events
+        ]
+        good, dead = split(records, self.role)
+        result = fold_batch(self.role, good, self.load, self.runs_in_partition, self.cfg)
+        await self.publish([*dead, *result.dead, *(self.finish(o) for o in result.outputs)])
+        await self.write_states(result.encoded)
+
+    async def wait_for_metadata(self) -> None:
+        """Return once the producer knows every topic this agent writes to.
+
+        Raises:
+            StateWriteError: Still unknown after `METADATA_TIMEOUT_S`.
+        """
+        client = self.app.producer._ensure_producer().client  # type: ignore[attr-defined]
+        missing = [t for t in self.needs_metadata if client.cluster.partitions_for_topic(t) is None]
+        if not missing:
+            return
+        deadline = time.monotonic() + METADATA_TIMEOUT_S
+        delay_s = 0.05
+        for topic in missing:
+            client.add_topic(topic)
+        while True:
+            await client.force_metadata_update()
+            missing = [t for t in missing if client.cluster.partitions_for_topic(t) is None]
+            if not missing:
+                log.info("%s: producer metadata known for %s", self.role, self.needs_metadata)
+                return
+            if time.monotonic() > deadline:
+                raise StateWriteError(
+                    f"topics {', '.join(missing)} still unknown to the producer after "
+                    f"{METADATA_TIMEOUT_S:.0f} s"
                 )
-                for e in events
-            ]
-            good, dead = split(records, self.role)
-            result = fold_batch(self.role, good, self.load, self.runs_in_partition, self.cfg)
-            await self.publish([*dead, *(self.finish(o) for o in result.outputs)])
-            for run_id, state in result.states.items():
-                self.table[encode_key(run_id)] = encode_state(state)
+            log.warning("%s: waiting for producer metadata of %s", self.role, ", ".join(missing))
+            await asyncio.sleep(delay_s)
+            delay_s = min(1.0, delay_s * 2)
+
+    async def write_states(self, encoded: dict[str, bytes]) -> None:
+        """Write every state of a batch, retrying the ones that failed.
+
+        Raises:
+            StateWriteError: Some state still not written after `STATE_WRITE_ATTEMPTS`.
+        """
+        pending = {encode_key(run_id): value for run_id, value in encoded.items()}
+        delay_s = 0.1
+        for attempt in range(1, STATE_WRITE_ATTEMPTS + 1):
+            failed: dict[bytes, bytes] = {}
+            error: Exception | None = None
+            for key, value in pending.items():
+                try:
+                    self.faults.check(self.changelog)
+                    self.table[key] = value
+                except Exception as exc:
+                    failed[key], error = value, exc
+            if not failed:
+                return
+            log.warning(
+                "%s: %d of %d state writes failed (attempt %d of %d): %r",
+                self.role,
+                len(failed),
+                len(pending),
+                attempt,
+                STATE_WRITE_ATTEMPTS,
+                error,
+            )
+            pending = failed
+            if attempt < STATE_WRITE_ATTEMPTS:
+                await asyncio.sleep(delay_s)
+                delay_s *= 2
+                await self.wait_for_metadata()
+        raise StateWriteError(
+            f"{len(pending)} states of the {self.role} table not written after "
+            f"{STATE_WRITE_ATTEMPTS} attempts: {error!r}"
+        )
+
+    async def halt(self, events: list[Any], exc: BaseException) -> None:
+        """Stop the worker over a batch that failed half-way (and stays pinned).
+
+        Never returns: the agent waits to be cancelled by the stop, so it processes no
+        record after the batch (an ack after it could let faust commit past it).
+        """
+        log.error(
+            "%s: a batch of %d records could not be applied whole (%r); stopping the worker "
+            "without committing it, a restart applies it again",
+            self.role,
+            len(events),
+            exc,
+        )
+        await self.app.crash(exc)
+        await asyncio.Event().wait()
 
     async def publish(self, events: list[Event]) -> None:
         if not events:
@@ -130,6 +319,18 @@ class _Agent:
             for e in events
         ]
         await asyncio.gather(*pending)
+
+
+def _pin(events: list[Any]) -> None:
+    """One more reference per message: the batch's acks can no longer complete it."""
+    for event in events:
+        event.message.incref()
+
+
+def _unpin(events: list[Any]) -> None:
+    """Drop the reference `_pin` took (faust's own ack of the batch then completes it)."""
+    for event in events:
+        event.message.decref()
 
 
 def create_app(
@@ -174,6 +375,7 @@ def create_app(
         **faust_broker_settings(),
     )
     topics = names(settings.prefix)
+    faults = StateWriteFaults.from_env()
 
     def finish(event: Event) -> Event:
         if isinstance(event, RestartRequested) and key is not None:
@@ -202,7 +404,7 @@ def create_app(
             partitions=settings.partitions,
             acks=True,
         )
-        body = _Agent(app, role, table, settings, cfg, topics, finish)
+        body = _Agent(app, role, table, settings, cfg, topics, finish, faults)
         app.agent(source, name=f"runwatch.{role}")(body.__call__)
 
     @app.timer(settings.tick_interval_s, on_leader=True, name="runwatch.clock")  # type: ignore[untyped-decorator]

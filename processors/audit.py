@@ -116,7 +116,7 @@ class AuditReceipt(msgspec.Struct, frozen=True, kw_only=True):
         input_records: Input records replayed.
         anomalies: Recorded vs. recomputed anomalies.
         commands: Recorded vs. recomputed commands.
-        dead_letters: Records of the run that failed to decode.
+        dead_letters: Records of the run that failed to decode, fold or encode.
         progress: What the processors had processed; None when lag was not asked about.
         pending_ticks: Clock ticks not processed yet whose verdicts the record still
             lacks (0 when the unprocessed ticks change nothing); see `audit`.
@@ -500,7 +500,10 @@ def _compare(log: RunLog, inputs: list[Record], cfg: DetectorConfig) -> AuditRec
         commands=compare_commands(
             log.recorded_commands, [c for c in result.commands if c.run_id == log.run_id]
         ),
-        dead_letters=log.dead_letters,
+        # decode failures of the log plus the records the replay's fold or state encoding
+        # dead-lettered, as the live processors did
+        dead_letters=log.dead_letters
+        + sum(1 for d in result.dead_letters if d.run_id == log.run_id),
         progress=log.progress,
     )
 

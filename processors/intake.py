@@ -3,7 +3,10 @@
 One decode per record. A record is rejected when its bytes are not a runwatch event, when
 its tag is unknown, when the event does not belong on the topic it was read from, or when
 its key is not its run id (it would sit in another run's partition and escape detection).
-Nothing is dropped: every rejected record becomes a `DeadLetter` carrying the raw bytes.
+Nothing is dropped: every rejected record becomes a `DeadLetter` (stage ``decode``) with
+the reason and the raw bytes, cut to the dead letter's bounds so that the dead letter
+itself is always a valid event that fits in a Kafka record (the record stays in its topic
+at the offset the dead letter names). `check` never raises, whatever the record holds.
 """
 
 from __future__ import annotations
@@ -13,6 +16,9 @@ from typing import Final, NamedTuple
 
 from schemas.codec import DecodeError, decode
 from schemas.events import (
+    MAX_DEADLETTER_PAYLOAD_BYTES,
+    MAX_ID_CHARS,
+    MAX_TEXT_CHARS,
     TICK_RUN_ID,
     AnomalyDetected,
     AnyEvent,
@@ -63,19 +69,40 @@ class Decoded(NamedTuple):
 
 def dead_letter(record: RawRecord, reason: str) -> DeadLetter:
     """A dead letter for ``record``; its log time is the record's broker timestamp."""
+    payload = record.value or b""
+    if len(payload) > MAX_DEADLETTER_PAYLOAD_BYTES:
+        reason = f"{reason} (payload cut to {MAX_DEADLETTER_PAYLOAD_BYTES} of {len(payload)} bytes)"
+        payload = payload[:MAX_DEADLETTER_PAYLOAD_BYTES]
+    key = record.key if record.key is None else record.key[:MAX_TEXT_CHARS]
     return DeadLetter(
-        run_id=(record.key or b"").decode("utf-8", "replace"),
-        ts_ns=record.timestamp_ms * 1_000_000,
-        seq=record.offset,
+        run_id=(record.key or b"")[: 4 * MAX_ID_CHARS].decode("utf-8", "replace")[:MAX_ID_CHARS],
+        ts_ns=max(0, record.timestamp_ms) * 1_000_000,
+        seq=max(0, record.offset),
         source=Provenance(topic=record.topic, partition=record.partition, offset=record.offset),
-        reason=reason,
-        key=record.key,
-        payload=record.value or b"",
+        reason=_one_line(reason),
+        key=key,
+        payload=payload,
+        stage="decode",
     )
 
 
+def _one_line(reason: str) -> str:
+    line = " ".join(reason.split())
+    return line if len(line) <= MAX_TEXT_CHARS else line[: MAX_TEXT_CHARS - 3] + "..."
+
+
 def check(record: RawRecord, role: str) -> Decoded | DeadLetter:
-    """Decode one record read from a topic of ``role`` and check it belongs there."""
+    """Decode one record read from a topic of ``role`` and check it belongs there.
+
+    Never raises: whatever goes wrong with one record makes it a dead letter.
+    """
+    try:
+        return _check(record, role)
+    except Exception as exc:
+        return dead_letter(record, f"decode: {type(exc).__name__}: {exc}")
+
+
+def _check(record: RawRecord, role: str) -> Decoded | DeadLetter:
     if record.value is None:
         return dead_letter(record, "empty record value (tombstone) on a non-compacted topic")
     try:
@@ -90,7 +117,8 @@ def check(record: RawRecord, role: str) -> Decoded | DeadLetter:
         )
     expected_key = TICK_RUN_ID if isinstance(event, Tick) else event.run_id
     if record.key is None or record.key != expected_key.encode():
-        return dead_letter(record, f"record key {record.key!r} is not the run id {expected_key!r}")
+        key = record.key if record.key is None else record.key[:MAX_ID_CHARS]
+        return dead_letter(record, f"record key {key!r} is not the run id {expected_key!r}")
     if not event.run_id:
         return dead_letter(record, "empty run_id")
     source = Provenance(topic=record.topic, partition=record.partition, offset=record.offset)

@@ -3,7 +3,12 @@
 Pure: no Kafka, no faust. The live agents fold through the core's `Replayer`, the very
 object `runwatch audit` replays the log with, preloaded with the stored states of the
 runs the batch touches. Live and replay therefore share one code path, tick fan-out
-included, and cannot drift apart.
+and per-record isolation included (a record whose fold or state encoding fails is a
+dead letter, its run's state stays as before it), and cannot drift apart.
+
+The result carries each touched state already encoded (the Replayer encodes every state
+it keeps, which is how it knows the state can be stored): the agent publishes the
+outputs and dead letters first, then writes exactly these bytes (ARCHITECTURE rule 6).
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from typing import Any, Final, NamedTuple
 from processors.core.config import DetectorConfig
 from processors.core.replay import Replayer
 from processors.intake import Decoded
-from schemas.events import TICK_RUN_ID, Event, Tick
+from schemas.events import TICK_RUN_ID, DeadLetter, Event, Tick
 
 ROLE_STATE: Final[dict[str, str]] = {
     "steps": "steps",
@@ -26,10 +31,19 @@ ROLE_STATE: Final[dict[str, str]] = {
 
 
 class BatchResult(NamedTuple):
-    """What folding a batch produced."""
+    """What folding a batch produced.
+
+    Attributes:
+        states: The state of every run the batch touched (preloaded ones included).
+        outputs: Verdicts and commands, in the order the reducers emitted them.
+        dead: Records whose fold or state encoding failed.
+        encoded: Run -> its new state as table bytes, for every run a record changed.
+    """
 
     states: dict[str, Any]
     outputs: list[Event]
+    dead: list[DeadLetter]
+    encoded: dict[str, bytes]
 
 
 def fold_batch(
@@ -49,8 +63,8 @@ def fold_batch(
         cfg: Detector configuration.
 
     Returns:
-        The states of every run the batch touched, and the verdicts or commands to publish,
-        in the order the reducers emitted them.
+        The states of every run the batch touched, the verdicts or commands to publish in
+        the order the reducers emitted them, the dead letters, and the encoded states.
     """
     replayer = Replayer(cfg)
     store: dict[str, Any] = getattr(replayer, ROLE_STATE[role])
@@ -67,7 +81,8 @@ def fold_batch(
     replayer.feed((role, source, event) for source, event in items)  # type: ignore[misc]
     outputs: list[Event] = [verdict for _, verdict in replayer.recomputed]
     outputs.extend(replayer.commands)
-    return BatchResult(store, outputs)
+    kind = ROLE_STATE[role]
+    return BatchResult(store, outputs, list(replayer.dead_letters), replayer.encoded[kind])
 
 
 def _preload(store: dict[str, Any], run_id: str, load: Callable[[str], Any]) -> None:

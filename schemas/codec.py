@@ -10,17 +10,28 @@ reads ``null`` in a required float field as NaN, which is what msgspec and JavaS
 Encoding takes one msgspec call on the common path; only events that hold a non-finite
 float (detected by a ``null`` in the output, since fields holding their default are
 omitted) take a slower path through builtins.
+
+Decoding never raises anything but `DecodeError`, whatever the bytes. Before any parse it
+bounds the record's size (`schemas.events.MAX_RECORD_BYTES`) and its nesting depth
+(`schemas.events.MAX_NESTING`): msgspec recurses into nested arrays and objects, even
+into an unknown field it only skips, so a 100,000-deep array would otherwise end in a
+`RecursionError`. Counting brackets is one C-speed pass; only a record with more brackets
+than the bound (a checkpoint with many loader states, or a hostile one) takes the exact
+depth scan. The field bounds themselves (int64, non-negative steps, lengths) are on the
+structs in `schemas.events`.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from functools import cache
+from itertools import accumulate
 from typing import Any, Final
 
 import msgspec
 
-from schemas.events import ALL_TYPES, AnyEvent, Event
+from schemas.events import ALL_TYPES, MAX_NESTING, MAX_RECORD_BYTES, AnyEvent, Event
 
 NONFINITE_TOKENS: Final[dict[str, float]] = {
     "NaN": math.nan,
@@ -127,6 +138,33 @@ def _restore_float(value: Any, *, null_is_nan: bool) -> Any:
     return value
 
 
+_JSON_STRING: Final = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
+_NOT_BRACKETS: Final = bytes(b for b in range(256) if b not in b"[]{}")
+_DEPTH_STEP: Final = {ord("["): 1, ord("{"): 1, ord("]"): -1, ord("}"): -1}
+
+
+def nesting_depth(data: bytes) -> int:
+    """How deep arrays and objects nest in JSON ``data`` (brackets in strings ignored).
+
+    Exact for valid JSON; for broken JSON (an unterminated string) it may overcount,
+    which only rejects bytes that would not decode anyway.
+    """
+    brackets = _JSON_STRING.sub(b"", data).translate(None, _NOT_BRACKETS)
+    if not brackets:
+        return 0
+    return max(0, *accumulate(_DEPTH_STEP[c] for c in brackets))
+
+
+def _check_bounds(data: bytes) -> None:
+    if len(data) > MAX_RECORD_BYTES:
+        raise MalformedEvent(f"record of {len(data)} bytes exceeds {MAX_RECORD_BYTES} bytes")
+    if data.count(b"[") + data.count(b"{") <= MAX_NESTING:
+        return  # cannot nest deeper than it has brackets
+    depth = nesting_depth(data)
+    if depth > MAX_NESTING:
+        raise MalformedEvent(f"JSON nested {depth} deep exceeds {MAX_NESTING}")
+
+
 def _decode_lenient(data: bytes) -> AnyEvent:
     obj = _RAW_DECODER.decode(data)
     if not isinstance(obj, dict):
@@ -160,14 +198,21 @@ def decode(data: bytes) -> AnyEvent:
 
     Raises:
         UnknownEventType: The tag is not one this version knows.
-        MalformedEvent: Anything else that is wrong, with the reason.
+        MalformedEvent: Anything else that is wrong, with the reason (too large or too
+            deeply nested, not JSON, a field missing, of the wrong type or out of bounds).
     """
     try:
-        return _DECODER.decode(data)
-    except msgspec.ValidationError:
-        return _decode_lenient(data)
+        _check_bounds(data)
+        try:
+            return _DECODER.decode(data)
+        except msgspec.ValidationError:
+            return _decode_lenient(data)
+    except DecodeError:
+        raise
     except msgspec.DecodeError as exc:
         raise MalformedEvent(f"not JSON: {exc}") from None
+    except Exception as exc:  # never anything but a DecodeError, whatever the bytes
+        raise MalformedEvent(f"undecodable: {type(exc).__name__}: {exc}") from None
 
 
 __all__ = [
@@ -179,4 +224,5 @@ __all__ = [
     "decode",
     "encode",
     "encode_key",
+    "nesting_depth",
 ]

@@ -13,13 +13,65 @@ Evolution rules (tested in ``tests/unit/test_schema_evolution.py``):
 * Removing a field, changing its type or meaning, or adding a field without a default is
   a new version: a new struct with tag ``"<name>.v2"`` beside the old one.
 * An unknown tag is reported as `schemas.codec.UnknownEventType`, never a crash.
+
+Bounds: every field accepts only what is meaningful (steps and counts are non-negative,
+every integer fits an int64, ranks and world sizes stay below `MAX_RANKS`, strings,
+maps and sequences have a maximum length), so a hostile or broken record fails to decode
+with a reason and becomes a dead letter instead of reaching a reducer (or a state that
+cannot be stored). `schemas.codec` also bounds a record's size and nesting before
+decoding it. Tightening a bound is a compatible change for every producer that stayed
+within it.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Final, Literal
 
 import msgspec
+from msgspec import Meta
+
+# --------------------------------------------------------------------------- bounds
+
+INT64_MAX: Final = 2**63 - 1
+"""The largest integer any field (and any reducer state) holds."""
+MAX_RANKS: Final = 2**17
+"""More ranks than any gang has (a 16,384-rank run is the target); bounds ranks and sizes."""
+MAX_COUNT: Final = 2**53
+"""Tokens, examples, parameters: counts that must stay exact as floats."""
+MAX_ID_CHARS: Final = 256
+"""Run ids, host names, verdict and command ids, hashes, tag keys."""
+MAX_TEXT_CHARS: Final = 4096
+"""Paths, reasons, details, tag values."""
+MAX_MAP_ENTRIES: Final = 256
+"""Tags and thresholds per run."""
+MAX_RECORD_BYTES: Final = 8 * 1024 * 1024
+"""The largest record the codec decodes (Kafka's default limit is 1 MiB)."""
+MAX_NESTING: Final = 32
+"""The deepest JSON nesting the codec decodes (an event needs 4)."""
+MAX_DEADLETTER_PAYLOAD_BYTES: Final = 512 * 1024
+"""A dead letter keeps at most this much of the record (the record itself stays in its
+topic, at the offset the dead letter names); its base64 stays under Kafka's 1 MiB."""
+
+Int64 = Annotated[int, Meta(ge=-INT64_MAX - 1, le=INT64_MAX)]
+"""Any integer an int64 holds."""
+Count = Annotated[int, Meta(ge=0, le=INT64_MAX)]
+"""A non-negative int64: a step, a timestamp, an offset, a sequence number, a size."""
+Step = Count
+"""An optimizer step: 0 <= step < 2**63."""
+Quantity = Annotated[int, Meta(ge=0, le=MAX_COUNT)]
+"""Tokens, examples: non-negative and exact as a float."""
+Rank = Annotated[int, Meta(ge=0, lt=MAX_RANKS)]
+"""A global rank."""
+Size = Annotated[int, Meta(ge=1, le=MAX_RANKS)]
+"""A world size or a parallel dimension (at least 1)."""
+Small = Annotated[int, Meta(ge=0, lt=2**31)]
+"""An incarnation, a process id, a partition: a non-negative int32."""
+Positive = Annotated[int, Meta(ge=1, lt=2**31)]
+"""A model dimension, a vocabulary size, microbatches: a positive int32."""
+Id = Annotated[str, Meta(max_length=MAX_ID_CHARS)]
+Text = Annotated[str, Meta(max_length=MAX_TEXT_CHARS)]
+Tags = Annotated[dict[Id, Text], Meta(max_length=MAX_MAP_ENTRIES)]
+Thresholds = Annotated[dict[Id, float], Meta(max_length=MAX_MAP_ENTRIES)]
 
 # --------------------------------------------------------------------------- value types
 
@@ -39,11 +91,11 @@ class ModelFlopConfig(msgspec.Struct, frozen=True, omit_defaults=True):
     # Not kw_only: seed 000 builds it positionally, ModelFlopConfig(n_params, n_layer,
     # n_head, d_model, seq_len), so this field order is API (the wire format is by name).
 
-    n_params: int
-    n_layer: int
-    n_head: int
-    d_model: int
-    seq_len: int
+    n_params: Annotated[int, Meta(ge=1, le=MAX_COUNT)]
+    n_layer: Positive
+    n_head: Positive
+    d_model: Positive
+    seq_len: Positive
 
 
 class ParallelPlan(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -54,15 +106,15 @@ class ParallelPlan(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True
     domains and do not multiply the world size.
     """
 
-    dp_replicate: int = 1
-    dp_shard: int = 1
-    tp: int = 1
-    pp: int = 1
-    cp: int = 1
-    ep: int = 1
-    etp: int = 1
-    microbatches: int = 1
-    gradient_accumulation_steps: int = 1
+    dp_replicate: Size = 1
+    dp_shard: Size = 1
+    tp: Size = 1
+    pp: Size = 1
+    cp: Size = 1
+    ep: Size = 1
+    etp: Size = 1
+    microbatches: Positive = 1
+    gradient_accumulation_steps: Positive = 1
 
     @property
     def world_size(self) -> int:
@@ -82,20 +134,20 @@ class LoaderState(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True)
     size restarts every rank from it, so no sample is skipped or repeated.
     """
 
-    seed: int
-    epoch: int
-    rank: int
-    world_size: int
-    batch_idx: int = 0
-    global_sample: int = 0
+    seed: Int64
+    epoch: Count
+    rank: Rank
+    world_size: Size
+    batch_idx: Count = 0
+    global_sample: Count = 0
 
 
 class Provenance(msgspec.Struct, frozen=True, kw_only=True):
     """The log position of the event that caused a verdict."""
 
-    topic: str
-    partition: int
-    offset: int
+    topic: Id
+    partition: Annotated[int, Meta(ge=-1, lt=2**31)]
+    offset: Annotated[int, Meta(ge=-1, le=INT64_MAX)]
 
 
 # --------------------------------------------------------------------------- base
@@ -111,10 +163,10 @@ class Event(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag_f
         dropped: Events the producer dropped (buffer full) since its previous event.
     """
 
-    run_id: str
-    ts_ns: int
-    seq: int = 0
-    dropped: int = 0
+    run_id: Id
+    ts_ns: Count
+    seq: Count = 0
+    dropped: Count = 0
 
 
 # --------------------------------------------------------------------------- input events
@@ -135,15 +187,15 @@ class RunStarted(Event, frozen=True, kw_only=True, tag="run_started.v1"):
         incarnation: 0 for the first launch, +1 per restart of the gang.
     """
 
-    world_size: int
+    world_size: Size
     flop_config: ModelFlopConfig | None = None
     plan: ParallelPlan = ParallelPlan()
     peak_flops_per_s: float | None = None
-    dtype: str = "fp32"
-    vocab_size: int | None = None
-    tags: dict[str, str] = {}
-    thresholds: dict[str, float] = {}
-    incarnation: int = 0
+    dtype: Annotated[str, Meta(max_length=32)] = "fp32"
+    vocab_size: Positive | None = None
+    tags: Tags = {}
+    thresholds: Thresholds = {}
+    incarnation: Small = 0
 
 
 class StepCompleted(Event, frozen=True, kw_only=True, tag="step.v1"):
@@ -167,21 +219,21 @@ class StepCompleted(Event, frozen=True, kw_only=True, tag="step.v1"):
         rank: The emitting rank (usually 0).
     """
 
-    step: int
+    step: Step
     loss: float
     step_time_s: float
     grad_norm: float | None = None
-    tokens: int = 0
-    examples: int = 0
-    local_tokens: int = 0
-    local_examples: int = 0
-    microbatches: int = 1
-    accumulation_steps: int = 1
-    data_parallel_size: int = 1
+    tokens: Quantity = 0
+    examples: Quantity = 0
+    local_tokens: Quantity = 0
+    local_examples: Quantity = 0
+    microbatches: Positive = 1
+    accumulation_steps: Positive = 1
+    data_parallel_size: Size = 1
     lr: float | None = None
     skipped: bool = False
-    restart_from_step: int | None = None
-    rank: int = 0
+    restart_from_step: Step | None = None
+    rank: Rank = 0
 
 
 class Heartbeat(Event, frozen=True, kw_only=True, tag="heartbeat.v1"):
@@ -195,11 +247,11 @@ class Heartbeat(Event, frozen=True, kw_only=True, tag="heartbeat.v1"):
         pid: Process id of the rank.
     """
 
-    rank: int
-    step: int
+    rank: Rank
+    step: Step
     step_time_s: float = 0.0
-    host: str = ""
-    pid: int = 0
+    host: Id = ""
+    pid: Small = 0
 
 
 class Tick(Event, frozen=True, kw_only=True, tag="tick.v1"):
@@ -213,7 +265,7 @@ class Tick(Event, frozen=True, kw_only=True, tag="tick.v1"):
         partition: The partition the tick was written to.
     """
 
-    partition: int
+    partition: Small
 
 
 class CheckpointCommitted(Event, frozen=True, kw_only=True, tag="checkpoint_committed.v1"):
@@ -229,13 +281,13 @@ class CheckpointCommitted(Event, frozen=True, kw_only=True, tag="checkpoint_comm
         rank: The rank that reports the commit (the coordinator).
     """
 
-    step: int
-    path: str
-    loader_states: tuple[LoaderState, ...] = ()
-    size_bytes: int = 0
+    step: Step
+    path: Text
+    loader_states: Annotated[tuple[LoaderState, ...], Meta(max_length=MAX_RANKS)] = ()
+    size_bytes: Count = 0
     write_s: float = 0.0
     blocked_s: float = 0.0
-    rank: int = 0
+    rank: Rank = 0
 
 
 class CheckpointFailed(Event, frozen=True, kw_only=True, tag="checkpoint_failed.v1"):
@@ -248,10 +300,10 @@ class CheckpointFailed(Event, frozen=True, kw_only=True, tag="checkpoint_failed.
         rank: The rank that saw the failure.
     """
 
-    step: int
-    path: str
-    reason: str
-    rank: int = 0
+    step: Step
+    path: Text
+    reason: Text
+    rank: Rank = 0
 
 
 class RunEnded(Event, frozen=True, kw_only=True, tag="run_ended.v1"):
@@ -264,8 +316,8 @@ class RunEnded(Event, frozen=True, kw_only=True, tag="run_ended.v1"):
     """
 
     status: Literal["completed", "failed", "stopped"]
-    final_step: int | None = None
-    reason: str = ""
+    final_step: Step | None = None
+    reason: Text = ""
 
 
 # --------------------------------------------------------------------------- verdicts and commands
@@ -319,19 +371,19 @@ class AnomalyDetected(Event, frozen=True, kw_only=True, tag="anomaly.v1"):
             existed read as ``warning`` (every verdict paged then).
     """
 
-    verdict_id: str
+    verdict_id: Id
     kind: AnomalyKind
-    step: int
-    rank: int | None = None
+    step: Int64
+    rank: Rank | None = None
     value: float | None = None
     baseline: float | None = None
     scale: float | None = None
     z: float | None = None
     threshold: float | None = None
-    detail: str = ""
+    detail: Text = ""
     source: Provenance | None = None
-    config_hash: str = ""
-    incarnation: int = 0
+    config_hash: Id = ""
+    incarnation: Small = 0
     severity: Severity = "warning"
 
 
@@ -355,16 +407,16 @@ class RestartRequested(Event, frozen=True, kw_only=True, tag="restart_requested.
         key_id: Which key signed it.
     """
 
-    command_id: str
+    command_id: Id
     action: RestartAction
-    cause_verdict_id: str
+    cause_verdict_id: Id
     cause_kind: AnomalyKind
-    incarnation: int = 0
-    max_checkpoint_step: int | None = None
-    world_size: int | None = None
+    incarnation: Small = 0
+    max_checkpoint_step: Int64 | None = None
+    world_size: Size | None = None
     source: Provenance | None = None
-    signature: str = ""
-    key_id: str = ""
+    signature: Id = ""
+    key_id: Id = ""
 
 
 class RestartCompleted(Event, frozen=True, kw_only=True, tag="restart_completed.v1"):
@@ -378,10 +430,10 @@ class RestartCompleted(Event, frozen=True, kw_only=True, tag="restart_completed.
         duration_s: Seconds from receiving the command to the new gang running.
     """
 
-    command_id: str
-    checkpoint_step: int | None = None
-    checkpoint_path: str = ""
-    world_size: int = 0
+    command_id: Id
+    checkpoint_step: Int64 | None = None
+    checkpoint_path: Text = ""
+    world_size: Annotated[int, Meta(ge=0, le=MAX_RANKS)] = 0
     duration_s: float = 0.0
 
 
@@ -393,8 +445,8 @@ class RestartFailed(Event, frozen=True, kw_only=True, tag="restart_failed.v1"):
         reason: One line.
     """
 
-    command_id: str
-    reason: str
+    command_id: Id
+    reason: Text
 
 
 class CommandRejected(Event, frozen=True, kw_only=True, tag="command_rejected.v1"):
@@ -406,25 +458,33 @@ class CommandRejected(Event, frozen=True, kw_only=True, tag="command_rejected.v1
         source: Where the command was read.
     """
 
-    command_id: str
-    reason: str
+    command_id: Id
+    reason: Text
     source: Provenance | None = None
 
 
+DeadLetterStage = Literal["decode", "fold", "encode"]
+"""Where a record failed: decoding it, folding it, or encoding the state it produced."""
+
+
 class DeadLetter(Event, frozen=True, kw_only=True, tag="deadletter.v1"):
-    """Bytes a processor could not decode, kept with the reason so nothing is lost.
+    """A record a processor could not apply, kept with the reason so nothing is lost.
 
     Attributes:
-        source: Where the bytes were read.
-        reason: Why they were rejected.
-        key: The record key, raw.
-        payload: The record value, raw (base64 on the JSON wire).
+        source: Where the record was read.
+        reason: Why it was rejected (one line, starting with the stage for fold and encode).
+        key: The record key, raw (cut to `MAX_TEXT_CHARS` bytes).
+        payload: The record value, raw (base64 on the JSON wire); cut to
+            `MAX_DEADLETTER_PAYLOAD_BYTES`, the record itself stays at ``source``.
+        stage: ``decode`` (the bytes are not a valid event for their topic), ``fold`` (the
+            reducer raised on it) or ``encode`` (the state it produced cannot be stored).
     """
 
     source: Provenance
-    reason: str
-    key: bytes | None = None
-    payload: bytes = b""
+    reason: Text
+    key: Annotated[bytes, Meta(max_length=MAX_TEXT_CHARS)] | None = None
+    payload: Annotated[bytes, Meta(max_length=MAX_DEADLETTER_PAYLOAD_BYTES)] = b""
+    stage: DeadLetterStage = "decode"
 
 
 InputEvent = (

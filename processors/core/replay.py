@@ -12,12 +12,21 @@ anomaly records, in its order; otherwise over the recomputed anomalies in canoni
 (log time, then source topic, partition, offset, run and emission order), with synthetic
 provenance on topic ``replay.anomalies`` (their ``source`` and ``seq`` therefore differ
 from live commands, which point into the real anomalies topic).
+
+No record stops a partition (ARCHITECTURE rule 7). Every record is applied on its own:
+when its fold raises, or the state it produces cannot be encoded for the table
+(`processors.core.state_codec`), the record becomes a `DeadLetter` naming the stage
+(``fold`` or ``encode``) and the reason, the run's state stays as it was before the record,
+its verdicts are dropped, and the next record goes on. This is the fold the live agents
+run (`processors.pipeline`), so live, replay and audit dead-letter the same records. A Tick
+fanned out to many runs is applied per run: a run whose fold fails keeps its state, the
+others advance.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Final, Literal, TypeAlias
+from collections.abc import Callable, Iterable
+from typing import Any, Final, Literal, TypeAlias, TypeVar
 
 import msgspec
 
@@ -25,11 +34,16 @@ from processors.core.checkpoints import CheckpointCatalogue, fold_checkpoint
 from processors.core.config import DetectorConfig, config_hash
 from processors.core.liveness import LivenessState, fold_liveness
 from processors.core.policy import PolicyState, fold_policy
+from processors.core.state_codec import encode_state
 from processors.core.steps import StepHealthState, fold_step
+from schemas.codec import encode
 from schemas.events import (
     AnomalyDetected,
     CheckpointCommitted,
     CheckpointFailed,
+    DeadLetter,
+    DeadLetterStage,
+    Event,
     Heartbeat,
     InputEvent,
     Provenance,
@@ -45,6 +59,34 @@ ROLES: Final[tuple[str, ...]] = ("steps", "heartbeats", "checkpoints", "anomalie
 Record: TypeAlias = tuple[str, Provenance, InputEvent | AnomalyDetected]
 SortKey: TypeAlias = tuple[int, str, int, int, str, int]
 REPLAY_ANOMALIES_TOPIC: Final = "replay.anomalies"
+REASON_MAX_CHARS: Final = 1000
+"""Longest reason a fold or encode dead letter carries."""
+S = TypeVar("S")
+Out = TypeVar("Out")
+
+
+def stage_dead_letter(
+    source: Provenance, event: Event, run_id: str, stage: DeadLetterStage, exc: BaseException
+) -> DeadLetter:
+    """The dead letter of a record whose ``stage`` raised ``exc`` for run ``run_id``.
+
+    Its time is the record's own (log time), its payload the record re-encoded.
+    """
+    try:
+        payload = encode(event)
+    except Exception:  # an event that decoded always encodes; never let this raise
+        payload = b""
+    reason = f"{stage}: {type(exc).__name__}: {exc}"
+    return DeadLetter(
+        run_id=run_id,
+        ts_ns=event.ts_ns,
+        seq=source.offset,
+        source=source,
+        reason=reason[:REASON_MAX_CHARS],
+        key=run_id.encode(),
+        payload=payload,
+        stage=stage,
+    )
 
 
 class ReplayResult(msgspec.Struct, frozen=True):
@@ -59,6 +101,7 @@ class ReplayResult(msgspec.Struct, frozen=True):
         checkpoints: Final checkpoint catalogue per run.
         config_hash: Hash of the configuration replayed with.
         policy_input: ``recorded`` or ``recomputed``: which anomalies the policy read.
+        dead_letters: Records whose fold or state encoding failed, in the order met.
     """
 
     anomalies: list[AnomalyDetected]
@@ -69,6 +112,13 @@ class ReplayResult(msgspec.Struct, frozen=True):
     checkpoints: dict[str, CheckpointCatalogue]
     config_hash: str
     policy_input: Literal["recorded", "recomputed"]
+    dead_letters: list[DeadLetter] = []
+
+
+def _fold_checkpoint(
+    state: CheckpointCatalogue | None, event: Any, source: Provenance
+) -> tuple[CheckpointCatalogue, None]:
+    return fold_checkpoint(state, event, source), None
 
 
 def _key(anomaly: AnomalyDetected, index: int) -> SortKey:
@@ -94,33 +144,97 @@ class Replayer:
         self.recomputed: list[tuple[SortKey, AnomalyDetected]] = []
         self.commands: list[RestartRequested] = []
         self.recorded_anomalies = 0
+        self.dead_letters: list[DeadLetter] = []
+        self.encoded: dict[str, dict[str, bytes]] = {
+            "steps": {},
+            "liveness": {},
+            "policy": {},
+            "checkpoints": {},
+        }
+        """Kind -> run -> the encoded state after its latest applied record."""
 
     def _collect(self, verdicts: list[AnomalyDetected]) -> None:
         for i, v in enumerate(verdicts):
             self.recomputed.append((_key(v, i), v))
 
+    def _apply(
+        self,
+        kind: str,
+        store: dict[str, S],
+        run_id: str,
+        source: Provenance,
+        event: Event,
+        fold: Callable[[S | None, Any, Provenance], tuple[S, Out]],
+    ) -> Out | None:
+        """Fold one record into one run's state, or dead-letter it and keep the state."""
+        try:
+            state, outputs = fold(store.get(run_id), event, source)
+        except Exception as exc:
+            self.dead_letters.append(stage_dead_letter(source, event, run_id, "fold", exc))
+            return None
+        try:
+            data = encode_state(state)  # type: ignore[arg-type]
+        except Exception as exc:
+            self.dead_letters.append(stage_dead_letter(source, event, run_id, "encode", exc))
+            return None
+        store[run_id] = state
+        self.encoded[kind][run_id] = data
+        return outputs
+
+    def _fold_step(
+        self, state: StepHealthState | None, event: Any, source: Provenance
+    ) -> tuple[StepHealthState, list[AnomalyDetected]]:
+        return fold_step(state, event, source, self.cfg)
+
+    def _fold_liveness(
+        self, state: LivenessState | None, event: Any, source: Provenance
+    ) -> tuple[LivenessState, list[AnomalyDetected]]:
+        return fold_liveness(state, event, source, self.cfg)
+
+    def _fold_policy(
+        self, state: PolicyState | None, event: Any, source: Provenance
+    ) -> tuple[PolicyState, list[RestartRequested]]:
+        return fold_policy(state, event, source, self.cfg)
+
     def _heartbeats(self, source: Provenance, event: InputEvent) -> None:
         if isinstance(event, Tick):
             for run_id in sorted(self.partition_runs.get(source.partition, ())):
-                known = self.liveness.get(run_id)
-                if known is None:  # listed by a caller but never seen: nothing to age
+                if run_id not in self.liveness:  # listed but never seen: nothing to age
                     continue
-                state, verdicts = fold_liveness(known, event, source, self.cfg)
-                self.liveness[run_id] = state
-                self._collect(verdicts)
+                verdicts = self._apply(
+                    "liveness",
+                    self.liveness,
+                    run_id,
+                    source,
+                    event,
+                    self._fold_liveness,
+                )
+                self._collect(verdicts or [])
             return
         if not isinstance(event, (Heartbeat, RunStarted, RunEnded)):
             return
         self.partition_runs.setdefault(source.partition, set()).add(event.run_id)
-        state, verdicts = fold_liveness(self.liveness.get(event.run_id), event, source, self.cfg)
-        self.liveness[event.run_id] = state
-        self._collect(verdicts)
+        verdicts = self._apply(
+            "liveness",
+            self.liveness,
+            event.run_id,
+            source,
+            event,
+            self._fold_liveness,
+        )
+        self._collect(verdicts or [])
 
     def _anomaly(self, source: Provenance, anomaly: AnomalyDetected) -> None:
         self.recorded_anomalies += 1
-        state, commands = fold_policy(self.policy.get(anomaly.run_id), anomaly, source, self.cfg)
-        self.policy[anomaly.run_id] = state
-        self.commands.extend(commands)
+        commands = self._apply(
+            "policy",
+            self.policy,
+            anomaly.run_id,
+            source,
+            anomaly,
+            self._fold_policy,
+        )
+        self.commands.extend(commands or [])
 
     def feed(self, records: Iterable[Record]) -> Replayer:
         """Apply records (each role in partition order).
@@ -137,18 +251,22 @@ class Replayer:
         for role, source, event in records:
             if role == "steps":
                 if isinstance(event, (StepCompleted, RunStarted, RunEnded)):
-                    state, verdicts = fold_step(
-                        self.steps.get(event.run_id), event, source, self.cfg
+                    verdicts = self._apply(
+                        "steps", self.steps, event.run_id, source, event, self._fold_step
                     )
-                    self.steps[event.run_id] = state
-                    self._collect(verdicts)
+                    self._collect(verdicts or [])
             elif role == "heartbeats":
                 if not isinstance(event, AnomalyDetected):
                     self._heartbeats(source, event)
             elif role == "checkpoints":
                 if isinstance(event, (CheckpointCommitted, CheckpointFailed, RunStarted, RunEnded)):
-                    self.checkpoints[event.run_id] = fold_checkpoint(
-                        self.checkpoints.get(event.run_id), event, source
+                    self._apply(
+                        "checkpoints",
+                        self.checkpoints,
+                        event.run_id,
+                        source,
+                        event,
+                        _fold_checkpoint,
                     )
             elif role == "anomalies":
                 if isinstance(event, AnomalyDetected):
@@ -164,11 +282,12 @@ class Replayer:
     def result(self) -> ReplayResult:
         """What the records fed so far produce."""
         anomalies = self.canonical_anomalies()
+        dead = list(self.dead_letters)
         if self.recorded_anomalies:
             commands, policy = list(self.commands), dict(self.policy)
             policy_input: Literal["recorded", "recomputed"] = "recorded"
         else:
-            commands, policy = policy_over(anomalies, self.cfg)
+            commands, policy = policy_over(anomalies, self.cfg, dead_letters=dead)
             policy_input = "recomputed"
         return ReplayResult(
             anomalies=anomalies,
@@ -179,17 +298,25 @@ class Replayer:
             checkpoints=dict(self.checkpoints),
             config_hash=config_hash(self.cfg),
             policy_input=policy_input,
+            dead_letters=dead,
         )
 
 
 def policy_over(
-    anomalies: Iterable[AnomalyDetected], cfg: DetectorConfig
+    anomalies: Iterable[AnomalyDetected],
+    cfg: DetectorConfig,
+    *,
+    dead_letters: list[DeadLetter] | None = None,
 ) -> tuple[list[RestartRequested], dict[str, PolicyState]]:
     """Fold the policy over anomalies given in order, with synthetic provenance.
+
+    An anomaly whose fold raises is skipped (the run's policy state stays as it was), as
+    the live policy would dead-letter it.
 
     Args:
         anomalies: Verdicts in the order the policy should see them.
         cfg: The configuration.
+        dead_letters: Where to append a dead letter per skipped anomaly (None: nowhere).
 
     Returns:
         The commands and the final policy state per run.
@@ -202,7 +329,15 @@ def policy_over(
         offset = offsets.get(partition, 0)
         offsets[partition] = offset + 1
         source = Provenance(topic=REPLAY_ANOMALIES_TOPIC, partition=partition, offset=offset)
-        state, new = fold_policy(states.get(anomaly.run_id), anomaly, source, cfg)
+        stage: DeadLetterStage = "fold"
+        try:
+            state, new = fold_policy(states.get(anomaly.run_id), anomaly, source, cfg)
+            stage = "encode"
+            encode_state(state)
+        except Exception as exc:
+            if dead_letters is not None:
+                dead_letters.append(stage_dead_letter(source, anomaly, anomaly.run_id, stage, exc))
+            continue
         states[anomaly.run_id] = state
         commands.extend(new)
     return commands, states
@@ -230,4 +365,5 @@ __all__ = [
     "Role",
     "policy_over",
     "replay",
+    "stage_dead_letter",
 ]

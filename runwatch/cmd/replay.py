@@ -64,6 +64,9 @@ def run(args: argparse.Namespace) -> int:
         f"{len(result.anomalies)} verdicts, {len(result.commands)} commands "
         "(+ new with these settings, - raised live only)"
     )
+    dead = log.dead_letters + sum(1 for d in result.dead_letters if d.run_id == args.run)
+    if dead:
+        print(f"{dead} records of this run dead-lettered (not replayed)")
     if args.output_topic:
         producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", **kafka_client_config())
         for event in [*result.anomalies, *result.commands]:

@@ -28,12 +28,15 @@ WAIT_S = 90.0
 @contextmanager
 def workers(
     bootstrap: str, prefix: str, tmp_path: Path, *, partitions: int, sets: Sequence[str] = ()
-) -> Iterator[Callable[[], ManagedProcess]]:
-    """Yield a function that starts one more worker of the same app; all stop at the end."""
+) -> Iterator[Callable[..., ManagedProcess]]:
+    """Yield a function that starts one more worker of the same app; all stop at the end.
+
+    ``start(env={...})`` adds variables to that worker's environment.
+    """
     started: list[ManagedProcess] = []
     app_id = f"{prefix}-app"
 
-    def start() -> ManagedProcess:
+    def start(env: dict[str, str] | None = None) -> ManagedProcess:
         args = [
             "processors",
             "--bootstrap",
@@ -51,9 +54,14 @@ def workers(
         ]
         for s in sets:
             args += ["--set", s]
-        env = {**os.environ, "RUNWATCH_COMMAND_KEY": COMMAND_KEY, "PYTHONUNBUFFERED": "1"}
+        full = {
+            **os.environ,
+            "RUNWATCH_COMMAND_KEY": COMMAND_KEY,
+            "PYTHONUNBUFFERED": "1",
+            **(env or {}),
+        }
         worker = ManagedProcess.runwatch(
-            f"worker{len(started)}", args, tmp_path / f"worker{len(started)}.log", env=env
+            f"worker{len(started)}", args, tmp_path / f"worker{len(started)}.log", env=full
         )
         started.append(worker)
         return worker

@@ -18,6 +18,7 @@ import duckdb
 import pytest
 from kafka import KafkaConsumer, TopicPartition
 
+from processors.fleet import wait_until_processed
 from runwatch.procs import ManagedProcess
 from schemas.topics import names
 from tests.integration.processors.harness import Reader, Trainer, workers
@@ -103,6 +104,11 @@ def test_archive_survives_sigkill_and_audits_like_kafka(
                 sinks = start_sinks(root)
         trainer.end("completed")
         anomalies.wait_for(lambda ev: any(getattr(e, "kind", "") == "loss_spike" for e in ev))
+        # stop the worker only once it has committed the whole run: an audit of a run whose
+        # last records were never processed is rightly PENDING, not a verdict
+        app_id = f"{topic_prefix}-app"
+        wait_until_processed(kafka_bootstrap, app_id, [t.steps, t.heartbeats, t.checkpoints])
+        wait_until_processed(kafka_bootstrap, app_id, [t.anomalies])
     trainer.close()
     anomalies.close()
     # the worker is stopped: no more ticks, so the log has an end to reach
