@@ -26,6 +26,8 @@ from schemas.events import (
     RunStarted,
     StepCompleted,
 )
+from schemas.topics import names
+from tests.integration.processors.harness import Reader
 
 from .conftest import REPO, Proc, of_run, rank_env, wait_events
 
@@ -156,3 +158,50 @@ def test_a_script_that_only_prints_is_watched_and_respawned(loop, tmp_path):
     assert all(b.pid > 0 for b in hb0 + hb1)
     record = (state_dir / "gang.json").read_text()
     assert '"incarnation": 1' in record and '"status": "completed"' in record
+
+
+def test_an_adopting_controller_goes_on_reading_the_log(
+    kafka_bootstrap, topic_prefix, make_topics, tmp_path
+):
+    """The launcher dies mid-run; `runwatch controller` adopts the gang and keeps speaking
+    for the script: no second RunStarted, steps from where it took over, the clean end.
+    (No processors here: the silence while nobody watched must not cost a respawn.)"""
+    make_topics(topic_prefix)
+    topics = names(topic_prefix)
+    run_id, state_dir = "adopted-printer", tmp_path / "state"
+    args = [
+        "launch",
+        *("--bootstrap", kafka_bootstrap, "--prefix", topic_prefix),
+        *("--nproc", "1", "--run-id", run_id, "--state-dir", str(state_dir)),
+        *("--log-format", "nanogpt"),
+        "--",
+        sys.executable,
+        str(SCRIPT),
+        *("--steps", str(STEPS), "--step-delay-s", "0.1"),
+    ]
+    steps = Reader(kafka_bootstrap, topics.steps)
+    launcher = Proc(args, tmp_path / "launcher.log", rank_env())
+    try:
+        wait_events(steps, of_run(run_id, StepCompleted), count=5)
+        launcher.kill()
+    finally:
+        launcher.close()
+    successor = Proc(
+        ["controller", "--state-dir", str(state_dir)], tmp_path / "controller.log", rank_env()
+    )
+    try:
+        assert successor.wait() == 0, successor.log()
+    finally:
+        successor.close()
+    events = [
+        e
+        for e in steps.wait_for(lambda ev: any(of_run(run_id, RunEnded)(e) for e in ev))
+        if e.run_id == run_id
+    ]
+    assert sum(isinstance(e, RunStarted) for e in events) == 1
+    assert isinstance(events[-1], RunEnded) and events[-1].status == "completed"
+    assert events[-1].final_step == STEPS
+    numbers = [e.step for e in events if isinstance(e, StepCompleted)]
+    assert numbers == sorted(set(numbers)) and numbers[-1] == STEPS
+    printed = dict(_printed(state_dir / "logs" / "inc0.rank0.log"))
+    assert all(printed[e.step] == e.loss for e in events if isinstance(e, StepCompleted))
