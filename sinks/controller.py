@@ -12,7 +12,9 @@ gang). Kafka use:
 * the controller topic: RestartCompleted, RestartFailed and CommandRejected, keyed by run
   id, with ``ts_ns`` the time of the event (controller-side facts, not verdicts);
 * RunEnded for an incarnation the controller ends (stopped for a restart, failed when a
-  dead gang got no command in time) goes through a `RunEmitter`, like a rank's would.
+  dead gang got no command in time) goes through a `RunEmitter`, like a rank's would;
+* a run launched with ``--log-format`` gets a `sinks.logwatch.LogWatch`, which turns rank
+  0's output into the run's events after every poll and hears of each RestartCompleted.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from schemas.signing import CommandKey
 from schemas.topics import names
 from sinks.command_gate import OwnedGang, decide
 from sinks.controller_state import GangRecord
+from sinks.logwatch import LogWatch
 from sinks.supervisor import RunSupervisor
 
 log = logging.getLogger(__name__)
@@ -101,6 +104,11 @@ class Controller:
         prefix: str,
     ) -> None:
         self.runs = {r.run_id: r for r in runs}
+        self.watches: dict[str, LogWatch] = {}
+        for run in runs:
+            watch = LogWatch.for_run(run)
+            if watch is not None:
+                self.watches[run.run_id] = watch
         self.keys = dict(keys)
         self.topics = names(prefix)
         self.stop_requested: int | None = None
@@ -142,6 +150,9 @@ class Controller:
             self.topics.controller, key=encode_key(event.run_id), value=encode(event)
         )
         future.get(timeout=30)
+        watch = self.watches.get(event.run_id)
+        if watch is not None:
+            watch.on_event(event)
 
     # ------------------------------------------------------------------ input
 
@@ -220,12 +231,17 @@ class Controller:
                 now_s = time.monotonic()
                 for run in self.runs.values():
                     run.observe(now_s)
+                    watch = self.watches.get(run.run_id)
+                    if watch is not None:
+                        watch.observe(run)
         finally:
             self.close()
         return 0 if all(r.record.status == "completed" for r in self.runs.values()) else 1
 
     def close(self) -> None:
-        """Close the Kafka clients."""
+        """Close the log watches' emitters and the Kafka clients."""
+        for watch in self.watches.values():
+            watch.close()
         self.consumer.close()
         self.producer.close(timeout=10)
 

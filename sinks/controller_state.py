@@ -69,6 +69,10 @@ class GangRecord(msgspec.Struct, frozen=True, kw_only=True):
         command_timeout_s: How long a dead gang waits for a command.
         rank_failure_budget: Failures a rank may cause before the gang shrinks.
         min_nproc: The gang never shrinks below this.
+        log_format: ``runwatch launch --log-format``: the controller turns rank 0's
+            output into the run's events (`sinks.logwatch`); None: the script emits them.
+        log_regex: The pattern for ``log_format="regex"``.
+        log_tokens_per_step: Tokens per step for step lines that do not say.
     """
 
     run_id: str
@@ -89,6 +93,9 @@ class GangRecord(msgspec.Struct, frozen=True, kw_only=True):
     command_timeout_s: float = 120.0
     rank_failure_budget: int = 2
     min_nproc: int = 1
+    log_format: str | None = None
+    log_regex: str | None = None
+    log_tokens_per_step: int = 0
 
 
 class ProcessedCommand(msgspec.Struct, frozen=True, kw_only=True):

@@ -1,4 +1,8 @@
-"""`runwatch launch`: start a torch gang the way torchrun does and serve its restart commands."""
+"""`runwatch launch`: start a torch gang the way torchrun does and serve its restart commands.
+
+With ``--log-format`` the script needs no runwatch code: the launcher turns rank 0's
+output into the run's events and heartbeats for its live ranks (`sinks.logwatch`).
+"""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ import secrets
 import time
 from pathlib import Path
 
+from producers.logtail import FORMATS
 from runwatch.errors import UsageError
 
 HELP = "start a gang of N ranks (torchrun-style) and execute the restart commands for its run"
@@ -57,6 +62,28 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--env", action="append", default=[], metavar="NAME=VALUE", help="extra rank variable"
     )
+    parser.add_argument(
+        "--log-format",
+        choices=FORMATS,
+        help="the script only prints: turn rank 0's step lines into step events (nanogpt: "
+        "`iter 12: loss 3.1, time 250.00ms` or `step 12 | loss: 3.1 | ... | dt: 250.00ms`; "
+        "seed: `step: 12, loss: 3.1, dt: 0.25`; regex: see --log-regex) and send RunStarted "
+        "and the live ranks' heartbeats for it",
+    )
+    parser.add_argument(
+        "--log-regex",
+        metavar="PATTERN",
+        help="for --log-format regex: a Python regex with named groups step and loss, "
+        "optionally step_time_s or dt (seconds) or time_ms, grad_norm and tokens",
+    )
+    parser.add_argument(
+        "--tokens-per-step",
+        type=int,
+        default=0,
+        metavar="N",
+        help="with --log-format: tokens the whole gang processes per step, for lines that "
+        "do not say (MFU needs it)",
+    )
     parser.add_argument("argv", nargs=argparse.REMAINDER, help="-- COMMAND ARGS...")
 
 
@@ -80,7 +107,31 @@ def _validate(args: argparse.Namespace) -> list[str]:
     for pair in args.env:
         if "=" not in pair:
             raise UsageError(f"--env expects NAME=VALUE, got {pair!r}")
+    if args.log_format is None:
+        if args.log_regex is not None or args.tokens_per_step:
+            raise UsageError("--log-regex and --tokens-per-step go with --log-format")
+    else:
+        from producers.logtail import make_parser
+
+        try:
+            make_parser(args.log_format, args.log_regex)
+        except ValueError as exc:
+            message = (
+                str(exc).replace("--regex", "--log-regex").replace("--format ", "--log-format ")
+            )
+            raise UsageError(message) from None
+        if args.tokens_per_step < 0:
+            raise UsageError(f"--tokens-per-step must be >= 0, got {args.tokens_per_step}")
     return argv
+
+
+def _rank_extra_env(args: argparse.Namespace) -> dict[str, str]:
+    env = dict(pair.split("=", 1) for pair in args.env)
+    if args.log_format is not None:
+        # Python block-buffers a redirected stdout: without this the step lines would reach
+        # the log file (and the processors) in 4 KiB bursts. An explicit --env wins.
+        env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
 
 
 def run(args: argparse.Namespace) -> int:
@@ -125,7 +176,7 @@ def run(args: argparse.Namespace) -> int:
         bootstrap=bootstrap,
         prefix=prefix,
         checkpoint_dir=str(args.checkpoint_dir.resolve()) if args.checkpoint_dir else None,
-        env=dict(pair.split("=", 1) for pair in args.env),
+        env=_rank_extra_env(args),
         # A relaunch of a run id continues its incarnations: the processors' policy issues
         # at most one command per (run, incarnation), so incarnation 0 again would get none.
         incarnation=0 if previous is None else previous.incarnation + 1,
@@ -134,13 +185,17 @@ def run(args: argparse.Namespace) -> int:
         command_timeout_s=args.command_timeout,
         rank_failure_budget=args.rank_failure_budget,
         min_nproc=args.min_nproc,
+        log_format=args.log_format,
+        log_regex=args.log_regex,
+        log_tokens_per_step=args.tokens_per_step,
     )
     state.save_gang(record)
     controller, (supervisor,) = make_controller([state], keys, bootstrap, prefix)
     supervisor.launch(None)
     print(
         f"runwatch launch: run {run_id}, {args.nproc} ranks, incarnation {record.incarnation}, "
-        f"state {state_dir} (pid {os.getpid()})",
+        f"state {state_dir} (pid {os.getpid()})"
+        + (f", events from rank 0's {args.log_format} log lines" if args.log_format else ""),
         flush=True,
     )
     return controller.serve()
