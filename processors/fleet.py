@@ -133,7 +133,9 @@ def wait_until_processed(
 
     from runwatch.settings import kafka_client_config
 
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, **kafka_client_config())
+    consumer = KafkaConsumer(
+        bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False, **kafka_client_config()
+    )
     try:
         parts = [
             TopicPartition(t, p) for t in topics for p in consumer.partitions_for_topic(t) or ()

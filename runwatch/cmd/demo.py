@@ -21,6 +21,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, default=600.0, metavar="SECONDS")
 
 
+def kafka_bootstrap(args: argparse.Namespace) -> str | None:
+    """The broker the CLI checks before the demo: only one given; else the demo starts one."""
+    return str(args.bootstrap) if args.bootstrap else None
+
+
 def run(args: argparse.Namespace) -> int:
     """Validate the arguments and run the demo."""
     from runwatch.demo import DemoConfig, run_demo
