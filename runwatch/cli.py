@@ -98,8 +98,8 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
 
     def _format_action(self, action: argparse.Action) -> str:
         if action.help is None and _shows_default(action):
-            action = copy.copy(action)
-            action.help = ""
+            action = copy.copy(action)  # the parser's own action stays as it was
+            action.help = "(default: %(default)s)"
         return super()._format_action(action)
 
     def _get_help_string(self, action: argparse.Action) -> str:

@@ -19,7 +19,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--output-topic",
         help="also write the replayed verdicts to this topic (never a live runwatch topic)",
     )
-    parser.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="give up reading the log when it makes no progress this long",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
