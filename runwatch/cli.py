@@ -6,9 +6,9 @@ Besides dispatching, this module owns what every command shares:
   faust client libraries kept off the screen unless ``-v`` / ``-vv`` asks for them;
 * errors as one line (`main`): `RunwatchError` and the client libraries' exceptions become
   ``runwatch COMMAND: message`` and an exit status, never a traceback;
-* a bounded check that Kafka answers (`kafka_bootstrap` + `runwatch.reachability`) before a
-  command that talks to Kafka starts its clients, so an unreachable broker is reported
-  within seconds instead of after a client's retries;
+* (with `runwatch.settings.resolve_bootstrap`, which every command that talks to Kafka
+  calls once its arguments are checked) a bounded check that Kafka answers before the
+  command starts its clients, so an unreachable broker is reported within seconds;
 * help that shows every option's default (`HelpFormatter`).
 """
 
@@ -18,13 +18,14 @@ import argparse
 import copy
 import importlib
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
 
 from runwatch import __version__
-from runwatch.errors import RunwatchError, UsageError, kafka_error
+from runwatch.errors import RunwatchError, kafka_error
 
 # Subcommand name -> module. A module that does not exist yet is simply not offered.
 COMMANDS: dict[str, str] = {
@@ -159,35 +160,15 @@ def build_parser() -> argparse.ArgumentParser:
             "-v", "--verbose", action="count", default=argparse.SUPPRESS, help=_VERBOSE_HELP
         )
         module.configure(child)
-        child.set_defaults(_run=module.run, _module=module)
+        child.set_defaults(_run=module.run)
     return parser
 
 
-def default_kafka_bootstrap(args: argparse.Namespace) -> str | None:
-    """Where a command that takes ``--bootstrap`` finds Kafka: `resolve_bootstrap`'s answer.
+def _bootstrap_hint(args: argparse.Namespace) -> str | None:
+    """The address a command was pointed at, for messages (it may have resolved another)."""
+    from runwatch.settings import ENV_BOOTSTRAP
 
-    None for a command without ``--bootstrap``, one reading an archive (``--from-archive``)
-    and one with no broker configured at all (it reports that itself, as a usage error).
-    """
-    if not hasattr(args, "bootstrap") or getattr(args, "from_archive", None):
-        return None
-    from runwatch.settings import resolve_bootstrap
-
-    try:
-        return resolve_bootstrap(args.bootstrap)
-    except UsageError:
-        return None
-
-
-def kafka_bootstrap(args: argparse.Namespace) -> str | None:
-    """The Kafka address the chosen command will use, or None if it uses none (yet).
-
-    A command module may say it itself with a ``kafka_bootstrap(args)`` function (the
-    demo starts its own broker unless given one); otherwise `default_kafka_bootstrap`.
-    """
-    own = getattr(getattr(args, "_module", None), "kafka_bootstrap", None)
-    result = own(args) if callable(own) else default_kafka_bootstrap(args)
-    return None if result is None else str(result)
+    return getattr(args, "bootstrap", None) or os.environ.get(ENV_BOOTSTRAP) or None
 
 
 def _fail(command: str, error: RunwatchError) -> int:
@@ -203,13 +184,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if getattr(args, "_run", None) is None:
         parser.print_help()
         return 2
-    bootstrap: str | None = None
     try:
-        bootstrap = kafka_bootstrap(args)
-        if bootstrap is not None:
-            from runwatch.reachability import check_reachable
-
-            check_reachable(bootstrap)
         return int(args._run(args))
     except RunwatchError as exc:
         return _fail(args.command, exc)
@@ -220,7 +195,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.close()
         return 0
     except Exception as exc:
-        mapped = kafka_error(exc, bootstrap)
+        mapped = kafka_error(exc, _bootstrap_hint(args))
         if mapped is None:
             raise
         logging.getLogger("runwatch").debug("client error", exc_info=True)

@@ -105,16 +105,9 @@ def _state_dirs(root: Path) -> list[Path]:
     return sorted(p.parent for p in root.glob(f"*/{GANG_FILE}"))
 
 
-def kafka_bootstrap(args: argparse.Namespace) -> str | None:
-    """The broker the CLI checks before the command: ``--bootstrap`` if given.
-
-    Without it the broker comes from the gang records, and `run` checks it once read.
-    """
-    return str(args.bootstrap) if args.bootstrap else None
-
-
 def run(args: argparse.Namespace) -> int:
     """Adopt every running gang under ``--state-dir`` and serve until they all ended."""
+    from runwatch.reachability import check_reachable
     from runwatch.settings import topic_prefix
     from sinks.controller_state import ControllerState, StateLocked, lock_state_dir
 
@@ -141,10 +134,7 @@ def run(args: argparse.Namespace) -> int:
     if len(bootstraps) > 1 or len(prefixes) > 1:
         raise UsageError("the gangs use several brokers or prefixes: adopt them one by one")
     bootstrap = args.bootstrap or bootstraps.pop()
-    if not args.bootstrap:
-        from runwatch.reachability import check_reachable
-
-        check_reachable(bootstrap)
+    check_reachable(bootstrap)  # the records' broker is not resolved by resolve_bootstrap
     prefix = topic_prefix(args.prefix or prefixes.pop())
     keys = load_keys()
     controller, runs = make_controller(states, keys, bootstrap, prefix)

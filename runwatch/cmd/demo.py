@@ -21,14 +21,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, default=600.0, metavar="SECONDS")
 
 
-def kafka_bootstrap(args: argparse.Namespace) -> str | None:
-    """The broker the CLI checks before the demo: only one given; else the demo starts one."""
-    return str(args.bootstrap) if args.bootstrap else None
-
-
 def run(args: argparse.Namespace) -> int:
     """Validate the arguments and run the demo."""
     from runwatch.demo import DemoConfig, run_demo
+    from runwatch.settings import resolve_bootstrap
 
     if not 1 <= args.runs <= 8:
         raise UsageError("--runs must be between 1 and 8")
@@ -41,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
         runs=args.runs,
         steps=args.steps,
         nproc=args.nproc,
-        bootstrap=args.bootstrap,
+        bootstrap=resolve_bootstrap(args.bootstrap) if args.bootstrap else None,  # checked
         workdir=workdir.absolute(),
         timeout_s=args.timeout,
     )
