@@ -83,6 +83,40 @@ def test_processors_tail_log_and_status_on_one_prefix(
     assert b"\x1b" not in output, output[-400:]
 
 
+def test_processors_output_holds_no_terminal_codes(
+    kafka_bootstrap: str, make_topics, topic_prefix: str, tmp_path: Path
+) -> None:
+    """faust's spinner wrote ESC[?25l / ESC[?25h into the worker's redirected stdout."""
+    from processors.fleet import latest_states
+
+    make_topics(topic_prefix, partitions=1)
+    app_id = f"{topic_prefix}-app"
+    worker = ManagedProcess.runwatch(
+        "processors",
+        ["processors", "--bootstrap", kafka_bootstrap, "--prefix", topic_prefix,
+         "--app-id", app_id, "--partitions", "1", "--tick-interval", "0.5"],
+        tmp_path / "processors.log",
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )  # fmt: skip
+    try:
+        log = tmp_path / "train.log"
+        log.write_text("step: 0, loss: 3.0, dt: 0.25\nstep: 1, loss: 2.9, dt: 0.25\n")
+        tail = runwatch(
+            "tail-log", str(log), "--run-id", "esc-run", "--bootstrap", kafka_bootstrap,
+            "--prefix", topic_prefix, "--format", "seed", "--from-start", "--exit-at-eof",
+        )  # fmt: skip
+        assert tail.returncode == 0, tail.stderr
+        deadline = time.monotonic() + WAIT_S
+        while "esc-run" not in latest_states(kafka_bootstrap, app_id):
+            assert worker.returncode is None, worker.log_tail()
+            assert time.monotonic() < deadline, "the processors never folded the run"
+            time.sleep(1.0)  # the processors publish their tables on their own schedule
+    finally:
+        worker.stop()
+    output = worker.log_path.read_bytes()
+    assert b"\x1b" not in output, output[-400:]
+
+
 def test_sinks_help_shows_defaults() -> None:
     text = " ".join(runwatch("sinks", "--help").stdout.split())
     assert "--webhook-attempts WEBHOOK_ATTEMPTS (default: 5)" in text

@@ -71,8 +71,8 @@ def test_the_fleet_reader_asks_for_no_auto_commit(kafka_bootstrap: str, make_top
     """The consumer behind the demo's wait for the processors warned into its live view."""
     specs = make_topics(topic_prefix, partitions=1)
     code = (
-        "from runwatch.cli import setup_logging\n"
-        "setup_logging(1)\n"
+        "import logging\n"
+        "logging.basicConfig(level=logging.INFO)\n"
         "from processors.fleet import wait_until_processed\n"
         f"wait_until_processed({kafka_bootstrap!r}, 'none-app', [{specs[0].name!r}])\n"
     )
