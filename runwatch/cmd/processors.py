@@ -98,7 +98,7 @@ def make_worker(app: Any) -> Any:
     """
     from faust.worker import Worker
 
-    class _Worker(Worker):  # type: ignore[misc]
+    class _Worker(Worker):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self.spinner = None  # faust creates it unconditionally; we never draw one
