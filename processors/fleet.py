@@ -16,6 +16,16 @@ from processors.logread import read_history
 from processors.settings import changelog_topic
 
 
+def default_app_id(prefix: str) -> str:
+    """The processors' app id for a topic prefix when none is given: ``<prefix>-processors``.
+
+    For the default prefix this is `processors.settings.DEFAULT_APP_ID`
+    (``runwatch-processors``); fleets on other prefixes get their own consumer group and
+    changelog topics, and `runwatch status --prefix P` finds the fleet of prefix P.
+    """
+    return f"{prefix}-processors"
+
+
 class RunView(msgspec.Struct, kw_only=True):
     """One run as the processors see it (absent parts are None)."""
 
@@ -133,7 +143,12 @@ def wait_until_processed(
 
     from runwatch.settings import kafka_client_config
 
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, **kafka_client_config())
+    consumer = KafkaConsumer(
+        bootstrap_servers=bootstrap,
+        group_id=None,
+        enable_auto_commit=False,  # no group: nothing to commit (and no warning saying so)
+        **kafka_client_config(),
+    )
     try:
         parts = [
             TopicPartition(t, p) for t in topics for p in consumer.partitions_for_topic(t) or ()

@@ -13,6 +13,9 @@ Pure functions of one line: no files, no Kafka. Three formats:
     A custom pattern with named groups ``step`` and ``loss`` and, optionally, one of
     ``step_time_s`` / ``dt`` (seconds) or ``time_ms``, and ``grad_norm`` and ``tokens``.
 
+`DetectingParser` tells ``nanogpt`` from ``seed`` by itself: it tries each format's parser
+on the lines until one recognises a step line, then keeps that format.
+
 Losses and norms spelled ``nan``, ``inf``, ``-inf`` (any case) parse to those floats and
 are kept: a NaN loss is the line that matters most.
 """
@@ -20,7 +23,7 @@ are kept: a NaN loss is the line that matters most.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -29,6 +32,9 @@ FLOAT_PATTERN: Final = r"[-+]?(?:nan|inf(?:inity)?|(?:\d+\.?\d*|\.\d+)(?:[eE][-+
 
 FORMATS: Final = ("nanogpt", "seed", "regex")
 """The ``--format`` values."""
+
+DETECTABLE_FORMATS: Final = ("nanogpt", "seed")
+"""The formats `detect_format` and `DetectingParser` recognise, tried in this order."""
 
 REQUIRED_GROUPS: Final = frozenset({"step", "loss"})
 OPTIONAL_GROUPS: Final = frozenset({"step_time_s", "dt", "time_ms", "grad_norm", "tokens"})
@@ -152,12 +158,65 @@ def make_parser(fmt: str, regex: str | None = None) -> LineParser:
     return LineParser("regex", [pattern])
 
 
+def detect_format(lines: Iterable[str]) -> str | None:
+    """The format of the first of ``lines`` that a `DETECTABLE_FORMATS` parser recognises.
+
+    Args:
+        lines: Log lines, e.g. the first lines of a file (banners and evals are skipped).
+
+    Returns:
+        ``nanogpt`` or ``seed``; None when no line is a step line of either.
+    """
+    parsers = [make_parser(fmt) for fmt in DETECTABLE_FORMATS]
+    for line in lines:
+        for parser in parsers:
+            if parser.parse(line) is not None:
+                return parser.name
+    return None
+
+
+class DetectingParser:
+    """A parser that finds its format in the lines it is given (`detect_format`).
+
+    Until a line is recognised, every line yields None; the first step line of either
+    detectable format fixes the format, and that line and all later ones are parsed with
+    it alone (a line of the other format afterwards is not a step).
+
+    Attributes:
+        detected: The parser of the detected format; None until then.
+    """
+
+    def __init__(self, on_detect: Callable[[str, str], None] | None = None) -> None:
+        """Optionally call ``on_detect(format, line)`` once, when the format is found."""
+        self._on_detect = on_detect
+        self.detected: LineParser | None = None
+
+    @property
+    def name(self) -> str:
+        """The detected format's name, or ``auto`` before detection."""
+        return "auto" if self.detected is None else self.detected.name
+
+    def parse(self, line: str) -> ParsedStep | None:
+        """The step ``line`` reports, detecting the format on the first step line."""
+        if self.detected is None:
+            fmt = detect_format([line])
+            if fmt is None:
+                return None
+            self.detected = make_parser(fmt)
+            if self._on_detect is not None:
+                self._on_detect(fmt, line)
+        return self.detected.parse(line)
+
+
 __all__ = [
+    "DETECTABLE_FORMATS",
     "FLOAT_PATTERN",
     "FORMATS",
     "OPTIONAL_GROUPS",
     "REQUIRED_GROUPS",
+    "DetectingParser",
     "LineParser",
     "ParsedStep",
+    "detect_format",
     "make_parser",
 ]

@@ -50,15 +50,31 @@ def topic_prefix(explicit: str | None = None) -> str:
     return explicit or os.environ.get(ENV_TOPIC_PREFIX) or "runwatch"
 
 
-def resolve_bootstrap(explicit: str | None = None) -> str:
-    """The Kafka bootstrap address to use.
+def resolve_bootstrap(explicit: str | None = None, *, check: bool = True) -> str:
+    """The Kafka bootstrap address to use, checked to answer (within seconds) by default.
 
     Order: the explicit argument, `RUNWATCH_BOOTSTRAP`, then the embedded broker started by
-    `runwatch broker start` if it is running.
+    `runwatch broker start` if it is running. Every command that talks to Kafka calls this
+    once its arguments are valid, so the check (`runwatch.reachability.check_reachable`)
+    reports a broker that is down before any client starts retrying.
+
+    Args:
+        explicit: ``--bootstrap``, if given.
+        check: Check that a broker answers there.
 
     Raises:
-        UsageError: when none of them gives an address.
+        UsageError: when none of them gives an address, or it is malformed.
+        BrokerUnreachable: ``check`` and no broker answers at the address.
     """
+    address = _find_bootstrap(explicit)
+    if check:
+        from runwatch.reachability import check_reachable
+
+        check_reachable(address)
+    return address
+
+
+def _find_bootstrap(explicit: str | None) -> str:
     if explicit:
         return explicit
     env = os.environ.get(ENV_BOOTSTRAP)

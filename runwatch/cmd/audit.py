@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from runwatch.cmd.processors import add_common, detector_config, parse_overrides
-from runwatch.errors import UsageError
+from runwatch.errors import BrokerUnreachable, UsageError
 
 if TYPE_CHECKING:
     from processors.audit import AuditReceipt, RunLog
@@ -33,6 +33,7 @@ EXIT_CODES = f"""exit status:
   2  usage error
   {EXIT_PENDING}  PENDING    the processors (--app-id) have not processed all of the run's
                 records within --wait; run again later (--all: none disagrees)
+  {BrokerUnreachable.exit_code}  no Kafka broker answers at the bootstrap address
 """
 DEFAULT_WAIT_S = 30.0
 
@@ -42,7 +43,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
     from processors.settings import DEFAULT_APP_ID
 
     parser.epilog = EXIT_CODES
-    parser.formatter_class = argparse.RawDescriptionHelpFormatter
     which = parser.add_mutually_exclusive_group(required=True)
     which.add_argument("--run", help="run id")
     which.add_argument(
@@ -51,9 +51,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add_common(parser)
     parser.add_argument(
         "--app-id",
-        default=DEFAULT_APP_ID,
         help="the processors' app id (their consumer group): its committed offsets say "
-        f"whether the run's records were processed (default: {DEFAULT_APP_ID})",
+        "whether the run's records were processed (default: <prefix>-processors, as for "
+        f"`runwatch processors`; {DEFAULT_APP_ID} for the default prefix)",
     )
     parser.add_argument(
         "--wait",
@@ -235,9 +235,11 @@ def _as_json(receipt: AuditReceipt) -> dict[str, object]:
 def run(args: argparse.Namespace) -> int:
     """Load the run's log (or every run's), audit it, print the receipt(s)."""
     from processors.audit import audit, audit_all, load_run_log
+    from processors.fleet import default_app_id
     from runwatch.settings import resolve_bootstrap, topic_prefix
 
     cfg = detector_config(parse_overrides(args.overrides))
+    group = args.app_id or default_app_id(topic_prefix(args.prefix))
     if args.wait < 0 or args.timeout <= 0:
         raise UsageError("--wait must be >= 0 and --timeout > 0")
     if args.all:
@@ -248,7 +250,7 @@ def run(args: argparse.Namespace) -> int:
             topic_prefix(args.prefix),
             cfg,  # type: ignore[arg-type]
             timeout_s=args.timeout,
-            group=args.app_id,
+            group=group,
             wait_s=args.wait,
         )
         if not receipts:
@@ -267,7 +269,7 @@ def run(args: argparse.Namespace) -> int:
             topic_prefix(args.prefix),
             args.run,
             timeout_s=args.timeout,
-            group=args.app_id,
+            group=group,
             wait_s=args.wait,
         )
     if not log.inputs:

@@ -38,15 +38,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     start.add_argument(
         "--port", type=int, default=None, help="client port (default: a free one, kept)"
     )
-    start.add_argument(
-        "--timeout", type=float, default=120.0, metavar="S", help="seconds to wait (120)"
-    )
+    start.add_argument("--timeout", type=float, default=120.0, metavar="S", help="seconds to wait")
     add("stop", "stop the broker (SIGTERM, then SIGKILL after --timeout)").add_argument(
-        "--timeout", type=float, default=30.0, metavar="S", help="seconds to wait (30)"
+        "--timeout", type=float, default=30.0, metavar="S", help="seconds to wait"
     )
     add("status", "print the broker's host:port; exit 0 if it runs, 1 if not")
     logs = add("logs", "print the broker's log (logs/server.log in the data dir)")
-    logs.add_argument("-n", "--lines", type=int, default=50, help="last N lines (50)")
+    logs.add_argument("-n", "--lines", type=int, default=50, help="last N lines")
     logs.add_argument("-f", "--follow", action="store_true", help="keep printing new lines")
 
 

@@ -107,6 +107,7 @@ def _state_dirs(root: Path) -> list[Path]:
 
 def run(args: argparse.Namespace) -> int:
     """Adopt every running gang under ``--state-dir`` and serve until they all ended."""
+    from runwatch.reachability import check_reachable
     from runwatch.settings import topic_prefix
     from sinks.controller_state import ControllerState, StateLocked, lock_state_dir
 
@@ -133,6 +134,7 @@ def run(args: argparse.Namespace) -> int:
     if len(bootstraps) > 1 or len(prefixes) > 1:
         raise UsageError("the gangs use several brokers or prefixes: adopt them one by one")
     bootstrap = args.bootstrap or bootstraps.pop()
+    check_reachable(bootstrap)  # the records' broker is not resolved by resolve_bootstrap
     prefix = topic_prefix(args.prefix or prefixes.pop())
     keys = load_keys()
     controller, runs = make_controller(states, keys, bootstrap, prefix)

@@ -24,6 +24,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Validate the arguments and run the demo."""
     from runwatch.demo import DemoConfig, run_demo
+    from runwatch.settings import resolve_bootstrap
 
     if not 1 <= args.runs <= 8:
         raise UsageError("--runs must be between 1 and 8")
@@ -36,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
         runs=args.runs,
         steps=args.steps,
         nproc=args.nproc,
-        bootstrap=args.bootstrap,
+        bootstrap=resolve_bootstrap(args.bootstrap) if args.bootstrap else None,  # checked
         workdir=workdir.absolute(),
         timeout_s=args.timeout,
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+from typing import Any
 
 from runwatch.errors import UsageError
 
@@ -26,7 +27,9 @@ def add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--bootstrap", help="Kafka bootstrap HOST:PORT (default: RUNWATCH_BOOTSTRAP)"
     )
-    parser.add_argument("--prefix", help="topic name prefix (default: runwatch)")
+    parser.add_argument(
+        "--prefix", help="topic name prefix (default: $RUNWATCH_TOPIC_PREFIX or runwatch)"
+    )
     parser.add_argument(
         "--set",
         dest="overrides",
@@ -39,14 +42,30 @@ def add_common(parser: argparse.ArgumentParser) -> None:
 
 def configure(parser: argparse.ArgumentParser) -> None:
     """Add the arguments of `runwatch processors`."""
-    from processors.settings import DEFAULT_APP_ID
     from schemas.topics import DEFAULT_PARTITIONS
 
     add_common(parser)
-    parser.add_argument("--app-id", default=DEFAULT_APP_ID, help="consumer group / app id")
-    parser.add_argument("--partitions", type=int, default=DEFAULT_PARTITIONS)
-    parser.add_argument("--tick-interval", type=float, default=1.0, metavar="SECONDS")
-    parser.add_argument("--batch-max", type=int, default=5000)
+    parser.add_argument(
+        "--app-id",
+        help="consumer group and changelog prefix; workers with the same id share the work "
+        "(default: <prefix>-processors)",
+    )
+    parser.add_argument(
+        "--partitions",
+        type=int,
+        default=DEFAULT_PARTITIONS,
+        help="partitions of the topics it creates when they do not exist",
+    )
+    parser.add_argument(
+        "--tick-interval",
+        type=float,
+        default=1.0,
+        metavar="SECONDS",
+        help="how often the clock writes a tick (the time liveness checks read)",
+    )
+    parser.add_argument(
+        "--batch-max", type=int, default=5000, help="most records an agent folds at once"
+    )
     parser.add_argument(
         "--session-timeout",
         type=float,
@@ -54,8 +73,41 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="failover time: a worker silent this long loses its partitions to the others",
     )
-    parser.add_argument("--web-port", type=int, default=None, help="faust web server port")
-    parser.add_argument("--loglevel", default="warn", choices=["debug", "info", "warn", "error"])
+    parser.add_argument(
+        "--web-port", type=int, default=None, help="faust web server port (default: no server)"
+    )
+    parser.add_argument(
+        "--loglevel",
+        default=None,
+        choices=["debug", "info", "warn", "error"],
+        help="level of faust's and aiokafka's loggers (default: from -v; none without it)",
+    )
+
+
+_LIBRARY_LOGGERS = ("faust", "mode", "aiokafka")
+_LOGLEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warn": logging.WARNING}
+
+
+def make_worker(app: Any) -> Any:
+    """A faust worker that leaves logging and the terminal to the runwatch command line.
+
+    faust's own worker replaces the logging set up by `runwatch.cli` (root at DEBUG with a
+    handler on stdout) and draws a progress spinner whose cursor codes (``ESC[?25l``,
+    ``ESC[?25h``) it writes even when stdout is a file or a pipe. This one keeps our
+    logging (``override_logging=False``) and draws no spinner.
+    """
+    from faust.worker import Worker
+
+    class _Worker(Worker):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.spinner = None  # faust creates it unconditionally; we never draw one
+
+        async def on_startup_finished(self) -> None:
+            await super().on_startup_finished()
+            logging.getLogger("runwatch").info("processors ready (app id %s)", self.app.conf.id)
+
+    return _Worker(app, quiet=True, override_logging=False)
 
 
 def detector_config(overrides: dict[str, str]) -> object:
@@ -70,9 +122,8 @@ def detector_config(overrides: dict[str, str]) -> object:
 
 def run(args: argparse.Namespace) -> int:
     """Create the topics if needed, then run a faust worker until stopped."""
-    from faust.worker import Worker
-
     from processors.app import create_app
+    from processors.fleet import default_app_id
     from processors.settings import ProcessorSettings
     from runwatch.admin import create_catalogue
     from runwatch.settings import faust_broker_settings, resolve_bootstrap, topic_prefix
@@ -102,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
     settings = ProcessorSettings(
         bootstrap=bootstrap,
         prefix=prefix,
-        app_id=args.app_id,
+        app_id=args.app_id or default_app_id(prefix),
         partitions=args.partitions,
         batch_max=args.batch_max,
         tick_interval_s=args.tick_interval,
@@ -110,7 +161,9 @@ def run(args: argparse.Namespace) -> int:
         web_port=args.web_port,
         overrides=overrides,
     )
+    if args.loglevel is not None:
+        for name in _LIBRARY_LOGGERS:
+            logging.getLogger(name).setLevel(_LOGLEVELS.get(args.loglevel, logging.ERROR))
     app = create_app(settings, cfg, key)  # type: ignore[arg-type]
-    worker = Worker(app, loglevel=args.loglevel, quiet=True)
-    worker.execute_from_commandline()
+    make_worker(app).execute_from_commandline()
     return 0

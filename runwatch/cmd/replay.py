@@ -19,7 +19,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--output-topic",
         help="also write the replayed verdicts to this topic (never a live runwatch topic)",
     )
-    parser.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="give up reading the log when it makes no progress this long",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -51,8 +57,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"replay of run {args.run} with config {result.config_hash}:")
     for a in result.anomalies:
         mark = " " if (a.kind, a.step, a.rank) in live else "+"
-        rank = "" if a.rank is None else f" rank {a.rank}"
-        print(f" {mark} step {a.step:>7} {a.kind:<22}{rank}  {a.detail}")
+        where = "" if a.rank is None else f" rank {a.rank}"
+        print(f" {mark} step {a.step:>7} {a.kind:<22}{where}  {a.detail}")
     for kind, step, rank in sorted(live - replayed, key=lambda t: (t[1], t[0])):
         print(f" - step {step:>7} {kind:<22}{'' if rank is None else f' rank {rank}'}  (live only)")
     for c in result.commands:

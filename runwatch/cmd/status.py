@@ -9,10 +9,19 @@ HELP = "show every run the processors know: step, loss, MFU, live ranks, anomali
 
 def configure(parser: argparse.ArgumentParser) -> None:
     """Add the arguments of `runwatch status`."""
-    from processors.settings import DEFAULT_APP_ID
-
-    parser.add_argument("--bootstrap", help="Kafka bootstrap HOST:PORT")
-    parser.add_argument("--app-id", default=DEFAULT_APP_ID, help="the processors' app id")
+    parser.add_argument(
+        "--bootstrap", help="Kafka bootstrap HOST:PORT (default: RUNWATCH_BOOTSTRAP)"
+    )
+    parser.add_argument(
+        "--prefix",
+        "--topic-prefix",
+        dest="prefix",
+        help="topic name prefix of the fleet (default: $RUNWATCH_TOPIC_PREFIX or runwatch)",
+    )
+    parser.add_argument(
+        "--app-id",
+        help="the processors' app id (default: <prefix>-processors, as `runwatch processors`)",
+    )
     parser.add_argument("--run", help="only this run")
     parser.add_argument("--json", action="store_true", help="one JSON object per run")
 
@@ -46,17 +55,18 @@ def run(args: argparse.Namespace) -> int:
     """Read the changelogs and print one line per run."""
     import msgspec
 
-    from processors.fleet import latest_states, summarize
-    from runwatch.settings import resolve_bootstrap
+    from processors.fleet import default_app_id, latest_states, summarize
+    from runwatch.settings import resolve_bootstrap, topic_prefix
 
-    views = latest_states(resolve_bootstrap(args.bootstrap), args.app_id)
+    app_id = args.app_id or default_app_id(topic_prefix(args.prefix))
+    views = latest_states(resolve_bootstrap(args.bootstrap), app_id)
     rows = [summarize(v) for k, v in views.items() if args.run in (None, k)]
     if args.json:
         for row in rows:
             print(msgspec.json.encode(row).decode())
         return 0
     if not rows:
-        print(f"no runs known to the processors (app id {args.app_id})")
+        print(f"no runs known to the processors (app id {app_id})")
         return 0 if args.run is None else 1
     print(HEADER)
     for row in rows:

@@ -32,11 +32,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--run-id", help="the run the lines belong to (default: $RUNWATCH_RUN_ID)")
     parser.add_argument(
         "--format",
-        required=True,
+        default=None,
         metavar="FORMAT",
         help="nanogpt (`iter 12: loss 3.1, time 250.00ms, ...` and build-nanogpt's "
         "`step 12 | loss: 3.1 | ... | dt: 250.00ms`), seed (`step: 12, loss: 3.1, dt: 0.25`) "
-        "or regex (see --regex)",
+        "or regex (see --regex) (default: regex with --regex, else detected: nanogpt or seed, "
+        "from the first step line read)",
     )
     parser.add_argument(
         "--regex",
@@ -114,14 +115,22 @@ def _stop_on_signals(stop: threading.Event) -> Iterator[None]:
             signal.signal(sig, old)
 
 
+def _say_detected(fmt: str, line: str) -> None:
+    print(f"tail-log: detected the {fmt} format from {line.strip()!r}", file=sys.stderr)
+
+
 def run(args: argparse.Namespace) -> int:
     """Follow the file and send its steps; returns 0 when everything was delivered."""
-    from producers.logtail import make_parser
+    from producers.logtail import DetectingParser, LineParser, make_parser
 
-    try:
-        line_parser = make_parser(args.format, args.regex)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
+    line_parser: LineParser | DetectingParser
+    if args.format is None and args.regex is None:
+        line_parser = DetectingParser(on_detect=_say_detected)
+    else:
+        try:
+            line_parser = make_parser(args.format or "regex", args.regex)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
     path = Path(args.file)
     if not path.exists():
         raise UsageError(f"no such file: {path}")
@@ -178,6 +187,12 @@ def run(args: argparse.Namespace) -> int:
     finally:
         delivered = emitter.close(args.close_timeout_s)
     stats = emitter.stats
+    if isinstance(line_parser, DetectingParser) and line_parser.detected is None:
+        print(
+            "tail-log: no step line recognised (tried the nanogpt and seed formats); "
+            "pass --format, or --regex for another format",
+            file=sys.stderr,
+        )
     print(
         f"tail-log: {steps} step(s) from {path} for run {run_id}: {stats.delivered} event(s) "
         f"delivered, {stats.dropped} dropped, {stats.failed} failed, {stats.buffered} undelivered"

@@ -23,7 +23,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
             help="Kafka address (default: $RUNWATCH_BOOTSTRAP, else the embedded broker)",
         )
         child.add_argument(
-            "--timeout", type=float, default=30.0, metavar="S", help="seconds to wait (30)"
+            "--timeout", type=float, default=30.0, metavar="S", help="seconds to wait"
         )
         return child
 
@@ -34,12 +34,26 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="topic name prefix (default: $RUNWATCH_TOPIC_PREFIX or runwatch)",
     )
     create.add_argument(
-        "--partitions", type=int, default=None, help="partitions per topic (catalogue default)"
+        "--partitions",
+        type=int,
+        default=None,
+        help="partitions per topic (default: the catalogue's)",
     )
     listing = add("list", "list topics and their partition counts")
     listing.add_argument(
+        "--prefix",
+        default=None,
+        help="only the topics of this prefix: PREFIX.* and PREFIX-* (the processors' "
+        "changelogs) (default: every topic)",
+    )
+    listing.add_argument(
         "--all", action="store_true", help="include internal topics (__consumer_offsets ...)"
     )
+
+
+def of_prefix(topic: str, prefix: str) -> bool:
+    """True for the topics of ``prefix``: ``PREFIX.<name>`` and ``PREFIX-...`` changelogs."""
+    return topic.startswith((f"{prefix}.", f"{prefix}-"))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -65,6 +79,8 @@ def run(args: argparse.Namespace) -> int:
     if args.action == "list":
         topics = admin.list_topics(bootstrap, include_internal=args.all, timeout_s=args.timeout)
         for name, partitions in topics.items():
+            if args.prefix is not None and not of_prefix(name, args.prefix):
+                continue
             print(f"{name}\t{partitions}")
         return 0
     raise UsageError(f"unknown action {args.action!r}")

@@ -49,8 +49,8 @@ def test_missing_run_id(
     assert code == 2 and "--run-id" in capsys.readouterr().err
 
 
-def test_format_is_required(log: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as info:
-        main(["tail-log", str(log), "--run-id", "r"])
-    assert info.value.code == 2
-    assert "--format" in capsys.readouterr().err
+def test_regex_alone_implies_the_regex_format(
+    log: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(["tail-log", str(log), "--run-id", "r", "--bootstrap", "b:1", "--regex", "(?P<x"])
+    assert code == 2 and "invalid --regex" in capsys.readouterr().err
