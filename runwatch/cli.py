@@ -26,6 +26,7 @@ COMMANDS: dict[str, str] = {
     "controller": "runwatch.cmd.controller",
     "sinks": "runwatch.cmd.sinks",
     "demo": "runwatch.cmd.demo",
+    "ui": "runwatch.cmd.ui",
 }
 
 
