@@ -55,7 +55,7 @@ def nice_ticks(lo: float, hi: float, count: int = 5) -> list[float]:
         return [lo] if math.isfinite(lo) else []
     raw = (hi - lo) / max(1, count - 1)
     mag = 10 ** math.floor(math.log10(raw))
-    step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
+    step = min((m * mag for m in (1, 2, 2.5, 5, 10)), key=lambda c: abs(math.log(c / raw)))
     first = math.ceil(lo / step) * step
     out: list[float] = []
     v = first
