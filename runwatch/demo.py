@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import signal
 import sys
 import threading
 import time
@@ -253,11 +254,22 @@ def run_demo(cfg: DemoConfig, out: TextIO = sys.stdout) -> int:
         status = 0 if ok and not failed else 1
         if webview is not None and cfg.keep_ui:
             say(f"web view stays up at {webview.url} (Ctrl-C to stop)")
-            try:
-                threading.Event().wait()  # until Ctrl-C
-            except KeyboardInterrupt:
-                say("stopping")
+            _wait_for_stop()
+            say("stopping")
         return status
+
+
+def _wait_for_stop() -> None:
+    """Block until Ctrl-C or SIGTERM (either way the caller's stack stops every child)."""
+    stop = threading.Event()
+    previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        while not stop.wait(1.0):  # wakes for the signal handlers on the main thread
+            pass
+    except KeyboardInterrupt:
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _web_view(

@@ -253,8 +253,31 @@ class WebviewData:
     # ------------------------------------------------------------------ lifecycle
 
     def start(self) -> None:
-        """Start following the topics in a daemon thread."""
-        self._thread = threading.Thread(target=self._follow, name="webview-data", daemon=True)
+        """Connect, then follow the topics in a daemon thread.
+
+        Raises:
+            RunwatchError: Kafka cannot be reached at the bootstrap address.
+        """
+        from kafka import KafkaConsumer
+        from kafka.errors import KafkaError
+
+        from runwatch.errors import RunwatchError
+        from runwatch.settings import kafka_client_config
+
+        extra = self._client_config if self._client_config is not None else kafka_client_config()
+        try:
+            consumer = KafkaConsumer(
+                bootstrap_servers=self.bootstrap,
+                group_id=None,
+                enable_auto_commit=False,
+                max_poll_records=5000,
+                **extra,
+            )
+        except KafkaError as exc:
+            raise RunwatchError(f"cannot reach Kafka at {self.bootstrap}: {exc}") from None
+        self._thread = threading.Thread(
+            target=self._follow, args=(consumer,), name="webview-data", daemon=True
+        )
         self._thread.start()
 
     def close(self) -> None:
@@ -282,19 +305,9 @@ class WebviewData:
             )
             return self._version
 
-    def _follow(self) -> None:
-        from kafka import KafkaConsumer, TopicPartition
+    def _follow(self, consumer: Any) -> None:
+        from kafka import TopicPartition
 
-        from runwatch.settings import kafka_client_config
-
-        extra = self._client_config if self._client_config is not None else kafka_client_config()
-        consumer = KafkaConsumer(
-            bootstrap_servers=self.bootstrap,
-            group_id=None,
-            enable_auto_commit=False,
-            max_poll_records=5000,
-            **extra,
-        )
         wanted = [*self._changelogs, *self._roles]
         assigned: set[Any] = set()
         history_end: dict[Any, int] | None = None
@@ -474,7 +487,7 @@ class WebviewData:
             self._summaries()
             states = dict(run.states)
             points = list(run.points)
-            feed = list(run.feed)
+            feed = sorted(run.feed, key=lambda e: e.ts_ns)  # topics interleave on arrival
             summary, audit, version = run.summary, run.audit, self._version
         steps = states.get("steps")
         receipt = health_report(

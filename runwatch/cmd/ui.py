@@ -40,8 +40,12 @@ def run(args: argparse.Namespace) -> int:
         app_id=args.app_id,
         cfg=cfg,  # type: ignore[arg-type]
     )
-    server = UiServer(data, host=args.host, port=args.port)
-    data.start()
+    server = UiServer(data, host=args.host, port=args.port)  # a taken port: one line, exit 1
+    try:
+        data.start()  # an unreachable broker: one line, exit 1
+    except BaseException:
+        server.close()
+        raise
     print(f"runwatch ui: serving {server.url} (Ctrl-C to stop)", flush=True)
     try:
         server.serve_forever()

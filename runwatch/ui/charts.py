@@ -152,7 +152,7 @@ def line_chart(
             f'<g class="{cls}" data-kind="{escape(v.kind)}" data-step="{v.step}">'
             f"<title>{escape(v.label)}</title>"
             f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{PAD_TOP}" y2="{PAD_TOP + plot_h}"/>'
-            f'<text x="{x + 3:.1f}" y="{PAD_TOP + 10}">{escape(v.kind)}</text></g>'
+            f'<text x="{x + 3:.1f}" y="{PAD_TOP + plot_h - 5}">{escape(v.kind)}</text></g>'
         )
     for segment in _segments(points):
         inc = segment[0].incarnation

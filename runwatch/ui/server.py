@@ -129,6 +129,7 @@ class UiServer:
             raise RunwatchError(f"cannot serve on {host}:{port}: {exc.strerror or exc}") from None
         self.httpd.daemon_threads = True
         self._thread: threading.Thread | None = None
+        self._serving = False
         self._audits: set[str] = set()
         self._audit_lock = threading.Lock()
 
@@ -142,18 +143,25 @@ class UiServer:
 
     def start(self) -> None:
         """Serve in a daemon thread."""
+        self._serving = True
         self._thread = threading.Thread(
             target=self.httpd.serve_forever, name="webview-http", daemon=True
         )
         self._thread.start()
 
     def serve_forever(self) -> None:
-        """Serve on this thread until `close` (or KeyboardInterrupt)."""
-        self.httpd.serve_forever()
+        """Serve on this thread until KeyboardInterrupt."""
+        self._serving = True
+        try:
+            self.httpd.serve_forever()
+        finally:
+            self._serving = False
 
     def close(self) -> None:
-        """Stop serving and release the socket."""
-        self.httpd.shutdown()
+        """Stop serving (if it was) and release the socket."""
+        if self._serving:  # shutdown() waits for a serve_forever loop that must be running
+            self._serving = False
+            self.httpd.shutdown()
         self.httpd.server_close()
 
     def start_audit(self, run_id: str) -> bool:

@@ -147,18 +147,26 @@ function fleetPage() {
 
 // ------------------------------------------------------------------ run page
 
+function cell(v) {
+  if (v === null || v === undefined) return '<span class="muted">–</span>';
+  if (typeof v === "number" && !Number.isInteger(v)) return esc(v.toPrecision(6));
+  if (Array.isArray(v)) return v.length ? esc(v.join(", ")) : '<span class="muted">none</span>';
+  if (typeof v === "object") return receiptHTML(v);
+  return esc(v);
+}
+
 function receiptHTML(value) {
-  if (value === null || value === undefined) return '<span class="muted">–</span>';
-  if (Array.isArray(value)) {
-    if (!value.length) return '<span class="muted">none</span>';
-    if (typeof value[0] !== "object") return esc(value.join(", "));
-    return value.map((v) => `<div class="section">${receiptHTML(v)}</div>`).join("");
+  // objects as key/value tables; lists of objects as one compact table (a row per item)
+  if (Array.isArray(value) && value.length && typeof value[0] === "object") {
+    const cols = Object.keys(value[0]);
+    return `<table class="list"><tr>${cols.map((c) => `<th>${esc(c.replaceAll("_", " "))}</th>`).join("")}</tr>` +
+      value.map((row) => `<tr>${cols.map((c) => `<td>${cell(row[c])}</td>`).join("")}</tr>`).join("") + "</table>";
   }
-  if (typeof value === "object") {
-    return "<table>" + Object.entries(value).map(([k, v]) => `<tr><td class="k">${esc(k.replaceAll("_", " "))}</td><td>${receiptHTML(v)}</td></tr>`).join("") + "</table>";
-  }
-  if (typeof value === "number" && !Number.isInteger(value)) return esc(value.toPrecision(6));
-  return esc(value);
+  if (value === null || typeof value !== "object" || Array.isArray(value)) return cell(value);
+  return "<table>" + Object.entries(value).map(([k, v]) => {
+    if (k === "recent") return `<tr><td class="k">recent</td><td class="muted">${v.length} listed in the verdict feed above</td></tr>`;
+    return `<tr><td class="k">${esc(k.replaceAll("_", " "))}</td><td>${receiptHTML(v)}</td></tr>`;
+  }).join("") + "</table>";
 }
 
 const FEED_SKIP = new Set(["type", "run_id", "ts_ns", "seq", "dropped", "detail"]);

@@ -35,8 +35,11 @@ from .browser import chrome
 FLOPS = ModelFlopConfig(n_params=124_000_000, n_layer=12, n_head=12, d_model=768, seq_len=1024)
 
 
-def shoot(url: str, out: Path, *, height: int = 900, wait_css: str = "#live.on") -> None:
-    """Open ``url`` in headless Chromium, wait for live data, save a PNG of the page."""
+def shoot(
+    url: str, out: Path, *, height: int = 900, full: bool = False, wait_css: str = "#live.on"
+) -> None:
+    """Open ``url`` in headless Chromium, wait for live data, save a PNG (the window, or
+    the ``full`` page)."""
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
@@ -45,8 +48,9 @@ def shoot(url: str, out: Path, *, height: int = 900, wait_css: str = "#live.on")
         driver.get(url)
         WebDriverWait(driver, 60).until(lambda d: d.find_elements(By.CSS_SELECTOR, wait_css))
         WebDriverWait(driver, 60).until(lambda d: not d.find_elements(By.CSS_SELECTOR, "td.empty"))
-        full = driver.execute_script("return document.documentElement.scrollHeight")
-        driver.set_window_size(1440, min(max(height, full), 4000))
+        if full:
+            whole = driver.execute_script("return document.documentElement.scrollHeight")
+            driver.set_window_size(1440, min(max(height, whole), 4000))
         out.parent.mkdir(parents=True, exist_ok=True)
         driver.save_screenshot(str(out))
     finally:
@@ -107,13 +111,16 @@ def _fleet(bootstrap: str, runs: int, steps: int) -> None:
             for topic in (topics.runs, topics.steps, topics.heartbeats):  # as RunEmitter does
                 producer.send(topic, key=key, value=started)
             base, speed = rng.uniform(3.2, 4.2), rng.uniform(0.004, 0.01)
-            step_time = rng.uniform(0.9, 1.6) * world / 4
+            step_time = rng.uniform(1.0, 1.6)
+            nan = not spike and rng.random() < 0.02
             last = steps - rng.randrange(0, steps // 3)
             for s in range(1, last + 1):
                 ts = t0 + int(s * 1e9)
                 loss = base * (1 - speed) ** s + rng.gauss(0, 0.01)
                 if spike and s == last - 5:
                     loss *= 2.4
+                if nan and s == last - 2:
+                    loss = float("nan")
                 producer.send(
                     topics.steps,
                     key=key,
@@ -126,7 +133,7 @@ def _fleet(bootstrap: str, runs: int, steps: int) -> None:
                             loss=loss,
                             grad_norm=abs(rng.gauss(1.0, 0.05)),
                             step_time_s=step_time * rng.uniform(0.97, 1.03),
-                            tokens=world * 8 * 1024,
+                            tokens=world * 160 * 1024,
                         )
                     ),
                 )
@@ -147,18 +154,16 @@ def _fleet(bootstrap: str, runs: int, steps: int) -> None:
                         ),
                     )
             if ended:
-                producer.send(
-                    topics.steps,
-                    key=key,
-                    value=encode(
-                        RunEnded(
-                            run_id=run_id,
-                            ts_ns=t0 + int((last + 1) * 1e9),
-                            status="completed",
-                            final_step=last,
-                        )
-                    ),
+                end = encode(
+                    RunEnded(
+                        run_id=run_id,
+                        ts_ns=t0 + int((last + 1) * 1e9),
+                        status="completed",
+                        final_step=last,
+                    )
                 )
+                for topic in (topics.runs, topics.steps, topics.heartbeats):
+                    producer.send(topic, key=key, value=end)
             if i % 100 == 0:
                 producer.flush()
         producer.flush()
@@ -195,11 +200,12 @@ def main() -> None:
     page.add_argument("url")
     page.add_argument("out", type=Path)
     page.add_argument("--height", type=int, default=900)
+    page.add_argument("--full", action="store_true", help="the whole page, not the window")
     args = parser.parse_args()
     if args.what == "fleet":
         _fleet(args.bootstrap, args.runs, args.steps)
     else:
-        shoot(args.url, args.out, height=args.height)
+        shoot(args.url, args.out, height=args.height, full=args.full)
 
 
 if __name__ == "__main__":
