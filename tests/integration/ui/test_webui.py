@@ -73,6 +73,12 @@ def test_the_page_lists_the_run_marks_its_spike_and_follows_new_steps(
             trainer.step(41)
             wait.until(lambda d: _text(d, f"{row} td.step") == "41")
             assert browser.execute_script("return document.body.dataset.probe") == "fleet page"
+            # the filter runs on the server: a text no run id contains empties the table
+            browser.find_element(By.CSS_SELECTOR, "#q").send_keys("no-such-run")
+            wait.until(lambda d: _text(d, "td.empty") == "no run matches the filter")
+            browser.find_element(By.CSS_SELECTOR, "#q").clear()
+            browser.find_element(By.CSS_SELECTOR, "#q").send_keys(run[:5])
+            wait.until(lambda d: _text(d, f"{row} td.step") == "41")
             # the run page marks the spike where it fired, on the loss curve
             browser.find_element(By.CSS_SELECTOR, f"{row} td.run a").click()
             spike_css = '#chart-loss .marker[data-kind="loss_spike"][data-step="30"]'
