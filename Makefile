@@ -21,15 +21,19 @@ venv: $(STAMP)  ## create .venv and install runwatch with every extra
 kafka-jars: $(STAMP)  ## fetch Apache Kafka's jars from Maven Central (once; cached in ~/.runwatch)
 	$(PY) -c "from runwatch.broker import ensure_jars; print('kafka jars:', ensure_jars())"
 
-tools:  ## best effort: kcat (a non-Python Kafka client the wire-format test reads with)
+tools:  ## best effort: kcat (wire-format test) and chromium + chromedriver (web view browser test)
 	@command -v kcat >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
 	  (apt-get update -qq && apt-get install -y -qq kcat) >/dev/null 2>&1; } || \
 	  echo "kcat not installed: the kcat wire-format test will be skipped"
+	@{ command -v chromium >/dev/null && command -v chromedriver >/dev/null; } || \
+	  { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && (apt-get update -qq && \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver) >/dev/null 2>&1; } || \
+	  echo "chromium/chromedriver not installed: the web view browser test will be skipped"
 
 test: $(STAMP) kafka-jars tools  ## run the whole test suite against a real broker
 	$(PY) -m pytest -q
 
-demo: $(STAMP) kafka-jars  ## the whole pipeline on the embedded broker with a real torch run
+demo: $(STAMP) kafka-jars  ## the whole pipeline on the embedded broker with a real torch run; prints the web view address
 	$(VENV)/bin/runwatch demo
 
 lint: $(STAMP)  ## ruff (lint and format) and mypy (strict on schemas/ and processors/core/)

@@ -41,6 +41,7 @@ COMMANDS: dict[str, str] = {
     "controller": "runwatch.cmd.controller",
     "sinks": "runwatch.cmd.sinks",
     "demo": "runwatch.cmd.demo",
+    "ui": "runwatch.cmd.ui",
 }
 
 OWN_LOGGERS: tuple[str, ...] = ("runwatch", "processors", "producers", "sinks", "schemas")

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import os
 import secrets
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
@@ -31,8 +33,10 @@ from runwatch.admin import create_catalogue
 from runwatch.errors import RunwatchError
 from runwatch.liveview import describe, render
 from runwatch.procs import ManagedProcess
+from runwatch.ui.server import UiServer
 from schemas.events import Event
 from schemas.topics import names
+from sinks.webview_data import AuditNote, WebviewData
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "train_ddp.py"
 
@@ -67,6 +71,11 @@ class DemoConfig(msgspec.Struct, frozen=True, kw_only=True):
         workdir: Where logs, checkpoints and the archive go.
         refresh_s: Live view refresh interval.
         timeout_s: Give up (and fail) after this long.
+        ui_port: Port of the web view (0: any free port; None: no web view). When the
+            port is taken, any free port is used instead.
+        ui_host: Address the web view listens on.
+        keep_ui: Keep the web view (and the broker and processors it reads) up after
+            the demo until Ctrl-C.
     """
 
     runs: int = 1
@@ -76,6 +85,9 @@ class DemoConfig(msgspec.Struct, frozen=True, kw_only=True):
     workdir: Path
     refresh_s: float = 1.0
     timeout_s: float = 600.0
+    ui_port: int | None = 0
+    ui_host: str = "127.0.0.1"
+    keep_ui: bool = False
 
 
 @contextmanager
@@ -209,6 +221,8 @@ def run_demo(cfg: DemoConfig, out: TextIO = sys.stdout) -> int:
         }
         services.extend(launches.values())
         say(f"processors, sinks and {len(launches)} run(s) started; logs in {logs}")
+        webview = _web_view(cfg, stack, bootstrap, prefix, app_id, detector, say)
+        title = "runwatch demo" if webview is None else f"runwatch demo   web view: {webview.url}"
         roles = {
             topics.anomalies: "anomalies",
             topics.commands: "commands",
@@ -220,7 +234,7 @@ def run_demo(cfg: DemoConfig, out: TextIO = sys.stdout) -> int:
         _watch(
             cfg,
             launches,
-            lambda: _frame(bootstrap, app_id, totals, recent, tail, roles, started),
+            lambda: _frame(bootstrap, app_id, totals, recent, tail, roles, started, title),
             say,
             is_tty,
         )
@@ -231,11 +245,59 @@ def run_demo(cfg: DemoConfig, out: TextIO = sys.stdout) -> int:
         wait_until_processed(bootstrap, app_id, [topics.anomalies])
         recent.extend(_events(tail, roles))
         say("")
-        ok = _receipts(bootstrap, prefix, run_ids, detector, say)
+        ok = _receipts(
+            bootstrap, prefix, run_ids, detector, say, None if webview is None else webview.data
+        )
         if failed:
             say(f"runs that did not finish: {failed}; see {logs}")
         say(f"demo finished in {time.monotonic() - started:.0f} s")
-        return 0 if ok and not failed else 1
+        status = 0 if ok and not failed else 1
+        if webview is not None and cfg.keep_ui:
+            say(f"web view stays up at {webview.url} (Ctrl-C to stop)")
+            _wait_for_stop()
+            say("stopping")
+        return status
+
+
+def _wait_for_stop() -> None:
+    """Block until Ctrl-C or SIGTERM (either way the caller's stack stops every child)."""
+    stop = threading.Event()
+    previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        while not stop.wait(1.0):  # wakes for the signal handlers on the main thread
+            pass
+    except KeyboardInterrupt:
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _web_view(
+    cfg: DemoConfig,
+    stack: ExitStack,
+    bootstrap: str,
+    prefix: str,
+    app_id: str,
+    detector: DetectorConfig,
+    say: Callable[[str], None],
+) -> UiServer | None:
+    """Start `runwatch ui`'s server on this pipeline (stopped with the stack)."""
+    if cfg.ui_port is None:
+        return None
+    data = WebviewData(bootstrap, prefix=prefix, app_id=app_id, cfg=detector)
+    try:
+        server = UiServer(data, host=cfg.ui_host, port=cfg.ui_port)
+    except RunwatchError as exc:
+        if cfg.ui_port == 0:
+            raise
+        say(f"web view: {exc}; using any free port")
+        server = UiServer(data, host=cfg.ui_host, port=0)
+    data.start()
+    server.start()
+    stack.callback(data.close)
+    stack.callback(server.close)
+    say(f"web view: {server.url}")
+    return server
 
 
 def _frame(
@@ -246,11 +308,12 @@ def _frame(
     tail: TopicTail,
     roles: dict[str, str],
     started: float,
+    title: str,
 ) -> str:
     recent.extend(_events(tail, roles))
     views = latest_states(bootstrap, app_id, timeout_s=10.0)
     runs = [summarize(v) for k, v in views.items() if k in totals]
-    return render(runs, totals, recent, elapsed_s=time.monotonic() - started)
+    return render(runs, totals, recent, elapsed_s=time.monotonic() - started, title=title)
 
 
 def _watch(
@@ -281,6 +344,7 @@ def _receipts(
     run_ids: list[str],
     cfg: DetectorConfig,
     say: Callable[[str], None],
+    webview: WebviewData | None = None,
 ) -> bool:
     ok = True
     for run_id in run_ids:
@@ -305,6 +369,17 @@ def _receipts(
             f"{receipt.input_records} input records: {verdict}"
         )
         ok &= receipt.agrees
+        if webview is not None:
+            webview.record_audit(
+                run_id,
+                AuditNote(
+                    agrees=receipt.agrees,
+                    anomalies=len(receipt.anomalies.matched),
+                    commands=len(receipt.commands.matched),
+                    input_records=receipt.input_records,
+                    at_unix_s=time.time(),
+                ),
+            )
     return ok
 
 

@@ -25,3 +25,5 @@ def test_demo_recovers_from_every_fault_and_the_audit_agrees(kafka_bootstrap, tm
     assert "(incarnation 2): continuity broken" in receipt
     assert "loss_spike x1" in receipt and "status completed" in receipt
     assert "every verdict reproduced" in receipt and "DISAGREES" not in receipt
+    # the web view was served while it ran
+    assert "web view: http://127.0.0.1:" in text

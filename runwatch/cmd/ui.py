@@ -1,0 +1,57 @@
+"""`runwatch ui`: serve the web view of the fleet (live table, per-run curves and receipts)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from runwatch.cmd.processors import add_common, detector_config, parse_overrides
+
+HELP = "serve a live web view of the fleet and of each run (curves, verdicts, receipts)"
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Add the arguments of `runwatch ui`."""
+    from processors.settings import DEFAULT_APP_ID
+
+    add_common(parser)
+    parser.add_argument("--app-id", default=DEFAULT_APP_ID, help="the processors' app id")
+    parser.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on (default: 127.0.0.1, this machine only; the view has no login)",
+    )
+    parser.add_argument("--port", type=int, default=8470, help="port (default: 8470; 0: any)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Follow the processors' state and serve the pages until Ctrl-C."""
+    from runwatch.errors import UsageError
+    from runwatch.settings import resolve_bootstrap, topic_prefix
+    from runwatch.ui.server import UiServer
+    from sinks.webview_data import WebviewData
+
+    if not 0 <= args.port <= 65535:
+        raise UsageError(f"--port must be between 0 and 65535, got {args.port}")
+    cfg = detector_config(parse_overrides(args.overrides))
+    data = WebviewData(
+        resolve_bootstrap(args.bootstrap),
+        prefix=topic_prefix(args.prefix),
+        app_id=args.app_id,
+        cfg=cfg,  # type: ignore[arg-type]
+    )
+    server = UiServer(data, host=args.host, port=args.port)  # a taken port: one line, exit 1
+    try:
+        data.start()  # an unreachable broker: one line, exit 1
+    except BaseException:
+        server.close()
+        raise
+    print(f"runwatch ui: serving {server.url} (Ctrl-C to stop)", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        print("runwatch ui: stopped", file=sys.stderr)
+    finally:
+        server.close()
+        data.close()
+    return 0

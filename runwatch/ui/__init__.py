@@ -1,0 +1,1 @@
+"""`runwatch ui`: the web view (HTTP server, SVG charts, static pages)."""

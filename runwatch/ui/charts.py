@@ -1,0 +1,215 @@
+"""Server-side SVG line charts for the run page: curves over steps, markers, restart lines.
+
+Pure functions from numbers to an SVG string: no JavaScript library, no CDN, the same
+picture in every browser, and testable without one. Every element a reader (or a test)
+looks for carries a class and data attributes: ``.marker[data-kind][data-step]``,
+``.vline[data-kind][data-step]``, ``.curve[data-incarnation]``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from html import escape
+from typing import Final, NamedTuple
+
+WIDTH: Final = 760
+HEIGHT: Final = 230
+PAD_LEFT: Final = 58
+PAD_RIGHT: Final = 14
+PAD_TOP: Final = 26
+PAD_BOTTOM: Final = 30
+PALETTE: Final = ("#2563eb", "#059669", "#d97706", "#7c3aed", "#0891b2", "#be185d")
+"""Curve colour per incarnation (cycled)."""
+
+
+class Point(NamedTuple):
+    """One value at a step; ``value`` None or non-finite draws a gap."""
+
+    step: int
+    value: float | None
+    incarnation: int
+
+
+class Marker(NamedTuple):
+    """An anomaly drawn where it fired: at its value, or on the top edge without one."""
+
+    step: int
+    value: float | None
+    kind: str
+    label: str
+
+
+class VLine(NamedTuple):
+    """A vertical line at a step (a restart or a rollback)."""
+
+    step: int
+    kind: str
+    label: str
+    broken: bool = False
+
+
+def nice_ticks(lo: float, hi: float, count: int = 5) -> list[float]:
+    """Round tick values covering [lo, hi] (about ``count`` of them)."""
+    if not (math.isfinite(lo) and math.isfinite(hi)) or hi <= lo:
+        return [lo] if math.isfinite(lo) else []
+    raw = (hi - lo) / max(1, count - 1)
+    mag = 10 ** math.floor(math.log10(raw))
+    step = min((m * mag for m in (1, 2, 2.5, 5, 10)), key=lambda c: abs(math.log(c / raw)))
+    first = math.ceil(lo / step) * step
+    out: list[float] = []
+    v = first
+    while v <= hi + step * 1e-9 and len(out) < 50:
+        out.append(round(v, 12))
+        v += step
+    return out
+
+
+def _fmt(value: float, percent: bool) -> str:
+    if percent:
+        return f"{100 * value:.3g}%"
+    if value != 0 and (abs(value) >= 1e5 or abs(value) < 1e-3):
+        return f"{value:.2e}"
+    return f"{value:.4g}"
+
+
+def line_chart(
+    title: str,
+    points: Sequence[Point],
+    *,
+    markers: Sequence[Marker] = (),
+    vlines: Sequence[VLine] = (),
+    percent: bool = False,
+    chart_id: str = "",
+) -> str:
+    """An SVG chart of ``points`` over steps.
+
+    A new curve segment starts where the incarnation changes or the step goes back (a
+    resume redoes steps), so a rollback shows as the new gang's curve over the old one.
+
+    Args:
+        title: Shown top left.
+        points: Values in arrival order.
+        markers: Anomalies to mark.
+        vlines: Restart and rollback lines.
+        percent: Label values as percentages (MFU fractions).
+        chart_id: ``id`` of the ``svg`` element.
+
+    Returns:
+        The ``<svg>`` element as a string.
+    """
+    finite_vals = [p.value for p in points if p.value is not None and math.isfinite(p.value)]
+    finite_vals += [m.value for m in markers if m.value is not None and math.isfinite(m.value)]
+    steps = [p.step for p in points] + [m.step for m in markers] + [v.step for v in vlines]
+    head = (
+        f'<svg xmlns="http://www.w3.org/2000/svg" class="chart" id="{escape(chart_id)}" '
+        f'viewBox="0 0 {WIDTH} {HEIGHT}" role="img" aria-label="{escape(title)}">'
+        f'<text class="title" x="{PAD_LEFT}" y="16">{escape(title)}</text>'
+    )
+    if not steps:
+        return (
+            head + f'<text class="empty" x="{WIDTH / 2}" y="{HEIGHT / 2}">no data yet</text></svg>'
+        )
+    x_lo, x_hi = min(steps), max(steps)
+    if x_hi == x_lo:
+        x_hi = x_lo + 1
+    y_lo, y_hi = (min(finite_vals), max(finite_vals)) if finite_vals else (0.0, 1.0)
+    if y_hi == y_lo:
+        y_lo, y_hi = y_lo - 0.5 * (abs(y_lo) or 1), y_hi + 0.5 * (abs(y_hi) or 1)
+    margin = 0.06 * (y_hi - y_lo)
+    y_lo, y_hi = y_lo - margin, y_hi + margin
+    plot_w, plot_h = WIDTH - PAD_LEFT - PAD_RIGHT, HEIGHT - PAD_TOP - PAD_BOTTOM
+
+    def sx(step: float) -> float:
+        return PAD_LEFT + (step - x_lo) / (x_hi - x_lo) * plot_w
+
+    def sy(value: float) -> float:
+        return PAD_TOP + (y_hi - value) / (y_hi - y_lo) * plot_h
+
+    parts = [
+        head,
+        f'<rect class="plot" x="{PAD_LEFT}" y="{PAD_TOP}" width="{plot_w}" height="{plot_h}"/>',
+    ]
+    for t in nice_ticks(y_lo, y_hi, 4):
+        y = sy(t)
+        parts.append(
+            f'<line class="grid" x1="{PAD_LEFT}" x2="{WIDTH - PAD_RIGHT}" '
+            f'y1="{y:.1f}" y2="{y:.1f}"/>'
+            f'<text class="ytick" x="{PAD_LEFT - 6}" y="{y + 4:.1f}">{_fmt(t, percent)}</text>'
+        )
+    for t in nice_ticks(x_lo, x_hi, 6):
+        if t != int(t):
+            continue
+        x = sx(t)
+        parts.append(
+            f'<text class="xtick" x="{x:.1f}" y="{HEIGHT - PAD_BOTTOM + 16}">{int(t)}</text>'
+        )
+    parts.append(f'<text class="xlabel" x="{WIDTH - PAD_RIGHT}" y="{HEIGHT - 4}">step</text>')
+    for v in vlines:
+        x = sx(v.step)
+        cls = "vline broken" if v.broken else "vline"
+        parts.append(
+            f'<g class="{cls}" data-kind="{escape(v.kind)}" data-step="{v.step}">'
+            f"<title>{escape(v.label)}</title>"
+            f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{PAD_TOP}" y2="{PAD_TOP + plot_h}"/>'
+            f'<text x="{x + 3:.1f}" y="{PAD_TOP + plot_h - 5}">{escape(v.kind)}</text></g>'
+        )
+    for segment in _segments(points):
+        inc = segment[0].incarnation
+        colour = PALETTE[inc % len(PALETTE)]
+        for run in _finite_runs(segment):
+            coords = " ".join(
+                f"{sx(p.step):.1f},{sy(p.value):.1f}" for p in run if p.value is not None
+            )
+            if len(run) == 1:
+                p = run[0]
+                assert p.value is not None
+                parts.append(
+                    f'<circle class="curve" data-incarnation="{inc}" cx="{sx(p.step):.1f}" '
+                    f'cy="{sy(p.value):.1f}" r="1.8" fill="{colour}"/>'
+                )
+            else:
+                parts.append(
+                    f'<polyline class="curve" data-incarnation="{inc}" points="{coords}" '
+                    f'stroke="{colour}"/>'
+                )
+    for m in markers:
+        x = sx(m.step)
+        on_curve = m.value is not None and math.isfinite(m.value)
+        y = sy(m.value) if on_curve and m.value is not None else PAD_TOP + 4
+        shape = (
+            f'<circle cx="{x:.1f}" cy="{y:.1f}" r="5"/>'
+            if on_curve
+            else f'<path d="M{x - 5:.1f},{y - 4:.1f} L{x + 5:.1f},{y - 4:.1f} '
+            f'L{x:.1f},{y + 5:.1f} Z"/>'
+        )
+        parts.append(
+            f'<g class="marker" data-kind="{escape(m.kind)}" data-step="{m.step}">'
+            f"<title>{escape(m.label)}</title>{shape}</g>"
+        )
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def _segments(points: Sequence[Point]) -> list[list[Point]]:
+    out: list[list[Point]] = []
+    for p in points:
+        if out and p.incarnation == out[-1][-1].incarnation and p.step > out[-1][-1].step:
+            out[-1].append(p)
+        else:
+            out.append([p])
+    return out
+
+
+def _finite_runs(segment: Sequence[Point]) -> list[list[Point]]:
+    out: list[list[Point]] = [[]]
+    for p in segment:
+        if p.value is None or not math.isfinite(p.value):
+            if out[-1]:
+                out.append([])
+        else:
+            out[-1].append(p)
+    return [r for r in out if r]
+
+
+__all__ = ["Marker", "Point", "VLine", "line_chart", "nice_ticks"]

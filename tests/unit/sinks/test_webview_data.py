@@ -1,0 +1,110 @@
+"""The web view's adapter: states folded by the real core, then paged, sorted and filtered."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from processors.core.config import DetectorConfig
+from processors.core.state_codec import encode_state
+from processors.core.steps import fold_step
+from processors.intake import RawRecord
+from processors.settings import changelog_topic
+from schemas.codec import encode, encode_key
+from schemas.events import ModelFlopConfig, Provenance, RunStarted, StepCompleted
+from schemas.topics import names
+from sinks.webview_data import MAX_PAGE_SIZE, AuditNote, FleetQuery, WebviewData
+
+PREFIX, APP = "p", "p-app"
+TOPICS = names(PREFIX)
+CFG = DetectorConfig()
+FLOPS = ModelFlopConfig(n_params=1_000_000, n_layer=2, n_head=2, d_model=64, seq_len=64)
+
+
+def _records(run_id: str, steps: int, *, spike_at: int | None = None) -> list[RawRecord]:
+    """The steps-topic records of a run and the step-health changelog records the core wrote."""
+    events = [
+        RunStarted(run_id=run_id, ts_ns=1, world_size=1, flop_config=FLOPS, peak_flops_per_s=1e12)
+    ]
+    events += [
+        StepCompleted(
+            run_id=run_id,
+            ts_ns=1_000_000_000 * s,
+            step=s,
+            loss=9.0 if s == spike_at else 4.0 - 0.01 * s + 0.001 * (s % 3),
+            grad_norm=1.0,
+            step_time_s=0.5,
+            tokens=4096,
+        )
+        for s in range(1, steps + 1)
+    ]
+    out, state = [], None
+    for offset, event in enumerate(events):
+        state, _ = fold_step(
+            state, event, Provenance(topic=TOPICS.steps, partition=0, offset=offset), CFG
+        )
+        out.append(RawRecord(TOPICS.steps, 0, offset, encode_key(run_id), encode(event)))
+        out.append(
+            RawRecord(
+                changelog_topic(APP, "step-health"),
+                0,
+                offset,
+                encode_key(run_id),
+                encode_state(state),
+            )
+        )
+    return out
+
+
+@pytest.fixture
+def store() -> WebviewData:
+    data = WebviewData("unused:9092", prefix=PREFIX, app_id=APP, cfg=CFG)
+    for i in range(120):
+        data.apply(_records(f"run-{i:03d}", steps=5 + i % 7, spike_at=None))
+    data.apply(_records("spiky", steps=40, spike_at=30))
+    return data
+
+
+def test_pages_cover_every_run_once_in_order(store):
+    seen = []
+    for page in range(3):
+        got = store.fleet(FleetQuery(sort="run", page=page, page_size=50))
+        assert got["total"] == got["runs"] == 121 and got["pages"] == 3
+        seen += [r["run_id"] for r in got["rows"]]
+    assert seen == sorted(seen) and len(set(seen)) == 121
+
+
+def test_sort_filter_and_bounds(store):
+    top = store.fleet(FleetQuery(sort="step", descending=True, page_size=3))["rows"]
+    assert [r["last_step"] for r in top] == [40, 11, 11]
+    only = store.fleet(FleetQuery(text="RUN-00", page_size=100))
+    assert only["total"] == 10 and all(r["run_id"].startswith("run-00") for r in only["rows"])
+    anomalous = store.fleet(FleetQuery(status="anomalous"))
+    assert [r["run_id"] for r in anomalous["rows"]] == ["spiky"]
+    assert anomalous["rows"][0]["anomalies"] == {"loss_spike": 1}
+    assert store.fleet(FleetQuery(page=99))["page"] == 2  # clamped to the last page
+    assert store.fleet(FleetQuery(page_size=10**6))["page_size"] == MAX_PAGE_SIZE
+    with pytest.raises(ValueError, match="unknown sort column"):
+        store.fleet(FleetQuery(sort="nope"))
+
+
+def test_run_page_has_curves_with_the_cores_mfu_and_a_receipt(store):
+    page = store.run("spiky")
+    assert page is not None and store.run("never-seen") is None
+    steps = [p[0] for p in page["points"]]
+    assert steps == list(range(1, 41))
+    mfu = page["points"][0][4]
+    # 6N+attn FLOPs per token x tokens / step time / peak: the core's step_accounting
+    assert isinstance(mfu, float) and 0 < mfu < 1 and math.isclose(mfu, page["summary"]["mfu"])
+    assert page["receipt"]["run_id"] == "spiky"
+    assert page["receipt"]["anomalies"]["by_kind"] == {"loss_spike": 1}
+    store.record_audit("spiky", AuditNote(agrees=True, anomalies=1, input_records=41))
+    assert store.run("spiky")["audit"]["agrees"] is True
+    assert store.fleet(FleetQuery(text="spiky"))["rows"][0]["audit"]["input_records"] == 41
+
+
+def test_every_change_bumps_the_version(store):
+    before = store.version
+    store.apply(_records("late", steps=3))
+    assert store.wait_for_change(before, timeout_s=0) != before
