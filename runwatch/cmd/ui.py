@@ -15,7 +15,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     from processors.settings import DEFAULT_APP_ID
 
     add_common(parser)
-    parser.add_argument("--app-id", default=DEFAULT_APP_ID, help="the processors' app id")
+    parser.add_argument(
+        "--app-id",
+        help="the processors' app id (default: <prefix>-processors, as for `runwatch "
+        f"processors`; {DEFAULT_APP_ID} for the default prefix)",
+    )
     parser.add_argument(
         "--host",
         default="127.0.0.1",
@@ -26,7 +30,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Follow the processors' state and serve the pages until Ctrl-C."""
+    from processors.fleet import default_app_id
     from runwatch.errors import UsageError
+    from runwatch.reachability import check_reachable
     from runwatch.settings import resolve_bootstrap, topic_prefix
     from runwatch.ui.server import UiServer
     from sinks.webview_data import WebviewData
@@ -34,15 +40,19 @@ def run(args: argparse.Namespace) -> int:
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port must be between 0 and 65535, got {args.port}")
     cfg = detector_config(parse_overrides(args.overrides))
+    bootstrap = resolve_bootstrap(args.bootstrap, check=False)
+    prefix = topic_prefix(args.prefix)
     data = WebviewData(
-        resolve_bootstrap(args.bootstrap),
-        prefix=topic_prefix(args.prefix),
-        app_id=args.app_id,
+        bootstrap,
+        prefix=prefix,
+        app_id=args.app_id or default_app_id(prefix),
         cfg=cfg,  # type: ignore[arg-type]
     )
-    server = UiServer(data, host=args.host, port=args.port)  # a taken port: one line, exit 1
+    # the local port first (a taken port: one line, exit 1), then the broker (exit 4)
+    server = UiServer(data, host=args.host, port=args.port)
     try:
-        data.start()  # an unreachable broker: one line, exit 1
+        check_reachable(bootstrap)
+        data.start()
     except BaseException:
         server.close()
         raise
