@@ -215,7 +215,7 @@ def _warn_mismatch(
             logger.warning(
                 "topic %s exists with %d partitions, not %d; left as it is", name, have, want
             )
-        replicas = min((len(p.get("replicas") or []) for p in partitions), default=factor)
+        replicas = min((len(p.get("replica_nodes") or []) for p in partitions), default=factor)
         if replicas != factor:
             logger.warning(
                 "topic %s exists with replication factor %d, not %d; left as it is "
