@@ -127,8 +127,8 @@ def _run_cluster(cluster: EmbeddedCluster, args: argparse.Namespace) -> int:
         live = running.running if running is not None else {}
         wanted = [args.node] if args.node is not None else list(range(1, cluster.nodes + 1))
         for node_id in wanted:
-            node = live.get(node_id)
-            state = f"runs on {node.bootstrap}, pid {node.pid}" if node else "not running"
+            found = live.get(node_id)
+            state = f"runs on {found.bootstrap}, pid {found.pid}" if found else "not running"
             print(f"node {node_id}: {state}", file=sys.stderr)
         if not all(n in live for n in wanted):
             return 1

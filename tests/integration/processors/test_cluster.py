@@ -180,3 +180,21 @@ def _check_verdicts_and_audits(bootstrap: str, prefix: str, views: dict[str, Run
         log = load_run_log(bootstrap, prefix, run)
         receipt = audit(log, CFG)
         assert receipt.agrees, (run, render(receipt))
+
+
+def test_cli_covers_every_node_and_restarts_one(
+    cluster: EmbeddedCluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from runwatch.cli import main
+
+    data = ["--data-dir", str(cluster.data_dir)]
+    assert main(["broker", "status", *data]) == 0
+    out, err = capsys.readouterr()
+    assert out.strip() == cluster.bootstrap and err.count("runs on") == 3
+    assert main(["broker", "stop", *data, "--node", "3"]) == 0
+    assert main(["broker", "status", *data]) == 1
+    assert "node 3: not running" in capsys.readouterr().err
+    assert main(["broker", "start", *data]) == 0  # starts what does not run: node 3
+    assert main(["broker", "status", *data, "--node", "3"]) == 0
+    assert main(["broker", "start", *data, "--nodes", "5"]) == 1  # not the recorded size
+    assert "holds a cluster of 3 nodes" in capsys.readouterr().err
