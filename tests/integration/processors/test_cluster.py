@@ -152,9 +152,7 @@ def test_broker_sigkill_mid_stream_loses_nothing_and_catches_up(
                 f"node {victim} back in the ISR of all its partitions",
                 lambda: _partitions(bootstrap, every),
                 lambda parts: all(
-                    victim in p["isr_nodes"]
-                    for p in parts.values()
-                    if victim in p["replica_nodes"]
+                    victim in p["isr_nodes"] for p in parts.values() if victim in p["replica_nodes"]
                 ),
             )
             _check_verdicts_and_audits(bootstrap, prefix, views)
