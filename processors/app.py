@@ -352,7 +352,7 @@ def create_app(
         broker=f"kafka://{settings.bootstrap}",
         store="memory://",
         topic_partitions=settings.partitions,
-        topic_replication_factor=1,
+        topic_replication_factor=settings.replication_factor,
         topic_allow_declare=True,
         key_serializer="raw",
         value_serializer="raw",
@@ -396,6 +396,10 @@ def create_app(
             key_type=bytes,
             value_type=bytes,
             use_partitioner=True,
+            extra_topic_configs={
+                "min.insync.replicas": str(settings.min_insync_replicas),
+                "unclean.leader.election.enable": "false",
+            },
         )
         source = app.topic(
             topic_name,

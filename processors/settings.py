@@ -24,6 +24,10 @@ class ProcessorSettings(msgspec.Struct, frozen=True, kw_only=True):
         session_timeout_s: A worker silent this long leaves the group and its partitions
             move to the others: the failover time after a crash.
         web_port: Port of faust's web server; None disables it.
+        replication_factor: Replicas of the topics faust creates (the tables' changelogs,
+            its assignor topic); `runwatch processors` chooses it from the cluster's size,
+            like the catalogue's (`schemas.topics.replication_for`).
+        min_insync_replicas: ``min.insync.replicas`` of the changelog topics.
         overrides: Detector settings that differ from the defaults (`runwatch processors
             --set k=v`).
     """
@@ -37,6 +41,8 @@ class ProcessorSettings(msgspec.Struct, frozen=True, kw_only=True):
     tick_interval_s: float = 1.0
     session_timeout_s: float = 10.0
     web_port: int | None = None
+    replication_factor: int = 1
+    min_insync_replicas: int = 1
     overrides: dict[str, str] = {}
 
 

@@ -17,7 +17,7 @@ from runwatch.settings import kafka_client_config
 if TYPE_CHECKING:
     from kafka import KafkaAdminClient
 
-    from schemas.topics import TopicSpec
+    from schemas.topics import Replication, TopicSpec
 
 logger = logging.getLogger(__name__)
 
@@ -93,17 +93,64 @@ def admin_client(bootstrap: str, *, timeout_s: float = 30.0) -> Iterator[KafkaAd
         client.close()
 
 
+def _broker_count(admin: KafkaAdminClient) -> int:
+    from kafka.errors import KafkaError
+
+    try:
+        brokers = admin.describe_cluster().get("brokers") or []
+    except KafkaError as exc:
+        raise RunwatchError(f"describing the Kafka cluster failed: {exc}") from None
+    return max(1, len(brokers))
+
+
+def _replication(brokers: int, factor: int | None) -> Replication:
+    from schemas.topics import replication_for
+
+    try:
+        return replication_for(brokers, factor)
+    except ValueError as exc:
+        raise RunwatchError(str(exc)) from None
+
+
+def cluster_replication(
+    bootstrap: str, *, factor: int | None = None, timeout_s: float = 30.0
+) -> Replication:
+    """The replication runwatch's topics get on the cluster at ``bootstrap``.
+
+    The cluster's size is read from its metadata (DescribeCluster), not configured, so the
+    same command is right on a laptop's single broker and on a production cluster; see
+    `schemas.topics.replication_for` for the rule.
+
+    Args:
+        bootstrap: Kafka bootstrap address.
+        factor: An explicit replication factor (``--replication-factor`` or
+            ``RUNWATCH_REPLICATION_FACTOR``); None chooses from the cluster's size.
+        timeout_s: Longest to wait for the brokers.
+
+    Raises:
+        RunwatchError: the cluster is unreachable, or ``factor`` exceeds its brokers.
+    """
+    with admin_client(bootstrap, timeout_s=timeout_s) as admin:
+        return _replication(_broker_count(admin), factor)
+
+
 def create_topics(
-    bootstrap: str, specs: Sequence[TopicLike], *, timeout_s: float = 30.0
+    bootstrap: str,
+    specs: Sequence[TopicLike],
+    *,
+    replication: Replication | None = None,
+    timeout_s: float = 30.0,
 ) -> dict[str, bool]:
     """Create the topics of ``specs`` unless they exist, then wait until metadata shows them.
 
     Idempotent: a topic that already exists is left as it is (a warning is logged when its
-    partition count differs from the spec's).
+    partition count or replication factor differs from the one asked for).
 
     Args:
         bootstrap: Kafka bootstrap address.
         specs: The topics (name, partitions, compacted, retention_ms).
+        replication: Replication factor and ``min.insync.replicas`` of the new topics;
+            None chooses them from the cluster's size (`cluster_replication`).
         timeout_s: Longest to wait for the brokers, for creation and for leaders.
 
     Returns:
@@ -118,16 +165,21 @@ def create_topics(
     if not specs:
         return {}
     by_name = {spec.name: spec for spec in specs}
-    request: dict[str, dict[str, Any]] = {
-        spec.name: {
-            "num_partitions": spec.partitions,
-            "replication_factor": -1,  # the cluster's default.replication.factor
-            "configs": topic_configs(spec),
-        }
-        for spec in by_name.values()
-    }
     created: dict[str, bool] = {}
     with admin_client(bootstrap, timeout_s=timeout_s) as admin:
+        rule = replication if replication is not None else _replication(_broker_count(admin), None)
+        request: dict[str, dict[str, Any]] = {
+            spec.name: {
+                "num_partitions": spec.partitions,
+                "replication_factor": rule.factor,
+                "configs": {
+                    **topic_configs(spec),
+                    "min.insync.replicas": str(rule.min_insync),
+                    "unclean.leader.election.enable": "false",
+                },
+            }
+            for spec in by_name.values()
+        }
         try:
             response = admin.create_topics(
                 request, timeout_ms=int(timeout_s * 1000), raise_errors=False
@@ -145,22 +197,32 @@ def create_topics(
             admin.wait_for_topics(list(by_name), timeout_ms=int(timeout_s * 1000))
             existing = [name for name, new in created.items() if not new]
             if existing:
-                _warn_partition_mismatch(admin, existing, by_name)
+                _warn_mismatch(admin, existing, by_name, rule.factor)
         except KafkaError as exc:
             raise RunwatchError(f"creating topics on {bootstrap} failed: {exc}") from None
     return created
 
 
-def _warn_partition_mismatch(
-    admin: KafkaAdminClient, names: list[str], by_name: dict[str, TopicLike]
+def _warn_mismatch(
+    admin: KafkaAdminClient, names: list[str], by_name: dict[str, TopicLike], factor: int
 ) -> None:
     for topic in admin.describe_topics(names):
         name = topic.get("topic") or topic.get("name")
         want = by_name[name].partitions if name in by_name else None
-        have = len(topic.get("partitions") or [])
+        partitions = topic.get("partitions") or []
+        have = len(partitions)
         if want is not None and have != want:
             logger.warning(
                 "topic %s exists with %d partitions, not %d; left as it is", name, have, want
+            )
+        replicas = min((len(p.get("replica_nodes") or []) for p in partitions), default=factor)
+        if replicas != factor:
+            logger.warning(
+                "topic %s exists with replication factor %d, not %d; left as it is "
+                "(kafka-reassign-partitions changes it)",
+                name,
+                replicas,
+                factor,
             )
 
 
@@ -182,6 +244,7 @@ def create_catalogue(
     *,
     prefix: str = "runwatch",
     partitions: int | None = None,
+    replication: Replication | None = None,
     timeout_s: float = 30.0,
 ) -> dict[str, bool]:
     """Create every catalogue topic for ``prefix`` (see `create_topics`).
@@ -190,12 +253,15 @@ def create_catalogue(
         bootstrap: Kafka bootstrap address.
         prefix: Topic name prefix.
         partitions: Partitions per topic; the catalogue's default when None.
+        replication: As in `create_topics` (None: from the cluster's size).
         timeout_s: As in `create_topics`.
 
     Returns:
         Topic name -> True if this call created it.
     """
-    return create_topics(bootstrap, catalogue(prefix, partitions), timeout_s=timeout_s)
+    return create_topics(
+        bootstrap, catalogue(prefix, partitions), replication=replication, timeout_s=timeout_s
+    )
 
 
 def list_topics(

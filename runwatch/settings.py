@@ -18,6 +18,7 @@ from runwatch.errors import UsageError
 ENV_BOOTSTRAP = "RUNWATCH_BOOTSTRAP"
 ENV_HOME = "RUNWATCH_HOME"
 ENV_TOPIC_PREFIX = "RUNWATCH_TOPIC_PREFIX"
+ENV_REPLICATION_FACTOR = "RUNWATCH_REPLICATION_FACTOR"
 
 # Client security settings read from the environment; names follow kafka-python's arguments.
 _SECURITY_ENV: dict[str, str] = {
@@ -48,6 +49,26 @@ def runwatch_home() -> Path:
 def topic_prefix(explicit: str | None = None) -> str:
     """The prefix of every topic name (`runwatch` unless configured)."""
     return explicit or os.environ.get(ENV_TOPIC_PREFIX) or "runwatch"
+
+
+def replication_factor(explicit: int | None = None) -> int | None:
+    """The replication factor asked for, or None to choose it from the cluster's size.
+
+    Order: the explicit argument (``--replication-factor``), `RUNWATCH_REPLICATION_FACTOR`.
+
+    Raises:
+        UsageError: when it is not a positive integer.
+    """
+    raw: object = explicit if explicit is not None else os.environ.get(ENV_REPLICATION_FACTOR)
+    if raw is None or raw == "":
+        return None
+    try:
+        factor = int(str(raw))
+    except ValueError:
+        factor = 0
+    if factor < 1:
+        raise UsageError(f"the replication factor must be a positive integer, not {raw!r}")
+    return factor
 
 
 def resolve_bootstrap(explicit: str | None = None, *, check: bool = True) -> str:

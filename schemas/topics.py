@@ -17,6 +17,48 @@ DEFAULT_PARTITIONS: Final = 8
 WEEK_MS: Final = 7 * 24 * 3600 * 1000
 
 
+MAX_REPLICATION_FACTOR: Final = 3
+"""The replication factor runwatch chooses on clusters of this many brokers or more."""
+
+
+class Replication(msgspec.Struct, frozen=True, kw_only=True):
+    """How many copies of each partition a cluster keeps, and how many must acknowledge.
+
+    Attributes:
+        factor: Replicas per partition (``replication_factor``).
+        min_insync: ``min.insync.replicas``: in-sync replicas an ``acks=all`` write needs.
+    """
+
+    factor: int
+    min_insync: int
+
+
+def replication_for(brokers: int, factor: int | None = None) -> Replication:
+    """The replication of runwatch's topics on a cluster of ``brokers`` brokers.
+
+    The factor is ``min(3, brokers)`` unless given. ``min.insync.replicas`` is 2 from a
+    factor of 3 up (an acknowledged write is on two brokers, and one broker may be down
+    without stopping writes) and 1 below (a factor of 2 with 2 in sync would stop every
+    write while either broker is down).
+
+    Args:
+        brokers: Brokers in the cluster (at least 1).
+        factor: An explicit replication factor, overriding the choice (1..``brokers``).
+
+    Raises:
+        ValueError: ``brokers`` < 1, or ``factor`` outside 1..``brokers``.
+    """
+    if brokers < 1:
+        raise ValueError(f"a cluster has at least 1 broker, got {brokers}")
+    chosen = min(MAX_REPLICATION_FACTOR, brokers) if factor is None else factor
+    if not 1 <= chosen <= brokers:
+        raise ValueError(
+            f"replication factor {chosen} needs 1..{brokers} (the cluster has {brokers} "
+            f"broker{'s' if brokers != 1 else ''})"
+        )
+    return Replication(factor=chosen, min_insync=2 if chosen >= 3 else 1)
+
+
 class TopicSpec(msgspec.Struct, frozen=True, kw_only=True):
     """One topic: its name, partitions and retention policy.
 

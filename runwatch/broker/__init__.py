@@ -13,27 +13,45 @@ keeps everything in one data directory (default ``$RUNWATCH_HOME/broker``)::
 
 Readiness is a real metadata request (DescribeCluster) answered by the broker, never a sleep.
 
+`EmbeddedCluster` runs N such nodes on loopback as one replicated cluster (a static
+controller quorum of every node, one data directory each under the cluster's directory);
+`ephemeral_cluster` is its ``with`` form, with ``kill(node)`` / ``start(node)`` for tests.
+
 Modules: `config` (versions, JVM options, ports, cluster id, ``server.properties``), `jars`
 (the Maven assembly), `state` (`BrokerInfo`), `pids` (the JVM as an OS process),
-`readiness` (the DescribeCluster probe) and `lifecycle` (`EmbeddedBroker` and shortcuts).
+`readiness` (the DescribeCluster probe), `lifecycle` (`EmbeddedBroker` and shortcuts) and
+`cluster` (`EmbeddedCluster`).
 Everything public is re-exported here: import from ``runwatch.broker``.
 """
 
+from runwatch.broker.cluster import (
+    ClusterInfo,
+    ClusterLayout,
+    EmbeddedCluster,
+    ephemeral_cluster,
+    is_cluster_dir,
+)
 from runwatch.broker.config import DEFAULT_JVM_OPTS, HOST, KAFKA_VERSION, default_data_dir
 from runwatch.broker.jars import assembly_pom, ensure_jars, kafka_libs_dir
 from runwatch.broker.lifecycle import EmbeddedBroker, ephemeral_broker, running_bootstrap
-from runwatch.broker.state import BrokerInfo
+from runwatch.broker.state import BrokerInfo, ClusterMember
 
 __all__ = [
     "DEFAULT_JVM_OPTS",
     "HOST",
     "KAFKA_VERSION",
     "BrokerInfo",
+    "ClusterInfo",
+    "ClusterLayout",
+    "ClusterMember",
     "EmbeddedBroker",
+    "EmbeddedCluster",
     "assembly_pom",
     "default_data_dir",
     "ensure_jars",
     "ephemeral_broker",
+    "ephemeral_cluster",
+    "is_cluster_dir",
     "kafka_libs_dir",
     "running_bootstrap",
 ]

@@ -105,18 +105,35 @@ def _choose_ports(requested: int | None, previous: BrokerInfo | None) -> tuple[i
     return port, controller_port, auto
 
 
-def _server_properties(port: int, controller_port: int, log_dirs: Path) -> str:
-    """The text of ``server.properties`` for a single-node KRaft broker and controller.
+def _server_properties(
+    port: int,
+    controller_port: int,
+    log_dirs: Path,
+    *,
+    node_id: int = 1,
+    voters: str | None = None,
+    replicas: int = 1,
+) -> str:
+    """The text of ``server.properties`` for a KRaft node that is broker and controller.
 
     Args:
         port: Client (PLAINTEXT) port.
         controller_port: KRaft controller port.
         log_dirs: Kafka's ``log.dirs``: metadata log and partitions.
+        node_id: The node's id (1 for a single-node broker).
+        voters: ``controller.quorum.voters`` (``id@host:port,...``); None: this node alone.
+        replicas: Nodes in the cluster: the replication factor of Kafka's internal topics
+            and the default for new topics, with ``min.insync.replicas`` from
+            `schemas.topics.replication_for` (the rule the catalogue uses).
     """
+    from schemas.topics import replication_for
+
+    rule = replication_for(replicas)
+    rf, isr = str(rule.factor), str(rule.min_insync)
     props = {
         "process.roles": "broker,controller",
-        "node.id": "1",
-        "controller.quorum.voters": f"1@{HOST}:{controller_port}",
+        "node.id": str(node_id),
+        "controller.quorum.voters": voters or f"{node_id}@{HOST}:{controller_port}",
         "listeners": f"PLAINTEXT://{HOST}:{port},CONTROLLER://{HOST}:{controller_port}",
         "advertised.listeners": f"PLAINTEXT://{HOST}:{port}",
         "controller.listener.names": "CONTROLLER",
@@ -124,15 +141,16 @@ def _server_properties(port: int, controller_port: int, log_dirs: Path) -> str:
         "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
         "log.dirs": str(log_dirs),
         "num.partitions": "1",
-        "default.replication.factor": "1",
-        "min.insync.replicas": "1",
-        "offsets.topic.replication.factor": "1",
+        "default.replication.factor": rf,
+        "min.insync.replicas": isr,
+        "unclean.leader.election.enable": "false",
+        "offsets.topic.replication.factor": rf,
         "offsets.topic.num.partitions": "8",
-        "transaction.state.log.replication.factor": "1",
-        "transaction.state.log.min.isr": "1",
+        "transaction.state.log.replication.factor": rf,
+        "transaction.state.log.min.isr": isr,
         "transaction.state.log.num.partitions": "8",
-        "share.coordinator.state.topic.replication.factor": "1",
-        "share.coordinator.state.topic.min.isr": "1",
+        "share.coordinator.state.topic.replication.factor": rf,
+        "share.coordinator.state.topic.min.isr": isr,
         "group.initial.rebalance.delay.ms": "0",
         "auto.create.topics.enable": "false",
         "num.network.threads": "2",

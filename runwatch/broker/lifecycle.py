@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -22,6 +23,7 @@ from runwatch.broker.config import (
     HOST,
     KAFKA_VERSION,
     _choose_ports,
+    _port_free,
     _random_cluster_id,
     _server_properties,
     default_data_dir,
@@ -29,10 +31,21 @@ from runwatch.broker.config import (
 from runwatch.broker.jars import _last_meaningful_line, _require_java, ensure_jars
 from runwatch.broker.pids import _is_broker_process, _reap, _wait_pid_exit
 from runwatch.broker.readiness import _await_ready, _BrokerExited, _exit_probe
-from runwatch.broker.state import BrokerInfo
+from runwatch.broker.state import BrokerInfo, ClusterMember
 from runwatch.errors import RunwatchError
 
 logger = logging.getLogger("runwatch.broker")  # the package's logger, as before the split
+
+
+@dataclasses.dataclass(frozen=True)
+class _Launched:
+    """A broker JVM just spawned, not yet answering."""
+
+    proc: subprocess.Popen[bytes]
+    port: int
+    controller_port: int
+    auto: bool
+    started: float
 
 
 class EmbeddedBroker:
@@ -52,6 +65,7 @@ class EmbeddedBroker:
         jvm_opts: Sequence[str] = DEFAULT_JVM_OPTS,
         libs_dir: Path | None = None,
         kafka_version: str = KAFKA_VERSION,
+        member: ClusterMember | None = None,
     ) -> None:
         """Describe a broker; nothing starts until `start`.
 
@@ -61,7 +75,12 @@ class EmbeddedBroker:
             jvm_opts: Options for the JVM (heap and GC).
             libs_dir: Jar directory; `kafka_libs_dir(kafka_version)` when None.
             kafka_version: Apache Kafka release to run.
+            member: This broker is a node of a cluster (`EmbeddedCluster` passes it): its
+                id, ports, quorum and cluster id; None: a single-node cluster of its own.
         """
+        self.member = member
+        if member is not None:
+            port = member.port
         self.data_dir = Path(data_dir) if data_dir is not None else default_data_dir()
         self.data_dir = self.data_dir.expanduser().absolute()
         self.port = port
@@ -153,7 +172,7 @@ class EmbeddedBroker:
             _STORAGE_TOOL,
             "format",
             "--cluster-id",
-            _random_cluster_id(),
+            self.member.cluster_id if self.member is not None else _random_cluster_id(),
             "--config",
             str(self.properties_file),
             jvm_opts=_TOOL_JVM_OPTS,
@@ -180,39 +199,61 @@ class EmbeddedBroker:
                 exited or did not answer in time (with the tail of its output).
         """
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        with _file_lock(self.data_dir / ".lock"):
-            current = self.running()
-            if current is not None:
-                if self.port is not None and current.port != self.port:
-                    raise RunwatchError(
-                        f"a broker already runs from {self.data_dir} on {current.bootstrap}; "
-                        "stop it before choosing another port"
-                    )
-                logger.info("broker already running at %s", current.bootstrap)
-                return current
-            orphan = self._read_pid()
-            if orphan is not None and _is_broker_process(orphan):
-                raise RunwatchError(
-                    f"a broker process (pid {orphan}) runs from {self.data_dir} without a state "
-                    "file; stop it with `runwatch broker stop` first"
-                )
-            port, controller_port, auto = _choose_ports(self.port, self._read_state())
-            libs = ensure_jars(self.libs_dir, kafka_version=self.kafka_version)
-            self.properties_file.write_text(
-                _server_properties(port, controller_port, self.kafka_log_dir)
-            )
-            self._format_storage(libs)
-            return self._launch(libs, port, controller_port, auto, timeout_s)
+        with self._lock():
+            launched = self._spawn()
+            if isinstance(launched, BrokerInfo):
+                return launched
+            return self._await(launched, started_by=launched.started, timeout_s=timeout_s)
 
-    def _launch(
-        self, libs: Path, port: int, controller_port: int, auto: bool, timeout_s: float
-    ) -> BrokerInfo:
+    def _lock(self) -> contextlib.AbstractContextManager[None]:
+        """The data directory's advisory lock, held while starting or stopping."""
+        return _file_lock(self.data_dir / ".lock")
+
+    def _spawn(self) -> BrokerInfo | _Launched:
+        """Launch the JVM without waiting for it (hold `_lock`); a running broker's info."""
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        current = self.running()
+        if current is not None:
+            if self.port is not None and current.port != self.port:
+                raise RunwatchError(
+                    f"a broker already runs from {self.data_dir} on {current.bootstrap}; "
+                    "stop it before choosing another port"
+                )
+            logger.info("broker already running at %s", current.bootstrap)
+            return current
+        orphan = self._read_pid()
+        if orphan is not None and _is_broker_process(orphan):
+            raise RunwatchError(
+                f"a broker process (pid {orphan}) runs from {self.data_dir} without a state "
+                "file; stop it with `runwatch broker stop` first"
+            )
+        if self.member is None:
+            port, controller_port, auto = _choose_ports(self.port, self._read_state())
+            properties = _server_properties(port, controller_port, self.kafka_log_dir)
+        else:
+            member = self.member
+            port, controller_port, auto = member.port, member.controller_port, False
+            for taken in (p for p in (port, controller_port) if not _port_free(p)):
+                raise RunwatchError(
+                    f"port {taken} on {HOST} of node {member.node_id} is taken: stop what "
+                    "listens there (the cluster's nodes keep their ports)"
+                )
+            properties = _server_properties(
+                port,
+                controller_port,
+                self.kafka_log_dir,
+                node_id=member.node_id,
+                voters=member.voters,
+                replicas=member.nodes,
+            )
+        libs = ensure_jars(self.libs_dir, kafka_version=self.kafka_version)
+        self.properties_file.write_text(properties)
+        self._format_storage(libs)
         cmd = self._java_cmd(libs, _MAIN_CLASS, str(self.properties_file))
-        bootstrap = f"{HOST}:{port}"
         started = time.monotonic()
         with self.out_file.open("ab") as out:
             out.write(
-                f"--- runwatch: starting Kafka {self.kafka_version} on {bootstrap}\n".encode()
+                f"--- runwatch: starting Kafka {self.kafka_version} on {HOST}:{port}\n".encode()
             )
             out.flush()
             proc = subprocess.Popen(
@@ -225,8 +266,26 @@ class EmbeddedBroker:
             )
         self._proc = proc
         self.pid_file.write_text(f"{proc.pid}\n")
+        return _Launched(proc, port, controller_port, auto, started)
+
+    def _await(self, launched: _Launched, *, started_by: float, timeout_s: float) -> BrokerInfo:
+        """Wait until a `_spawn`-ed broker answers; record and return its state.
+
+        Args:
+            launched: What `_spawn` returned.
+            started_by: `time.monotonic()` the ``timeout_s`` counts from.
+            timeout_s: Longest to wait.
+        """
+        proc = launched.proc
+        bootstrap = f"{HOST}:{launched.port}"
+        node_id = self.member.node_id if self.member is not None else None
         try:
-            _await_ready(bootstrap, deadline=started + timeout_s, exited=_exit_probe(proc))
+            _await_ready(
+                bootstrap,
+                deadline=started_by + timeout_s,
+                exited=_exit_probe(proc),
+                node_id=node_id,
+            )
         except _BrokerExited as exc:
             self._proc = None
             self.pid_file.unlink(missing_ok=True)
@@ -245,11 +304,12 @@ class EmbeddedBroker:
             bootstrap=bootstrap,
             pid=proc.pid,
             data_dir=self.data_dir,
-            port=port,
-            controller_port=controller_port,
-            port_auto=auto,
+            port=launched.port,
+            controller_port=launched.controller_port,
+            port_auto=launched.auto,
             kafka_version=self.kafka_version,
-            startup_s=round(time.monotonic() - started, 2),
+            startup_s=round(time.monotonic() - launched.started, 2),
+            node_id=node_id or 1,
         )
         _write_json(self.state_file, info.to_json())
         return info
@@ -284,7 +344,7 @@ class EmbeddedBroker:
         Returns:
             True if a running broker was stopped, False if none ran.
         """
-        with _file_lock(self.data_dir / ".lock") if self.data_dir.is_dir() else _no_lock():
+        with self._lock() if self.data_dir.is_dir() else _no_lock():
             info = self.running()
             if info is None:
                 pid = self._read_pid()
@@ -293,6 +353,45 @@ class EmbeddedBroker:
                 self._terminate(pid, timeout_s=timeout_s)  # pid file without state
                 return True
             self._terminate(info.pid, timeout_s=timeout_s)
+            return True
+
+    def _live_pid(self) -> int | None:
+        pid = self._read_pid()
+        return pid if pid is not None and _is_broker_process(pid) else None
+
+    def signal_stop(self) -> None:
+        """Send SIGTERM to the broker, if it runs, without waiting (`stop` then waits).
+
+        A cluster asks every node at once, so none waits on a quorum that is going away.
+        """
+        pid = self._live_pid()
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+
+    def kill(self, *, timeout_s: float = 30.0) -> bool:
+        """SIGKILL the broker's JVM, as a crash would, and wait until it is gone.
+
+        Args:
+            timeout_s: Longest to wait for the process to disappear.
+
+        Returns:
+            True if a running broker was killed, False if none ran.
+        """
+        with self._lock() if self.data_dir.is_dir() else _no_lock():
+            pid = self._live_pid()
+            if pid is None:
+                return False
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            if not _wait_pid_exit(pid, timeout_s):
+                raise RunwatchError(f"broker pid {pid} survived SIGKILL for {timeout_s:.0f} s")
+            if self._proc is not None and self._proc.pid == pid:
+                self._proc.wait(timeout=10.0)
+                self._proc = None
+            else:
+                _reap(pid)
+            self.pid_file.unlink(missing_ok=True)
             return True
 
     # ---- context manager
@@ -306,9 +405,18 @@ class EmbeddedBroker:
 def running_bootstrap(data_dir: Path | None = None) -> str | None:
     """The address of the embedded broker if its state file exists and its process lives.
 
+    For a cluster's directory (`EmbeddedCluster`): every node's address, comma-separated,
+    while at least one node runs.
+
     Args:
         data_dir: The broker's data directory; `default_data_dir()` when None.
     """
+    from runwatch.broker.cluster import EmbeddedCluster, is_cluster_dir
+
+    directory = data_dir if data_dir is not None else default_data_dir()
+    if is_cluster_dir(directory):
+        cluster = EmbeddedCluster(directory).running()
+        return cluster.bootstrap if cluster is not None else None
     info = EmbeddedBroker(data_dir).running(clean_stale=False)
     return info.bootstrap if info is not None else None
 

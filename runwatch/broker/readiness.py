@@ -29,11 +29,19 @@ def _exit_probe(proc: subprocess.Popen[bytes]) -> Callable[[float], int | None]:
     return wait
 
 
-def _await_ready(bootstrap: str, *, deadline: float, exited: Callable[[float], int | None]) -> None:
+def _await_ready(
+    bootstrap: str,
+    *,
+    deadline: float,
+    exited: Callable[[float], int | None],
+    node_id: int | None = None,
+) -> None:
     """Wait until the broker at ``bootstrap`` answers DescribeCluster with an unfenced broker.
 
-    Between attempts it waits on the process's exit (``exited``), so a crash surfaces at
-    once. Raises `_BrokerExited` or `TimeoutError`.
+    With ``node_id`` (a node of a cluster), that broker itself must be listed unfenced: the
+    controller quorum has accepted its registration. Between attempts it waits on the
+    process's exit (``exited``), so a crash surfaces at once. Raises `_BrokerExited` or
+    `TimeoutError`.
     """
     from kafka import KafkaAdminClient
     from kafka.errors import KafkaError
@@ -66,7 +74,8 @@ def _await_ready(bootstrap: str, *, deadline: float, exited: Callable[[float], i
             finally:
                 admin.close()
             brokers = cluster.get("brokers") or []
-            if any(not b.get("is_fenced", False) for b in brokers):
+            unfenced = {b.get("broker_id") for b in brokers if not b.get("is_fenced", False)}
+            if unfenced and (node_id is None or node_id in unfenced):
                 return
         except (KafkaError, OSError) as exc:
             logger.debug("broker at %s not ready yet: %s", bootstrap, exc)

@@ -22,6 +22,7 @@ class BrokerInfo:
         port_auto: True when the client port was picked automatically (and may be reused).
         kafka_version: The Apache Kafka release it runs.
         startup_s: Seconds from launching the JVM to the first answered metadata request.
+        node_id: The node's id (``node.id``): 1 for a single broker, 1..N in a cluster.
     """
 
     bootstrap: str
@@ -32,6 +33,7 @@ class BrokerInfo:
     port_auto: bool
     kafka_version: str = KAFKA_VERSION
     startup_s: float = 0.0
+    node_id: int = 1
 
     def to_json(self) -> dict[str, Any]:
         """The state-file form (paths as strings)."""
@@ -51,4 +53,27 @@ class BrokerInfo:
             port_auto=bool(raw.get("port_auto", True)),
             kafka_version=str(raw.get("kafka_version", KAFKA_VERSION)),
             startup_s=float(raw.get("startup_s", 0.0)),
+            node_id=int(raw.get("node_id", 1)),
         )
+
+
+@dataclass(frozen=True)
+class ClusterMember:
+    """What a node of a multi-node cluster shares with the others.
+
+    Attributes:
+        node_id: This node's id (1..``nodes``).
+        port: This node's client (PLAINTEXT) port.
+        controller_port: This node's KRaft controller port.
+        voters: ``controller.quorum.voters`` of the cluster (``id@host:port,...``), the
+            same on every node: a static quorum of every node.
+        cluster_id: The cluster id every node's storage is formatted with.
+        nodes: Nodes in the cluster.
+    """
+
+    node_id: int
+    port: int
+    controller_port: int
+    voters: str
+    cluster_id: str
+    nodes: int

@@ -1,4 +1,9 @@
-"""`runwatch broker`: start, stop and inspect the embedded single-node Kafka broker."""
+"""`runwatch broker`: start, stop and inspect the embedded Kafka broker or cluster.
+
+``start --nodes N`` (N >= 2) runs a replicated cluster of N KRaft nodes on loopback in the
+data directory; later commands on that directory (``stop``, ``status``, ``logs``) find the
+cluster by its ``cluster.json`` and cover every node, or one with ``--node``.
+"""
 
 from __future__ import annotations
 
@@ -12,9 +17,9 @@ from typing import TYPE_CHECKING
 from runwatch.errors import UsageError
 
 if TYPE_CHECKING:
-    from runwatch.broker import EmbeddedBroker
+    from runwatch.broker import EmbeddedBroker, EmbeddedCluster
 
-HELP = "run the embedded Apache Kafka broker (start, stop, status, logs)"
+HELP = "run the embedded Apache Kafka broker or a local cluster (start, stop, status, logs)"
 
 _FOLLOW_POLL_S = 0.5
 
@@ -32,17 +37,34 @@ def configure(parser: argparse.ArgumentParser) -> None:
             default=None,
             help="the broker's data directory (default: $RUNWATCH_HOME/broker)",
         )
+        child.add_argument(
+            "--node",
+            type=int,
+            default=None,
+            metavar="ID",
+            help="a cluster's node: act on this one only (logs: default 1)",
+        )
         return child
 
     start = add("start", "start the broker in the background and wait until it answers")
     start.add_argument(
-        "--port", type=int, default=None, help="client port (default: a free one, kept)"
+        "--port",
+        type=int,
+        default=None,
+        help="client port (default: a free one, kept); a cluster's node i gets PORT+i-1",
+    )
+    start.add_argument(
+        "--nodes",
+        type=int,
+        default=None,
+        metavar="N",
+        help="run a replicated cluster of N KRaft nodes (default: 1, or the recorded cluster)",
     )
     start.add_argument("--timeout", type=float, default=120.0, metavar="S", help="seconds to wait")
     add("stop", "stop the broker (SIGTERM, then SIGKILL after --timeout)").add_argument(
         "--timeout", type=float, default=30.0, metavar="S", help="seconds to wait"
     )
-    add("status", "print the broker's host:port; exit 0 if it runs, 1 if not")
+    add("status", "print the broker's host:port(s); exit 0 if it (every node) runs, 1 if not")
     logs = add("logs", "print the broker's log (logs/server.log in the data dir)")
     logs.add_argument("-n", "--lines", type=int, default=50, help="last N lines")
     logs.add_argument("-f", "--follow", action="store_true", help="keep printing new lines")
@@ -50,11 +72,26 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Dispatch to the chosen action; returns the exit status."""
-    from runwatch.broker import EmbeddedBroker
+    from runwatch.broker import EmbeddedBroker, EmbeddedCluster, default_data_dir, is_cluster_dir
 
     port = getattr(args, "port", None)
     if port is not None and not 0 < port < 65536:
         raise UsageError(f"--port must be 1..65535, not {port}")
+    nodes = getattr(args, "nodes", None)
+    if nodes is not None and nodes < 1:
+        raise UsageError(f"--nodes must be >= 1, not {nodes}")
+    if args.action == "logs" and args.lines < 0:
+        raise UsageError(f"-n must be >= 0, not {args.lines}")
+    data_dir = args.data_dir if args.data_dir is not None else default_data_dir()
+    if (nodes is not None and nodes > 1) or (nodes is None and is_cluster_dir(data_dir)):
+        cluster = EmbeddedCluster(data_dir, nodes=nodes, port=port)
+        if args.node is not None and not 1 <= args.node <= cluster.nodes:
+            raise UsageError(f"--node must be 1..{cluster.nodes}, not {args.node}")
+        return _run_cluster(cluster, args)
+    if args.node is not None and args.node != 1:
+        raise UsageError(f"--node {args.node}: {data_dir} holds a single broker (node 1)")
+    if nodes == 1 and is_cluster_dir(data_dir):
+        raise UsageError(f"{data_dir} holds a cluster; use another --data-dir for one broker")
     broker = EmbeddedBroker(args.data_dir, port=port)
     if args.action == "start":
         return _start(broker, args.timeout)
@@ -63,9 +100,40 @@ def run(args: argparse.Namespace) -> int:
     if args.action == "status":
         return _status(broker)
     if args.action == "logs":
-        if args.lines < 0:
-            raise UsageError(f"-n must be >= 0, not {args.lines}")
         return _logs(broker.log_file, args.lines, args.follow)
+    raise UsageError(f"unknown action {args.action!r}")
+
+
+def _run_cluster(cluster: EmbeddedCluster, args: argparse.Namespace) -> int:
+    if args.action == "start":
+        info = cluster.start(args.node, timeout_s=args.timeout)
+        print(info.bootstrap)
+        for node_id, node in sorted(info.running.items()):
+            print(
+                f"node {node_id}: Kafka {node.kafka_version} on {node.bootstrap}, pid {node.pid}",
+                file=sys.stderr,
+            )
+        print(f"cluster of {len(info.nodes)} nodes, data {info.data_dir}", file=sys.stderr)
+        return 0
+    if args.action == "stop":
+        stopped = cluster.stop(args.node, timeout_s=args.timeout)
+        what = ", ".join(str(n) for n in stopped) if stopped else "none was running"
+        print(f"stopped nodes of {cluster.data_dir}: {what}", file=sys.stderr)
+        return 0
+    if args.action == "status":
+        running = cluster.running()
+        live = running.running if running is not None else {}
+        wanted = [args.node] if args.node is not None else list(range(1, cluster.nodes + 1))
+        for node_id in wanted:
+            found = live.get(node_id)
+            state = f"runs on {found.bootstrap}, pid {found.pid}" if found else "not running"
+            print(f"node {node_id}: {state}", file=sys.stderr)
+        if not all(n in live for n in wanted):
+            return 1
+        print(live[args.node].bootstrap if args.node is not None else cluster.bootstrap)
+        return 0
+    if args.action == "logs":
+        return _logs(cluster.broker(args.node or 1).log_file, args.lines, args.follow)
     raise UsageError(f"unknown action {args.action!r}")
 
 

@@ -74,6 +74,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="failover time: a worker silent this long loses its partitions to the others",
     )
     parser.add_argument(
+        "--replication-factor",
+        type=int,
+        default=None,
+        metavar="N",
+        help="replicas of the topics and changelogs it creates "
+        "(default: $RUNWATCH_REPLICATION_FACTOR, else min(3, brokers))",
+    )
+    parser.add_argument(
         "--web-port", type=int, default=None, help="faust web server port (default: no server)"
     )
     parser.add_argument(
@@ -125,8 +133,13 @@ def run(args: argparse.Namespace) -> int:
     from processors.app import create_app
     from processors.fleet import default_app_id
     from processors.settings import ProcessorSettings
-    from runwatch.admin import create_catalogue
-    from runwatch.settings import faust_broker_settings, resolve_bootstrap, topic_prefix
+    from runwatch.admin import cluster_replication, create_catalogue
+    from runwatch.settings import (
+        faust_broker_settings,
+        replication_factor,
+        resolve_bootstrap,
+        topic_prefix,
+    )
     from schemas.signing import load_key
 
     if (
@@ -149,7 +162,9 @@ def run(args: argparse.Namespace) -> int:
         logging.getLogger("runwatch").warning(
             "no RUNWATCH_COMMAND_KEY: restart commands go out unsigned and controllers refuse them"
         )
-    create_catalogue(bootstrap, prefix=prefix, partitions=args.partitions)
+    # The changelogs get the catalogue's replication: both from the cluster's size.
+    rule = cluster_replication(bootstrap, factor=replication_factor(args.replication_factor))
+    create_catalogue(bootstrap, prefix=prefix, partitions=args.partitions, replication=rule)
     settings = ProcessorSettings(
         bootstrap=bootstrap,
         prefix=prefix,
@@ -159,6 +174,8 @@ def run(args: argparse.Namespace) -> int:
         tick_interval_s=args.tick_interval,
         session_timeout_s=args.session_timeout,
         web_port=args.web_port,
+        replication_factor=rule.factor,
+        min_insync_replicas=rule.min_insync,
         overrides=overrides,
     )
     if args.loglevel is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from runwatch.errors import UsageError
 
@@ -39,6 +40,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="partitions per topic (default: the catalogue's)",
     )
+    create.add_argument(
+        "--replication-factor",
+        type=int,
+        default=None,
+        metavar="N",
+        help="replicas per partition (default: $RUNWATCH_REPLICATION_FACTOR, else min(3, brokers))",
+    )
     listing = add("list", "list topics and their partition counts")
     listing.add_argument(
         "--prefix",
@@ -59,7 +67,7 @@ def of_prefix(topic: str, prefix: str) -> bool:
 def run(args: argparse.Namespace) -> int:
     """Dispatch to the chosen action; returns the exit status."""
     from runwatch import admin
-    from runwatch.settings import resolve_bootstrap, topic_prefix
+    from runwatch.settings import replication_factor, resolve_bootstrap, topic_prefix
 
     if args.timeout <= 0:
         raise UsageError(f"--timeout must be > 0, not {args.timeout}")
@@ -67,11 +75,18 @@ def run(args: argparse.Namespace) -> int:
     if args.action == "create":
         if args.partitions is not None and args.partitions < 1:
             raise UsageError(f"--partitions must be >= 1, not {args.partitions}")
+        factor = replication_factor(args.replication_factor)
+        rule = admin.cluster_replication(bootstrap, factor=factor, timeout_s=args.timeout)
         created = admin.create_catalogue(
             bootstrap,
             prefix=topic_prefix(args.prefix),
             partitions=args.partitions,
+            replication=rule,
             timeout_s=args.timeout,
+        )
+        print(
+            f"replication factor {rule.factor}, min.insync.replicas {rule.min_insync}",
+            file=sys.stderr,
         )
         for name, new in sorted(created.items()):
             print(f"{name}\t{'created' if new else 'exists'}")
