@@ -64,6 +64,10 @@ _LEVELS: dict[int, tuple[int, int, int, int]] = {
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
+class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """The handler `setup_logging` installs (so a second call replaces only its own)."""
+
+
 def setup_logging(verbosity: int) -> None:
     """Send log records to stderr at the levels ``verbosity`` (the count of ``-v``) asks.
 
@@ -75,11 +79,14 @@ def setup_logging(verbosity: int) -> None:
     clients' internals included.
     """
     ours, clients, frameworks, rest = _LEVELS[min(max(verbosity, 0), 2)]
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _StderrHandler(sys.stderr)
     handler.setFormatter(logging.Formatter(LOG_FORMAT))
     root = logging.getLogger()
     for old in list(root.handlers):
-        root.removeHandler(old)
+        # only a handler of an earlier call: others (a host program's, pytest's caplog)
+        # are not ours to remove
+        if isinstance(old, _StderrHandler):
+            root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(rest)
     for name in OWN_LOGGERS:
