@@ -59,7 +59,7 @@ def heartbeat_rate(world: int, events: int, repeat: int) -> tuple[float, int, in
     beats = [
         Heartbeat(
             run_id="r",
-            ts_ns=s * S // 4 + r,
+            ts_ns=s * S // 4 + rng.randrange(50_000_000),
             rank=r,
             step=s,
             step_time_s=0.25 * (1.0 + rng.gauss(0.0, 0.02)),
