@@ -214,17 +214,18 @@ class RankTable:
     def to_wire(self) -> list[Any]:
         """The contents as msgpack-able values: packed integer arrays, raw float64 bytes."""
         data = self.read()
+        streaks = sorted(data.streaks.items())  # sets: canonical order, whatever the history
         buckets: list[Any] = []
         for bucket in data.buckets:
             buckets += [pack_ints(list(bucket)), np.array(list(bucket.values())).tobytes()]
         return [
             pack_ints(data.steps),
             pack_ints(data.ts),
-            pack_ints(list(data.dead)),
+            pack_ints(sorted(data.dead)),
             *buckets,
-            pack_ints(list(data.streaks)),
-            pack_ints(list(data.streaks.values())),
-            pack_ints(list(data.flagged)),
+            pack_ints([rank for rank, _ in streaks]),
+            pack_ints([streak for _, streak in streaks]),
+            pack_ints(sorted(data.flagged)),
         ]
 
     @classmethod
