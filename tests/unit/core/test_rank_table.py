@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import struct
 from typing import Any
 
 import pytest
@@ -11,6 +12,7 @@ from hypothesis import strategies as st
 
 from processors.core import liveness, stragglers
 from processors.core.config import DetectorConfig, with_overrides
+from processors.core.ledger import ROW, pack_rows, unpack_rows
 from processors.core.liveness import LivenessEvent, LivenessState, fold_liveness
 from processors.core.rank_table import RankTable, pack_ints, unpack_ints
 from processors.core.state_codec import decode_state, encode_state
@@ -248,3 +250,20 @@ def test_per_heartbeat_work_does_not_grow_with_world_size(
         large = touches_per_heartbeat(world, monkeypatch)
         assert large <= 1.5 * small, (world, large, small)
         assert large < 10
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(
+        st.floats(allow_nan=True, allow_infinity=True, width=64), min_size=6, max_size=6
+    ).flatmap(lambda row: st.lists(st.just(row), min_size=1, max_size=40)),
+    st.lists(st.floats(allow_nan=True, width=64), min_size=0, max_size=240),
+)
+def test_packed_ledger_rows_are_bit_exact(repeated: list[list[float]], noise: list[float]) -> None:
+    flat = [v for row in repeated for v in row] + noise[: len(noise) // ROW * ROW]
+    got = unpack_rows(pack_rows(tuple(flat)))
+    assert [struct_bits(v) for v in got] == [struct_bits(v) for v in flat]
+
+
+def struct_bits(value: float) -> bytes:
+    return struct.pack("<d", value)
