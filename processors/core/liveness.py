@@ -78,10 +78,10 @@ def _on_heartbeat(
     steps, stamps = data.steps, data.ts
     if rank >= len(steps):
         for _ in range(rank + 1 - len(steps)):
-            journal.append(steps, NEVER)
-            journal.append(stamps, 0)
+            journal.push(steps, NEVER)
+            journal.push(stamps, 0)
     previous = steps[rank]
-    log = journal.entries  # inline journal writes: this is the per-heartbeat path
+    log = journal  # inline journal writes: this is the per-heartbeat path
     log.append((steps, rank, previous))
     steps[rank] = step
     log.append((stamps, rank, stamps[rank]))

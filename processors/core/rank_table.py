@@ -93,36 +93,33 @@ class TableData:
         )
 
 
-class Journal:
+class Journal(list[Entry]):
     """The undo log of one fold: every write to a table's containers goes through it.
 
-    Hot paths may append ``(container, key, old value or ABSENT)`` to ``entries`` and
-    write the container themselves, the two always together.
+    Its items are ``(container, key, old value or ABSENT)``. Hot paths may append such an
+    entry and write the container themselves, the two always together.
     """
 
-    __slots__ = ("entries",)
-
-    def __init__(self, entries: list[Entry]) -> None:
-        self.entries = entries
+    __slots__ = ()
 
     def set(self, container: Container, key: Any, value: Any) -> None:
         """``container[key] = value`` for an existing list index or dict key."""
-        self.entries.append((container, key, container[key]))
+        self.append((container, key, container[key]))
         container[key] = value
 
     def put(self, mapping: dict[Any, Any], key: Any, value: Any) -> None:
         """``mapping[key] = value``, the key new or not."""
-        self.entries.append((mapping, key, mapping.get(key, _ABSENT)))
+        self.append((mapping, key, mapping.get(key, _ABSENT)))
         mapping[key] = value
 
     def discard(self, mapping: dict[Any, Any], key: Any) -> None:
         """Remove ``key`` from ``mapping`` if present."""
         if key in mapping:
-            self.entries.append((mapping, key, mapping.pop(key)))
+            self.append((mapping, key, mapping.pop(key)))
 
-    def append(self, values: list[Any], value: Any) -> None:
+    def push(self, values: list[Any], value: Any) -> None:
         """``values.append(value)``."""
-        self.entries.append((values, len(values), _ABSENT))
+        self.append((values, len(values), _ABSENT))
         values.append(value)
 
 
@@ -154,8 +151,8 @@ class RankTable:
     def __init__(self, data: TableData | None = None) -> None:
         """A table holding ``data`` (default: empty), the root of a new chain."""
         self._data: TableData | None = data if data is not None else TableData.empty(0)
-        self._diffs: list[Entry] = []
-        self._next: RankTable | None = None
+        self._diffs: list[Entry]
+        self._next: RankTable | None
 
     @classmethod
     def of_width(cls, width: int) -> RankTable:
@@ -174,12 +171,20 @@ class RankTable:
             The output version, the containers to update (through the journal only) and
             the journal that keeps this version restorable.
         """
-        data = self._data if self._data is not None else self._reroot()
-        out = RankTable.__new__(RankTable)
-        out._data, out._diffs, out._next = data, [], None
-        entries: list[Entry] = []
-        self._data, self._diffs, self._next = None, entries, out
-        return out, data, Journal(entries)
+        data = self._data
+        if data is None:
+            data = self._reroot()
+        out = _new_table(RankTable)
+        out._data = data  # a root reads only _data; _diffs and _next are set on leaving it
+        journal = Journal()
+        self._data = None
+        self._diffs = journal
+        self._next = out
+        return out, data, journal
+
+    def undo_entries(self) -> int:
+        """Undo entries this version holds: the writes of the fold that left it (root: 0)."""
+        return 0 if self._data is not None else len(self._diffs)
 
     def _reroot(self) -> TableData:
         path: list[RankTable] = []
@@ -259,6 +264,8 @@ class RankTable:
             )
         )
 
+
+_new_table: Final = object.__new__
 
 _WIDTHS: Final = ((0xFF, "u1"), (0xFFFF, "<u2"), (0xFFFFFFFF, "<u4"))
 

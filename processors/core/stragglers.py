@@ -148,7 +148,7 @@ def observe(
         bucket = buckets[1]
         if rank in bucket:
             return state, []
-        journal.entries.append((bucket, rank, ABSENT))  # inline put: the per-heartbeat path
+        journal.append((bucket, rank, ABSENT))  # inline put: the per-heartbeat path
         bucket[rank] = step_time_s
         if len(bucket) < live_ranks:
             return state, []

@@ -229,14 +229,14 @@ def touches_per_heartbeat(world: int, monkeypatch: pytest.MonkeyPatch) -> float:
             event = Heartbeat(run_id="r", ts_ns=t + r, rank=r, step=n, step_time_s=dt)
             before = state.table
             state, _ = fold_liveness(state, event, src(offset), CFG)
-            touches.count += len(before._diffs)  # the fold's journal entries
+            touches.count += before.undo_entries()  # the fold's journal entries
             offset, beats = offset + 1, beats + 1
         if n % 4 == 0:
             before = state.table
             state, _ = fold_liveness(
                 state, Tick(run_id="*", ts_ns=t + 30 * S, partition=0), src(offset), CFG
             )
-            touches.count += len(before._diffs)
+            touches.count += before.undo_entries()
             offset += 1
     assert state.dead_ranks == (1,) and state.straggler_ranks == (0,)
     return touches.count / beats
