@@ -267,3 +267,8 @@ def test_packed_ledger_rows_are_bit_exact(repeated: list[list[float]], noise: li
 
 def struct_bits(value: float) -> bytes:
     return struct.pack("<d", value)
+
+
+def test_same_verdicts_as_the_frozen_tuple_reducer_at_a_large_world() -> None:
+    kinds = {v.kind for seed in (1, 2) for v in fold_both(gang_log(seed, 300, 25))}
+    assert kinds == {"dead_rank", "hang", "straggler"}
