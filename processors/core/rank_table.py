@@ -222,7 +222,7 @@ class RankTable:
         streaks = sorted(data.streaks.items())  # sets: canonical order, whatever the history
         buckets: list[Any] = []
         for bucket in data.buckets:
-            buckets += [pack_ints(list(bucket)), np.array(list(bucket.values())).tobytes()]
+            buckets += [pack_ints(list(bucket)), _pack_floats(list(bucket.values()))]
         return [
             pack_ints(data.steps),
             pack_ints(data.ts),
@@ -246,7 +246,7 @@ class RankTable:
         buckets: list[dict[int, float]] = []
         for ranks, times in ((a_ranks, a_times), (b_ranks, b_times)):
             keys = unpack_ints(ranks)
-            values = np.frombuffer(_bytes(times), dtype="<f8").tolist()
+            values = _unpack_floats(times)
             if len(keys) != len(values):
                 raise ValueError("a straggler bucket's ranks and times differ in length")
             buckets.append(dict(zip(keys, values, strict=True)))
@@ -267,6 +267,9 @@ class RankTable:
 
 _new_table: Final = object.__new__
 
+SMALL: Final = 64
+"""Arrays up to this length are written as plain msgpack lists (cheaper to pack, as small)."""
+
 _WIDTHS: Final = ((0xFF, "u1"), (0xFFFF, "<u2"), (0xFFFFFFFF, "<u4"))
 
 
@@ -276,10 +279,14 @@ def pack_ints(values: list[int]) -> list[Any]:
     The offsets from the smallest value are stored in the narrowest unsigned width that
     holds them, byte planes first (all low bytes, then the next...), deflated: steps of a
     gang in lockstep take about a byte per thousand ranks, timestamps within a second
-    about two bytes per rank. Values outside int64 are kept as a plain list.
+    about two bytes per rank. Up to `SMALL` values, and values outside int64, are kept as
+    a plain list (msgpack ints: packing has a fixed cost of ~10 µs an array, which a fleet of
+    small runs would pay on every batch).
     """
     if not values:
         return []
+    if len(values) <= SMALL:
+        return ["list", list(values)]
     try:
         arr = np.array(values, dtype=np.int64)
     except OverflowError:
@@ -316,10 +323,32 @@ def unpack_ints(packed: Any) -> list[int]:
     return out
 
 
+def _pack_floats(values: list[float]) -> list[float] | bytes:
+    return values if len(values) <= SMALL else np.array(values, dtype="<f8").tobytes()
+
+
+def _unpack_floats(packed: Any) -> list[float]:
+    if isinstance(packed, list):
+        if not all(isinstance(v, float) for v in packed):
+            raise ValueError("packed floats are a list of floats or float64 bytes")
+        return packed
+    out: list[float] = np.frombuffer(_bytes(packed), dtype="<f8").tolist()
+    return out
+
+
 def _bytes(raw: Any) -> bytes:
     if not isinstance(raw, bytes | bytearray | memoryview):
         raise ValueError("expected raw bytes")
     return bytes(raw)
 
 
-__all__ = ["ABSENT", "NEVER", "Journal", "RankTable", "TableData", "pack_ints", "unpack_ints"]
+__all__ = [
+    "ABSENT",
+    "NEVER",
+    "SMALL",
+    "Journal",
+    "RankTable",
+    "TableData",
+    "pack_ints",
+    "unpack_ints",
+]
