@@ -14,6 +14,14 @@ its partition, never a clock read here. Three verdicts:
 
 A RunEnded suspends every check until the next RunStarted, which starts a new incarnation
 with a fresh rank table.
+
+Cost: a heartbeat writes O(1) entries of the run's `processors.core.rank_table.RankTable`
+(its last step and time, its straggler bucket) through the fold's journal; the dead-rank
+scans and bucket closes are periodic and amortised O(1) per heartbeat (see
+`processors.core.liveness_scans` and `processors.core.stragglers`), so the per-event cost
+does not grow with the world size. States stay values: folding never changes what an
+earlier state reads (the rank table's ownership rule), and verdicts are those of the
+frozen-tuple reducer this replaced, byte for byte.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ import msgspec
 from processors.core.config import DetectorConfig, effective_config
 from processors.core.liveness_scans import Gang, Verdicts, step_scan, time_scan
 from processors.core.liveness_state import NEVER, LivenessState
+from processors.core.rank_table import RankTable
 from processors.core.stragglers import observe
 from schemas.events import (
     AnomalyDetected,
@@ -46,7 +55,7 @@ def _incarnation_state(state: LivenessState, event: RunStarted) -> LivenessState
         expected_ranks=event.world_size,
         known_ranks=event.world_size,
         step_hint=step_hint,
-        ranks=(NEVER, 0) * event.world_size,
+        table=RankTable.of_width(event.world_size),
         heartbeats=state.heartbeats,
         raised=state.raised,
         anomaly_counts=state.anomaly_counts,
@@ -65,12 +74,18 @@ def _on_heartbeat(
     if not state.live:
         return msgspec.structs.replace(state, last_offset=source.offset, log_time_ns=now_ns), []
     rank, step = event.rank, event.step
-    ranks = state.ranks
-    i = 2 * rank
-    if i >= len(ranks):
-        ranks = ranks + (NEVER, 0) * (rank + 1 - len(ranks) // 2)
-    previous = ranks[i]
-    ranks = ranks[:i] + (step, ts_ns) + ranks[i + 2 :]  # noqa: RUF005 (faster, hot path)
+    table, data, journal = state.table.begin()
+    steps, stamps = data.steps, data.ts
+    if rank >= len(steps):
+        for _ in range(rank + 1 - len(steps)):
+            journal.push(steps, NEVER)
+            journal.push(stamps, 0)
+    previous = steps[rank]
+    log = journal  # inline journal writes: this is the per-heartbeat path
+    log.append((steps, rank, previous))
+    steps[rank] = step
+    log.append((stamps, rank, stamps[rank]))
+    stamps[rank] = ts_ns
     known = state.known_ranks
     if previous == NEVER and rank >= state.expected_ranks:
         known += 1
@@ -80,28 +95,26 @@ def _on_heartbeat(
     step_scan_at = state.step_scan_at
     if previous != NEVER and step < previous:
         step_scan_at = min(step_scan_at, step + cfg.rank_heartbeat_threshold + 1)
-    dead_before = state.dead
-    if dead_before and rank in dead_before:
-        dead_before = tuple(r for r in dead_before if r != rank)
+    dead = data.dead
+    if dead and rank in dead:
+        journal.discard(dead, rank)
     last_heartbeat_ns = ts_ns if ts_ns > state.last_heartbeat_ns else state.last_heartbeat_ns
     run_step = step if step > state.run_step else state.run_step
     time_scan_after = state.time_scan_after_ns
     need_step_scan = run_step > state.run_step and run_step >= step_scan_at
     need_time_scan = now_ns - time_scan_after > cfg.dead_rank_timeout_s * 1e9
     out: Verdicts | None = None
-    dead = dead_before
     if need_step_scan or need_time_scan:
         out = Verdicts(state, ts_ns, source, cfg)
         gang = Gang(state.expected_ranks, first_step, first_ns, last_heartbeat_ns)
-        scratch = list(dead_before)
         if need_step_scan:
-            step_scan_at = step_scan(gang, ranks, scratch, run_step, cfg, out)
+            step_scan_at = step_scan(gang, data, journal, run_step, cfg, out)
         if need_time_scan:
-            time_scan_after = time_scan(gang, ranks, scratch, now_ns, cfg, out, run_step)
-        if len(scratch) != len(dead_before):
-            dead = tuple(sorted(scratch))
+            time_scan_after = time_scan(gang, data, journal, now_ns, cfg, out, run_step)
     stragglers, slow = observe(
         state.stragglers,
+        data,
+        journal,
         rank,
         step,
         event.step_time_s,
@@ -140,8 +153,8 @@ def _on_heartbeat(
         run_step,
         state.step_hint,
         last_heartbeat_ns,
-        ranks,
-        dead,
+        table,
+        len(dead),
         False,
         time_scan_after,
         step_scan_at,
@@ -177,7 +190,7 @@ def _on_tick(
                 timeout_s,
                 f"{what} for {silent_ns / 1e9:.1f} s of log time",
             )
-    dead = list(state.dead)
+    table, dead_count = state.table, state.dead_count
     time_scan_after = state.time_scan_after_ns
     if started and now_ns - time_scan_after > cfg.dead_rank_timeout_s * 1e9:
         gang = Gang(
@@ -186,13 +199,16 @@ def _on_tick(
             state.first_heartbeat_ns,
             state.last_heartbeat_ns,
         )
-        time_scan_after = time_scan(gang, state.ranks, dead, now_ns, cfg, out, _verdict_step(state))
+        table, data, journal = table.begin()
+        time_scan_after = time_scan(gang, data, journal, now_ns, cfg, out, _verdict_step(state))
+        dead_count = len(data.dead)
     return msgspec.structs.replace(
         state,
         last_offset=source.offset,
         log_time_ns=now_ns,
         hung=hung,
-        dead=tuple(sorted(dead)),
+        table=table,
+        dead_count=dead_count,
         time_scan_after_ns=time_scan_after,
         raised=out.raised(),
         anomaly_counts=out.counts() if out.out else state.anomaly_counts,
@@ -223,12 +239,13 @@ def advance_step(
     first_step = state.first_step if state.first_step >= 0 else step
     current = msgspec.structs.replace(state, run_step=run_step, first_step=first_step)
     out = Verdicts(current, state.log_time_ns, source, cfg)
-    dead = list(state.dead)
+    table, data, journal = state.table.begin()
     gang = Gang(state.expected_ranks, first_step, state.first_heartbeat_ns, state.last_heartbeat_ns)
-    step_scan_at = step_scan(gang, current.ranks, dead, run_step, cfg, out)
+    step_scan_at = step_scan(gang, data, journal, run_step, cfg, out)
     return msgspec.structs.replace(
         current,
-        dead=tuple(sorted(dead)),
+        table=table,
+        dead_count=len(data.dead),
         step_scan_at=step_scan_at,
         raised=out.raised(),
         anomaly_counts=out.counts() if out.out else state.anomaly_counts,

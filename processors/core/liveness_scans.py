@@ -1,11 +1,21 @@
-"""Scans of a rank table for dead ranks, and the verdicts they raise."""
+"""Scans of a rank table for dead ranks, and the verdicts they raise.
+
+A scan reads every rank, O(world), but runs only when some rank can have crossed a limit:
+the step scan when the run reaches ``step_scan_at`` (the oldest live rank's step plus the
+threshold, so at most once per ``rank_heartbeat_threshold`` steps of the slowest rank,
+i.e. once per threshold x world heartbeats in a healthy gang), the time scan when log time
+passes ``time_scan_after_ns`` plus the timeout (the oldest live rank's last report). Each
+scan is O(1) per rank (dead flags are a dict), so the amortised cost per heartbeat is
+bounded whatever the world size.
+"""
 
 from __future__ import annotations
 
 import msgspec
 
 from processors.core.config import DetectorConfig, config_hash
-from processors.core.liveness_state import NEVER, LivenessState
+from processors.core.liveness_state import LivenessState
+from processors.core.rank_table import NEVER, Journal, TableData
 from processors.core.verdicts import make_anomaly
 from schemas.events import AnomalyDetected, AnomalyKind, Provenance
 
@@ -88,8 +98,8 @@ class Gang(msgspec.Struct, frozen=True, gc=False):
 
 def step_scan(
     gang: Gang,
-    ranks: tuple[int, ...],
-    dead: list[int],
+    data: TableData,
+    journal: Journal,
     run_step: int,
     cfg: DetectorConfig,
     out: Verdicts,
@@ -97,8 +107,8 @@ def step_scan(
     """Flag ranks too many steps behind ``run_step``; return the next step worth a scan."""
     threshold = cfg.rank_heartbeat_threshold
     oldest = run_step
-    for rank in range(len(ranks) // 2):
-        last = ranks[2 * rank]
+    dead = data.dead
+    for rank, last in enumerate(data.steps):
         if last == NEVER:
             if rank >= gang.expected_ranks:
                 continue
@@ -107,7 +117,7 @@ def step_scan(
             continue
         behind = run_step - last
         if behind > threshold:
-            dead.append(rank)
+            journal.put(dead, rank, None)
             out.emit(
                 "dead_rank",
                 run_step,
@@ -123,8 +133,8 @@ def step_scan(
 
 def time_scan(
     gang: Gang,
-    ranks: tuple[int, ...],
-    dead: list[int],
+    data: TableData,
+    journal: Journal,
     now_ns: int,
     cfg: DetectorConfig,
     out: Verdicts,
@@ -134,8 +144,8 @@ def time_scan(
     timeout_ns = int(cfg.dead_rank_timeout_s * 1e9)
     whole_gang = now_ns - gang.last_heartbeat_ns > timeout_ns
     oldest = now_ns
-    for rank in range(len(ranks) // 2):
-        last_step, last_ns = ranks[2 * rank], ranks[2 * rank + 1]
+    dead = data.dead
+    for rank, (last_step, last_ns) in enumerate(zip(data.steps, data.ts, strict=True)):
         if last_step == NEVER:
             if rank >= gang.expected_ranks:
                 continue
@@ -144,7 +154,7 @@ def time_scan(
             continue
         silent_ns = now_ns - last_ns
         if silent_ns > timeout_ns:
-            dead.append(rank)
+            journal.put(dead, rank, None)
             out.emit(
                 "dead_rank",
                 step,

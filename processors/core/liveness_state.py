@@ -1,16 +1,18 @@
-"""The liveness reducer's state: what it knows about one run's ranks."""
+"""The liveness reducer's state: what it knows about one run's ranks.
+
+The scalars are a frozen struct; the per-rank data (last step and timestamp, dead flags,
+straggler buckets and streaks) is a `processors.core.rank_table.RankTable`, updated in
+place through a journal so a heartbeat costs O(1) at any world size, while every state
+value still reads as it was when it was returned (see that module's ownership rule).
+"""
 
 from __future__ import annotations
 
-from typing import Final
-
 import msgspec
 
+from processors.core.rank_table import NEVER, RankTable
 from processors.core.runinfo import RunStatus
 from processors.core.stragglers import StragglerState
-
-NEVER: Final = -1
-"""Step of a rank that has not reported in this incarnation."""
 
 
 class LivenessState(msgspec.Struct, frozen=True, gc=False):
@@ -32,13 +34,14 @@ class LivenessState(msgspec.Struct, frozen=True, gc=False):
         run_step: Newest step any rank reported in this incarnation (-1: none).
         step_hint: Newest step known across incarnations (for verdicts before a heartbeat).
         last_heartbeat_ns: Newest heartbeat timestamp of any rank.
-        ranks: Flat ``(last_step, last_ts_ns)`` per rank; last_step -1: not reported.
-        dead: Ranks currently flagged dead, ascending.
+        table: Per rank: last step and timestamp, dead flag, straggler buckets, streaks
+            and flags.
+        dead_count: Ranks currently flagged dead.
         hung: True while a hang is flagged.
         time_scan_after_ns: No rank can be silent too long before log time passes this
             plus the timeout (a lower bound on the oldest live rank's last report).
         step_scan_at: No rank can be too far behind before the run reaches this step.
-        stragglers: Straggler buckets and streaks.
+        stragglers: Which steps the two open straggler buckets hold.
         heartbeats: Heartbeats applied.
         raised: Verdicts raised for the run so far (part of their ids, so a rank that
             dies twice at the same step gets two verdicts).
@@ -60,8 +63,8 @@ class LivenessState(msgspec.Struct, frozen=True, gc=False):
     run_step: int = -1
     step_hint: int = 0
     last_heartbeat_ns: int = 0
-    ranks: tuple[int, ...] = ()
-    dead: tuple[int, ...] = ()
+    table: RankTable = msgspec.field(default_factory=RankTable)
+    dead_count: int = 0
     hung: bool = False
     time_scan_after_ns: int = 0
     step_scan_at: int = 0
@@ -71,6 +74,11 @@ class LivenessState(msgspec.Struct, frozen=True, gc=False):
     anomaly_counts: dict[str, int] = {}
 
     @property
+    def dead(self) -> tuple[int, ...]:
+        """Ranks currently flagged dead, ascending."""
+        return tuple(sorted(self.table.read().dead))
+
+    @property
     def dead_ranks(self) -> tuple[int, ...]:
         """Ranks currently flagged dead."""
         return self.dead
@@ -78,23 +86,29 @@ class LivenessState(msgspec.Struct, frozen=True, gc=False):
     @property
     def straggler_ranks(self) -> tuple[int, ...]:
         """Ranks currently flagged as stragglers."""
-        return self.stragglers.flagged
+        return tuple(sorted(self.table.read().flagged))
+
+    @property
+    def width(self) -> int:
+        """Ranks the table has a row for (expected or seen)."""
+        return len(self.table.read().steps)
 
     @property
     def live_ranks(self) -> tuple[int, ...]:
         """Known ranks not flagged dead."""
-        dead = set(self.dead)
+        dead = self.table.read().dead
         return tuple(r for r in self._known() if r not in dead)
 
     def rank_last_step(self, rank: int) -> int | None:
         """Newest step ``rank`` reported in this incarnation, None if none."""
-        if 2 * rank + 1 >= len(self.ranks) or self.ranks[2 * rank] == NEVER:
+        steps = self.table.read().steps
+        if rank >= len(steps) or steps[rank] == NEVER:
             return None
-        return self.ranks[2 * rank]
+        return steps[rank]
 
     def _known(self) -> list[int]:
-        width = len(self.ranks) // 2
-        return [r for r in range(width) if r < self.expected_ranks or self.ranks[2 * r] != NEVER]
+        steps = self.table.read().steps
+        return [r for r in range(len(steps)) if r < self.expected_ranks or steps[r] != NEVER]
 
 
 __all__ = ["NEVER", "LivenessState"]

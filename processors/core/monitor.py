@@ -199,8 +199,7 @@ class TrainingHealthMonitor:
         started = RunStarted(
             run_id=self._started.run_id,
             ts_ns=self._clock_ns,
-            world_size=self._started.world_size
-            or (len(self._liveness.ranks) // 2 if self._liveness else 0),
+            world_size=self._started.world_size or (self._liveness.width if self._liveness else 0),
             flop_config=self._started.flop_config,
             peak_flops_per_s=self._started.peak_flops_per_s,
             dtype=self._started.dtype,

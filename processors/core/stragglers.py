@@ -12,6 +12,10 @@ back under the ratio).
 Note: the check needs a per-rank time that differs when a rank is slow, e.g. its compute
 time before the gradient all-reduce; a wall time that includes the collective is the same
 on every rank of a synchronous gang.
+
+Cost: the buckets and streaks live in the run's `processors.core.rank_table.RankTable`
+(dicts keyed by rank, written through the fold's journal), so adding a heartbeat is O(1)
+and closing a bucket costs O(ranks in it): amortised O(1) per heartbeat at any world size.
 """
 
 from __future__ import annotations
@@ -19,32 +23,22 @@ from __future__ import annotations
 import msgspec
 
 from processors.core.baseline import median_of_sorted
+from processors.core.rank_table import ABSENT, Journal, TableData
 
 
 class StragglerState(msgspec.Struct, frozen=True, gc=False):
-    """Two open step buckets (the newest step and the one before) and per-rank streaks.
+    """Which steps the two open buckets hold (their contents are in the rank table).
 
     Attributes:
-        a_step: Step of the older open bucket (-1: none).
-        a_ranks: Ranks that reported it.
-        a_times: Their step times.
-        b_step: Step of the newer open bucket (-1: none).
-        b_ranks: Ranks that reported it.
-        b_times: Their step times.
+        a_step: Step of the older open bucket (-1: none); ranks and times in
+            ``TableData.buckets[0]``.
+        b_step: Step of the newer open bucket (-1: none); ``TableData.buckets[1]``.
         closed_upto: Buckets at or below this step are closed.
-        streaks: Consecutive slow closed steps, per rank (index = rank).
-        flagged: Ranks currently flagged as stragglers.
     """
 
     a_step: int = -1
-    a_ranks: tuple[int, ...] = ()
-    a_times: tuple[float, ...] = ()
     b_step: int = -1
-    b_ranks: tuple[int, ...] = ()
-    b_times: tuple[float, ...] = ()
     closed_upto: int = -1
-    streaks: tuple[int, ...] = ()
-    flagged: tuple[int, ...] = ()
 
 
 class SlowRank(msgspec.Struct, frozen=True, gc=False):
@@ -78,97 +72,51 @@ def median_without(ordered: list[float], index: int) -> float:
     return (at(half - 1) + at(half)) / 2
 
 
-def _close(
-    state: StragglerState,
-    ranks: tuple[int, ...],
-    times: tuple[float, ...],
+def _judge(
+    data: TableData,
+    journal: Journal,
+    bucket: dict[int, float],
     step: int,
     ratio_thresh: float,
     steps_thresh: int,
-) -> tuple[StragglerState, list[SlowRank]]:
-    """Judge one closed bucket: update streaks and flags, report new stragglers."""
-    closed_upto = step if step > state.closed_upto else state.closed_upto
-    if len(ranks) < 2:
-        return msgspec.structs.replace(state, closed_upto=closed_upto), []
-    if not state.flagged and not any(state.streaks):
+    found: list[SlowRank],
+) -> None:
+    """Judge one closed bucket: update streaks and flags, collect new stragglers."""
+    if len(bucket) < 2:
+        return
+    ranks = list(bucket)
+    times = list(bucket.values())
+    if not data.flagged and not data.streaks:
         # Healthy fast path: if even the slowest rank is under the ratio, nothing changes.
         slowest = max(range(len(times)), key=times.__getitem__)
         peers = sorted(times[:slowest] + times[slowest + 1 :])
         if times[slowest] <= ratio_thresh * median_of_sorted(peers):
-            return msgspec.structs.replace(state, closed_upto=closed_upto), []
+            return
     order = sorted(range(len(times)), key=times.__getitem__)
     ordered = [times[i] for i in order]
     position = {i: p for p, i in enumerate(order)}
-    width = max(max(ranks) + 1, len(state.streaks))
-    streaks = list(state.streaks) + [0] * (width - len(state.streaks))
-    flagged = set(state.flagged)
-    found: list[SlowRank] = []
+    streaks, flagged = data.streaks, data.flagged
+    new: list[SlowRank] = []
     for i, rank in enumerate(ranks):
         peer = median_without(ordered, position[i])
         ratio = times[i] / peer if peer > 0 else 1.0
         if ratio > ratio_thresh:
-            streaks[rank] += 1
-            if streaks[rank] >= steps_thresh and rank not in flagged:
-                flagged.add(rank)
-                found.append(SlowRank(rank, step, ratio, peer, streaks[rank]))
+            streak = streaks.get(rank, 0) + 1
+            journal.put(streaks, rank, streak)
+            if streak >= steps_thresh and rank not in flagged:
+                journal.put(flagged, rank, None)
+                new.append(SlowRank(rank, step, ratio, peer, streak))
         else:
-            streaks[rank] = 0
-            flagged.discard(rank)
-    found.sort(key=lambda s: s.rank)
-    new = msgspec.structs.replace(
-        state,
-        streaks=tuple(streaks),
-        flagged=tuple(sorted(flagged)),
-        closed_upto=closed_upto,
-    )
-    return new, found
-
-
-class _Buckets:
-    """Mutable scratch copy of the open buckets while one heartbeat is applied."""
-
-    __slots__ = ("a_ranks", "a_step", "a_times", "b_ranks", "b_step", "b_times", "found", "state")
-
-    def __init__(self, state: StragglerState) -> None:
-        self.state = state
-        self.a_step, self.a_ranks, self.a_times = state.a_step, state.a_ranks, state.a_times
-        self.b_step, self.b_ranks, self.b_times = state.b_step, state.b_ranks, state.b_times
-        self.found: list[SlowRank] = []
-
-    def close_a(self, ratio_thresh: float, steps_thresh: int) -> None:
-        if self.a_step >= 0:
-            self.state, slow = _close(
-                self.state, self.a_ranks, self.a_times, self.a_step, ratio_thresh, steps_thresh
-            )
-            self.found.extend(slow)
-        self.a_step, self.a_ranks, self.a_times = -1, (), ()
-
-    def close_b(self, ratio_thresh: float, steps_thresh: int) -> None:
-        self.close_a(ratio_thresh, steps_thresh)
-        if self.b_step >= 0:
-            self.state, slow = _close(
-                self.state, self.b_ranks, self.b_times, self.b_step, ratio_thresh, steps_thresh
-            )
-            self.found.extend(slow)
-        self.b_step, self.b_ranks, self.b_times = -1, (), ()
-
-    def result(self) -> StragglerState:
-        st = self.state
-        return StragglerState(
-            self.a_step,
-            self.a_ranks,
-            self.a_times,
-            self.b_step,
-            self.b_ranks,
-            self.b_times,
-            st.closed_upto,
-            st.streaks,
-            st.flagged,
-        )
+            journal.discard(streaks, rank)
+            journal.discard(flagged, rank)
+    new.sort(key=lambda s: s.rank)
+    found.extend(new)
 
 
 def observe(
     state: StragglerState,
+    data: TableData,
+    journal: Journal,
     rank: int,
     step: int,
     step_time_s: float,
@@ -179,7 +127,9 @@ def observe(
     """Add one rank's step time; close buckets that are complete or left behind.
 
     Args:
-        state: The straggler state.
+        state: Which steps the open buckets hold.
+        data: The run's rank table (buckets, streaks, flags), written through ``journal``.
+        journal: The fold's journal.
         rank: The reporting rank.
         step: Its step.
         step_time_s: Its step time (non-positive: not measured, ignored).
@@ -188,55 +138,91 @@ def observe(
         steps_thresh: ``straggler_steps``.
 
     Returns:
-        The new state and the ranks that just became stragglers.
+        The new bucket steps and the ranks that just became stragglers.
     """
     if not step_time_s > 0.0 or step <= state.closed_upto:
         return state, []
-    if step == state.b_step:
-        if rank in state.b_ranks:
+    buckets = data.buckets
+    a_step, b_step, closed_upto = state.a_step, state.b_step, state.closed_upto
+    if step == b_step:
+        bucket = buckets[1]
+        if rank in bucket:
             return state, []
-        b_ranks = (*state.b_ranks, rank)
-        if len(b_ranks) < live_ranks:
-            return StragglerState(
-                state.a_step,
-                state.a_ranks,
-                state.a_times,
-                step,
-                b_ranks,
-                (*state.b_times, step_time_s),
-                state.closed_upto,
-                state.streaks,
-                state.flagged,
-            ), []
-    buckets = _Buckets(state)
-    if step == buckets.b_step:
-        buckets.b_ranks = (*buckets.b_ranks, rank)
-        buckets.b_times = (*buckets.b_times, step_time_s)
-    elif step == buckets.a_step:
-        if rank in buckets.a_ranks:
+        journal.append((bucket, rank, ABSENT))  # inline put: the per-heartbeat path
+        bucket[rank] = step_time_s
+        if len(bucket) < live_ranks:
             return state, []
-        buckets.a_ranks = (*buckets.a_ranks, rank)
-        buckets.a_times = (*buckets.a_times, step_time_s)
-    elif step > buckets.b_step:
-        if step == buckets.b_step + 1:
-            buckets.close_a(ratio_thresh, steps_thresh)
-            buckets.a_step, buckets.a_ranks, buckets.a_times = (
-                buckets.b_step,
-                buckets.b_ranks,
-                buckets.b_times,
-            )
+    elif step == a_step:
+        bucket = buckets[0]
+        if rank in bucket:
+            return state, []
+        journal.put(bucket, rank, step_time_s)
+    elif step > b_step:
+        found: list[SlowRank] = []
+        if a_step >= 0:
+            _judge(data, journal, buckets[0], a_step, ratio_thresh, steps_thresh, found)
+            closed_upto = max(closed_upto, a_step)
+        if step == b_step + 1:
+            journal.set(buckets, 0, buckets[1])
+            a_step = b_step
         else:
-            buckets.close_b(ratio_thresh, steps_thresh)
-        buckets.b_step, buckets.b_ranks, buckets.b_times = step, (rank,), (step_time_s,)
-    elif step == buckets.b_step - 1 and buckets.a_step < 0:
-        buckets.a_step, buckets.a_ranks, buckets.a_times = step, (rank,), (step_time_s,)
+            if b_step >= 0:
+                _judge(data, journal, buckets[1], b_step, ratio_thresh, steps_thresh, found)
+                closed_upto = max(closed_upto, b_step)
+            journal.set(buckets, 0, {})
+            a_step = -1
+        journal.set(buckets, 1, {rank: step_time_s})
+        b_step = step
+        return _close_full(
+            data,
+            journal,
+            a_step,
+            b_step,
+            closed_upto,
+            live_ranks,
+            ratio_thresh,
+            steps_thresh,
+            found,
+        )
+    elif step == b_step - 1 and a_step < 0:
+        journal.set(buckets, 0, {rank: step_time_s})
+        a_step = step
     else:
         return state, []
-    if buckets.a_step >= 0 and len(buckets.a_ranks) >= live_ranks:
-        buckets.close_a(ratio_thresh, steps_thresh)
-    if buckets.b_step >= 0 and len(buckets.b_ranks) >= live_ranks:
-        buckets.close_b(ratio_thresh, steps_thresh)
-    return buckets.result(), buckets.found
+    return _close_full(
+        data, journal, a_step, b_step, closed_upto, live_ranks, ratio_thresh, steps_thresh, []
+    )
+
+
+def _close_full(
+    data: TableData,
+    journal: Journal,
+    a_step: int,
+    b_step: int,
+    closed_upto: int,
+    live_ranks: int,
+    ratio_thresh: float,
+    steps_thresh: int,
+    found: list[SlowRank],
+) -> tuple[StragglerState, list[SlowRank]]:
+    """Close the open buckets every live rank has reported (the newer closes the older)."""
+    buckets = data.buckets
+    if a_step >= 0 and len(buckets[0]) >= live_ranks:
+        _judge(data, journal, buckets[0], a_step, ratio_thresh, steps_thresh, found)
+        closed_upto = max(closed_upto, a_step)
+        journal.set(buckets, 0, {})
+        a_step = -1
+    if b_step >= 0 and len(buckets[1]) >= live_ranks:
+        if a_step >= 0:
+            _judge(data, journal, buckets[0], a_step, ratio_thresh, steps_thresh, found)
+            closed_upto = max(closed_upto, a_step)
+            journal.set(buckets, 0, {})
+            a_step = -1
+        _judge(data, journal, buckets[1], b_step, ratio_thresh, steps_thresh, found)
+        closed_upto = max(closed_upto, b_step)
+        journal.set(buckets, 1, {})
+        b_step = -1
+    return StragglerState(a_step, b_step, closed_upto), found
 
 
 __all__ = ["SlowRank", "StragglerState", "median_without", "observe"]

@@ -1,0 +1,162 @@
+"""Scans of a rank table for dead ranks, and the verdicts they raise."""
+
+from __future__ import annotations
+
+import msgspec
+
+from processors.core.config import DetectorConfig, config_hash
+from processors.core.verdicts import make_anomaly
+from schemas.events import AnomalyDetected, AnomalyKind, Provenance
+from tests.unit.core.reference.liveness_state import NEVER, LivenessState
+
+
+class Verdicts:
+    """Collects one event's verdicts with their shared identity and provenance."""
+
+    __slots__ = (
+        "cfg",
+        "counts_before",
+        "incarnation",
+        "out",
+        "raised_before",
+        "run_id",
+        "source",
+        "ts_ns",
+    )
+
+    def __init__(
+        self, state: LivenessState, ts_ns: int, source: Provenance, cfg: DetectorConfig
+    ) -> None:
+        self.run_id = state.run_id
+        self.incarnation = state.incarnation
+        self.raised_before = state.raised
+        self.counts_before = state.anomaly_counts
+        self.ts_ns = ts_ns
+        self.source = source
+        self.cfg = cfg
+        self.out: list[AnomalyDetected] = []
+
+    def emit(
+        self,
+        kind: AnomalyKind,
+        step: int,
+        rank: int | None,
+        value: float,
+        threshold: float,
+        detail: str,
+        baseline: float | None = None,
+    ) -> None:
+        """Record one verdict (the arguments are its fields)."""
+        self.out.append(
+            make_anomaly(
+                run_id=self.run_id,
+                kind=kind,
+                step=step,
+                ts_ns=self.ts_ns,
+                source=self.source,
+                config_hash=config_hash(self.cfg),
+                incarnation=self.incarnation,
+                attempt=self.raised_before + len(self.out),
+                rank=rank,
+                value=value,
+                baseline=baseline,
+                threshold=threshold,
+                detail=detail,
+            )
+        )
+
+    def counts(self) -> dict[str, int]:
+        """The run's verdict counts by kind, these included."""
+        counts = dict(self.counts_before)
+        for v in self.out:
+            counts[v.kind] = counts.get(v.kind, 0) + 1
+        return counts
+
+    def raised(self) -> int:
+        """Verdicts raised for the run, these included."""
+        return self.raised_before + len(self.out)
+
+
+class Gang(msgspec.Struct, frozen=True, gc=False):
+    """What a scan needs to know about the incarnation besides the rank table."""
+
+    expected_ranks: int
+    first_step: int
+    first_heartbeat_ns: int
+    last_heartbeat_ns: int
+
+
+def step_scan(
+    gang: Gang,
+    ranks: tuple[int, ...],
+    dead: list[int],
+    run_step: int,
+    cfg: DetectorConfig,
+    out: Verdicts,
+) -> int:
+    """Flag ranks too many steps behind ``run_step``; return the next step worth a scan."""
+    threshold = cfg.rank_heartbeat_threshold
+    oldest = run_step
+    for rank in range(len(ranks) // 2):
+        last = ranks[2 * rank]
+        if last == NEVER:
+            if rank >= gang.expected_ranks:
+                continue
+            last = gang.first_step - 1
+        if rank in dead:
+            continue
+        behind = run_step - last
+        if behind > threshold:
+            dead.append(rank)
+            out.emit(
+                "dead_rank",
+                run_step,
+                rank,
+                float(behind),
+                float(threshold),
+                f"rank {rank} silent since step {last}, {behind} steps behind the run",
+            )
+        else:
+            oldest = min(oldest, last)
+    return oldest + threshold + 1
+
+
+def time_scan(
+    gang: Gang,
+    ranks: tuple[int, ...],
+    dead: list[int],
+    now_ns: int,
+    cfg: DetectorConfig,
+    out: Verdicts,
+    step: int,
+) -> int:
+    """Flag ranks silent too long in log time; return the oldest live rank's last report."""
+    timeout_ns = int(cfg.dead_rank_timeout_s * 1e9)
+    whole_gang = now_ns - gang.last_heartbeat_ns > timeout_ns
+    oldest = now_ns
+    for rank in range(len(ranks) // 2):
+        last_step, last_ns = ranks[2 * rank], ranks[2 * rank + 1]
+        if last_step == NEVER:
+            if rank >= gang.expected_ranks:
+                continue
+            last_ns = gang.first_heartbeat_ns
+        if rank in dead:
+            continue
+        silent_ns = now_ns - last_ns
+        if silent_ns > timeout_ns:
+            dead.append(rank)
+            out.emit(
+                "dead_rank",
+                step,
+                rank,
+                silent_ns / 1e9,
+                cfg.dead_rank_timeout_s,
+                f"rank {rank} silent for {silent_ns / 1e9:.1f} s of log time "
+                f"({'whole gang silent' if whole_gang else 'peers reporting'})",
+            )
+        else:
+            oldest = min(oldest, last_ns)
+    return oldest
+
+
+__all__ = ["Gang", "Verdicts", "step_scan", "time_scan"]
