@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -30,15 +31,18 @@ from dataclasses import dataclass, field
 import msgspec
 
 from producers.checkpoint_layout import latest_complete_checkpoint
-from schemas.events import Event, RestartCompleted, RestartFailed, RestartRequested
+from schemas.events import Event, RankExited, RestartCompleted, RestartFailed, RestartRequested
 from sinks.controller_state import ControllerState, GangRecord, ProcessedCommand
 from sinks.elastic import RankExit, count_failures, culprits, next_world_size
 from sinks.gang import RUNNING, Gang, free_port, rank_env
 
 log = logging.getLogger(__name__)
 
+HOST = socket.gethostname()
+"""This agent's host name, in the exit evidence it publishes."""
+
 Publish = Callable[[Event], None]
-"""Publishes a controller-side event to the controller topic."""
+"""Publishes a controller-side event (the controller topic; a RankExited: the heartbeats topic)."""
 AnnounceEnd = Callable[[GangRecord, str, str], None]
 """``(record, status, reason)``: emits RunEnded for the record's incarnation."""
 
@@ -158,16 +162,27 @@ class RunSupervisor:
     # ------------------------------------------------------------------ watching
 
     def observe(self, now_s: float) -> None:
-        """Notice rank exits; finish the run when it completed or waited too long for help."""
+        """Notice rank exits; finish the run when it completed or waited too long for help.
+
+        Every exit noticed is published at once as a `schemas.events.RankExited` (exit
+        evidence: the processors name the culprit from it), before anything else is done
+        about it; exits noticed in one sweep go culprit-first (`RankExit.report_order`).
+        Ranks the controller stops itself are never observed (a restart resets ``exits``).
+        """
         if self.finished:
             return
+        noticed = []
         for proc in self.record.ranks:
             if proc.rank in self.exits:
                 continue
             status = self.gang.status(proc.rank)
             if status != RUNNING:
                 code = status if isinstance(status, int) else None
-                self.exits[proc.rank] = RankExit(proc.rank, code, now_s)
+                noticed.append(RankExit(proc.rank, code, now_s))
+        pids = {p.rank: p.pid for p in self.record.ranks}
+        for gone in sorted(noticed, key=RankExit.report_order):
+            self.exits[gone.rank] = gone
+            self._report_exit(gone, pids[gone.rank])
         if len(self.exits) < len(self.record.ranks):
             return
         if all(e.code == 0 for e in self.exits.values()):
@@ -198,6 +213,31 @@ class RunSupervisor:
             log.warning("run %s failed: %s", self.run_id, reason)
             self.announce_end(self.record, "failed", reason)
             self._save(status="failed")
+
+    def _report_exit(self, gone: RankExit, pid: int) -> None:
+        log.warning(
+            "run %s incarnation %d: rank %d (pid %d) exited with status %s",
+            self.run_id,
+            self.record.incarnation,
+            gone.rank,
+            pid,
+            gone.code,
+        )
+        try:
+            self.publish(
+                RankExited(
+                    run_id=self.run_id,
+                    ts_ns=time.time_ns(),
+                    rank=gone.rank,
+                    incarnation=self.record.incarnation,
+                    host=HOST,
+                    pid=pid,
+                    exit_code=gone.exit_code,
+                    signal=gone.signal,
+                )
+            )
+        except Exception as exc:  # evidence is best effort: the silence timeout still holds
+            log.warning("run %s: could not publish rank %d's exit: %s", self.run_id, gone.rank, exc)
 
     # ------------------------------------------------------------------ executing
 
