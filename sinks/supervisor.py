@@ -223,6 +223,8 @@ class RunSupervisor:
             pid,
             gone.code,
         )
+        if not self.record.exit_evidence:
+            return
         try:
             self.publish(
                 RankExited(
