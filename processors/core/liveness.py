@@ -15,7 +15,8 @@ its partition, never a clock read here. Three verdicts:
 Exit evidence: a `schemas.events.RankExited` (the node agent saw a rank process end) of
 the current incarnation with a non-zero exit code, a signal or an unknown status raises
 ``dead_rank`` for that rank at once, its detail naming the rank, host, pid and exit
-status (the culprit). It is the incarnation's one exit verdict: afterwards the silence and
+status (the culprit; ``value`` is the status as a shell reports it, 128+N for signal N,
+-1 unknown; ``threshold`` 0). It is the incarnation's one exit verdict: afterwards the silence and
 step scans and the hang check raise nothing more for the incarnation (its other ranks
 block in a collective on the dead peer, or exit because of it: consequences, not separate
 faults), and later RankExited events of it raise nothing. A rank the scans had already
