@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import math
 import socket
+import subprocess
+import sys
 import time
 
 import pytest
@@ -16,7 +18,7 @@ import pytest
 from processors.fleet import latest_states
 from schemas.events import AnomalyDetected, RankExited, RestartCompleted, RestartRequested
 
-from .conftest import WAIT_S, of_run, reference_losses, wait_events
+from .conftest import SETS, WAIT_S, of_run, reference_losses, wait_events
 
 pytestmark = [pytest.mark.integration, pytest.mark.torch]
 
@@ -90,6 +92,17 @@ def test_killed_rank_is_respawned_and_resumes_exactly(loop, launch, tmp_path):
     # Exactly one verdict for the kill: rank 0, blocked on its dead peer, is not reported.
     liveness = _liveness(loop, "kill", incarnation=1)
     assert liveness.anomaly_counts == {"dead_rank": 1}, liveness.anomaly_counts
+    # The exit verdict replays: `runwatch audit` folds the RankExited like any input record.
+    audit = subprocess.run(
+        [sys.executable, "-m", "runwatch.cli", "audit", "--bootstrap", loop.bootstrap]
+        + ["--prefix", loop.prefix, "--app-id", loop.app_id, "--run", "kill", "--wait", "120"]
+        + [arg for pair in SETS for arg in ("--set", pair)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert audit.returncode == 0, (audit.stdout, audit.stderr)
+    assert "every verdict reproduced" in audit.stdout, audit.stdout
 
 
 def test_a_resume_that_drops_optimizer_state_is_a_discontinuity(loop, launch):
