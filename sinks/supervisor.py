@@ -191,8 +191,7 @@ class RunSupervisor:
             return
         if self.dead_since_s is None:
             self.dead_since_s = now_s
-            blamed = culprits(list(self.exits.values()))
-            counts = count_failures(self.record.failure_counts, blamed, self.record.world_size)
+            blamed = self._count_failure()
             codes = {r: e.code for r, e in sorted(self.exits.items())}
             log.warning(
                 "run %s incarnation %d: gang dead (exit codes %s, blamed ranks %s); "
@@ -203,7 +202,6 @@ class RunSupervisor:
                 list(blamed),
                 self.record.command_timeout_s,
             )
-            self._save(failure_counts=counts)
         elif now_s - self.dead_since_s > self.record.command_timeout_s:
             codes = {r: e.code for r, e in sorted(self.exits.items())}
             reason = (
@@ -213,6 +211,13 @@ class RunSupervisor:
             log.warning("run %s failed: %s", self.run_id, reason)
             self.announce_end(self.record, "failed", reason)
             self._save(status="failed")
+
+    def _count_failure(self) -> tuple[int, ...]:
+        """Charge this incarnation's failure to its culprits (once); return them."""
+        blamed = culprits(list(self.exits.values()))
+        counts = count_failures(self.record.failure_counts, blamed, self.record.world_size)
+        self._save(failure_counts=counts)
+        return blamed
 
     def _report_exit(self, gone: RankExit, pid: int) -> None:
         log.warning(
@@ -274,6 +279,12 @@ class RunSupervisor:
 
     def _restart(self, command: RestartRequested, received_s: float) -> None:
         self.observe(time.monotonic())  # count the failure before the stop hides it
+        if self.dead_since_s is None and any(e.abnormal for e in self.exits.values()):
+            # The command came while the culprit's peers still ran (blocked on it: exit
+            # evidence is faster than their failure), so observe() did not count it yet.
+            # Only exits noticed before the stop are charged, never the stop's own.
+            blamed = self._count_failure()
+            log.warning("run %s: failure charged to ranks %s", self.run_id, list(blamed))
         old = self.record
         self.gang.stop(old.grace_s, kill_now=command.action == "rollback")
         self.announce_end(
