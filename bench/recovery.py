@@ -7,6 +7,8 @@ else an embedded one in a temporary directory), one `runwatch processors` worker
 (``time.time_ns()`` right after the signal). It then reads the topics and reports, in
 seconds after the kill:
 
+* ``rank_exited``: the launcher's exit evidence (RankExited of rank 1 on the heartbeats
+  topic; none with ``--no-exit-evidence``);
 * ``dead_rank``: the dead_rank verdict of the killed incarnation;
 * ``command``: the RestartRequested it caused;
 * ``restart_completed``: the controller's RestartCompleted (the new gang is started);
@@ -14,11 +16,15 @@ seconds after the kill:
 
 Each is given twice: ``*_ts_s`` from the record's Kafka timestamp (CreateTime: when its
 producer sent it; all processes share this host's clock) and ``*_read_s`` from when this
-bench's consumer read it (what an observer sees, polling every 50 ms). The dead_rank figure
-is dominated by ``--dead-rank-timeout-s`` (the processors' setting, in log time), which
-the output states. One JSON line per run follows the table, then one with the medians.
+bench's consumer read it (what an observer sees, polling every 50 ms).
 
-    .venv/bin/python bench/recovery.py [--runs 3] [--bootstrap HOST:PORT]
+Two paths to the verdict are measured, ``--paths both`` (default) running ``--runs`` of
+each: ``exit_evidence`` (the default launcher: the verdict is raised on its RankExited,
+the goal is < 1 s) and ``silence`` (``runwatch launch --no-exit-evidence``: the verdict
+waits for ``--dead-rank-timeout-s`` of log time, and both ranks are reported). One JSON
+line per run follows the tables, then one with the medians per path.
+
+    .venv/bin/python bench/recovery.py [--runs 3] [--paths both|exit_evidence|silence]
 """
 
 from __future__ import annotations
@@ -47,6 +53,7 @@ from runwatch import admin  # noqa: E402
 from schemas.codec import decode  # noqa: E402
 from schemas.events import (  # noqa: E402
     AnomalyDetected,
+    RankExited,
     RestartCompleted,
     RestartRequested,
     StepCompleted,
@@ -55,7 +62,8 @@ from schemas.events import (  # noqa: E402
 from schemas.topics import names  # noqa: E402
 
 KEY = "bench-recovery-command-key-0123"
-PHASES = ("dead_rank", "command", "restart_completed", "first_step")
+PHASES = ("rank_exited", "dead_rank", "command", "restart_completed", "first_step")
+PATHS = ("exit_evidence", "silence")
 
 
 @contextlib.contextmanager
@@ -127,16 +135,23 @@ def wait_worker(bootstrap: str, prefix: str, timeout_s: float = 180.0) -> None:
         tail.close()
 
 
-def one_run(bootstrap: str, prefix: str, work: Path, args: argparse.Namespace) -> dict[str, Any]:
+def one_run(
+    bootstrap: str, prefix: str, work: Path, args: argparse.Namespace, path: str
+) -> dict[str, Any]:
     run_id = f"recovery-{uuid.uuid4().hex[:6]}"
     topics = names(prefix)
-    tail = Tail(bootstrap, [topics.steps, topics.anomalies, topics.commands, topics.controller])
+    tail = Tail(
+        bootstrap,
+        [topics.steps, topics.heartbeats, topics.anomalies, topics.commands, topics.controller],
+    )
+    phases = PHASES if path == "exit_evidence" else PHASES[1:]
+    evidence = [] if path == "exit_evidence" else ["--no-exit-evidence"]
     state = work / run_id / "state"
     launcher = runwatch(
         [
             "launch", "--bootstrap", bootstrap, "--prefix", prefix, "--nproc", "2",
             "--run-id", run_id, "--checkpoint-dir", str(work / run_id / "ckpt"),
-            "--state-dir", str(state), "--",
+            "--state-dir", str(state), *evidence, "--",
             sys.executable, str(REPO / "examples" / "train_ddp.py"),
             "--steps", str(args.steps), "--checkpoint-every", "5",
             "--step-delay-s", str(args.step_delay_s),
@@ -145,10 +160,11 @@ def one_run(bootstrap: str, prefix: str, work: Path, args: argparse.Namespace) -
     )  # fmt: skip
     kill_ns: int | None = None
     seen: dict[str, tuple[int, int]] = {}
-    extra: dict[str, Any] = {}
+    extra: dict[str, Any] = {"path": path}
+    dead_rank_verdicts = 0
     deadline = time.monotonic() + args.timeout_s
     try:
-        while len(seen) < len(PHASES):
+        while len(seen) < len(phases):
             if time.monotonic() > deadline:
                 raise SystemExit(f"{run_id}: timed out; seen {sorted(seen)}")
             for event, record, read_ns in tail.poll():
@@ -166,8 +182,12 @@ def one_run(bootstrap: str, prefix: str, work: Path, args: argparse.Namespace) -
                         extra["resumed_from_step"] = event.restart_from_step
                 elif kill_ns is None:
                     continue
+                elif isinstance(event, RankExited) and event.rank == 1:
+                    seen.setdefault("rank_exited", stamp)
                 elif isinstance(event, AnomalyDetected) and event.kind == "dead_rank":
                     seen.setdefault("dead_rank", stamp)
+                    extra.setdefault("culprit_rank", event.rank)
+                    dead_rank_verdicts += event.incarnation == 0
                 elif isinstance(event, RestartRequested):
                     seen.setdefault("command", stamp)
                 elif isinstance(event, RestartCompleted):
@@ -182,8 +202,11 @@ def one_run(bootstrap: str, prefix: str, work: Path, args: argparse.Namespace) -
             launcher.wait(timeout=60)
         tail.close()
     assert kill_ns is not None
+    # The killed incarnation's dead_rank verdicts read by the first resumed step (all of them:
+    # the controller's RunEnded for it precedes the new gang on the heartbeats topic).
+    extra["dead_rank_verdicts"] = dead_rank_verdicts
     row: dict[str, Any] = {"run_id": run_id, **extra}
-    for phase in PHASES:
+    for phase in phases:
         ts_ns, read_ns = seen[phase]
         row[f"{phase}_ts_s"] = round((ts_ns - kill_ns) / 1e9, 3)
         row[f"{phase}_read_s"] = round((read_ns - kill_ns) / 1e9, 3)
@@ -201,6 +224,7 @@ def main() -> int:
     p.add_argument("--hang-timeout-s", type=float, default=6.0)
     p.add_argument("--tick-interval-s", type=float, default=0.5)
     p.add_argument("--timeout-s", type=float, default=300.0)
+    p.add_argument("--paths", choices=(*PATHS, "both"), default="both")
     args = p.parse_args()
     settings = {
         "dead_rank_timeout_s": args.dead_rank_timeout_s,
@@ -223,31 +247,46 @@ def main() -> int:
         )  # fmt: skip
         try:
             wait_worker(bootstrap, prefix)
-            rows = [one_run(bootstrap, prefix, work, args) for _ in range(args.runs)]
+            paths = PATHS if args.paths == "both" else (args.paths,)
+            rows = [
+                one_run(bootstrap, prefix, work, args, path)
+                for path in paths
+                for _ in range(args.runs)
+            ]
         finally:
             worker.send_signal(signal.SIGTERM)
             worker.wait(timeout=60)
     print(f"recovery after SIGKILL of rank 1 (2 gloo ranks on CPU; {settings})")
-    print(f"{'phase':<20} {'broker ts (s)':>14} {'read (s)':>10}   per run")
-    for phase in PHASES:
-        ts = [r[f"{phase}_ts_s"] for r in rows]
-        read = [r[f"{phase}_read_s"] for r in rows]
-        per_run = " ".join(f"{v:.2f}" for v in read)
-        print(
-            f"{phase:<20} {statistics.median(ts):>14.2f} {statistics.median(read):>10.2f}   "
-            f"{per_run}"
-        )
+    for path in paths:
+        mine = [r for r in rows if r["path"] == path]
+        print(f"\npath: {path}")
+        print(f"{'phase':<20} {'broker ts (s)':>14} {'read (s)':>10}   per run")
+        for phase in PHASES:
+            if f"{phase}_ts_s" not in mine[0]:
+                continue
+            ts = [r[f"{phase}_ts_s"] for r in mine]
+            read = [r[f"{phase}_read_s"] for r in mine]
+            per_run = " ".join(f"{v:.2f}" for v in read)
+            print(
+                f"{phase:<20} {statistics.median(ts):>14.2f} {statistics.median(read):>10.2f}"
+                f"   {per_run}"
+            )
+        print(f"dead_rank verdicts per kill: {[r['dead_rank_verdicts'] for r in mine]}")
     for row in rows:
         print(json.dumps({"bench": "recovery", **settings, **row}))
-    medians = {
-        f"median_{k}": statistics.median(r[k] for r in rows)
-        for k in rows[0]
-        if k.endswith("_s") and k != "controller_duration_s"
-    }
-    medians["median_controller_duration_s"] = statistics.median(
-        r["controller_duration_s"] for r in rows
-    )
-    print(json.dumps({"bench": "recovery", "runs": len(rows), **settings, **medians}))
+    for path in paths:
+        mine = [r for r in rows if r["path"] == path]
+        medians: dict[str, Any] = {
+            f"median_{k}": statistics.median(r[k] for r in mine)
+            for k in mine[0]
+            if k.endswith("_s") and k != "controller_duration_s"
+        }
+        medians["median_controller_duration_s"] = statistics.median(
+            r["controller_duration_s"] for r in mine
+        )
+        medians["max_dead_rank_verdicts"] = max(r["dead_rank_verdicts"] for r in mine)
+        line = {"bench": "recovery", "path": path, "runs": len(mine), **settings, **medians}
+        print(json.dumps(line))
     return 0
 
 

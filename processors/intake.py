@@ -28,6 +28,7 @@ from schemas.events import (
     DeadLetter,
     Heartbeat,
     Provenance,
+    RankExited,
     RestartCompleted,
     RestartFailed,
     RestartRequested,
@@ -40,7 +41,7 @@ from schemas.events import (
 ROLE_TYPES: Final[dict[str, tuple[type, ...]]] = {
     "runs": (RunStarted, RunEnded),
     "steps": (RunStarted, StepCompleted, RunEnded),
-    "heartbeats": (RunStarted, Heartbeat, RunEnded, Tick),
+    "heartbeats": (RunStarted, Heartbeat, RunEnded, Tick, RankExited),
     "checkpoints": (CheckpointCommitted, CheckpointFailed),
     "anomalies": (AnomalyDetected,),
     "commands": (RestartRequested,),

@@ -320,6 +320,32 @@ class RunEnded(Event, frozen=True, kw_only=True, tag="run_ended.v1"):
     reason: Text = ""
 
 
+class RankExited(Event, frozen=True, kw_only=True, tag="rank_exited.v1"):
+    """A node agent (`runwatch launch`, `runwatch controller`) saw a local rank process end.
+
+    Liveness evidence, on the heartbeats topic keyed by run id (one partition order with
+    the run's heartbeats). ``ts_ns`` is the agent's clock when it reaped the rank.
+    ``exit_code`` and ``signal`` are both None when the status is unknown (an adopted rank
+    whose exit was not recorded); a signal-killed rank has ``signal`` set (the shell's
+    ``128 + N`` is decoded to ``N``). Only ``exit_code == 0`` is a clean exit.
+
+    Attributes:
+        rank: Global rank.
+        incarnation: The gang incarnation the rank belonged to.
+        host: Host name of the agent (and the rank).
+        pid: Process id of the rank (its wrapper's, which is its process group).
+        exit_code: The exit code, None if killed by a signal or unknown.
+        signal: The signal number that killed it, None if it exited or unknown.
+    """
+
+    rank: Rank
+    incarnation: Small = 0
+    host: Id = ""
+    pid: Small = 0
+    exit_code: Annotated[int, Meta(ge=-(2**31), lt=2**31)] | None = None
+    signal: Annotated[int, Meta(ge=1, le=128)] | None = None
+
+
 # --------------------------------------------------------------------------- verdicts and commands
 
 AnomalyKind = Literal[
@@ -495,6 +521,7 @@ InputEvent = (
     | CheckpointCommitted
     | CheckpointFailed
     | RunEnded
+    | RankExited
 )
 """Events the trainer side and the clock produce."""
 
@@ -519,6 +546,7 @@ INPUT_TYPES: tuple[type[Event], ...] = (
     CheckpointCommitted,
     CheckpointFailed,
     RunEnded,
+    RankExited,
 )
 OUTPUT_TYPES: tuple[type[Event], ...] = (
     AnomalyDetected,

@@ -11,6 +11,8 @@ gang). Kafka use:
   replayed);
 * the controller topic: RestartCompleted, RestartFailed and CommandRejected, keyed by run
   id, with ``ts_ns`` the time of the event (controller-side facts, not verdicts);
+* the heartbeats topic: a RankExited (exit evidence) for every rank exit the supervisor
+  notices, keyed by run id, at most ``POLL_MS`` after the exit;
 * RunEnded for an incarnation the controller ends (stopped for a restart, failed when a
   dead gang got no command in time) goes through a `RunEmitter`, like a rank's would;
 * a run launched with ``--log-format`` gets a `sinks.logwatch.LogWatch`, which turns rank
@@ -32,7 +34,7 @@ from producers.emitter import RunEmitter
 from runwatch.errors import RunwatchError
 from runwatch.settings import kafka_client_config
 from schemas.codec import DecodeError, decode, encode, encode_key
-from schemas.events import CommandRejected, Event, Provenance, RestartRequested
+from schemas.events import CommandRejected, Event, Provenance, RankExited, RestartRequested
 from schemas.signing import CommandKey
 from schemas.topics import names
 from sinks.command_gate import OwnedGang, decide
@@ -42,7 +44,8 @@ from sinks.supervisor import RunSupervisor
 
 log = logging.getLogger(__name__)
 
-POLL_MS = 200
+POLL_MS = 100
+"""Longest wait for commands between two looks at the gangs (an exit is published within it)."""
 
 
 def commands_end_offsets(bootstrap: str, prefix: str) -> dict[int, int]:
@@ -145,10 +148,14 @@ class Controller:
     # ------------------------------------------------------------------ output
 
     def publish(self, event: Event) -> None:
-        """Send a controller-side event to the controller topic and wait for the ack."""
-        future = self.producer.send(
-            self.topics.controller, key=encode_key(event.run_id), value=encode(event)
-        )
+        """Send a controller-side event and wait for the ack.
+
+        A `schemas.events.RankExited` goes to the heartbeats topic (it is liveness evidence,
+        read in one partition order with the run's heartbeats), everything else to the
+        controller topic; both keyed by run id.
+        """
+        topic = self.topics.heartbeats if isinstance(event, RankExited) else self.topics.controller
+        future = self.producer.send(topic, key=encode_key(event.run_id), value=encode(event))
         future.get(timeout=30)
         watch = self.watches.get(event.run_id)
         if watch is not None:

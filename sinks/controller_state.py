@@ -73,6 +73,8 @@ class GangRecord(msgspec.Struct, frozen=True, kw_only=True):
             output into the run's events (`sinks.logwatch`); None: the script emits them.
         log_regex: The pattern for ``log_format="regex"``.
         log_tokens_per_step: Tokens per step for step lines that do not say.
+        exit_evidence: Publish every rank exit as a RankExited (``runwatch launch
+            --no-exit-evidence`` turns it off: dead ranks are then learned from silence).
     """
 
     run_id: str
@@ -96,6 +98,7 @@ class GangRecord(msgspec.Struct, frozen=True, kw_only=True):
     log_format: str | None = None
     log_regex: str | None = None
     log_tokens_per_step: int = 0
+    exit_evidence: bool = True
 
 
 class ProcessedCommand(msgspec.Struct, frozen=True, kw_only=True):

@@ -45,6 +45,26 @@ class RankExit:
         """True if the rank was killed by a signal."""
         return self.code is not None and (self.code < 0 or self.code > 128)
 
+    @property
+    def exit_code(self) -> int | None:
+        """The exit code, None when killed by a signal or unknown."""
+        return None if self.signalled else self.code
+
+    @property
+    def signal(self) -> int | None:
+        """The signal that killed the rank (``-N`` or the shell's ``128+N``), else None."""
+        if self.code is None or not self.signalled:
+            return None
+        return -self.code if self.code < 0 else self.code - 128
+
+    def report_order(self) -> tuple[int, int]:
+        """Sort key for exits noticed together: signalled, other abnormal, clean; by rank.
+
+        A gang's peers fail in their next collective milliseconds after a rank dies, so
+        exits noticed in one sweep are reported culprit-first (see `culprits`).
+        """
+        return (0 if self.signalled else 1 if self.abnormal else 2, self.rank)
+
 
 def culprits(exits: Sequence[RankExit], window_s: float = 0.5) -> tuple[int, ...]:
     """The ranks that caused a gang's failure, ascending (empty when none failed).

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -30,15 +31,18 @@ from dataclasses import dataclass, field
 import msgspec
 
 from producers.checkpoint_layout import latest_complete_checkpoint
-from schemas.events import Event, RestartCompleted, RestartFailed, RestartRequested
+from schemas.events import Event, RankExited, RestartCompleted, RestartFailed, RestartRequested
 from sinks.controller_state import ControllerState, GangRecord, ProcessedCommand
 from sinks.elastic import RankExit, count_failures, culprits, next_world_size
 from sinks.gang import RUNNING, Gang, free_port, rank_env
 
 log = logging.getLogger(__name__)
 
+HOST = socket.gethostname()
+"""This agent's host name, in the exit evidence it publishes."""
+
 Publish = Callable[[Event], None]
-"""Publishes a controller-side event to the controller topic."""
+"""Publishes a controller-side event (the controller topic; a RankExited: the heartbeats topic)."""
 AnnounceEnd = Callable[[GangRecord, str, str], None]
 """``(record, status, reason)``: emits RunEnded for the record's incarnation."""
 
@@ -158,16 +162,27 @@ class RunSupervisor:
     # ------------------------------------------------------------------ watching
 
     def observe(self, now_s: float) -> None:
-        """Notice rank exits; finish the run when it completed or waited too long for help."""
+        """Notice rank exits; finish the run when it completed or waited too long for help.
+
+        Every exit noticed is published at once as a `schemas.events.RankExited` (exit
+        evidence: the processors name the culprit from it), before anything else is done
+        about it; exits noticed in one sweep go culprit-first (`RankExit.report_order`).
+        Ranks the controller stops itself are never observed (a restart resets ``exits``).
+        """
         if self.finished:
             return
+        noticed = []
         for proc in self.record.ranks:
             if proc.rank in self.exits:
                 continue
             status = self.gang.status(proc.rank)
             if status != RUNNING:
                 code = status if isinstance(status, int) else None
-                self.exits[proc.rank] = RankExit(proc.rank, code, now_s)
+                noticed.append(RankExit(proc.rank, code, now_s))
+        pids = {p.rank: p.pid for p in self.record.ranks}
+        for gone in sorted(noticed, key=RankExit.report_order):
+            self.exits[gone.rank] = gone
+            self._report_exit(gone, pids[gone.rank])
         if len(self.exits) < len(self.record.ranks):
             return
         if all(e.code == 0 for e in self.exits.values()):
@@ -176,8 +191,7 @@ class RunSupervisor:
             return
         if self.dead_since_s is None:
             self.dead_since_s = now_s
-            blamed = culprits(list(self.exits.values()))
-            counts = count_failures(self.record.failure_counts, blamed, self.record.world_size)
+            blamed = self._count_failure()
             codes = {r: e.code for r, e in sorted(self.exits.items())}
             log.warning(
                 "run %s incarnation %d: gang dead (exit codes %s, blamed ranks %s); "
@@ -188,7 +202,6 @@ class RunSupervisor:
                 list(blamed),
                 self.record.command_timeout_s,
             )
-            self._save(failure_counts=counts)
         elif now_s - self.dead_since_s > self.record.command_timeout_s:
             codes = {r: e.code for r, e in sorted(self.exits.items())}
             reason = (
@@ -198,6 +211,40 @@ class RunSupervisor:
             log.warning("run %s failed: %s", self.run_id, reason)
             self.announce_end(self.record, "failed", reason)
             self._save(status="failed")
+
+    def _count_failure(self) -> tuple[int, ...]:
+        """Charge this incarnation's failure to its culprits (once); return them."""
+        blamed = culprits(list(self.exits.values()))
+        counts = count_failures(self.record.failure_counts, blamed, self.record.world_size)
+        self._save(failure_counts=counts)
+        return blamed
+
+    def _report_exit(self, gone: RankExit, pid: int) -> None:
+        log.warning(
+            "run %s incarnation %d: rank %d (pid %d) exited with status %s",
+            self.run_id,
+            self.record.incarnation,
+            gone.rank,
+            pid,
+            gone.code,
+        )
+        if not self.record.exit_evidence:
+            return
+        try:
+            self.publish(
+                RankExited(
+                    run_id=self.run_id,
+                    ts_ns=time.time_ns(),
+                    rank=gone.rank,
+                    incarnation=self.record.incarnation,
+                    host=HOST,
+                    pid=pid,
+                    exit_code=gone.exit_code,
+                    signal=gone.signal,
+                )
+            )
+        except Exception as exc:  # evidence is best effort: the silence timeout still holds
+            log.warning("run %s: could not publish rank %d's exit: %s", self.run_id, gone.rank, exc)
 
     # ------------------------------------------------------------------ executing
 
@@ -232,6 +279,12 @@ class RunSupervisor:
 
     def _restart(self, command: RestartRequested, received_s: float) -> None:
         self.observe(time.monotonic())  # count the failure before the stop hides it
+        if self.dead_since_s is None and any(e.abnormal for e in self.exits.values()):
+            # The command came while the culprit's peers still ran (blocked on it: exit
+            # evidence is faster than their failure), so observe() did not count it yet.
+            # Only exits noticed before the stop are charged, never the stop's own.
+            blamed = self._count_failure()
+            log.warning("run %s: failure charged to ranks %s", self.run_id, list(blamed))
         old = self.record
         self.gang.stop(old.grace_s, kill_now=command.action == "rollback")
         self.announce_end(

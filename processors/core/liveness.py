@@ -1,4 +1,4 @@
-"""Liveness: the reducer over one run's heartbeats topic (RunStarted, Heartbeat, Tick, RunEnded).
+"""Liveness: the reducer over one run's heartbeats topic (heartbeats, ticks, exits, starts, ends).
 
 Time is log time only: the largest ``ts_ns`` among the run's heartbeats and the ticks of
 its partition, never a clock read here. Three verdicts:
@@ -11,6 +11,19 @@ its partition, never a clock read here. Three verdicts:
 * ``hang``: no rank reported for ``hang_timeout_s`` of log time (``startup_timeout_s``
   before the incarnation's first heartbeat). Once per outage.
 * ``straggler``: see `processors.core.stragglers`.
+
+Exit evidence: a `schemas.events.RankExited` (the node agent saw a rank process end) of
+the current incarnation with a non-zero exit code, a signal or an unknown status raises
+``dead_rank`` for that rank at once, its detail naming the rank, host, pid and exit
+status (the culprit; ``value`` is the status as a shell reports it, 128+N for signal N,
+-1 unknown; ``threshold`` 0). It is the incarnation's one exit verdict: afterwards the silence and
+step scans and the hang check raise nothing more for the incarnation (its other ranks
+block in a collective on the dead peer, or exit because of it: consequences, not separate
+faults), and later RankExited events of it raise nothing. A rank the scans had already
+flagged dead gets no second verdict. A clean exit (code 0) raises nothing; the rank is
+flagged not live, so it is not reported silent while its peers finish. RankExited of
+another incarnation (an older gang, or one whose RunStarted is not in yet) and while the
+run is suspended are ignored. The next RunStarted clears the culprit.
 
 A RunEnded suspends every check until the next RunStarted, which starts a new incarnation
 with a fresh rank table.
@@ -26,6 +39,8 @@ frozen-tuple reducer this replaced, byte for byte.
 
 from __future__ import annotations
 
+from typing import Final
+
 import msgspec
 
 from processors.core.config import DetectorConfig, effective_config
@@ -37,6 +52,7 @@ from schemas.events import (
     AnomalyDetected,
     Heartbeat,
     Provenance,
+    RankExited,
     RunEnded,
     RunStarted,
     Tick,
@@ -101,8 +117,9 @@ def _on_heartbeat(
     last_heartbeat_ns = ts_ns if ts_ns > state.last_heartbeat_ns else state.last_heartbeat_ns
     run_step = step if step > state.run_step else state.run_step
     time_scan_after = state.time_scan_after_ns
-    need_step_scan = run_step > state.run_step and run_step >= step_scan_at
-    need_time_scan = now_ns - time_scan_after > cfg.dead_rank_timeout_s * 1e9
+    blamed = state.exit_rank >= 0  # the incarnation's culprit is named: peers are blocked
+    need_step_scan = run_step > state.run_step and run_step >= step_scan_at and not blamed
+    need_time_scan = now_ns - time_scan_after > cfg.dead_rank_timeout_s * 1e9 and not blamed
     out: Verdicts | None = None
     if need_step_scan or need_time_scan:
         out = Verdicts(state, ts_ns, source, cfg)
@@ -162,6 +179,7 @@ def _on_heartbeat(
         state.heartbeats + 1,
         out.raised() if verdicts and out is not None else state.raised,
         out.counts() if verdicts and out is not None else state.anomaly_counts,
+        state.exit_rank,
     )
     return new, verdicts
 
@@ -175,7 +193,8 @@ def _on_tick(
     out = Verdicts(state, event.ts_ns, source, cfg)
     hung = state.hung
     started = state.first_step >= 0
-    if not hung:
+    blamed = state.exit_rank >= 0  # the culprit is named: the rest of the gang is blocked
+    if not hung and not blamed:
         since_ns = state.last_heartbeat_ns if started else state.started_ns
         timeout_s = cfg.hang_timeout_s if started else cfg.startup_timeout_s
         silent_ns = now_ns - since_ns
@@ -192,7 +211,7 @@ def _on_tick(
             )
     table, dead_count = state.table, state.dead_count
     time_scan_after = state.time_scan_after_ns
-    if started and now_ns - time_scan_after > cfg.dead_rank_timeout_s * 1e9:
+    if started and not blamed and now_ns - time_scan_after > cfg.dead_rank_timeout_s * 1e9:
         gang = Gang(
             state.expected_ranks,
             state.first_step,
@@ -233,7 +252,9 @@ def advance_step(
         The new state and the dead_rank verdicts.
     """
     cfg = _config(state, cfg)
-    if not state.live or (state.first_step < 0 and state.expected_ranks == 0):
+    if not state.live or state.exit_rank >= 0:
+        return state, []
+    if state.first_step < 0 and state.expected_ranks == 0:
         return state, []
     run_step = max(state.run_step, step)
     first_step = state.first_step if state.first_step >= 0 else step
@@ -252,11 +273,84 @@ def advance_step(
     ), out.out
 
 
+SIGNAL_NAMES: Final[dict[int, str]] = {
+    1: "SIGHUP",
+    2: "SIGINT",
+    3: "SIGQUIT",
+    4: "SIGILL",
+    6: "SIGABRT",
+    7: "SIGBUS",
+    8: "SIGFPE",
+    9: "SIGKILL",
+    11: "SIGSEGV",
+    13: "SIGPIPE",
+    15: "SIGTERM",
+}
+"""Linux signal names for verdict details (a fixed table: replay on any OS says the same)."""
+
+
+def exit_status(event: RankExited) -> str:
+    """How the rank ended, in words: ``exit code 1``, ``signal 9 (SIGKILL)``, ``unknown``."""
+    if event.signal is not None:
+        name = SIGNAL_NAMES.get(event.signal)
+        return f"signal {event.signal}" + (f" ({name})" if name else "")
+    if event.exit_code is not None:
+        return f"exit code {event.exit_code}"
+    return "unknown exit status"
+
+
+def _on_rank_exited(
+    state: LivenessState, event: RankExited, source: Provenance, cfg: DetectorConfig
+) -> tuple[LivenessState, list[AnomalyDetected]]:
+    now_ns = max(state.log_time_ns, event.ts_ns)
+    if not state.live or event.incarnation != state.incarnation or state.exit_rank >= 0:
+        return msgspec.structs.replace(state, last_offset=source.offset, log_time_ns=now_ns), []
+    clean = event.exit_code == 0 and event.signal is None
+    table, data, journal = state.table.begin()
+    rank = event.rank
+    steps = data.steps
+    if rank >= len(steps):
+        for _ in range(rank + 1 - len(steps)):
+            journal.push(steps, NEVER)
+            journal.push(data.ts, 0)
+    already = rank in data.dead
+    journal.put(data.dead, rank, None)
+    out = Verdicts(state, event.ts_ns, source, cfg)
+    exit_rank = state.exit_rank
+    if not clean:
+        exit_rank = rank
+        if not already:
+            last = steps[rank]
+            where = f"after step {last}" if last != NEVER else "before its first report"
+            host = f" on {event.host}" if event.host else ""
+            pid = f", pid {event.pid}" if event.pid else ""
+            code = event.exit_code if event.signal is None else 128 + event.signal
+            out.emit(
+                "dead_rank",
+                _verdict_step(state),
+                rank,
+                float(code) if code is not None else -1.0,
+                0.0,
+                f"rank {rank}{host} exited ({exit_status(event)}{pid}) {where}; "
+                f"its peers are blocked on it",
+            )
+    return msgspec.structs.replace(
+        state,
+        last_offset=source.offset,
+        log_time_ns=now_ns,
+        table=table,
+        dead_count=len(data.dead),
+        exit_rank=exit_rank,
+        raised=out.raised(),
+        anomaly_counts=out.counts() if out.out else state.anomaly_counts,
+    ), out.out
+
+
 def _config(state: LivenessState, cfg: DetectorConfig) -> DetectorConfig:
     return effective_config(cfg, state.thresholds)
 
 
-LivenessEvent = RunStarted | Heartbeat | Tick | RunEnded
+LivenessEvent = RunStarted | Heartbeat | Tick | RunEnded | RankExited
 """Events of a run on the heartbeats topic (a Tick applies to every run of its partition)."""
 
 
@@ -271,7 +365,7 @@ def fold_liveness(
     Args:
         state: The run's state; None for a run not seen yet (not allowed for a Tick,
             which names no run: the caller passes each known run's state).
-        event: RunStarted, Heartbeat, Tick or RunEnded.
+        event: RunStarted, Heartbeat, Tick, RunEnded or RankExited.
         source: The event's log position; offsets at or below the last applied one are
             skipped.
         cfg: The processor's configuration (the run's own thresholds apply on top).
@@ -297,6 +391,8 @@ def fold_liveness(
         )
     if isinstance(event, Tick):
         return _on_tick(state, event, source, _config(state, cfg))
+    if isinstance(event, RankExited):
+        return _on_rank_exited(state, event, source, _config(state, cfg))
     if isinstance(event, RunStarted):
         fresh = _incarnation_state(state, event)
         return msgspec.structs.replace(fresh, last_offset=source.offset), []
@@ -312,4 +408,11 @@ def fold_liveness(
     return msgspec.structs.replace(state, last_offset=source.offset), []
 
 
-__all__ = ["LivenessEvent", "LivenessState", "advance_step", "fold_liveness"]
+__all__ = [
+    "SIGNAL_NAMES",
+    "LivenessEvent",
+    "LivenessState",
+    "advance_step",
+    "exit_status",
+    "fold_liveness",
+]

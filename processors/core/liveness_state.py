@@ -46,6 +46,10 @@ class LivenessState(msgspec.Struct, frozen=True, gc=False):
         raised: Verdicts raised for the run so far (part of their ids, so a rank that
             dies twice at the same step gets two verdicts).
         anomaly_counts: Verdicts raised, by kind.
+        exit_rank: The rank whose faulty exit (a `schemas.events.RankExited`) was reported
+            in this incarnation (-1: none). While set, the silence and step scans and the
+            hang check raise nothing more for the incarnation: its other ranks are blocked
+            peers of the culprit, not separate faults.
     """
 
     run_id: str
@@ -72,6 +76,7 @@ class LivenessState(msgspec.Struct, frozen=True, gc=False):
     heartbeats: int = 0
     raised: int = 0
     anomaly_counts: dict[str, int] = {}
+    exit_rank: int = -1
 
     @property
     def dead(self) -> tuple[int, ...]:

@@ -47,6 +47,7 @@ from schemas.events import (
     Heartbeat,
     InputEvent,
     Provenance,
+    RankExited,
     RestartRequested,
     RunEnded,
     RunStarted,
@@ -211,7 +212,7 @@ class Replayer:
                 )
                 self._collect(verdicts or [])
             return
-        if not isinstance(event, (Heartbeat, RunStarted, RunEnded)):
+        if not isinstance(event, (Heartbeat, RunStarted, RunEnded, RankExited)):
             return
         self.partition_runs.setdefault(source.partition, set()).add(event.run_id)
         verdicts = self._apply(

@@ -84,6 +84,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="with --log-format: tokens the whole gang processes per step, for lines that "
         "do not say (MFU needs it)",
     )
+    parser.add_argument(
+        "--no-exit-evidence",
+        dest="exit_evidence",
+        action="store_false",
+        help="do not publish rank exits (RankExited) to the heartbeats topic: the processors "
+        "then learn of a dead rank only from its silence (dead_rank_timeout_s)",
+    )
     parser.add_argument("argv", nargs=argparse.REMAINDER, help="-- COMMAND ARGS...")
 
 
@@ -188,6 +195,7 @@ def run(args: argparse.Namespace) -> int:
         log_format=args.log_format,
         log_regex=args.log_regex,
         log_tokens_per_step=args.tokens_per_step,
+        exit_evidence=args.exit_evidence,
     )
     state.save_gang(record)
     controller, (supervisor,) = make_controller([state], keys, bootstrap, prefix)

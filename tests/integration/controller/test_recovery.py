@@ -8,14 +8,17 @@ at most, a checkpoint every 5 steps.
 from __future__ import annotations
 
 import math
+import socket
+import subprocess
+import sys
 import time
 
 import pytest
 
 from processors.fleet import latest_states
-from schemas.events import AnomalyDetected, RestartCompleted, RestartRequested
+from schemas.events import AnomalyDetected, RankExited, RestartCompleted, RestartRequested
 
-from .conftest import WAIT_S, of_run, reference_losses, wait_events
+from .conftest import SETS, WAIT_S, of_run, reference_losses, wait_events
 
 pytestmark = [pytest.mark.integration, pytest.mark.torch]
 
@@ -36,7 +39,20 @@ def _continuity(loop, run_id: str, timeout_s: float = WAIT_S):
         time.sleep(0.2)  # polling a changelog, not synchronising on time
 
 
+def _liveness(loop, run_id: str, incarnation: int, timeout_s: float = WAIT_S):
+    """The run's liveness state once the processors folded its ``incarnation``'s end."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        view = latest_states(loop.bootstrap, loop.app_id).get(run_id)
+        state = view.liveness if view else None
+        if state and state.incarnation == incarnation and not state.live:
+            return state
+        assert time.monotonic() < deadline, f"no ended liveness state for {run_id}: {state}"
+        time.sleep(0.2)  # polling a changelog, not synchronising on time
+
+
 def test_killed_rank_is_respawned_and_resumes_exactly(loop, launch, tmp_path):
+    heartbeats = loop.reader(loop.topics.heartbeats)
     anomalies = loop.reader(loop.topics.anomalies)
     commands = loop.reader(loop.topics.commands)
     controller = loop.reader(loop.topics.controller)
@@ -46,8 +62,15 @@ def test_killed_rank_is_respawned_and_resumes_exactly(loop, launch, tmp_path):
     reference = reference_losses(tmp_path / "ref", ["--steps", str(STEPS), "--seed", "2"])
     assert run.launcher.wait() == 0, run.launcher.log() + run.rank_logs()
 
-    dead = wait_events(anomalies, of_run("kill", AnomalyDetected))
-    assert {(a.kind, a.incarnation) for a in dead} == {("dead_rank", 0)}
+    # Exit evidence: the launcher saw rank 1 die and said so on the heartbeats topic.
+    (exit_1,) = wait_events(
+        heartbeats, lambda e: of_run("kill", RankExited)(e) and e.rank == 1 and e.signal
+    )
+    assert (exit_1.incarnation, exit_1.signal, exit_1.host) == (0, 9, socket.gethostname())
+    (dead,) = wait_events(anomalies, of_run("kill", AnomalyDetected))
+    assert (dead.kind, dead.incarnation, dead.rank) == ("dead_rank", 0, 1)
+    assert f"rank 1 on {socket.gethostname()} exited (signal 9 (SIGKILL)" in dead.detail
+    assert dead.source.topic == loop.topics.heartbeats  # raised on the RankExited record
     (command,) = wait_events(commands, of_run("kill", RestartRequested))
     assert (command.action, command.incarnation, command.cause_kind) == ("respawn", 0, "dead_rank")
     (done,) = wait_events(controller, of_run("kill"))
@@ -66,6 +89,20 @@ def test_killed_rank_is_respawned_and_resumes_exactly(loop, launch, tmp_path):
     assert steps.continuity_ok
     assert steps.anomaly_counts.get("restart_discontinuity", 0) == 0
     assert run.gang_record()["status"] == "completed"
+    # Exactly one verdict for the kill: rank 0, blocked on its dead peer, is not reported.
+    liveness = _liveness(loop, "kill", incarnation=1)
+    assert liveness.anomaly_counts == {"dead_rank": 1}, liveness.anomaly_counts
+    # The exit verdict replays: `runwatch audit` folds the RankExited like any input record.
+    audit = subprocess.run(
+        [sys.executable, "-m", "runwatch.cli", "audit", "--bootstrap", loop.bootstrap]
+        + ["--prefix", loop.prefix, "--app-id", loop.app_id, "--run", "kill", "--wait", "120"]
+        + [arg for pair in SETS for arg in ("--set", pair)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert audit.returncode == 0, (audit.stdout, audit.stderr)
+    assert "every verdict reproduced" in audit.stdout, audit.stdout
 
 
 def test_a_resume_that_drops_optimizer_state_is_a_discontinuity(loop, launch):

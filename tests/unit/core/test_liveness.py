@@ -242,4 +242,5 @@ def test_hot_path_field_order_is_pinned() -> None:
         "heartbeats",
         "raised",
         "anomaly_counts",
+        "exit_rank",
     )

@@ -18,6 +18,7 @@ from schemas.events import (
     ModelFlopConfig,
     ParallelPlan,
     Provenance,
+    RankExited,
     RestartCompleted,
     RestartFailed,
     RestartRequested,
@@ -101,6 +102,7 @@ ONE_OF_EACH = [
     RestartFailed(run_id="r1", ts_ns=8, command_id="cmd", reason="no checkpoint"),
     CommandRejected(run_id="r1", ts_ns=8, command_id="cmd", reason="bad signature", source=SRC),
     DeadLetter(run_id="", ts_ns=9, source=SRC, reason="not JSON", key=b"r1", payload=b"\x00\xff"),
+    RankExited(run_id="r1", ts_ns=10, rank=1, incarnation=2, host="node-a", pid=4242, signal=9),
 ]
 
 

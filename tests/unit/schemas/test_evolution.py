@@ -7,7 +7,7 @@ import msgspec
 import pytest
 
 from schemas import codec, generate
-from schemas.events import Heartbeat, RunStarted, StepCompleted
+from schemas.events import Heartbeat, RankExited, RunStarted, StepCompleted
 
 from .test_codec import ONE_OF_EACH
 
@@ -72,3 +72,12 @@ def test_nan_event_validates_against_the_json_schema():
     schema = json.loads((generate.OUT_DIR / "event.json").read_text())
     event = StepCompleted(run_id="r", ts_ns=1, step=1, loss=float("nan"), step_time_s=0.1)
     jsonschema.validate(json.loads(codec.encode(event)), schema)
+
+
+def test_rank_exited_v1_minimal_record_decodes_with_unknown_status():
+    # The smallest rank_exited.v1 an agent can write: status unknown (neither field set).
+    event = codec.decode(b'{"type":"rank_exited.v1","run_id":"r","ts_ns":5,"rank":1}')
+    assert isinstance(event, RankExited)
+    assert (event.incarnation, event.host, event.exit_code, event.signal) == (0, "", None, None)
+    with pytest.raises(codec.DecodeError):
+        codec.decode(b'{"type":"rank_exited.v1","run_id":"r","ts_ns":5,"rank":1,"signal":0}')

@@ -1,0 +1,122 @@
+"""The agent's exit evidence: every rank exit it notices becomes a RankExited, culprit first."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+
+import pytest
+
+from schemas.events import Event, RankExited, RestartCompleted, RestartRequested
+from sinks.controller_state import ControllerState, GangRecord
+from sinks.elastic import RankExit
+from sinks.supervisor import HOST, RunSupervisor
+
+PY = sys.executable
+# Rank 1 SIGKILLs itself; rank 0 fails a moment later (as a DDP peer does in its next
+# collective).
+SCRIPT = (
+    "import os, signal, sys, time\n"
+    "if os.environ['RANK'] == '1':\n"
+    "    os.kill(os.getpid(), signal.SIGKILL)\n"
+    "time.sleep(0.5)\n"
+    "sys.exit(1)\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("code", "fields"),
+    [(0, (0, None)), (3, (3, None)), (-9, (None, 9)), (137, (None, 9)), (None, (None, None))],
+)
+def test_exit_fields(code, fields):
+    gone = RankExit(0, code, 0.0)
+    assert (gone.exit_code, gone.signal) == fields
+
+
+def test_report_order_puts_signals_first():
+    exits = [RankExit(0, 1, 0.0), RankExit(1, 137, 0.0), RankExit(2, 0, 0.0), RankExit(3, 2, 0.0)]
+    assert [e.rank for e in sorted(exits, key=RankExit.report_order)] == [1, 0, 3, 2]
+
+
+def test_every_exit_is_published_once_culprit_first(tmp_path):
+    state = ControllerState(tmp_path / "state")
+    record = GangRecord(
+        run_id="r",
+        argv=(PY, "-c", SCRIPT),
+        world_size=2,
+        bootstrap="127.0.0.1:1",
+        prefix="p",
+        checkpoint_dir=None,
+        incarnation=3,
+    )
+    state.save_gang(record)
+    published: list[Event] = []
+    sup = RunSupervisor(
+        state=state,
+        record=record,
+        gang=None,  # type: ignore[arg-type]
+        publish=published.append,
+        announce_end=lambda *_: None,
+    )
+    sup.launch(None)
+    assert sup.gang.wait(60.0), "the ranks did not exit"
+    sup.observe(time.monotonic())  # both exits in one sweep: rank 0 is looked at first
+    sup.observe(time.monotonic())  # nothing new: nothing published again
+    exits = [e for e in published if isinstance(e, RankExited)]
+    assert [(e.rank, e.exit_code, e.signal) for e in exits] == [
+        (1, None, signal.SIGKILL),
+        (0, 1, None),
+    ]
+    pids = {p.rank: p.pid for p in sup.record.ranks}
+    assert all(e.incarnation == 3 and e.host == HOST and e.pid == pids[e.rank] for e in exits)
+    assert exits[0].ts_ns <= exits[1].ts_ns
+
+
+def test_a_command_before_the_peers_die_still_charges_the_culprit(tmp_path):
+    # Exit evidence brings the command while rank 0 still runs (blocked on its dead peer):
+    # the failure is charged to rank 1 all the same, so a budget of 0 shrinks the gang.
+    blocked = "import os, signal, time\nif os.environ['RANK'] == '1':\n"
+    blocked += "    os.kill(os.getpid(), signal.SIGKILL)\ntime.sleep(600)\n"
+    state = ControllerState(tmp_path / "state")
+    record = GangRecord(
+        run_id="r",
+        argv=(PY, "-c", blocked),
+        world_size=2,
+        bootstrap="127.0.0.1:1",
+        prefix="p",
+        grace_s=0.2,
+        rank_failure_budget=0,
+    )
+    state.save_gang(record)
+    published: list[Event] = []
+    sup = RunSupervisor(
+        state=state,
+        record=record,
+        gang=None,  # type: ignore[arg-type]
+        publish=published.append,
+        announce_end=lambda *_: None,
+    )
+    sup.launch(None)
+    try:
+        deadline = time.monotonic() + 60
+        while 1 not in sup.exits:  # awaiting rank 1's exit, as the controller loop does
+            assert time.monotonic() < deadline, "rank 1 did not exit"
+            sup.gang.wait(0.05, poll_s=0.01)
+            sup.observe(time.monotonic())
+        assert sup.gang.running() == [0]
+        command = RestartRequested(
+            run_id="r",
+            ts_ns=1,
+            command_id="c1",
+            action="respawn",
+            cause_verdict_id="v1",
+            cause_kind="dead_rank",
+        )
+        sup.execute(command, time.monotonic())
+        (done,) = [e for e in published if isinstance(e, RestartCompleted)]
+        assert done.world_size == 1 and sup.record.world_size == 1
+        # rank 0's exit was caused by the stop: it was never published as evidence
+        assert [e.rank for e in published if isinstance(e, RankExited)] == [1]
+    finally:
+        sup.gang.stop(0.0, kill_now=True)

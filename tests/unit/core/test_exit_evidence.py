@@ -1,0 +1,158 @@
+"""Exit evidence: a RankExited names the culprit at once; its blocked peers are not reported."""
+
+from __future__ import annotations
+
+from processors.core.config import DetectorConfig, with_overrides
+from processors.core.policy import fold_policy
+from processors.core.replay import Record, replay
+from processors.core.state_codec import decode_state, encode_state
+from schemas.events import Heartbeat, Provenance, RankExited, RunEnded, RunStarted, Tick
+from tests.unit.core.factories import S, ended, fold_heartbeats, lockstep, src, started, tick
+
+CFG = with_overrides(
+    DetectorConfig(),
+    {"dead_rank_timeout_s": 3, "hang_timeout_s": 6, "startup_timeout_s": 300},
+)
+Event = RunStarted | Heartbeat | Tick | RunEnded | RankExited
+
+
+def exited(
+    rank: int,
+    ts_ns: int,
+    *,
+    code: int | None = None,
+    sig: int | None = None,
+    incarnation: int = 0,
+    host: str = "node-b",
+) -> RankExited:
+    return RankExited(
+        run_id="r",
+        ts_ns=ts_ns,
+        rank=rank,
+        incarnation=incarnation,
+        host=host,
+        pid=4242,
+        exit_code=code,
+        signal=sig,
+    )
+
+
+def killed_gang(incarnation: int = 0) -> list[Event]:
+    """Rank 1 of 2 SIGKILLed after step 20 (5 s); rank 0 blocks, then exits on the error."""
+    events: list[Event] = [started(world_size=2, incarnation=incarnation)]
+    events += lockstep(2, range(1, 21))  # last heartbeats at 5 s
+    events += [exited(1, 5 * S + S // 10, sig=9, incarnation=incarnation)]
+    events += [tick(5 * S + t * S // 2) for t in range(1, 40)]  # 20 s of silence
+    events += [exited(0, 12 * S, code=1, incarnation=incarnation, host="node-a")]
+    return events
+
+
+def test_sigkill_names_the_culprit_rank_and_host_at_once() -> None:
+    state, verdicts = fold_heartbeats(killed_gang(), CFG)
+    assert [(v.kind, v.rank) for v in verdicts] == [("dead_rank", 1)], "peers not reported"
+    (verdict,) = verdicts
+    assert verdict.ts_ns == 5 * S + S // 10, "raised on the exit event, not after a timeout"
+    assert "rank 1 on node-b" in verdict.detail and "signal 9 (SIGKILL)" in verdict.detail
+    assert "pid 4242" in verdict.detail and "after step 20" in verdict.detail
+    assert verdict.step == 20 and verdict.value == 137.0
+    assert state is not None and state.exit_rank == 1 and state.dead_ranks == (1,)
+
+
+def test_without_exit_evidence_both_ranks_are_reported() -> None:
+    # The contrast: the same silence without the RankExited events.
+    events = [e for e in killed_gang() if not isinstance(e, RankExited)]
+    _, verdicts = fold_heartbeats(events, CFG)
+    assert [(v.kind, v.rank) for v in verdicts] == [
+        ("dead_rank", 0),
+        ("dead_rank", 1),
+        ("hang", None),
+    ]
+
+
+def test_exit_code_is_named_and_one_verdict_per_incarnation() -> None:
+    events: list[Event] = [started(world_size=4), *lockstep(4, range(1, 5))]
+    events += [exited(2, 2 * S, code=3), exited(3, 2 * S + 1, code=1)]
+    _, verdicts = fold_heartbeats(events, CFG)
+    assert [(v.kind, v.rank) for v in verdicts] == [("dead_rank", 2)]
+    assert "exit code 3" in verdicts[0].detail
+
+
+def test_a_clean_exit_is_no_fault_and_not_reported_silent() -> None:
+    events: list[Event] = [started(world_size=2), *lockstep(2, range(1, 21))]
+    events += [exited(1, 5 * S + 1, code=0)]
+    # rank 0 keeps going alone (e.g. writes the last checkpoint) for 10 s
+    events += [Heartbeat(run_id="r", ts_ns=(5 + t) * S, rank=0, step=20 + t) for t in range(11)]
+    events += [ended(ts_ns=16 * S, status="completed")]
+    state, verdicts = fold_heartbeats(events, CFG)
+    assert verdicts == []
+    assert state is not None and state.exit_rank == -1
+
+
+def test_unknown_status_is_a_fault() -> None:
+    events: list[Event] = [started(world_size=2), *lockstep(2, range(1, 3)), exited(0, S)]
+    _, verdicts = fold_heartbeats(events, CFG)
+    assert [(v.kind, v.rank) for v in verdicts] == [("dead_rank", 0)]
+    assert "unknown exit status" in verdicts[0].detail
+
+
+def test_old_incarnation_and_suspended_runs_are_ignored() -> None:
+    events: list[Event] = [started(world_size=2, incarnation=1), *lockstep(2, range(1, 5))]
+    events += [exited(1, 2 * S, sig=9, incarnation=0)]  # the previous gang's straggling exit
+    _, verdicts = fold_heartbeats(events, CFG)
+    assert verdicts == []
+    events = [started(world_size=2), *lockstep(2, range(1, 5)), ended(ts_ns=2 * S)]
+    events += [exited(1, 2 * S + 1, sig=15)]  # stopped by the controller after RunEnded
+    _, verdicts = fold_heartbeats(events, CFG)
+    assert verdicts == []
+
+
+def test_next_incarnation_clears_the_culprit_and_reports_again() -> None:
+    state, first = fold_heartbeats(killed_gang(0), CFG)
+    # The first gang's log ends at 24.5 s (its last tick).
+    events: list[Event] = [ended(ts_ns=25 * S), started(ts_ns=26 * S, world_size=2, incarnation=1)]
+    events += [
+        Heartbeat(run_id="r", ts_ns=26 * S + n * S // 4 + k, rank=k, step=20 + n)
+        for n in range(1, 5)
+        for k in range(2)
+    ]
+    events += [exited(0, 28 * S, sig=11, incarnation=1, host="node-a")]
+    state, second = fold_heartbeats(events, CFG, state, first_offset=1000)
+    assert [(v.rank, v.incarnation) for v in first + second] == [(1, 0), (0, 1)]
+    assert "signal 11 (SIGSEGV)" in second[0].detail
+    assert first[0].verdict_id != second[0].verdict_id
+
+
+def test_a_rank_already_flagged_silent_gets_no_second_verdict() -> None:
+    events: list[Event] = [started(world_size=2), *lockstep(2, range(1, 21))]
+    events += [Heartbeat(run_id="r", ts_ns=(5 + t) * S, rank=0, step=20 + t) for t in range(5)]
+    events += [exited(1, 9 * S + 1, sig=9)]  # the agent's evidence came late
+    events += [tick((9 + t) * S) for t in range(1, 20)]
+    _, verdicts = fold_heartbeats(events, CFG)
+    assert [(v.kind, v.rank) for v in verdicts] == [("dead_rank", 1)]
+    assert "silent" in verdicts[0].detail
+
+
+def test_the_policy_issues_one_respawn() -> None:
+    _, verdicts = fold_heartbeats(killed_gang(), CFG)
+    state = None
+    commands = []
+    for i, v in enumerate(verdicts):
+        state, out = fold_policy(state, v, src(i, "runwatch.anomalies"), CFG)
+        commands += out
+    assert [(c.action, c.incarnation, c.cause_kind) for c in commands] == [
+        ("respawn", 0, "dead_rank")
+    ]
+
+
+def test_replay_reproduces_the_verdict_and_the_state_round_trips() -> None:
+    records: list[Record] = [
+        ("heartbeats", Provenance(topic="runwatch.heartbeats", partition=0, offset=i), e)
+        for i, e in enumerate(killed_gang())
+    ]
+    live_state, live = fold_heartbeats(killed_gang(), CFG)
+    first, again = replay(records, CFG), replay(records, CFG)
+    assert [v.verdict_id for v in first.anomalies] == [v.verdict_id for v in live]
+    assert first.anomalies == again.anomalies and len(first.commands) == 1
+    assert first.commands == again.commands
+    assert live_state is not None
+    assert decode_state("liveness", encode_state(live_state)) == live_state
