@@ -21,6 +21,10 @@ pytestmark = pytest.mark.integration
 if MISSING:
     pytest.skip(MISSING, allow_module_level=True)
 
+from selenium.common.exceptions import (  # noqa: E402
+    NoSuchElementException,
+    StaleElementReferenceException,
+)
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
@@ -37,8 +41,22 @@ def browser():
 
 
 def _text(driver, css: str) -> str:
-    found = driver.find_elements(By.CSS_SELECTOR, css)
-    return found[0].text if found else ""
+    """The first match's text, "" when none; the live page re-renders, so an element found
+    a moment ago may be gone: that reads as "" too and the caller's wait tries again."""
+    try:
+        found = driver.find_elements(By.CSS_SELECTOR, css)
+        return found[0].text if found else ""
+    except StaleElementReferenceException:
+        return ""
+
+
+def _click(driver, css: str) -> bool:
+    """Click the first match; False (try again) when it was re-rendered under us."""
+    try:
+        driver.find_element(By.CSS_SELECTOR, css).click()
+    except (StaleElementReferenceException, NoSuchElementException):
+        return False
+    return True
 
 
 def test_the_page_lists_the_run_marks_its_spike_and_follows_new_steps(
@@ -66,8 +84,8 @@ def test_the_page_lists_the_run_marks_its_spike_and_follows_new_steps(
             browser.get(url)
             row = f'tr[data-run="{run}"]'
             wait.until(lambda d: _text(d, f"{row} td.step") == "40")
-            assert "loss_spike" in _text(browser, f"{row} td.anomalies")
-            assert _text(browser, "#live") == "live"
+            wait.until(lambda d: "loss_spike" in _text(d, f"{row} td.anomalies"))
+            wait.until(lambda d: _text(d, "#live") == "live")
             # a new step arrives: the fleet row follows without a reload
             browser.execute_script("document.body.dataset.probe = 'fleet page'")
             trainer.step(41)
@@ -80,10 +98,10 @@ def test_the_page_lists_the_run_marks_its_spike_and_follows_new_steps(
             browser.find_element(By.CSS_SELECTOR, "#q").send_keys(run[:5])
             wait.until(lambda d: _text(d, f"{row} td.step") == "41")
             # the run page marks the spike where it fired, on the loss curve
-            browser.find_element(By.CSS_SELECTOR, f"{row} td.run a").click()
+            wait.until(lambda d: _click(d, f"{row} td.run a"))
             spike_css = '#chart-loss .marker[data-kind="loss_spike"][data-step="30"]'
             wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, spike_css))
-            assert "loss_spike" in browser.find_element(By.CSS_SELECTOR, "#feed").text
+            wait.until(lambda d: "loss_spike" in _text(d, "#feed"))
             assert "health receipt" in browser.page_source
             # and it follows new steps too
             browser.execute_script("document.body.dataset.probe = 'run page'")
