@@ -27,9 +27,17 @@ WAIT_S = 90.0
 
 @contextmanager
 def workers(
-    bootstrap: str, prefix: str, tmp_path: Path, *, partitions: int, sets: Sequence[str] = ()
+    bootstrap: str,
+    prefix: str,
+    tmp_path: Path,
+    *,
+    partitions: int | str | None,
+    sets: Sequence[str] = (),
 ) -> Iterator[Callable[..., ManagedProcess]]:
     """Yield a function that starts one more worker of the same app; all stop at the end.
+
+    ``partitions`` is the worker's ``--partitions`` (``2``, ``"heartbeats=4"``; None: the
+    catalogue's): the counts of the topics it creates; existing topics keep theirs.
 
     ``start(env={...})`` adds variables to that worker's environment.
     """
@@ -45,8 +53,7 @@ def workers(
             prefix,
             "--app-id",
             app_id,
-            "--partitions",
-            str(partitions),
+            *(["--partitions", str(partitions)] if partitions is not None else []),
             "--tick-interval",
             "0.5",
             "--session-timeout",
