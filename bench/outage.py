@@ -7,12 +7,16 @@ operator debugging a worker), feeds one run, waits until its states are written,
 stops the broker for ``--outage-s`` seconds and measures over that window:
 
 * ``lines``: lines the worker wrote to its log (stdout and stderr), and ``lines_per_s``;
+* ``connect_attempts``: refused connection attempts its client logged (summaries counted);
 * ``cpu_s``: the worker's user + system CPU seconds (``/proc/PID/stat``);
 
 then starts the broker again on the same port, feeds more steps and reports how long the
 worker took to apply them all (``resume_s``, exact counts checked). One JSON line.
 
     .venv/bin/python bench/outage.py [--outage-s 15] [--loglevel error|none]
+
+The worker runs ``python -m runwatch.cli`` from the current directory: run the bench from
+another checkout (``cd ../main && python /path/to/bench/outage.py``) to measure its code.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import tempfile
 import time
@@ -44,6 +49,21 @@ def cpu_s(pid: int) -> float:
 def lines(path: Path) -> int:
     """Lines in ``path`` so far."""
     return path.read_bytes().count(b"\n") if path.exists() else 0
+
+
+def connect_attempts(path: Path, first_line: int, last_line: int) -> int:
+    """Refused connection attempts the worker's client logged in a window of its log.
+
+    Each ``Unable connect to node`` line counts 1, plus the repeats a summary line stands
+    for (``[+N like this ...]``).
+    """
+    text = path.read_text(errors="replace").splitlines()[first_line:last_line]
+    total = 0
+    for line in text:
+        if "Unable connect to node" in line:
+            held = re.search(r"\[\+(\d+) like this", line)
+            total += 1 + (int(held.group(1)) if held else 0)
+    return total
 
 
 def steps_applied(bootstrap: str, app_id: str, run_id: str) -> int:
@@ -104,6 +124,7 @@ def main() -> None:
             "loglevel": args.loglevel,
             "lines": lines1 - lines0,
             "lines_per_s": round((lines1 - lines0) / window_s, 1),
+            "connect_attempts": connect_attempts(log_path, lines0, lines1),
             "cpu_s": round(cpu1 - cpu0, 2),
             "cpu_share": round((cpu1 - cpu0) / window_s, 3),
             "resume_s": round(resume_s, 1),

@@ -39,12 +39,13 @@ def workers(
     ``partitions`` is the worker's ``--partitions`` (``2``, ``"heartbeats=4"``; None: the
     catalogue's): the counts of the topics it creates; existing topics keep theirs.
 
-    ``start(env={...})`` adds variables to that worker's environment.
+    ``start(env={...}, extra=[...])`` adds variables to that worker's environment and
+    arguments to its command line.
     """
     started: list[ManagedProcess] = []
     app_id = f"{prefix}-app"
 
-    def start(env: dict[str, str] | None = None) -> ManagedProcess:
+    def start(env: dict[str, str] | None = None, extra: Sequence[str] = ()) -> ManagedProcess:
         args = [
             "processors",
             "--bootstrap",
@@ -61,6 +62,7 @@ def workers(
         ]
         for s in sets:
             args += ["--set", s]
+        args += list(extra)
         full = {
             **os.environ,
             "RUNWATCH_COMMAND_KEY": COMMAND_KEY,
