@@ -9,6 +9,9 @@ stops the broker for ``--outage-s`` seconds and measures over that window:
 * ``lines``: lines the worker wrote to its log (stdout and stderr), and ``lines_per_s``;
 * ``connect_attempts``: refused connection attempts its client logged (summaries counted);
 * ``cpu_s``: the worker's user + system CPU seconds (``/proc/PID/stat``);
+* ``watch_down_s``, ``watch_errors``: the worker's own account once the broker is back
+  (``answers again after N s (M client connection errors in between)``, every client
+  error counted whether shown or not; -1 for a worker without that line);
 
 then starts the broker again on the same port, feeds more steps and reports how long the
 worker took to apply them all (``resume_s``, exact counts checked). One JSON line.
@@ -66,6 +69,23 @@ def connect_attempts(path: Path, first_line: int, last_line: int) -> int:
     return total
 
 
+def wait_back(path: Path, timeout_s: float) -> tuple[int, int]:
+    """The worker's own "answers again after N s (M client connection errors ...)" figures.
+
+    M counts every connection error its client logged during the outage, shown or not.
+    """
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        found = re.search(
+            r"answers again after (\d+) s \((\d+) client connection errors",
+            path.read_text(errors="replace"),
+        )
+        if found:
+            return int(found.group(1)), int(found.group(2))
+        time.sleep(0.2)  # polling a log file
+    return -1, -1
+
+
 def steps_applied(bootstrap: str, app_id: str, run_id: str) -> int:
     view = latest_states(bootstrap, app_id).get(run_id)
     return 0 if view is None or view.steps is None else view.steps.steps_observed
@@ -119,6 +139,7 @@ def main() -> None:
         broker.start()
         feed(bootstrap, prefix, run_id, 51, 100)
         resume_s = wait_applied(bootstrap, app_id, run_id, 100, 300.0)
+        back = wait_back(log_path, 60.0)
         result = {
             "outage_s": round(window_s, 1),
             "loglevel": args.loglevel,
@@ -128,6 +149,8 @@ def main() -> None:
             "cpu_s": round(cpu1 - cpu0, 2),
             "cpu_share": round((cpu1 - cpu0) / window_s, 3),
             "resume_s": round(resume_s, 1),
+            "watch_down_s": back[0],
+            "watch_errors": back[1],
             "worker_alive": worker.returncode is None,
             "log": str(log_path),
         }
