@@ -75,6 +75,7 @@ from typing import Any, Final
 import faust
 from kafka.partitioner.default import murmur2
 
+from processors import transport
 from processors.core.config import DetectorConfig
 from processors.core.state_codec import decode_state
 from processors.intake import RawRecord, split
@@ -178,7 +179,7 @@ class _Agent:
         return None if raw is None else decode_state(self.kind, raw)  # type: ignore[arg-type]
 
     def runs_in_partition(self, partition: int) -> Iterable[str]:
-        count = self.settings.partitions
+        count = self.settings.partitions_of(self.role)
         for key in list(self.table.keys()):
             run_id = key.decode()
             if partition_for(run_id, count) == partition:
@@ -347,11 +348,11 @@ def create_app(
     Returns:
         The app; run it with `run_worker`.
     """
-    app = faust.App(
+    app = transport.App(  # faust.App, with a retry backoff sized for outages
         settings.app_id,
         broker=f"kafka://{settings.bootstrap}",
         store="memory://",
-        topic_partitions=settings.partitions,
+        topic_partitions=max(settings.partitions_of(role) for role in TABLES),
         topic_replication_factor=settings.replication_factor,
         topic_allow_declare=True,
         key_serializer="raw",
@@ -392,7 +393,7 @@ def create_app(
         table = app.Table(
             TABLES[role],
             default=None,
-            partitions=settings.partitions,
+            partitions=settings.partitions_of(role),  # co-partitioned with its input
             key_type=bytes,
             value_type=bytes,
             use_partitioner=True,
@@ -405,7 +406,7 @@ def create_app(
             topic_name,
             key_type=bytes,
             value_type=bytes,
-            partitions=settings.partitions,
+            partitions=settings.partitions_of(role),
             acks=True,
         )
         body = _Agent(app, role, table, settings, cfg, topics, finish, faults)
@@ -426,7 +427,7 @@ def create_app(
                 None,
                 None,
             )
-            for p in range(settings.partitions)
+            for p in range(settings.partitions_of("heartbeats"))  # every one, as it is
         ]
         await asyncio.gather(*pending)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
-from schemas.topics import DEFAULT_PARTITIONS
+from schemas.topics import default_partitions
 
 DEFAULT_APP_ID = "runwatch-processors"
 
@@ -17,7 +17,11 @@ class ProcessorSettings(msgspec.Struct, frozen=True, kw_only=True):
         prefix: Topic name prefix.
         app_id: Faust app id: the consumer group and the prefix of the changelog topics.
             Workers with the same id share the work; another id processes independently.
-        partitions: Partitions of the input topics (and so of the tables).
+        partitions: Input role (``steps``, ``heartbeats``, ``checkpoints``,
+            ``anomalies``) -> the partition count of its topic as the cluster has it
+            (`runwatch processors` reads it from the metadata): the partitions of that
+            role's table (its changelog must be co-partitioned with the input) and of the
+            Tick fan-out. A role not named has the catalogue's default.
         batch_max: Most records an agent folds at once.
         batch_within_s: Longest an agent waits to fill a batch.
         tick_interval_s: How often the clock writes a Tick into every heartbeat partition.
@@ -35,7 +39,7 @@ class ProcessorSettings(msgspec.Struct, frozen=True, kw_only=True):
     bootstrap: str
     prefix: str = "runwatch"
     app_id: str = DEFAULT_APP_ID
-    partitions: int = DEFAULT_PARTITIONS
+    partitions: dict[str, int] = {}
     batch_max: int = 5000
     batch_within_s: float = 0.05
     tick_interval_s: float = 1.0
@@ -44,6 +48,10 @@ class ProcessorSettings(msgspec.Struct, frozen=True, kw_only=True):
     replication_factor: int = 1
     min_insync_replicas: int = 1
     overrides: dict[str, str] = {}
+
+    def partitions_of(self, role: str) -> int:
+        """Partitions of the input topic of ``role`` (and of its table's changelog)."""
+        return self.partitions.get(role) or default_partitions(role)
 
 
 def changelog_topic(app_id: str, table: str) -> str:

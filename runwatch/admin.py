@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from runwatch.errors import RunwatchError
@@ -226,24 +226,34 @@ def _warn_mismatch(
             )
 
 
-def catalogue(prefix: str = "runwatch", partitions: int | None = None) -> list[TopicSpec]:
+def catalogue(
+    prefix: str = "runwatch", partitions: int | Mapping[str, int] | None = None
+) -> list[TopicSpec]:
     """The topic catalogue (`schemas.topics.catalogue`) for ``prefix``.
 
+    Args:
+        prefix: Topic name prefix.
+        partitions: One count for every topic, counts by short name, or None (the
+            catalogue's `schemas.topics.DEFAULT_PARTITIONS`).
+
     Raises:
-        RunwatchError: when the catalogue cannot be imported.
+        RunwatchError: when the catalogue cannot be imported or a count is invalid.
     """
     try:
         from schemas import topics
     except ImportError as exc:
         raise RunwatchError(f"the topic catalogue schemas.topics is unavailable: {exc}") from None
-    return list(topics.catalogue(prefix, partitions))
+    try:
+        return list(topics.catalogue(prefix, partitions))
+    except ValueError as exc:
+        raise RunwatchError(str(exc)) from None
 
 
 def create_catalogue(
     bootstrap: str,
     *,
     prefix: str = "runwatch",
-    partitions: int | None = None,
+    partitions: int | Mapping[str, int] | None = None,
     replication: Replication | None = None,
     timeout_s: float = 30.0,
 ) -> dict[str, bool]:
@@ -252,7 +262,7 @@ def create_catalogue(
     Args:
         bootstrap: Kafka bootstrap address.
         prefix: Topic name prefix.
-        partitions: Partitions per topic; the catalogue's default when None.
+        partitions: As in `catalogue`.
         replication: As in `create_topics` (None: from the cluster's size).
         timeout_s: As in `create_topics`.
 

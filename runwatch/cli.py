@@ -77,10 +77,18 @@ def setup_logging(verbosity: int) -> None:
     the other `FRAMEWORK_LOGGERS` at ERROR; anything else at WARNING. 1 (``-v``): runwatch
     at DEBUG, the libraries at INFO. 2 or more (``-vv``): everything at DEBUG, the
     clients' internals included.
+
+    At every level, repeated warnings and errors of one kind are summarised
+    (`runwatch.logsummary.RepeatSummary`): the first, then one line per 10 s with the
+    count of the others.
     """
     ours, clients, frameworks, rest = _LEVELS[min(max(verbosity, 0), 2)]
+    from runwatch.logsummary import RepeatSummary
+
     handler = _StderrHandler(sys.stderr)
     handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    # a library that logs an error per retry costs one line per kind per 10 s
+    handler.addFilter(RepeatSummary())
     root = logging.getLogger()
     for old in list(root.handlers):
         # only a handler of an earlier call: others (a host program's, pytest's caplog)

@@ -19,6 +19,7 @@ ENV_BOOTSTRAP = "RUNWATCH_BOOTSTRAP"
 ENV_HOME = "RUNWATCH_HOME"
 ENV_TOPIC_PREFIX = "RUNWATCH_TOPIC_PREFIX"
 ENV_REPLICATION_FACTOR = "RUNWATCH_REPLICATION_FACTOR"
+ENV_PARTITIONS = "RUNWATCH_PARTITIONS"
 
 # Client security settings read from the environment; names follow kafka-python's arguments.
 _SECURITY_ENV: dict[str, str] = {
@@ -69,6 +70,27 @@ def replication_factor(explicit: int | None = None) -> int | None:
     if factor < 1:
         raise UsageError(f"the replication factor must be a positive integer, not {raw!r}")
     return factor
+
+
+def partition_counts(explicit: str | None = None) -> dict[str, int] | None:
+    """Partition counts of new topics by short name, or None for the catalogue's defaults.
+
+    Order: the explicit argument (``--partitions``), `RUNWATCH_PARTITIONS`. The syntax is
+    `schemas.topics.parse_partitions`'s: ``8``, ``heartbeats=64,steps=32``, ``8,heartbeats=64``.
+
+    Raises:
+        UsageError: when it does not parse.
+    """
+    from schemas.topics import parse_partitions
+
+    raw = explicit if explicit is not None else os.environ.get(ENV_PARTITIONS)
+    if raw is None or raw.strip() == "":
+        return None
+    try:
+        return parse_partitions(raw)
+    except ValueError as exc:
+        source = "--partitions" if explicit is not None else ENV_PARTITIONS
+        raise UsageError(f"{source}: {exc}") from None
 
 
 def resolve_bootstrap(explicit: str | None = None, *, check: bool = True) -> str:

@@ -1,18 +1,43 @@
 """The topic catalogue: every topic runwatch uses, in one place.
 
-All topics are keyed by ``run_id`` and created with the same partition count, so a run's
-events share one partition number across topics (co-partitioning): a processor that owns
-partition p of the input topics owns every event of the runs hashed to p.
+All topics are keyed by ``run_id``, so all of a run's events in one topic share one
+partition (Kafka's default partitioner: murmur2 of the key modulo the topic's partition
+count). Each topic has its own partition count (`DEFAULT_PARTITIONS`, sized for a fleet;
+see `parse_partitions` for choosing others): the processors fold each input topic on its
+own, their tables' changelogs are co-partitioned with that input topic, and every reader
+of a run's partition (the audit, the Tick fan-out) reads the count from the cluster's
+metadata, never from this table.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Final
 
 import msgspec
 
-DEFAULT_PARTITIONS: Final = 8
-"""Partitions per topic; the ceiling on processor workers that share the work."""
+DEFAULT_PARTITIONS: Final[Mapping[str, int]] = {
+    "runs": 8,
+    "steps": 16,
+    "heartbeats": 64,
+    "checkpoints": 8,
+    "anomalies": 8,
+    "commands": 4,
+    "controller": 4,
+    "deadletter": 4,
+}
+"""Partitions per topic (by short name), sized for a fleet; docs/deploy.md has the reasoning.
+
+A topic's partition count is the ceiling on the workers that share its agent, and a run
+never spans partitions. ``heartbeats`` carries one record per rank per step (100 runs of
+1,024 ranks at a step a second: about 100k records/s, each rank's step record and the
+Ticks on top are small change), so it gets the most: at a few thousand records/s per
+worker it needs tens of workers, and 64 partitions leave that room while 100 runs still
+fill them. ``steps`` is one record per run per step (rank 0): 16 partitions for the
+heaviest fold per record. ``checkpoints``, ``anomalies`` (the policy agent's input) and
+``runs`` (compacted, two records per incarnation) are a record per event of a run: 8.
+``commands``, ``controller`` and ``deadletter`` are low volume and read by sinks: 4.
+"""
 
 WEEK_MS: Final = 7 * 24 * 3600 * 1000
 
@@ -114,23 +139,99 @@ def names(prefix: str = "runwatch") -> TopicNames:
     return TopicNames(**{short: f"{prefix}.{short}" for short, *_ in _CATALOGUE})
 
 
-def catalogue(prefix: str = "runwatch", partitions: int | None = None) -> list[TopicSpec]:
+def default_partitions(short: str) -> int:
+    """The catalogue's partition count of topic ``short`` (``steps``, ``heartbeats``...).
+
+    Raises:
+        ValueError: ``short`` is not a catalogue topic.
+    """
+    try:
+        return DEFAULT_PARTITIONS[short]
+    except KeyError:
+        raise ValueError(
+            f"no topic {short!r} in the catalogue; topics: {', '.join(DEFAULT_PARTITIONS)}"
+        ) from None
+
+
+def parse_partitions(text: str) -> dict[str, int]:
+    """Partition counts from ``--partitions`` / ``RUNWATCH_PARTITIONS``, by short name.
+
+    A comma-separated list of ``TOPIC=N`` (that topic) and at most one bare ``N`` (every
+    topic not named): ``heartbeats=64,steps=32``, ``2``, ``8,heartbeats=64``. Topics
+    neither named nor covered by a bare ``N`` keep `DEFAULT_PARTITIONS`.
+
+    Returns:
+        Short name -> count, for every catalogue topic.
+
+    Raises:
+        ValueError: an unknown topic, a count that is not a positive integer, a topic
+            named twice, two bare counts, or nothing at all.
+    """
+    every: int | None = None
+    named: dict[str, int] = {}
+    items = [item.strip() for item in text.split(",")]
+    if not any(items):
+        raise ValueError("partitions: expected N or TOPIC=N[,TOPIC=N...], got nothing")
+    for item in items:
+        short, sep, raw = item.rpartition("=")
+        short = short.strip()
+        count = _positive(raw.strip(), item)
+        if not sep:
+            if every is not None:
+                raise ValueError(f"partitions: two counts for every topic in {text!r}")
+            every = count
+            continue
+        default_partitions(short)  # an unknown name raises, listing the known ones
+        if short in named:
+            raise ValueError(f"partitions: {short} named twice in {text!r}")
+        named[short] = count
+    return {
+        short: named.get(short, every if every is not None else default)
+        for short, default in DEFAULT_PARTITIONS.items()
+    }
+
+
+def _positive(raw: str, item: str) -> int:
+    try:
+        count = int(raw)
+    except ValueError:
+        count = 0
+    if count < 1:
+        raise ValueError(f"partitions must be positive integers, got {item!r}")
+    return count
+
+
+def catalogue(
+    prefix: str = "runwatch", partitions: int | Mapping[str, int] | None = None
+) -> list[TopicSpec]:
     """Every topic for ``prefix``.
 
     Args:
         prefix: Topic name prefix.
-        partitions: Partitions per topic; `DEFAULT_PARTITIONS` when None.
+        partitions: One count for every topic, or counts by short name (topics not named
+            keep theirs), or None: `DEFAULT_PARTITIONS`.
 
     Returns:
         The specs, in a stable order.
+
+    Raises:
+        ValueError: a count below 1, or a name that is not a catalogue topic.
     """
-    count = DEFAULT_PARTITIONS if partitions is None else partitions
-    if count < 1:
-        raise ValueError(f"partitions must be >= 1, got {count}")
+    if partitions is None:
+        counts = dict(DEFAULT_PARTITIONS)
+    elif isinstance(partitions, int):
+        counts = dict.fromkeys(DEFAULT_PARTITIONS, partitions)
+    else:
+        for short in partitions:
+            default_partitions(short)
+        counts = {**DEFAULT_PARTITIONS, **partitions}
+    for short, count in counts.items():
+        if count < 1:
+            raise ValueError(f"partitions must be >= 1, got {count} for {short}")
     return [
         TopicSpec(
             name=f"{prefix}.{short}",
-            partitions=count,
+            partitions=counts[short],
             compacted=compacted,
             retention_ms=retention,
             carries=carries,

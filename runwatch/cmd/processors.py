@@ -42,8 +42,6 @@ def add_common(parser: argparse.ArgumentParser) -> None:
 
 def configure(parser: argparse.ArgumentParser) -> None:
     """Add the arguments of `runwatch processors`."""
-    from schemas.topics import DEFAULT_PARTITIONS
-
     add_common(parser)
     parser.add_argument(
         "--app-id",
@@ -52,9 +50,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--partitions",
-        type=int,
-        default=DEFAULT_PARTITIONS,
-        help="partitions of the topics it creates when they do not exist",
+        default=None,
+        metavar="N|TOPIC=N,...",
+        help="partitions of the topics it creates when they do not exist, as in `runwatch "
+        "topics create` (default: $RUNWATCH_PARTITIONS, else the catalogue's); the worker "
+        "always uses the counts the topics have",
     )
     parser.add_argument(
         "--tick-interval",
@@ -136,19 +136,16 @@ def run(args: argparse.Namespace) -> int:
     from runwatch.admin import cluster_replication, create_catalogue
     from runwatch.settings import (
         faust_broker_settings,
+        partition_counts,
         replication_factor,
         resolve_bootstrap,
         topic_prefix,
     )
     from schemas.signing import load_key
 
-    if (
-        min(args.partitions, args.batch_max) < 1
-        or min(args.tick_interval, args.session_timeout) <= 0
-    ):
-        raise UsageError(
-            "--partitions, --tick-interval, --batch-max and --session-timeout must be positive"
-        )
+    if args.batch_max < 1 or min(args.tick_interval, args.session_timeout) <= 0:
+        raise UsageError("--tick-interval, --batch-max and --session-timeout must be positive")
+    partitions = partition_counts(args.partitions)
     overrides = parse_overrides(args.overrides)
     cfg = detector_config(overrides)
     bootstrap = resolve_bootstrap(args.bootstrap)
@@ -164,12 +161,13 @@ def run(args: argparse.Namespace) -> int:
         )
     # The changelogs get the catalogue's replication: both from the cluster's size.
     rule = cluster_replication(bootstrap, factor=replication_factor(args.replication_factor))
-    create_catalogue(bootstrap, prefix=prefix, partitions=args.partitions, replication=rule)
+    create_catalogue(bootstrap, prefix=prefix, partitions=partitions, replication=rule)
+    app_id = args.app_id or default_app_id(prefix)
     settings = ProcessorSettings(
         bootstrap=bootstrap,
         prefix=prefix,
-        app_id=args.app_id or default_app_id(prefix),
-        partitions=args.partitions,
+        app_id=app_id,
+        partitions=input_partitions(bootstrap, prefix, app_id),
         batch_max=args.batch_max,
         tick_interval_s=args.tick_interval,
         session_timeout_s=args.session_timeout,
@@ -181,6 +179,77 @@ def run(args: argparse.Namespace) -> int:
     if args.loglevel is not None:
         for name in _LIBRARY_LOGGERS:
             logging.getLogger(name).setLevel(_LOGLEVELS.get(args.loglevel, logging.ERROR))
-    app = create_app(settings, cfg, key)  # type: ignore[arg-type]
-    make_worker(app).execute_from_commandline()
+    watch = watch_broker(bootstrap)
+    try:
+        app = create_app(settings, cfg, key)  # type: ignore[arg-type]
+        make_worker(app).execute_from_commandline()
+    finally:
+        logging.getLogger("aiokafka").removeHandler(watch)
+        watch.close()
     return 0
+
+
+def input_partitions(bootstrap: str, prefix: str, app_id: str) -> dict[str, int]:
+    """The partition count of each input topic, as the cluster has it (not as asked).
+
+    A topic created earlier keeps its count whatever ``--partitions`` says, and a table's
+    changelog must be co-partitioned with its input, so the worker sizes its tables, the
+    partition lookup of its states and the Tick fan-out from these.
+
+    Raises:
+        UsageError: A changelog of ``app_id`` exists with another count than its input
+            (the input was repartitioned): its states are keyed to the old partitions.
+    """
+    from processors.app import TABLES
+    from processors.settings import changelog_topic
+    from runwatch.admin import list_topics
+    from schemas.topics import names
+
+    topics = names(prefix)
+    have = list_topics(bootstrap)
+    counts: dict[str, int] = {}
+    for role, table in TABLES.items():
+        topic = getattr(topics, role)
+        counts[role] = have.get(topic, 0)
+        changelog = have.get(changelog_topic(app_id, table))
+        if changelog is not None and changelog != counts[role]:
+            raise UsageError(
+                f"{changelog_topic(app_id, table)} has {changelog} partitions but its input "
+                f"{topic} has {counts[role]}: the states are keyed to the old partitions; "
+                "start with a new --app-id (it rebuilds them from the log)"
+            )
+    logging.getLogger("runwatch").info(
+        "input partitions: %s", ", ".join(f"{k}={v}" for k, v in counts.items())
+    )
+    return counts
+
+
+def watch_broker(bootstrap: str) -> logging.Handler:
+    """Let the worker say when Kafka stops answering, while it does not, and when it is back.
+
+    aiokafka logs an error per failed retry; unless ``-v`` or ``--loglevel`` shows them,
+    they go only to a `runwatch.logsummary.BrokerWatch` on the ``aiokafka`` logger, which
+    writes the worker's own lines instead (runwatch's ``broker_watch`` logger).
+
+    Returns:
+        The handler, to remove when the worker stops.
+    """
+    from processors.transport import RETRY_BACKOFF_MS
+    from runwatch.errors import BrokerUnreachable
+    from runwatch.logsummary import BrokerWatch
+    from runwatch.reachability import check_reachable
+
+    def answers() -> bool:
+        try:
+            check_reachable(bootstrap, timeout_s=2.0)
+        except BrokerUnreachable:
+            return False
+        return True
+
+    watch = BrokerWatch(bootstrap, probe=answers, retry_s=RETRY_BACKOFF_MS / 1000)
+    client = logging.getLogger("aiokafka")
+    if client.getEffectiveLevel() > logging.ERROR:  # silenced: the watch alone hears it
+        client.setLevel(logging.ERROR)
+        client.propagate = False
+    client.addHandler(watch)
+    return watch

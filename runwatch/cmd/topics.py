@@ -36,9 +36,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     create.add_argument(
         "--partitions",
-        type=int,
         default=None,
-        help="partitions per topic (default: the catalogue's)",
+        metavar="N|TOPIC=N,...",
+        help="partitions of the new topics: N for every topic, TOPIC=N for one "
+        "(heartbeats=64,steps=32), both (8,heartbeats=64); topics not named keep the "
+        "catalogue's (default: $RUNWATCH_PARTITIONS, else the catalogue's: "
+        f"{_defaults()})",
     )
     create.add_argument(
         "--replication-factor",
@@ -59,6 +62,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _defaults() -> str:
+    from schemas.topics import DEFAULT_PARTITIONS
+
+    return ",".join(f"{k}={v}" for k, v in DEFAULT_PARTITIONS.items())
+
+
 def of_prefix(topic: str, prefix: str) -> bool:
     """True for the topics of ``prefix``: ``PREFIX.<name>`` and ``PREFIX-...`` changelogs."""
     return topic.startswith((f"{prefix}.", f"{prefix}-"))
@@ -67,20 +76,24 @@ def of_prefix(topic: str, prefix: str) -> bool:
 def run(args: argparse.Namespace) -> int:
     """Dispatch to the chosen action; returns the exit status."""
     from runwatch import admin
-    from runwatch.settings import replication_factor, resolve_bootstrap, topic_prefix
+    from runwatch.settings import (
+        partition_counts,
+        replication_factor,
+        resolve_bootstrap,
+        topic_prefix,
+    )
 
     if args.timeout <= 0:
         raise UsageError(f"--timeout must be > 0, not {args.timeout}")
+    partitions = partition_counts(args.partitions) if args.action == "create" else None
     bootstrap = resolve_bootstrap(args.bootstrap)
     if args.action == "create":
-        if args.partitions is not None and args.partitions < 1:
-            raise UsageError(f"--partitions must be >= 1, not {args.partitions}")
         factor = replication_factor(args.replication_factor)
         rule = admin.cluster_replication(bootstrap, factor=factor, timeout_s=args.timeout)
         created = admin.create_catalogue(
             bootstrap,
             prefix=topic_prefix(args.prefix),
-            partitions=args.partitions,
+            partitions=partitions,
             replication=rule,
             timeout_s=args.timeout,
         )

@@ -27,16 +27,25 @@ WAIT_S = 90.0
 
 @contextmanager
 def workers(
-    bootstrap: str, prefix: str, tmp_path: Path, *, partitions: int, sets: Sequence[str] = ()
+    bootstrap: str,
+    prefix: str,
+    tmp_path: Path,
+    *,
+    partitions: int | str | None,
+    sets: Sequence[str] = (),
 ) -> Iterator[Callable[..., ManagedProcess]]:
     """Yield a function that starts one more worker of the same app; all stop at the end.
 
-    ``start(env={...})`` adds variables to that worker's environment.
+    ``partitions`` is the worker's ``--partitions`` (``2``, ``"heartbeats=4"``; None: the
+    catalogue's): the counts of the topics it creates; existing topics keep theirs.
+
+    ``start(env={...}, extra=[...])`` adds variables to that worker's environment and
+    arguments to its command line.
     """
     started: list[ManagedProcess] = []
     app_id = f"{prefix}-app"
 
-    def start(env: dict[str, str] | None = None) -> ManagedProcess:
+    def start(env: dict[str, str] | None = None, extra: Sequence[str] = ()) -> ManagedProcess:
         args = [
             "processors",
             "--bootstrap",
@@ -45,8 +54,7 @@ def workers(
             prefix,
             "--app-id",
             app_id,
-            "--partitions",
-            str(partitions),
+            *(["--partitions", str(partitions)] if partitions is not None else []),
             "--tick-interval",
             "0.5",
             "--session-timeout",
@@ -54,6 +62,7 @@ def workers(
         ]
         for s in sets:
             args += ["--set", s]
+        args += list(extra)
         full = {
             **os.environ,
             "RUNWATCH_COMMAND_KEY": COMMAND_KEY,

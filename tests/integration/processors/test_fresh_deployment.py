@@ -22,7 +22,7 @@ from runwatch.broker import ephemeral_broker
 from runwatch.cmd.audit import render
 from runwatch.procs import ManagedProcess
 from schemas.events import AnomalyDetected, RestartRequested
-from schemas.topics import DEFAULT_PARTITIONS, names
+from schemas.topics import names
 
 from .harness import WAIT_S, Reader, Trainer, short, workers
 
@@ -57,9 +57,8 @@ def test_first_start_on_a_fresh_broker_issues_one_command_per_incarnation(tmp_pa
         )
         assert topics_cmd.wait(120) == 0, topics_cmd.log_tail()
         trainer = Trainer(bootstrap, prefix, RUN, world_size=WORLD)
-        with workers(
-            bootstrap, prefix, tmp_path, partitions=DEFAULT_PARTITIONS, sets=SETS
-        ) as start:
+        # the topics exist with the catalogue's counts; the worker reads them from metadata
+        with workers(bootstrap, prefix, tmp_path, partitions=None, sets=SETS) as start:
             worker = start()
             trainer.start(0)
             commands = Reader(bootstrap, names(prefix).commands)
