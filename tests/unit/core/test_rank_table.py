@@ -73,7 +73,7 @@ def gang_log(seed: int, world: int, steps: int) -> list[LivenessEvent]:
         if rng.random() < 0.05 and events:
             events.append(rng.choice(events))  # a duplicate (new offset)
         pending = pending[:keep]
-        if rng.random() < 0.08:
+        if rng.random() < 0.08 and events:  # a Tick reaches only runs already known
             t += int(rng.uniform(10, 90) * S)
             events.append(Tick(run_id="*", ts_ns=t, partition=0))
         if rng.random() < 0.02:
