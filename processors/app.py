@@ -73,12 +73,12 @@ from collections.abc import Callable, Iterable
 from typing import Any, Final
 
 import faust
-from kafka.partitioner.default import murmur2
 
 from processors import transport
 from processors.core.config import DetectorConfig
 from processors.core.state_codec import decode_state
 from processors.intake import RawRecord, split
+from processors.logread import partition_for
 from processors.pipeline import ROLE_STATE, fold_batch
 from processors.settings import ProcessorSettings, changelog_topic
 from runwatch.settings import faust_broker_settings
@@ -101,11 +101,6 @@ METADATA_TIMEOUT_S: Final = 120.0
 """Longest an agent waits for its producer to know the topics it writes to."""
 STATE_WRITE_ATTEMPTS: Final = 5
 """Attempts at writing a batch's states before the worker stops (backoff 0.1 s, doubling)."""
-
-
-def partition_for(run_id: str, partitions: int) -> int:
-    """The partition Kafka's default partitioner gives a run's key (murmur2, like Java's)."""
-    return int(murmur2(encode_key(run_id)) & 0x7FFFFFFF) % partitions
 
 
 def output_topic(event: Event, topics: TopicNames) -> str:
