@@ -14,6 +14,7 @@ from kafka import KafkaProducer
 
 from processors.audit import audit, load_run_log
 from processors.core.config import DetectorConfig, with_overrides
+from processors.fleet import wait_until_processed
 from runwatch.cmd.audit import render
 from schemas.codec import encode
 from schemas.events import DeadLetter, Heartbeat, RunStarted
@@ -118,6 +119,11 @@ def test_hostile_records_are_dead_lettered_and_the_partition_goes_on(
         dead_reader = Reader(kafka_bootstrap, topics.deadletter)
         dead = dead_reader.wait_for(lambda ev: len(ev) >= len(hostile) + 1)
         dead_reader.close()
+        # The audit reads the log as it is now: first let the policy judge every anomaly the
+        # detectors published, or a command still on its way reads as "missing".
+        app_id = f"{topic_prefix}-app"
+        wait_until_processed(kafka_bootstrap, app_id, [topics.steps, topics.heartbeats])
+        wait_until_processed(kafka_bootstrap, app_id, [topics.anomalies])
         log_text = worker.log_path.read_text(errors="replace")
     raw.close()
 
