@@ -30,9 +30,9 @@ from typing import Any
 
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
+from common.errors import RunwatchError
+from common.settings import kafka_client_config
 from producers.emitter import RunEmitter
-from runwatch.errors import RunwatchError
-from runwatch.settings import kafka_client_config
 from schemas.codec import DecodeError, decode, encode, encode_key
 from schemas.events import CommandRejected, Event, Provenance, RankExited, RestartRequested
 from schemas.signing import CommandKey

@@ -22,7 +22,7 @@ from typing import Literal
 
 import msgspec
 
-from runwatch.durable import append_durably, atomic_write
+from common.durable import append_durably, atomic_write
 
 GANG_FILE = "gang.json"
 PROCESSED_FILE = "processed.jsonl"
@@ -206,7 +206,7 @@ def lock_state_dir(root: str | os.PathLike[str]) -> int:
 
 def default_state_dir(run_id: str) -> Path:
     """``$RUNWATCH_HOME/controller/<run_id>`` (``~/.runwatch`` without RUNWATCH_HOME)."""
-    from runwatch.settings import runwatch_home
+    from common.settings import runwatch_home
 
     return runwatch_home() / "controller" / run_id
 

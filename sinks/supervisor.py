@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from producers.checkpoint_layout import latest_complete_checkpoint
+from common.checkpoint_layout import latest_complete_checkpoint
 from schemas.events import Event, RankExited, RestartCompleted, RestartFailed, RestartRequested
 from sinks.controller_state import ControllerState, GangRecord, ProcessedCommand
 from sinks.elastic import RankExit, count_failures, culprits, next_world_size

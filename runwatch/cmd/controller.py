@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from runwatch.errors import RunwatchError, UsageError
+from common.errors import RunwatchError, UsageError
 
 if TYPE_CHECKING:
     from schemas.signing import CommandKey
@@ -107,8 +107,8 @@ def _state_dirs(root: Path) -> list[Path]:
 
 def run(args: argparse.Namespace) -> int:
     """Adopt every running gang under ``--state-dir`` and serve until they all ended."""
+    from common.settings import topic_prefix
     from runwatch.reachability import check_reachable
-    from runwatch.settings import topic_prefix
     from sinks.controller_state import ControllerState, StateLocked, lock_state_dir
 
     root = args.state_dir.resolve()

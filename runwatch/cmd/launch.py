@@ -13,8 +13,8 @@ import secrets
 import time
 from pathlib import Path
 
+from common.errors import UsageError
 from producers.logtail import FORMATS
-from runwatch.errors import UsageError
 
 HELP = "start a gang of N ranks (torchrun-style) and execute the restart commands for its run"
 
@@ -143,8 +143,9 @@ def _rank_extra_env(args: argparse.Namespace) -> dict[str, str]:
 
 def run(args: argparse.Namespace) -> int:
     """Launch the gang, then serve its commands until the run ends."""
+    from common.settings import topic_prefix
     from runwatch.cmd.controller import load_keys, make_controller
-    from runwatch.settings import resolve_bootstrap, topic_prefix
+    from runwatch.resolve import resolve_bootstrap
     from sinks.controller import commands_end_offsets
     from sinks.controller_state import (
         ControllerState,

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from producers.checkpoint_layout import METADATA_FILE, checkpoint_dir
+from common.checkpoint_layout import METADATA_FILE, checkpoint_dir
 from sinks.controller_state import (
     ControllerState,
     GangRecord,
