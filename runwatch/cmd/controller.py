@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING
 from common.errors import RunwatchError, UsageError
 
 if TYPE_CHECKING:
+    from controller.loop import Controller
+    from controller.state import ControllerState
+    from controller.supervisor import RunSupervisor
     from schemas.signing import CommandKey
-    from sinks.controller import Controller
-    from sinks.controller_state import ControllerState
-    from sinks.supervisor import RunSupervisor
 
 HELP = "adopt the gangs recorded in --state-dir (after a launcher died) and serve their commands"
 
@@ -73,9 +73,9 @@ def make_controller(
     Returns:
         The controller and its supervisors (in the order of ``states``).
     """
-    from sinks.controller import Controller, announce_end
-    from sinks.gang import Gang
-    from sinks.supervisor import RunSupervisor
+    from controller.gang import Gang
+    from controller.loop import Controller, announce_end
+    from controller.supervisor import RunSupervisor
 
     runs = []
     for state in states:
@@ -98,7 +98,7 @@ def make_controller(
 
 
 def _state_dirs(root: Path) -> list[Path]:
-    from sinks.controller_state import GANG_FILE
+    from controller.state import GANG_FILE
 
     if (root / GANG_FILE).is_file():
         return [root]
@@ -108,8 +108,8 @@ def _state_dirs(root: Path) -> list[Path]:
 def run(args: argparse.Namespace) -> int:
     """Adopt every running gang under ``--state-dir`` and serve until they all ended."""
     from common.settings import topic_prefix
+    from controller.state import ControllerState, StateLocked, lock_state_dir
     from runwatch.reachability import check_reachable
-    from sinks.controller_state import ControllerState, StateLocked, lock_state_dir
 
     root = args.state_dir.resolve()
     if not root.is_dir():

@@ -1,7 +1,7 @@
 """`runwatch launch`: start a torch gang the way torchrun does and serve its restart commands.
 
 With ``--log-format`` the script needs no runwatch code: the launcher turns rank 0's
-output into the run's events and heartbeats for its live ranks (`sinks.logwatch`).
+output into the run's events and heartbeats for its live ranks (`controller.logwatch`).
 """
 
 from __future__ import annotations
@@ -144,17 +144,17 @@ def _rank_extra_env(args: argparse.Namespace) -> dict[str, str]:
 def run(args: argparse.Namespace) -> int:
     """Launch the gang, then serve its commands until the run ends."""
     from common.settings import topic_prefix
-    from runwatch.cmd.controller import load_keys, make_controller
-    from runwatch.resolve import resolve_bootstrap
-    from sinks.controller import commands_end_offsets
-    from sinks.controller_state import (
+    from controller.gang import Gang
+    from controller.loop import commands_end_offsets
+    from controller.state import (
         ControllerState,
         GangRecord,
         StateLocked,
         default_state_dir,
         lock_state_dir,
     )
-    from sinks.gang import Gang
+    from runwatch.cmd.controller import load_keys, make_controller
+    from runwatch.resolve import resolve_bootstrap
 
     argv = _validate(args)
     bootstrap = resolve_bootstrap(args.bootstrap)

@@ -7,7 +7,8 @@ import os
 import pytest
 
 from common.checkpoint_layout import METADATA_FILE, checkpoint_dir
-from sinks.controller_state import (
+from controller.gang import rank_env
+from controller.state import (
     ControllerState,
     GangRecord,
     ProcessedCommand,
@@ -15,8 +16,7 @@ from sinks.controller_state import (
     StateLocked,
     lock_state_dir,
 )
-from sinks.gang import rank_env
-from sinks.supervisor import Resume, resolve_resume
+from controller.supervisor import Resume, resolve_resume
 
 
 def entry(cid: str) -> ProcessedCommand:

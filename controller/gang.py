@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from sinks.controller_state import RankProcess
+from controller.state import RankProcess
 
 WRAPPER = (
     "trap : TERM INT HUP\n"

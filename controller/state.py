@@ -70,7 +70,7 @@ class GangRecord(msgspec.Struct, frozen=True, kw_only=True):
         rank_failure_budget: Failures a rank may cause before the gang shrinks.
         min_nproc: The gang never shrinks below this.
         log_format: ``runwatch launch --log-format``: the controller turns rank 0's
-            output into the run's events (`sinks.logwatch`); None: the script emits them.
+            output into the run's events (`controller.logwatch`); None: the script emits them.
         log_regex: The pattern for ``log_format="regex"``.
         log_tokens_per_step: Tokens per step for step lines that do not say.
         exit_evidence: Publish every rank exit as a RankExited (``runwatch launch

@@ -1,6 +1,6 @@
 """One run under a controller: its gang, its record, and how a restart command is executed.
 
-`RunSupervisor` holds no Kafka client: the controller loop (`sinks.controller`) reads
+`RunSupervisor` holds no Kafka client: the controller loop (`controller.loop`) reads
 commands, asks the gate, and hands the commands to execute here; what the supervisor has to
 say (RestartCompleted, RestartFailed, RunEnded) goes back through the callables it is given.
 
@@ -31,10 +31,10 @@ from dataclasses import dataclass, field
 import msgspec
 
 from common.checkpoint_layout import latest_complete_checkpoint
+from controller.elastic import RankExit, count_failures, culprits, next_world_size
+from controller.gang import RUNNING, Gang, free_port, rank_env
+from controller.state import ControllerState, GangRecord, ProcessedCommand
 from schemas.events import Event, RankExited, RestartCompleted, RestartFailed, RestartRequested
-from sinks.controller_state import ControllerState, GangRecord, ProcessedCommand
-from sinks.elastic import RankExit, count_failures, culprits, next_world_size
-from sinks.gang import RUNNING, Gang, free_port, rank_env
 
 log = logging.getLogger(__name__)
 

@@ -29,11 +29,11 @@ import socket
 import time
 from pathlib import Path
 
+from controller.supervisor import RunSupervisor
 from producers.emitter import RunEmitter
 from producers.logtail import LineParser, make_parser
 from schemas.events import Event, Heartbeat, RestartCompleted
 from schemas.topics import names
-from sinks.supervisor import RunSupervisor
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """The controller loop: read restart commands, let the gate decide, supervise the gangs.
 
-A thin I/O loop over `sinks.command_gate` (the decision) and `sinks.supervisor` (a run's
+A thin I/O loop over `controller.command_gate` (the decision) and `controller.supervisor` (a run's
 gang). Kafka use:
 
 * commands: a `KafkaConsumer` without a consumer group, assigned every partition of the
@@ -15,7 +15,7 @@ gang). Kafka use:
   notices, keyed by run id, at most ``POLL_MS`` after the exit;
 * RunEnded for an incarnation the controller ends (stopped for a restart, failed when a
   dead gang got no command in time) goes through a `RunEmitter`, like a rank's would;
-* a run launched with ``--log-format`` gets a `sinks.logwatch.LogWatch`, which turns rank
+* a run launched with ``--log-format`` gets a `controller.logwatch.LogWatch`, which turns rank
   0's output into the run's events after every poll and hears of each RestartCompleted.
 """
 
@@ -32,15 +32,15 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
 from common.errors import RunwatchError
 from common.settings import kafka_client_config
+from controller.command_gate import OwnedGang, decide
+from controller.logwatch import LogWatch
+from controller.state import GangRecord
+from controller.supervisor import RunSupervisor
 from producers.emitter import RunEmitter
 from schemas.codec import DecodeError, decode, encode, encode_key
 from schemas.events import CommandRejected, Event, Provenance, RankExited, RestartRequested
 from schemas.signing import CommandKey
 from schemas.topics import names
-from sinks.command_gate import OwnedGang, decide
-from sinks.controller_state import GangRecord
-from sinks.logwatch import LogWatch
-from sinks.supervisor import RunSupervisor
 
 log = logging.getLogger(__name__)
 
