@@ -29,6 +29,7 @@ import socket
 import time
 from pathlib import Path
 
+from controller.state import GangRecord
 from controller.supervisor import RunSupervisor
 from producers.emitter import RunEmitter
 from producers.logtail import LineParser, make_parser
@@ -133,13 +134,12 @@ class LogWatch:
         self.steps = 0
 
     @classmethod
-    def for_run(cls, run: RunSupervisor) -> LogWatch | None:
+    def for_record(cls, rec: GangRecord) -> LogWatch | None:
         """The watch a run's record asks for (``log_format`` set), else None.
 
         Raises:
             ValueError: The recorded format or regex is invalid.
         """
-        rec = run.record
         if not rec.log_format:
             return None
         return cls(
