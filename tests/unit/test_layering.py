@@ -26,6 +26,10 @@ From the bottom up:
   and never the controller or the trainer side.
 * ``runwatch``: the command line on top; it may import any package.
 
+``importlib.import_module("a.b")`` with a literal name counts as an import too. One
+crossing is allowed on purpose, in `EXCEPTIONS`, with its reason (and a test that it is
+still needed and still lazy).
+
 The modules of ``runwatch/cmd`` import no cycle among themselves either: what two commands
 share lives below both (``runwatch/cmd/_supervision.py``, ``controller/agent.py``).
 """
@@ -138,6 +142,16 @@ def imports_in(text: str, package: str) -> list[Import]:
                 candidate = f"{source}.{alias.name}"
                 target = candidate if is_our_module(candidate) else source
                 found.append(Import(node.lineno, target, not in_function))
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute | ast.Name)
+            and (node.func.attr if isinstance(node.func, ast.Attribute) else node.func.id)
+            in ("import_module", "__import__")
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+        ):  # importlib.import_module("a.b"): an import the statements above do not show
+            found.append(Import(node.lineno, node.args[0].value, not in_function))
         function = isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda)
         for child in ast.iter_child_nodes(node):
             visit(child, in_function or function)
@@ -158,12 +172,23 @@ def package_files(package: str) -> list[Path]:
     return sorted((REPO / package).rglob("*.py"))
 
 
+EXCEPTIONS: dict[tuple[str, str], str] = {
+    ("processors/core/training_health.py", "producers.torch_helpers"): (
+        "seed 000's API offers flop_config_from_causal_lm from the core's facade; it needs "
+        "torch, so it is imported (importlib) only when that function is called"
+    ),
+}
+"""(file, module) -> why this one import may cross the layers. Keep it short."""
+
+
 def violations(layer: str, where: str, imports: list[Import]) -> list[str]:
     """``where:line: layer imports module`` for each import of ours `ALLOWED` forbids."""
     return [
         f"{where}:{imp.line}: {layer} imports {imp.module}"
         for imp in imports
-        if imp.module.split(".")[0] in OURS and layer_of(imp.module) not in ALLOWED[layer]
+        if imp.module.split(".")[0] in OURS
+        and layer_of(imp.module) not in ALLOWED[layer]
+        and (where, imp.module) not in EXCEPTIONS
     ]
 
 
@@ -194,6 +219,7 @@ def test_a_package_imports_only_the_layers_it_may(package):
         ("def later():\n    from runwatch import cli", "runwatch.cli"),  # lazy: still counts
         ("import runwatch.admin", "runwatch.admin"),
         ("from controller.loop import Controller", "controller.loop"),
+        ("importlib.import_module('runwatch.admin')", "runwatch.admin"),
     ],
 )
 def test_a_sink_importing_upwards_is_caught(planted, module):
@@ -271,3 +297,10 @@ def test_what_moved_to_common_left_no_shim_behind():
 
 MOVED_TO_CONTROLLER = ("controller", "controller_state", "gang", "elastic", "supervisor")
 MOVED_TO_CONTROLLER += ("command_gate", "logwatch")
+
+
+def test_each_exception_is_still_needed_and_lazy():
+    for (where, module), why in EXCEPTIONS.items():
+        found = [imp for imp in imports_of(REPO / where) if imp.module == module]
+        assert found, f"{where} no longer imports {module}: drop the exception ({why})"
+        assert not any(imp.at_import for imp in found), f"{where} imports {module} at import"
