@@ -41,6 +41,22 @@ log = logging.getLogger(__name__)
 _READ_BYTES = 1 << 20
 
 
+def emitter_for(record: GangRecord) -> RunEmitter:
+    """A `RunEmitter` speaking as rank 0 of ``record``'s incarnation (for the script).
+
+    The controller uses one to announce RunEnded, a `LogWatch` to send a printing
+    script's events; both as a rank of the gang would.
+    """
+    return RunEmitter(
+        record.run_id,
+        bootstrap=record.bootstrap,
+        topic_prefix=record.prefix,
+        rank=0,
+        world_size=max(1, record.world_size),
+        incarnation=record.incarnation,
+    )
+
+
 class LineReader:
     r"""The complete lines appended to a file since the last call (no waiting, no threads).
 
@@ -181,14 +197,7 @@ class LogWatch:
         self.close()
         adopted, self._adopted = self._adopted, False
         self._incarnation = rec.incarnation
-        self._emitter = RunEmitter(
-            rec.run_id,
-            bootstrap=rec.bootstrap,
-            topic_prefix=rec.prefix,
-            rank=0,
-            world_size=max(1, rec.world_size),
-            incarnation=rec.incarnation,
-        )
+        self._emitter = emitter_for(rec)
         self._reader = LineReader(run.state.log_path(rec.incarnation, 0), from_end=adopted)
         self._restart_from, self._resumed_from = self._resumed_from, None
         self._last_step = None
@@ -252,4 +261,4 @@ class LogWatch:
             log.warning("run %s: some step events may not have been delivered", emitter.run_id)
 
 
-__all__ = ["LineReader", "LogWatch"]
+__all__ = ["LineReader", "LogWatch", "emitter_for"]

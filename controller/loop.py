@@ -35,10 +35,9 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from common.errors import RunwatchError
 from common.settings import kafka_client_config
 from controller.command_gate import OwnedGang, decide
-from controller.logwatch import LogWatch
+from controller.logwatch import LogWatch, emitter_for
 from controller.state import GangRecord
 from controller.supervisor import RunSupervisor
-from producers.emitter import RunEmitter
 from schemas.codec import DecodeError, decode, encode, encode_key
 from schemas.events import CommandRejected, Event, Provenance, RankExited, RestartRequested
 from schemas.signing import CommandKey
@@ -78,14 +77,7 @@ def commands_end_offsets(bootstrap: str, prefix: str) -> dict[int, int]:
 
 def announce_end(record: GangRecord, status: str, reason: str) -> None:
     """Emit RunEnded for ``record``'s incarnation through a `RunEmitter`, and wait for it."""
-    emitter = RunEmitter(
-        record.run_id,
-        bootstrap=record.bootstrap,
-        topic_prefix=record.prefix,
-        rank=0,
-        world_size=max(1, record.world_size),
-        incarnation=record.incarnation,
-    )
+    emitter = emitter_for(record)
     emitter.run_ended(status, reason=reason)
     if not emitter.close(timeout_s=30.0):
         log.warning("run %s: RunEnded(%s) may not have been delivered", record.run_id, status)
