@@ -26,6 +26,7 @@ ENV_TOPIC_PREFIX = "RUNWATCH_TOPIC_PREFIX"
 ENV_INCARNATION = "RUNWATCH_INCARNATION"
 ENV_CHECKPOINT_DIR = "RUNWATCH_CHECKPOINT_DIR"
 ENV_RESTART_FROM = "RUNWATCH_RESTART_FROM"
+ENV_STACK_FILE = "RUNWATCH_STACK_FILE"
 
 DEFAULT_MASTER_ADDR = "127.0.0.1"
 DEFAULT_MASTER_PORT = 29500
@@ -52,6 +53,8 @@ class LaunchEnv:
         checkpoint_dir: The gang's checkpoint root (``RUNWATCH_CHECKPOINT_DIR``), if known.
         restart_from: The checkpoint step a respawn resumes from (``RUNWATCH_RESTART_FROM``;
             0: start over, no checkpoint); None on a first launch.
+        stack_file: Where the rank writes its Python stacks when its agent asks
+            (``RUNWATCH_STACK_FILE``; `producers.stackdump`); None: not asked for.
     """
 
     rank: int = 0
@@ -66,6 +69,7 @@ class LaunchEnv:
     incarnation: int = 0
     checkpoint_dir: str | None = None
     restart_from: int | None = None
+    stack_file: str | None = None
 
     def to_environ(self) -> dict[str, str]:
         """The variables, as a process environment (unset fields are left out).
@@ -87,6 +91,7 @@ class LaunchEnv:
             ENV_TOPIC_PREFIX: self.prefix,
             ENV_CHECKPOINT_DIR: self.checkpoint_dir or None,
             ENV_RESTART_FROM: self.restart_from,
+            ENV_STACK_FILE: self.stack_file or None,
         }
         env.update({name: str(value) for name, value in optional.items() if value is not None})
         if self.run_id is not None or self.incarnation:
@@ -132,6 +137,7 @@ class LaunchEnv:
             incarnation=number(ENV_INCARNATION) or 0,
             checkpoint_dir=env.get(ENV_CHECKPOINT_DIR) or None,
             restart_from=number(ENV_RESTART_FROM),
+            stack_file=env.get(ENV_STACK_FILE) or None,
         )
 
 

@@ -175,6 +175,10 @@ class ControllerState:
         """Where a rank's shell wrapper writes its exit status."""
         return self.root / "exit" / f"inc{incarnation}.rank{rank}"
 
+    def stack_path(self, incarnation: int, rank: int) -> Path:
+        """Where a rank writes its Python stacks when asked (`producers.stackdump`)."""
+        return self.root / "stacks" / f"inc{incarnation}.rank{rank}.txt"
+
 
 class StateLocked(RuntimeError):
     """Another live controller holds the state directory."""

@@ -27,6 +27,7 @@ import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import msgspec
 
@@ -34,13 +35,26 @@ from common.checkpoint_layout import latest_complete_checkpoint
 from common.launch_env import LaunchEnv
 from controller.elastic import RankExit, count_failures, culprits, next_world_size
 from controller.gang import RUNNING, Gang, free_port, rank_environ
+from controller.stacks import capture
 from controller.state import ControllerState, GangRecord, ProcessedCommand
-from schemas.events import Event, RankExited, RestartCompleted, RestartFailed, RestartRequested
+from schemas.events import (
+    Event,
+    RankExited,
+    RankStack,
+    RestartCompleted,
+    RestartFailed,
+    RestartRequested,
+)
 
 log = logging.getLogger(__name__)
 
 HOST = socket.gethostname()
 """This agent's host name, in the exit evidence it publishes."""
+
+STACK_KINDS = frozenset({"hang", "dead_rank"})
+"""Causes of a restart for which the ranks still running are asked where they are."""
+STACK_TIMEOUT_S = 3.0
+"""Longest a restart waits for the ranks' stacks."""
 
 Publish = Callable[[Event], None]
 """Publishes a controller-side event (the controller topic; a RankExited: the heartbeats topic)."""
@@ -82,7 +96,13 @@ def resolve_resume(checkpoint_dir: str | None, max_step: int | None) -> Resume:
     return Resume(None) if found is None else Resume(found[0], str(found[1]))
 
 
-def launch_env(record: GangRecord, rank: int, master_port: int, resume: Resume | None) -> LaunchEnv:
+def launch_env(
+    record: GangRecord,
+    rank: int,
+    master_port: int,
+    resume: Resume | None,
+    stack_file: Path | None = None,
+) -> LaunchEnv:
     """The launch environment of ``rank`` in ``record``'s incarnation (one host).
 
     Args:
@@ -91,6 +111,7 @@ def launch_env(record: GangRecord, rank: int, master_port: int, resume: Resume |
         master_port: The incarnation's rendezvous port.
         resume: Where a respawn resumes; None for a first launch (no
             ``RUNWATCH_RESTART_FROM``).
+        stack_file: Where the rank dumps its stacks when asked (`controller.stacks`).
 
     Returns:
         The struct whose `LaunchEnv.to_environ` the rank is started with.
@@ -108,6 +129,7 @@ def launch_env(record: GangRecord, rank: int, master_port: int, resume: Resume |
         incarnation=record.incarnation,
         checkpoint_dir=record.checkpoint_dir,
         restart_from=None if resume is None else resume.env_value,
+        stack_file=None if stack_file is None else str(stack_file),
     )
 
 
@@ -156,8 +178,9 @@ class RunSupervisor:
             resume: Where to resume; None for a first launch (no ``RUNWATCH_RESTART_FROM``).
         """
         rec, port = self.record, free_port()
+        stacks = [self.state.stack_path(rec.incarnation, r) for r in range(rec.world_size)]
         envs = [
-            rank_environ(os.environ, rec.env, launch_env(rec, r, port, resume))
+            rank_environ(os.environ, rec.env, launch_env(rec, r, port, resume, stacks[r]))
             for r in range(rec.world_size)
         ]
         ranks = range(rec.world_size)
@@ -304,6 +327,7 @@ class RunSupervisor:
             blamed = self._count_failure()
             log.warning("run %s: failure charged to ranks %s", self.run_id, list(blamed))
         old = self.record
+        stacks = self._take_stacks(command)
         self.gang.stop(old.grace_s, kill_now=command.action == "rollback")
         self.announce_end(
             old, "stopped", f"controller: {command.action} for command {command.command_id}"
@@ -334,8 +358,46 @@ class RunSupervisor:
                 checkpoint_path=resume.path,
                 world_size=size.world_size,
                 duration_s=round(time.monotonic() - received_s, 6),
+                stacks=stacks,
+                stacks_dir=str(self.state.stack_path(old.incarnation, 0).parent) if stacks else "",
             )
         )
+
+    def _take_stacks(self, command: RestartRequested) -> tuple[RankStack, ...]:
+        """Where each rank stood, for a restart caused by a hang or a dead rank.
+
+        Taken before the stop, from the ranks still running; exited ranks say how they
+        ended. Best effort: diagnostics never hold up or fail a restart.
+        """
+        if command.cause_kind not in STACK_KINDS:
+            return ()
+        running = set(self.gang.running())
+        slots = {
+            p.rank: (p.pid, self.state.stack_path(self.record.incarnation, p.rank))
+            for p in self.record.ranks
+            if p.rank in running
+        }
+        try:
+            taken = capture(slots, timeout_s=STACK_TIMEOUT_S)
+        except Exception as exc:  # a diagnostic must never cost the restart
+            log.warning("run %s: could not take stacks: %s", self.run_id, exc)
+            taken = {}
+        out = []
+        for proc in self.record.ranks:
+            t = taken.get(proc.rank)
+            if t is not None:
+                out.append(RankStack(rank=proc.rank, host=HOST, where=t.where, note=t.note))
+            else:
+                status = self.gang.status(proc.rank)
+                out.append(RankStack(rank=proc.rank, host=HOST, note=f"exited ({status})"))
+        log.warning(
+            "run %s incarnation %d: before the stop, %s (stacks in %s)",
+            self.run_id,
+            self.record.incarnation,
+            "; ".join(f"rank {s.rank} {'was in ' + s.where if s.where else s.note}" for s in out),
+            self.state.stack_path(self.record.incarnation, 0).parent,
+        )
+        return tuple(out)
 
     def note_offset(self, partition: int, offset: int) -> None:
         """Remember the position of the last command acted on (re-read after a restart)."""

@@ -53,6 +53,7 @@ from producers.emitter_config import (
 from producers.emitter_core import EmitterStats
 from producers.lifecycle import EXIT_FLUSH_TIMEOUT_S
 from producers.run_events import RUN_STATUSES, RunEvents
+from producers.stackdump import install_stack_dump
 from producers.validation import as_bool, as_duration_s, as_float, as_positive, as_step
 from schemas.events import Heartbeat, StepCompleted
 
@@ -121,6 +122,7 @@ class RunEmitter(RunEvents):
             client_config=client_config,
         )
         super().__init__(config, producer_factory)
+        install_stack_dump()  # the agent that launched us may ask where we are (SIGUSR1)
 
     # ------------------------------------------------------------------ the hot path
 

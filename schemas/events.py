@@ -445,6 +445,24 @@ class RestartRequested(Event, frozen=True, kw_only=True, tag="restart_requested.
     key_id: Id = ""
 
 
+class RankStack(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """Where one rank's Python stood when the controller stopped a hung or dead gang.
+
+    Attributes:
+        rank: The rank.
+        host: Its host.
+        where: The innermost frame of its main thread, ``function (file:line)``; empty when
+            no stack came back (see ``note``).
+        note: Why there is no stack (the rank had exited, it installed no stack handler,
+            it did not answer in time), or empty.
+    """
+
+    rank: Rank
+    host: Id = ""
+    where: Text = ""
+    note: Text = ""
+
+
 class RestartCompleted(Event, frozen=True, kw_only=True, tag="restart_completed.v1"):
     """The controller respawned a gang.
 
@@ -454,6 +472,10 @@ class RestartCompleted(Event, frozen=True, kw_only=True, tag="restart_completed.
         checkpoint_path: Its directory.
         world_size: Gang size after the restart.
         duration_s: Seconds from receiving the command to the new gang running.
+        stacks: For a restart caused by a hang or a dead rank: where each rank of the
+            stopped gang was (its full stacks are in the controller's state directory,
+            ``stacks_dir``); empty otherwise.
+        stacks_dir: The directory holding those stacks on the controller's host.
     """
 
     command_id: Id
@@ -461,6 +483,8 @@ class RestartCompleted(Event, frozen=True, kw_only=True, tag="restart_completed.
     checkpoint_path: Text = ""
     world_size: Annotated[int, Meta(ge=0, le=MAX_RANKS)] = 0
     duration_s: float = 0.0
+    stacks: Annotated[tuple[RankStack, ...], Meta(max_length=MAX_RANKS)] = ()
+    stacks_dir: Text = ""
 
 
 class RestartFailed(Event, frozen=True, kw_only=True, tag="restart_failed.v1"):

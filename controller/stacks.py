@@ -1,0 +1,167 @@
+"""Hang diagnostics: each live rank's Python stacks, taken before its gang is stopped.
+
+The agent's side of the protocol in `producers.stackdump`: a rank started by the agent
+dumps every thread's stack to its ``RUNWATCH_STACK_FILE`` on ``SIGUSR1``. Here:
+
+* `python_process` finds the process to ask: the rank slot's pid is the shell wrapper of
+  `controller.gang`, the training process is a descendant that *catches* ``SIGUSR1``
+  (``SigCgt``); a process that does not catch it is never signalled (the default action
+  of ``SIGUSR1`` is to terminate).
+* `capture` signals every such process at once, waits (with a deadline) until each file
+  stops growing, and returns what each appended.
+* `where` reads faulthandler's text and names the innermost frame of the main thread:
+  the line a hung rank is stuck on.
+
+The summary goes into `schemas.events.RestartCompleted.stacks`; the full text stays in
+the rank's stack file in the controller's state directory
+(`controller.state.ControllerState.stack_path`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from producers.stackdump import STACK_SIGNAL_NAME
+
+_FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
+_THREAD = re.compile(r"^(Current thread|Thread) 0x[0-9a-f]+")
+
+
+@dataclass(frozen=True)
+class TakenStack:
+    """What one rank answered.
+
+    Attributes:
+        rank: The rank.
+        pid: The process asked (None: none could be asked).
+        text: The stacks it wrote (empty if none).
+        where: Its main thread's innermost frame, ``function (file:line)``.
+        note: Why there is no stack, or empty.
+    """
+
+    rank: int
+    pid: int | None
+    text: str
+    where: str
+    note: str = ""
+
+
+def where(text: str) -> str:
+    """The innermost frame of the main thread in a faulthandler dump, or "".
+
+    faulthandler lists threads newest first, so the main thread (the oldest) is the last
+    block; each block lists frames innermost first.
+
+    Args:
+        text: One dump, as `faulthandler.dump_traceback(all_threads=True)` writes it.
+
+    Returns:
+        ``function (file:line)`` with the file's last two path parts, or "" if the text
+        holds no frame.
+    """
+    blocks: list[list[str]] = []
+    for line in text.splitlines():
+        if _THREAD.match(line) or (line.startswith("Stack (most recent") and not blocks):
+            blocks.append([])
+        elif (frame := _FRAME.match(line)) and blocks:
+            short = "/".join(Path(frame["file"]).parts[-2:])
+            blocks[-1].append(f"{frame['func']} ({short}:{frame['line']})")
+    for block in reversed(blocks):
+        if block:
+            return block[0]
+    return ""
+
+
+def _catches(pid: int, signum: int) -> bool:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    found = re.search(r"^SigCgt:\s*([0-9a-fA-F]+)$", status, re.MULTILINE)
+    return bool(found) and bool(int(found.group(1), 16) >> (signum - 1) & 1)
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    except OSError:
+        return []
+    return [int(p) for p in text.split()]
+
+
+def python_process(slot_pid: int, signum: int) -> int | None:
+    """The first process (breadth first from ``slot_pid``) that catches ``signum``."""
+    queue = [slot_pid]
+    while queue:
+        pid = queue.pop(0)
+        if _catches(pid, signum):
+            return pid
+        queue.extend(_children(pid))
+    return None
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def capture(
+    slots: Mapping[int, tuple[int, Path]], *, timeout_s: float = 3.0, poll_s: float = 0.02
+) -> dict[int, TakenStack]:
+    """Ask every rank for its stacks at once and collect the answers.
+
+    Args:
+        slots: Rank -> (pid of its slot, its stack file).
+        timeout_s: Longest to wait for all answers.
+        poll_s: How often the files are looked at (a dump is written in many writes; a
+            file that grew and then kept its size for one poll is complete).
+
+    Returns:
+        Rank -> what it answered (a note where it did not).
+    """
+    signum = int(getattr(signal, STACK_SIGNAL_NAME, 0))
+    asked: dict[int, tuple[int, Path, int]] = {}
+    out: dict[int, TakenStack] = {}
+    for rank, (slot_pid, path) in sorted(slots.items()):
+        pid = python_process(slot_pid, signum) if signum else None
+        if pid is None:
+            out[rank] = TakenStack(rank, None, "", "", "no process catching SIGUSR1")
+            continue
+        before = _size(path)
+        try:
+            os.kill(pid, signum)
+        except ProcessLookupError:
+            out[rank] = TakenStack(rank, pid, "", "", "exited before it was asked")
+            continue
+        asked[rank] = (pid, path, before)
+    deadline = time.monotonic() + timeout_s
+    last: dict[int, int] = {}
+    while asked:
+        for rank, (pid, path, before) in list(asked.items()):
+            size = _size(path)
+            if size > before and last.get(rank) == size:
+                with path.open("rb") as f:
+                    f.seek(before)
+                    text = f.read(size - before).decode("utf-8", "replace")
+                out[rank] = TakenStack(rank, pid, text, where(text))
+                del asked[rank]
+            last[rank] = size
+        if not asked:
+            break
+        if time.monotonic() > deadline:
+            for rank, (pid, _, _) in asked.items():
+                out[rank] = TakenStack(rank, pid, "", "", f"no answer within {timeout_s:g} s")
+            break
+        time.sleep(poll_s)  # polling files another process writes, with a deadline
+    return dict(sorted(out.items()))
+
+
+__all__ = ["TakenStack", "capture", "python_process", "where"]

@@ -1,0 +1,112 @@
+"""Hang diagnostics on real processes: a rank's stacks on SIGUSR1, read by the agent."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from controller.gang import WRAPPER
+from controller.stacks import capture, python_process, where
+
+REPO = Path(__file__).resolve().parents[3]
+
+STUCK = textwrap.dedent(
+    """
+    import sys, threading, time
+    sys.path.insert(0, {repo!r})
+    if {install}:
+        from producers.stackdump import install_stack_dump
+        install_stack_dump()
+    def background():
+        time.sleep(600)
+    threading.Thread(target=background, daemon=True).start()
+    def stuck_here():
+        print("ready", flush=True)
+        time.sleep(600)
+    def outer():
+        stuck_here()
+    outer()
+    """
+)
+
+
+@contextmanager
+def rank(tmp_path: Path, *, install: bool) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
+    """A rank slot as `controller.gang` starts one: the shell wrapper around a Python."""
+    script = tmp_path / "train.py"
+    script.write_text(STUCK.format(repo=str(REPO), install=install))
+    stack_file = tmp_path / "stacks" / "inc0.rank0.txt"
+    proc = subprocess.Popen(
+        ["/bin/sh", "-c", WRAPPER, str(tmp_path / "exit"), sys.executable, str(script)],
+        env={"RUNWATCH_STACK_FILE": str(stack_file), "PATH": "/usr/bin:/bin"},
+        stdout=subprocess.PIPE,
+        start_new_session=True,
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
+        yield proc, stack_file
+    finally:
+        proc.kill()
+        subprocess.run(["pkill", "-KILL", "-s", str(proc.pid)], check=False)
+        proc.wait(timeout=30)
+
+
+def test_a_stuck_rank_says_where_it_is(tmp_path: Path) -> None:
+    with rank(tmp_path, install=True) as (proc, stack_file):
+        taken = capture({0: (proc.pid, stack_file)})
+        assert proc.poll() is None  # asked, not killed
+    t = taken[0]
+    assert t.note == "" and t.pid is not None and t.pid != proc.pid  # the Python, not sh
+    lines = STUCK.splitlines()
+    stuck_line = next(i + 1 for i, line in enumerate(lines) if "ready" in line) + 1
+    assert t.where.startswith("stuck_here (") and t.where.endswith(f"/train.py:{stuck_line})")
+    assert "in background" in t.text  # every thread, the main one last
+    assert stack_file.read_text() == t.text  # the full text stays in the state dir
+
+
+def test_a_process_without_the_handler_is_never_signalled(tmp_path: Path) -> None:
+    with rank(tmp_path, install=False) as (proc, stack_file):
+        taken = capture({0: (proc.pid, stack_file)}, timeout_s=0.5)
+        assert python_process(proc.pid, 10) is None
+        assert proc.poll() is None  # SIGUSR1 would have terminated it
+    assert taken[0].note == "no process catching SIGUSR1" and taken[0].where == ""
+    assert not stack_file.exists()
+
+
+def test_a_rank_that_is_gone_is_noted(tmp_path: Path) -> None:
+    beyond_pid_max = 2**22 + 12345
+    taken = capture({3: (beyond_pid_max, tmp_path / "none.txt")}, timeout_s=0.2)
+    assert taken[3].pid is None and taken[3].note
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("", ""),
+        ("Thread 0x00007f (most recent call first):\n  <no Python frame>\n", ""),
+        (
+            'Stack (most recent call first):\n  File "/a/b/c.py", line 3 in f\n'
+            '  File "/a/b/d.py", line 9 in <module>\n',
+            "f (b/c.py:3)",
+        ),
+        (
+            'Thread 0x1 (most recent call first):\n  File "/x/t.py", line 5 in worker\n\n'
+            'Current thread 0x2 (most recent call first):\n  File "/x/m.py", line 7 in '
+            'all_reduce\n  File "/x/m.py", line 1 in <module>\n',
+            "all_reduce (x/m.py:7)",
+        ),
+        (
+            'Current thread 0x2 (most recent call first):\n  File "/x/t.py", line 5 in hb\n\n'
+            'Thread 0x1 (most recent call first):\n  File "/x/m.py", line 8 in step\n',
+            "step (x/m.py:8)",
+        ),
+    ],
+)
+def test_where_names_the_main_threads_innermost_frame(text: str, expected: str) -> None:
+    assert where(text) == expected
