@@ -36,10 +36,10 @@ test: $(STAMP) kafka-jars tools  ## run the whole test suite against a real brok
 demo: $(STAMP) kafka-jars  ## the whole pipeline on the embedded broker with a real torch run; prints the web view address
 	$(VENV)/bin/runwatch demo
 
-lint: $(STAMP)  ## ruff (lint and format) and mypy (strict on schemas/ and processors/core/)
+lint: $(STAMP)  ## ruff (lint and format) and mypy (strict on schemas/, processors/core/ and common/)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy schemas processors/core
+	$(VENV)/bin/mypy schemas processors/core common
 
 bench: $(STAMP) kafka-jars  ## every benchmark in bench/ (prints figures and a JSON line each)
 	for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done

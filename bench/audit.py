@@ -177,7 +177,7 @@ def main() -> int:
     with ExitStack() as stack:
         bootstrap = args.bootstrap
         if bootstrap is None:
-            from runwatch.settings import resolve_bootstrap
+            from runwatch.resolve import resolve_bootstrap
 
             try:
                 bootstrap = resolve_bootstrap(None)

@@ -37,22 +37,24 @@ import torch
 import torch.distributed as dist
 from torch.nn import functional as F  # noqa: N812
 
-from examples.data import VOCAB_SIZE, WindowDataset, generate_corpus
-from examples.faults import GARBAGE_TOKEN, FaultPlan, parse_faults
-from examples.instrument import Emitter, make_emitter
-from examples.tinylm import TinyLM, TinyLMConfig
-from producers.backend import LaunchEnv, TorchDDPBackend
-from producers.checkpoint import AsyncCheckpointer, CheckpointResult, load_checkpoint
-from producers.checkpoint_layout import (
+from common.checkpoint_layout import (
     discard_checkpoints_after,
     is_complete_checkpoint,
     latest_complete_checkpoint,
     remove_staging_dirs,
 )
+from common.launch_env import LaunchEnv
+from examples.data import VOCAB_SIZE, WindowDataset, generate_corpus
+from examples.faults import GARBAGE_TOKEN, FaultPlan, parse_faults
+from examples.instrument import Emitter, make_emitter
+from examples.tinylm import TinyLM, TinyLMConfig
+from producers.backend import TorchDDPBackend
+from producers.checkpoint import AsyncCheckpointer, CheckpointResult, load_checkpoint
 from producers.torch_helpers import StepTimer, flop_config_from_causal_lm, grad_norm
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    launch = LaunchEnv.from_environ()
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=200, help="train until this step")
     p.add_argument("--seed", type=int, default=0, help="model init and data order")
@@ -68,7 +70,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--checkpoint-dir",
         type=Path,
-        default=os.environ.get("RUNWATCH_CHECKPOINT_DIR") or None,
+        default=launch.checkpoint_dir,
         help="checkpoint root (default: RUNWATCH_CHECKPOINT_DIR, as set by "
         "`runwatch launch --checkpoint-dir`)",
     )
@@ -82,7 +84,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--resume-from",
-        default=os.environ.get("RUNWATCH_RESTART_FROM") or None,
+        default=None if launch.restart_from is None else str(launch.restart_from),
         metavar="PATH|STEP",
     )
     p.add_argument(
@@ -105,7 +107,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--stop-at", type=int, default=None, help="checkpoint and stop after it")
     p.add_argument("--step-delay-s", type=float, default=0.0, help="sleep per step (demos)")
     p.add_argument("--no-emit", action="store_true", help="do not emit even if Kafka is set")
-    p.add_argument("--run-id", default=os.environ.get("RUNWATCH_RUN_ID") or "tinylm")
+    p.add_argument("--run-id", default=launch.run_id or "tinylm")
     p.add_argument(
         "--peak-flops-per-rank",
         type=float,
@@ -224,7 +226,7 @@ class Trainer:
         self.args = args
         env = LaunchEnv.from_environ()
         self.rank, self.ws = env.rank, env.world_size
-        self.incarnation = int(os.environ.get("RUNWATCH_INCARNATION") or 0)
+        self.incarnation = env.incarnation
         self.faults = FaultPlan(parse_faults(args.inject), self.rank, self.incarnation)
         torch.set_num_threads(1)
         torch.use_deterministic_algorithms(True)
@@ -255,7 +257,7 @@ class Trainer:
         self.step, self.global_sample, self.restart_from = 0, 0, None
         self._resume()
         self.emitter = make_emitter(
-            enabled=bool(os.environ.get("RUNWATCH_BOOTSTRAP")) and not args.no_emit,
+            enabled=env.bootstrap is not None and not args.no_emit,
             run_id=args.run_id,
             rank=self.rank,
             world_size=self.ws,

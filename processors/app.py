@@ -74,6 +74,7 @@ from typing import Any, Final
 
 import faust
 
+from common.settings import faust_broker_settings
 from processors import transport
 from processors.core.config import DetectorConfig
 from processors.core.state_codec import decode_state
@@ -81,7 +82,6 @@ from processors.intake import RawRecord, split
 from processors.logread import partition_for
 from processors.pipeline import ROLE_STATE, fold_batch
 from processors.settings import ProcessorSettings, changelog_topic
-from runwatch.settings import faust_broker_settings
 from schemas.codec import encode, encode_key
 from schemas.events import TICK_RUN_ID, DeadLetter, Event, RestartRequested, Tick
 from schemas.signing import CommandKey, sign

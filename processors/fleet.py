@@ -114,7 +114,7 @@ def committed_offsets(bootstrap: str, group: str) -> dict[tuple[str, int], int]:
     from kafka import KafkaAdminClient
     from kafka.errors import KafkaError
 
-    from runwatch.settings import kafka_client_config
+    from common.settings import kafka_client_config
 
     admin = KafkaAdminClient(bootstrap_servers=bootstrap, **kafka_client_config())
     try:
@@ -141,7 +141,7 @@ def wait_until_processed(
 
     from kafka import KafkaConsumer, TopicPartition
 
-    from runwatch.settings import kafka_client_config
+    from common.settings import kafka_client_config
 
     consumer = KafkaConsumer(
         bootstrap_servers=bootstrap,

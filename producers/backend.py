@@ -9,11 +9,11 @@ and wrap the model, describe the parallel plan, leave. The controller reads the 
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
+from common.launch_env import LaunchEnv
 from schemas.events import ParallelPlan
 
 if TYPE_CHECKING:
@@ -71,44 +71,6 @@ class BackendCapabilities:
         if precision not in self.precisions:
             problems.append(f"{self.name} does not train in {precision}")
         return problems
-
-
-@dataclass(frozen=True)
-class LaunchEnv:
-    """The torchrun-style environment a rank is launched with.
-
-    Attributes:
-        rank: Global rank (``RANK``).
-        world_size: Ranks in the gang (``WORLD_SIZE``).
-        local_rank: Rank on this host (``LOCAL_RANK``), selects the GPU.
-        master_addr: Rendezvous host (``MASTER_ADDR``).
-        master_port: Rendezvous port (``MASTER_PORT``).
-    """
-
-    rank: int
-    world_size: int
-    local_rank: int
-    master_addr: str
-    master_port: int
-
-    @classmethod
-    def from_environ(cls, environ: dict[str, str] | None = None) -> LaunchEnv:
-        """Read the variables; a lone process without them is rank 0 of 1 on localhost.
-
-        Args:
-            environ: Mapping to read; None reads ``os.environ``.
-
-        Returns:
-            The launch environment.
-        """
-        env = os.environ if environ is None else environ
-        return cls(
-            rank=int(env.get("RANK", "0")),
-            world_size=int(env.get("WORLD_SIZE", "1")),
-            local_rank=int(env.get("LOCAL_RANK", env.get("RANK", "0"))),
-            master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
-            master_port=int(env.get("MASTER_PORT", "29500")),
-        )
 
 
 @runtime_checkable

@@ -16,7 +16,7 @@ together with any wait for the previous save) and runs ``save`` on a background 
 background save's collectives run on a process group of their own (gloo), so they never
 interleave with the training loop's collectives on the default group. The write goes to
 ``step_N.tmp``; when it is done, the coordinator renames it to ``step_N`` (see
-`producers.checkpoint_layout` for the commit protocol) and prunes old checkpoints.
+`common.checkpoint_layout` for the commit protocol) and prunes old checkpoints.
 
 Every rank of the gang must construct the `AsyncCheckpointer` (it creates a process group)
 and call `AsyncCheckpointer.save` for the same steps.
@@ -50,7 +50,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import async_save
 
-from producers.checkpoint_layout import (
+from common.checkpoint_layout import (
     commit_checkpoint,
     directory_size_bytes,
     latest_complete_checkpoint,

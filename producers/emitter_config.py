@@ -13,10 +13,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
+from common.settings import ENV_BOOTSTRAP, ENV_TOPIC_PREFIX, kafka_client_config
 from producers.delivery import ProducerFactory
 from producers.ratelimit import quiet_library_loggers
 from producers.validation import as_int, as_step, as_str
-from runwatch.settings import ENV_BOOTSTRAP, ENV_TOPIC_PREFIX, kafka_client_config
 
 ENV_RUN_ID: Final = "RUNWATCH_RUN_ID"
 """The run's id, set by ``runwatch launch`` for every rank of the gang."""

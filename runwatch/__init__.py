@@ -1,3 +1,5 @@
 """runwatch: watch long training runs through Kafka and act on what they do."""
 
-__version__ = "0.1.0"
+from common.version import __version__
+
+__all__ = ["__version__"]

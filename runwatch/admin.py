@@ -1,6 +1,6 @@
 """Kafka administration runwatch needs: create the topic catalogue idempotently, list topics.
 
-Every client takes its connection settings from `runwatch.settings.kafka_client_config`.
+Every client takes its connection settings from `common.settings.kafka_client_config`.
 kafka-python is imported inside the functions so that importing this module stays cheap.
 """
 
@@ -11,8 +11,8 @@ import logging
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from runwatch.errors import RunwatchError
-from runwatch.settings import kafka_client_config
+from common.errors import RunwatchError
+from common.settings import kafka_client_config
 
 if TYPE_CHECKING:
     from kafka import KafkaAdminClient

@@ -6,7 +6,7 @@ Besides dispatching, this module owns what every command shares:
   faust client libraries kept off the screen unless ``-v`` / ``-vv`` asks for them;
 * errors as one line (`main`): `RunwatchError` and the client libraries' exceptions become
   ``runwatch COMMAND: message`` and an exit status, never a traceback;
-* (with `runwatch.settings.resolve_bootstrap`, which every command that talks to Kafka
+* (with `runwatch.resolve.resolve_bootstrap`, which every command that talks to Kafka
   calls once its arguments are checked) a bounded check that Kafka answers before the
   command starts its clients, so an unreachable broker is reported within seconds;
 * help that shows every option's default (`HelpFormatter`).
@@ -24,8 +24,8 @@ from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
 
-from runwatch import __version__
-from runwatch.errors import RunwatchError, kafka_error
+from common.errors import RunwatchError, kafka_error
+from common.version import __version__
 
 # Subcommand name -> module. A module that does not exist yet is simply not offered.
 COMMANDS: dict[str, str] = {
@@ -182,7 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _bootstrap_hint(args: argparse.Namespace) -> str | None:
     """The address a command was pointed at, for messages (it may have resolved another)."""
-    from runwatch.settings import ENV_BOOTSTRAP
+    from common.settings import ENV_BOOTSTRAP
 
     return getattr(args, "bootstrap", None) or os.environ.get(ENV_BOOTSTRAP) or None
 

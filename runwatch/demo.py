@@ -22,6 +22,7 @@ from typing import Any, TextIO
 
 import msgspec
 
+from common.errors import RunwatchError
 from processors.audit import audit, load_run_log
 from processors.core.config import DetectorConfig, with_overrides
 from processors.core.replay import replay
@@ -30,7 +31,6 @@ from processors.fleet import latest_states, summarize, wait_until_processed
 from processors.intake import split
 from processors.logread import TopicTail
 from runwatch.admin import create_catalogue
-from runwatch.errors import RunwatchError
 from runwatch.liveview import describe, render
 from runwatch.procs import ManagedProcess
 from runwatch.ui.server import UiServer

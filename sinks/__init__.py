@@ -1,1 +1,1 @@
-"""Sinks: the controller that respawns torch gangs, alerts, Prometheus metrics, archive."""
+"""Sinks: consumers of verdicts (alerts, Prometheus metrics, archive, the web view's data)."""

@@ -33,7 +33,7 @@ from typing import Any, Final, NamedTuple
 
 import msgspec
 
-from runwatch.durable import replace_file
+from common.durable import replace_file
 from sinks.alert_format import AlertGroup
 
 SUPPRESSED: Final = "_suppressed"

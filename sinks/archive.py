@@ -23,8 +23,8 @@ from typing import Final
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from common.durable import replace_file
 from processors.intake import RawRecord
-from runwatch.durable import replace_file
 from sinks.archive_compact import compact
 from sinks.archive_layout import (
     SUFFIX,

@@ -25,7 +25,7 @@ from typing import NamedTuple
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from runwatch.durable import fsync_dir, replace_file
+from common.durable import fsync_dir, replace_file
 from sinks.archive_layout import SUFFIX, FileSpan, Stream, parse_path, relative_path
 
 logger = logging.getLogger(__name__)

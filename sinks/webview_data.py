@@ -261,8 +261,8 @@ class WebviewData:
         from kafka import KafkaConsumer
         from kafka.errors import KafkaError
 
-        from runwatch.errors import RunwatchError
-        from runwatch.settings import kafka_client_config
+        from common.errors import RunwatchError
+        from common.settings import kafka_client_config
 
         extra = self._client_config if self._client_config is not None else kafka_client_config()
         try:

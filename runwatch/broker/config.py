@@ -9,8 +9,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from runwatch.errors import RunwatchError
-from runwatch.settings import runwatch_home
+from common.errors import RunwatchError
+from common.settings import runwatch_home
 
 if TYPE_CHECKING:
     from runwatch.broker.state import BrokerInfo

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
+from common.errors import BrokerUnreachable, UsageError
 from runwatch.cmd.processors import add_common, detector_config, parse_overrides
-from runwatch.errors import BrokerUnreachable, UsageError
 
 if TYPE_CHECKING:
     from processors.audit import AuditReceipt, RunLog
@@ -213,7 +213,7 @@ def render_table(receipts: list[AuditReceipt]) -> str:
 
 def _archived_log(root: Path, explicit_prefix: str | None, run_id: str) -> RunLog:
     """The run's log from an archive; the prefix is inferred when the archive has one."""
-    from runwatch.settings import topic_prefix
+    from common.settings import topic_prefix
     from sinks.archive_read import archived_prefixes, load_archived_run_log
 
     if not root.is_dir():
@@ -234,9 +234,10 @@ def _as_json(receipt: AuditReceipt) -> dict[str, object]:
 
 def run(args: argparse.Namespace) -> int:
     """Load the run's log (or every run's), audit it, print the receipt(s)."""
+    from common.settings import topic_prefix
     from processors.audit import audit, audit_all, load_run_log
     from processors.fleet import default_app_id
-    from runwatch.settings import resolve_bootstrap, topic_prefix
+    from runwatch.resolve import resolve_bootstrap
 
     cfg = detector_config(parse_overrides(args.overrides))
     group = args.app_id or default_app_id(topic_prefix(args.prefix))

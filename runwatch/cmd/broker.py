@@ -14,7 +14,7 @@ from collections import deque
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from runwatch.errors import UsageError
+from common.errors import UsageError
 
 if TYPE_CHECKING:
     from runwatch.broker import EmbeddedBroker, EmbeddedCluster

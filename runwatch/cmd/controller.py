@@ -10,17 +10,10 @@ from __future__ import annotations
 
 import argparse
 import logging
-from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from runwatch.errors import RunwatchError, UsageError
-
-if TYPE_CHECKING:
-    from schemas.signing import CommandKey
-    from sinks.controller import Controller
-    from sinks.controller_state import ControllerState
-    from sinks.supervisor import RunSupervisor
+from common.errors import RunwatchError, UsageError
+from runwatch.cmd._supervision import add_supervision_args
 
 HELP = "adopt the gangs recorded in --state-dir (after a launcher died) and serve their commands"
 
@@ -29,8 +22,6 @@ log = logging.getLogger("runwatch")
 
 def configure(parser: argparse.ArgumentParser) -> None:
     """Add the arguments of `runwatch controller`."""
-    from runwatch.cmd.launch import add_supervision_args
-
     add_supervision_args(parser)
     parser.add_argument(
         "--state-dir",
@@ -40,65 +31,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def load_keys() -> dict[str, CommandKey]:
-    """The configured command keys by id; empty (with a warning) when none is configured."""
-    from schemas.signing import load_key
-
-    try:
-        key = load_key()
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-    if key is None:
-        log.warning(
-            "no RUNWATCH_COMMAND_KEY or RUNWATCH_COMMAND_KEY_FILE: every command is rejected"
-        )
-        return {}
-    return {key.key_id: key}
-
-
-def make_controller(
-    states: Sequence[ControllerState],
-    keys: dict[str, CommandKey],
-    bootstrap: str,
-    prefix: str,
-) -> tuple[Controller, list[RunSupervisor]]:
-    """A controller over the runs recorded in ``states``, their gangs adopted.
-
-    Args:
-        states: State directories holding a running gang record.
-        keys: Command keys by id.
-        bootstrap: Kafka bootstrap address.
-        prefix: Topic name prefix.
-
-    Returns:
-        The controller and its supervisors (in the order of ``states``).
-    """
-    from sinks.controller import Controller, announce_end
-    from sinks.gang import Gang
-    from sinks.supervisor import RunSupervisor
-
-    runs = []
-    for state in states:
-        record = state.load_gang()
-        assert record is not None
-        exit_files = [state.exit_path(record.incarnation, p.rank) for p in record.ranks]
-        runs.append(
-            RunSupervisor(
-                state=state,
-                record=record,
-                gang=Gang.adopt(record.ranks, exit_files),
-                publish=lambda event: None,
-                announce_end=announce_end,
-            )
-        )
-    controller = Controller(runs, keys, bootstrap, prefix)
-    for run in runs:
-        run.publish = controller.publish
-    return controller, runs
-
-
 def _state_dirs(root: Path) -> list[Path]:
-    from sinks.controller_state import GANG_FILE
+    from controller.state import GANG_FILE
 
     if (root / GANG_FILE).is_file():
         return [root]
@@ -107,9 +41,10 @@ def _state_dirs(root: Path) -> list[Path]:
 
 def run(args: argparse.Namespace) -> int:
     """Adopt every running gang under ``--state-dir`` and serve until they all ended."""
+    from common.settings import topic_prefix
+    from controller.agent import build_controller, load_keys
+    from controller.state import ControllerState, StateLocked, lock_state_dir
     from runwatch.reachability import check_reachable
-    from runwatch.settings import topic_prefix
-    from sinks.controller_state import ControllerState, StateLocked, lock_state_dir
 
     root = args.state_dir.resolve()
     if not root.is_dir():
@@ -137,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     check_reachable(bootstrap)  # the records' broker is not resolved by resolve_bootstrap
     prefix = topic_prefix(args.prefix or prefixes.pop())
     keys = load_keys()
-    controller, runs = make_controller(states, keys, bootstrap, prefix)
+    controller, runs = build_controller(states, keys, bootstrap, prefix)
     for r in runs:
         print(
             f"runwatch controller: adopted run {r.run_id}, incarnation {r.record.incarnation}, "

@@ -6,7 +6,7 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from runwatch.errors import UsageError
+from common.errors import UsageError
 
 HELP = "run broker, processors, sinks and a real torch run with injected faults; then audit"
 
@@ -38,7 +38,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Validate the arguments and run the demo."""
     from runwatch.demo import DemoConfig, run_demo
-    from runwatch.settings import resolve_bootstrap
+    from runwatch.resolve import resolve_bootstrap
 
     if not 1 <= args.runs <= 8:
         raise UsageError("--runs must be between 1 and 8")

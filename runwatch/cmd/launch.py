@@ -1,7 +1,7 @@
 """`runwatch launch`: start a torch gang the way torchrun does and serve its restart commands.
 
 With ``--log-format`` the script needs no runwatch code: the launcher turns rank 0's
-output into the run's events and heartbeats for its live ranks (`sinks.logwatch`).
+output into the run's events and heartbeats for its live ranks (`controller.logwatch`).
 """
 
 from __future__ import annotations
@@ -13,20 +13,13 @@ import secrets
 import time
 from pathlib import Path
 
+from common.errors import UsageError
 from producers.logtail import FORMATS
-from runwatch.errors import UsageError
+from runwatch.cmd._supervision import add_supervision_args
 
 HELP = "start a gang of N ranks (torchrun-style) and execute the restart commands for its run"
 
 log = logging.getLogger("runwatch")
-
-
-def add_supervision_args(parser: argparse.ArgumentParser) -> None:
-    """Arguments `runwatch launch` and `runwatch controller` share."""
-    parser.add_argument(
-        "--bootstrap", help="Kafka bootstrap HOST:PORT (default: RUNWATCH_BOOTSTRAP)"
-    )
-    parser.add_argument("--prefix", help="topic name prefix (default: runwatch)")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -143,17 +136,18 @@ def _rank_extra_env(args: argparse.Namespace) -> dict[str, str]:
 
 def run(args: argparse.Namespace) -> int:
     """Launch the gang, then serve its commands until the run ends."""
-    from runwatch.cmd.controller import load_keys, make_controller
-    from runwatch.settings import resolve_bootstrap, topic_prefix
-    from sinks.controller import commands_end_offsets
-    from sinks.controller_state import (
+    from common.settings import topic_prefix
+    from controller.agent import build_controller, load_keys
+    from controller.gang import Gang
+    from controller.loop import commands_end_offsets
+    from controller.state import (
         ControllerState,
         GangRecord,
         StateLocked,
         default_state_dir,
         lock_state_dir,
     )
-    from sinks.gang import Gang
+    from runwatch.resolve import resolve_bootstrap
 
     argv = _validate(args)
     bootstrap = resolve_bootstrap(args.bootstrap)
@@ -198,7 +192,7 @@ def run(args: argparse.Namespace) -> int:
         exit_evidence=args.exit_evidence,
     )
     state.save_gang(record)
-    controller, (supervisor,) = make_controller([state], keys, bootstrap, prefix)
+    controller, (supervisor,) = build_controller([state], keys, bootstrap, prefix)
     supervisor.launch(None)
     print(
         f"runwatch launch: run {run_id}, {args.nproc} ranks, incarnation {record.incarnation}, "

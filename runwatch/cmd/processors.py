@@ -6,7 +6,7 @@ import argparse
 import logging
 from typing import Any
 
-from runwatch.errors import UsageError
+from common.errors import UsageError
 
 HELP = "run a stream-processor worker; workers with the same --app-id share the partitions"
 
@@ -130,17 +130,12 @@ def detector_config(overrides: dict[str, str]) -> object:
 
 def run(args: argparse.Namespace) -> int:
     """Create the topics if needed, then run a faust worker until stopped."""
+    from common.settings import faust_broker_settings, replication_factor, topic_prefix
     from processors.app import create_app
     from processors.fleet import default_app_id
     from processors.settings import ProcessorSettings
     from runwatch.admin import cluster_replication, create_catalogue
-    from runwatch.settings import (
-        faust_broker_settings,
-        partition_counts,
-        replication_factor,
-        resolve_bootstrap,
-        topic_prefix,
-    )
+    from runwatch.resolve import partition_counts, resolve_bootstrap
     from schemas.signing import load_key
 
     if args.batch_max < 1 or min(args.tick_interval, args.session_timeout) <= 0:
@@ -234,8 +229,8 @@ def watch_broker(bootstrap: str) -> logging.Handler:
     Returns:
         The handler, to remove when the worker stops.
     """
+    from common.errors import BrokerUnreachable
     from processors.transport import RETRY_BACKOFF_MS
-    from runwatch.errors import BrokerUnreachable
     from runwatch.logsummary import BrokerWatch
     from runwatch.reachability import check_reachable
 

@@ -10,7 +10,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from runwatch.errors import RunwatchError, UsageError
+from common.errors import RunwatchError, UsageError
 
 HELP = "deliver alerts, serve Prometheus metrics and archive every event (idempotent consumers)"
 
@@ -208,7 +208,7 @@ def _webhooks(args: argparse.Namespace) -> list[str]:
 
 def build_sinks(args: argparse.Namespace, topics: Any, webhooks: list[str]) -> list[Any]:
     """The selected sinks, configured from ``args``."""
-    from runwatch.settings import runwatch_home
+    from common.settings import runwatch_home
     from sinks.alert_log import DeliveryLog
     from sinks.alerts import AlertSettings, AlertSink
     from sinks.archive import ArchiveSink
@@ -308,7 +308,8 @@ def _failure(loop: Any, bootstrap: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Start every selected sink in its own thread; stop on SIGINT or SIGTERM."""
-    from runwatch.settings import kafka_client_config, resolve_bootstrap, topic_prefix
+    from common.settings import kafka_client_config, topic_prefix
+    from runwatch.resolve import resolve_bootstrap
     from schemas.topics import names
     from sinks.consumer import SinkLoop, start_thread
 

@@ -55,8 +55,9 @@ def run(args: argparse.Namespace) -> int:
     """Read the changelogs and print one line per run."""
     import msgspec
 
+    from common.settings import topic_prefix
     from processors.fleet import default_app_id, latest_states, summarize
-    from runwatch.settings import resolve_bootstrap, topic_prefix
+    from runwatch.resolve import resolve_bootstrap
 
     app_id = args.app_id or default_app_id(topic_prefix(args.prefix))
     views = latest_states(resolve_bootstrap(args.bootstrap), app_id)

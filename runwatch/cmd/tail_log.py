@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
 
-from runwatch.errors import RunwatchError, UsageError
+from common.errors import RunwatchError, UsageError
 
 HELP = "turn a training log's step lines into step events, following the file as it grows"
 
@@ -148,7 +148,7 @@ def run(args: argparse.Namespace) -> int:
 
     from producers.emitter import RunEmitter
     from producers.follow import FileFollower
-    from runwatch.settings import resolve_bootstrap
+    from runwatch.resolve import resolve_bootstrap
 
     emitter = RunEmitter(
         run_id,

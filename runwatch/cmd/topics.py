@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from runwatch.errors import UsageError
+from common.errors import UsageError
 
 HELP = "create the topic catalogue (idempotent) or list the cluster's topics"
 
@@ -75,13 +75,9 @@ def of_prefix(topic: str, prefix: str) -> bool:
 
 def run(args: argparse.Namespace) -> int:
     """Dispatch to the chosen action; returns the exit status."""
+    from common.settings import replication_factor, topic_prefix
     from runwatch import admin
-    from runwatch.settings import (
-        partition_counts,
-        replication_factor,
-        resolve_bootstrap,
-        topic_prefix,
-    )
+    from runwatch.resolve import partition_counts, resolve_bootstrap
 
     if args.timeout <= 0:
         raise UsageError(f"--timeout must be > 0, not {args.timeout}")

@@ -30,10 +30,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Follow the processors' state and serve the pages until Ctrl-C."""
+    from common.errors import UsageError
+    from common.settings import topic_prefix
     from processors.fleet import default_app_id
-    from runwatch.errors import UsageError
     from runwatch.reachability import check_reachable
-    from runwatch.settings import resolve_bootstrap, topic_prefix
+    from runwatch.resolve import resolve_bootstrap
     from runwatch.ui.server import UiServer
     from sinks.webview_data import WebviewData
 

@@ -18,7 +18,7 @@ from importlib import resources
 from typing import Any, Final
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from runwatch.errors import RunwatchError
+from common.errors import RunwatchError
 from runwatch.ui.charts import Marker, Point, VLine, line_chart
 from sinks.webview_data import FleetQuery, WebviewData
 

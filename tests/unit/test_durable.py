@@ -1,4 +1,4 @@
-from runwatch.durable import append_durably, atomic_write
+from common.durable import append_durably, atomic_write
 
 
 def test_atomic_write_replaces_and_leaves_no_temporary(tmp_path):

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from common.errors import UsageError
+from common.settings import ENV_REPLICATION_FACTOR, replication_factor
 from runwatch.broker.config import _server_properties
-from runwatch.errors import UsageError
-from runwatch.settings import ENV_REPLICATION_FACTOR, replication_factor
 from schemas.topics import Replication, replication_for
 
 

@@ -197,7 +197,7 @@ def wait_events(
 
 def reference_losses(root: Path, script_args: Sequence[str], nproc: int = 2) -> dict[int, float]:
     """Losses of an uninterrupted gang (no Kafka, no controller) with the same arguments."""
-    from sinks.gang import free_port
+    from controller.gang import free_port
 
     trace = root / "trace"
     port = free_port()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from kafka import errors as kafka_errors
 
-from runwatch.errors import BROKER_HINT, BrokerUnreachable, RunwatchError, UsageError, kafka_error
+from common.errors import BROKER_HINT, BrokerUnreachable, RunwatchError, UsageError, kafka_error
 from runwatch.reachability import api_versions_request, parse_bootstrap
 
 

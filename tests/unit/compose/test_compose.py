@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
+from common.settings import _SECURITY_ENV, ENV_BOOTSTRAP
 from runwatch import cli
-from runwatch.settings import _SECURITY_ENV, ENV_BOOTSTRAP
 
 from .support import (
     COMPOSE_DIR,

@@ -6,8 +6,10 @@ import os
 
 import pytest
 
-from producers.checkpoint_layout import METADATA_FILE, checkpoint_dir
-from sinks.controller_state import (
+from common.checkpoint_layout import METADATA_FILE, checkpoint_dir
+from common.launch_env import LaunchEnv
+from controller.gang import rank_environ
+from controller.state import (
     ControllerState,
     GangRecord,
     ProcessedCommand,
@@ -15,8 +17,7 @@ from sinks.controller_state import (
     StateLocked,
     lock_state_dir,
 )
-from sinks.gang import rank_env
-from sinks.supervisor import Resume, resolve_resume
+from controller.supervisor import Resume, launch_env, resolve_resume
 
 
 def entry(cid: str) -> ProcessedCommand:
@@ -84,6 +85,11 @@ def test_resolve_resume(tmp_path):
     assert nothing == Resume(None) and nothing.env_value == 0
 
 
+def _record(**changes) -> GangRecord:
+    fields = {"run_id": "r", "argv": ("x",), "world_size": 2, "bootstrap": "b:1", "prefix": "p"}
+    return GangRecord(**(fields | changes))
+
+
 def test_rank_env_contract():
     base = {
         "PATH": "/bin",
@@ -91,19 +97,9 @@ def test_rank_env_contract():
         "RUNWATCH_RESTART_FROM": "9",
         "RANK": "7",
     }
-    env = rank_env(
-        base,
-        {"EXTRA": "1"},
-        rank=1,
-        world_size=2,
-        master_port=1234,
-        run_id="r",
-        bootstrap="b:1",
-        prefix="p",
-        incarnation=3,
-        checkpoint_dir="/ck",
-        restart_from=None,
-    )
+    record = _record(incarnation=3, checkpoint_dir="/ck")
+    launch = launch_env(record, 1, 1234, None)
+    env = rank_environ(base, {"EXTRA": "1"}, launch)
     assert env == {
         "PATH": "/bin",
         "EXTRA": "1",
@@ -119,17 +115,9 @@ def test_rank_env_contract():
         "RUNWATCH_INCARNATION": "3",
         "RUNWATCH_CHECKPOINT_DIR": "/ck",
     }
-    again = rank_env(
-        base,
-        {},
-        rank=0,
-        world_size=1,
-        master_port=1,
-        run_id="r",
-        bootstrap="b",
-        prefix="p",
-        incarnation=1,
-        checkpoint_dir=None,
-        restart_from=0,
+    # The rank reads back exactly what the controller wrote: one struct, both ends.
+    assert LaunchEnv.from_environ(env) == launch
+    again = rank_environ(
+        base, {}, launch_env(_record(world_size=1, incarnation=1), 0, 1, Resume(None))
     )
     assert again["RUNWATCH_RESTART_FROM"] == "0" and "RUNWATCH_CHECKPOINT_DIR" not in again

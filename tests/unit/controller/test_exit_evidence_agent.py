@@ -8,10 +8,10 @@ import time
 
 import pytest
 
+from controller.elastic import RankExit
+from controller.state import ControllerState, GangRecord
+from controller.supervisor import HOST, RunSupervisor
 from schemas.events import Event, RankExited, RestartCompleted, RestartRequested
-from sinks.controller_state import ControllerState, GangRecord
-from sinks.elastic import RankExit
-from sinks.supervisor import HOST, RunSupervisor
 
 PY = sys.executable
 # Rank 1 SIGKILLs itself; rank 0 fails a moment later (as a DDP peer does in its next

@@ -7,7 +7,7 @@ import signal
 import sys
 import time
 
-from sinks.gang import RUNNING, Gang
+from controller.gang import RUNNING, Gang
 
 PY = sys.executable
 

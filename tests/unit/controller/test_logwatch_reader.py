@@ -1,10 +1,10 @@
-"""`sinks.logwatch.LineReader`: the lines of a rank's output file, read without waiting."""
+"""`controller.logwatch.LineReader`: the lines of a rank's output file, read without waiting."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from sinks.logwatch import LineReader
+from controller.logwatch import LineReader
 
 
 def test_a_line_counts_once_its_newline_is_written(tmp_path: Path) -> None:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from common.errors import UsageError
+from common.settings import ENV_PARTITIONS
 from processors.settings import ProcessorSettings
-from runwatch.errors import UsageError
-from runwatch.settings import ENV_PARTITIONS, partition_counts
+from runwatch.resolve import partition_counts
 from schemas.topics import DEFAULT_PARTITIONS
 
 

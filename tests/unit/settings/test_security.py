@@ -12,7 +12,7 @@ import faust
 import pytest
 from faust.transport.drivers.aiokafka import credentials_to_aiokafka_auth
 
-from runwatch.settings import (
+from common.settings import (
     SASL_MECHANISMS,
     faust_broker_settings,
     kafka_client_config,
@@ -224,7 +224,7 @@ def test_kafka_client_config_is_unchanged() -> None:
 
 def test_faust_is_imported_lazily() -> None:
     code = (
-        "import sys; from runwatch.settings import faust_broker_settings, kafka_client_config; "
+        "import sys; from common.settings import faust_broker_settings, kafka_client_config; "
         "faust_broker_settings({}); kafka_client_config({}); "
         "assert 'faust' not in sys.modules, 'faust imported eagerly'"
     )

@@ -1,9 +1,9 @@
 from __future__ import annotations
 
+from common.launch_env import LaunchEnv
 from producers.backend import (
     BackendCapabilities,
     DistributedTrainingBackend,
-    LaunchEnv,
     TorchDDPBackend,
 )
 from schemas.events import ParallelPlan

@@ -10,13 +10,13 @@ import pytest
 import torch
 from torch.nn import functional as F  # noqa: N812
 
-from examples.tinylm import TinyLM, TinyLMConfig
-from producers.checkpoint import AsyncCheckpointer, load_checkpoint
-from producers.checkpoint_layout import (
+from common.checkpoint_layout import (
     checkpoint_dir,
     latest_complete_checkpoint,
     list_complete_checkpoints,
 )
+from examples.tinylm import TinyLM, TinyLMConfig
+from producers.checkpoint import AsyncCheckpointer, load_checkpoint
 from schemas.events import LoaderState
 
 pytestmark = [pytest.mark.torch, pytest.mark.filterwarnings("ignore::UserWarning")]

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from producers.checkpoint_layout import (
+from common.checkpoint_layout import (
     checkpoint_dir,
     commit_checkpoint,
     discard_checkpoints_after,

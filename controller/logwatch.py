@@ -29,15 +29,32 @@ import socket
 import time
 from pathlib import Path
 
+from controller.state import GangRecord
+from controller.supervisor import RunSupervisor
 from producers.emitter import RunEmitter
 from producers.logtail import LineParser, make_parser
 from schemas.events import Event, Heartbeat, RestartCompleted
 from schemas.topics import names
-from sinks.supervisor import RunSupervisor
 
 log = logging.getLogger(__name__)
 
 _READ_BYTES = 1 << 20
+
+
+def emitter_for(record: GangRecord) -> RunEmitter:
+    """A `RunEmitter` speaking as rank 0 of ``record``'s incarnation (for the script).
+
+    The controller uses one to announce RunEnded, a `LogWatch` to send a printing
+    script's events; both as a rank of the gang would.
+    """
+    return RunEmitter(
+        record.run_id,
+        bootstrap=record.bootstrap,
+        topic_prefix=record.prefix,
+        rank=0,
+        world_size=max(1, record.world_size),
+        incarnation=record.incarnation,
+    )
 
 
 class LineReader:
@@ -133,13 +150,12 @@ class LogWatch:
         self.steps = 0
 
     @classmethod
-    def for_run(cls, run: RunSupervisor) -> LogWatch | None:
+    def for_record(cls, rec: GangRecord) -> LogWatch | None:
         """The watch a run's record asks for (``log_format`` set), else None.
 
         Raises:
             ValueError: The recorded format or regex is invalid.
         """
-        rec = run.record
         if not rec.log_format:
             return None
         return cls(
@@ -181,14 +197,7 @@ class LogWatch:
         self.close()
         adopted, self._adopted = self._adopted, False
         self._incarnation = rec.incarnation
-        self._emitter = RunEmitter(
-            rec.run_id,
-            bootstrap=rec.bootstrap,
-            topic_prefix=rec.prefix,
-            rank=0,
-            world_size=max(1, rec.world_size),
-            incarnation=rec.incarnation,
-        )
+        self._emitter = emitter_for(rec)
         self._reader = LineReader(run.state.log_path(rec.incarnation, 0), from_end=adopted)
         self._restart_from, self._resumed_from = self._resumed_from, None
         self._last_step = None
@@ -252,4 +261,4 @@ class LogWatch:
             log.warning("run %s: some step events may not have been delivered", emitter.run_id)
 
 
-__all__ = ["LineReader", "LogWatch"]
+__all__ = ["LineReader", "LogWatch", "emitter_for"]

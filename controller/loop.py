@@ -1,7 +1,7 @@
 """The controller loop: read restart commands, let the gate decide, supervise the gangs.
 
-A thin I/O loop over `sinks.command_gate` (the decision) and `sinks.supervisor` (a run's
-gang). Kafka use:
+A thin I/O loop over `controller.command_gate` (the decision) and `controller.supervisor`
+(a run's gang); `controller.agent.build_controller` assembles it. Kafka use:
 
 * commands: a `KafkaConsumer` without a consumer group, assigned every partition of the
   commands topic (every controller sees every command; each acts only on the runs it
@@ -10,13 +10,15 @@ gang). Kafka use:
   again after a controller restart, and the processed ids make the gate refuse it as
   replayed);
 * the controller topic: RestartCompleted, RestartFailed and CommandRejected, keyed by run
-  id, with ``ts_ns`` the time of the event (controller-side facts, not verdicts);
+  id, with ``ts_ns`` the time of the event (controller-side facts, not verdicts), sent by
+  the `EventPublisher` the supervisors are made with;
 * the heartbeats topic: a RankExited (exit evidence) for every rank exit the supervisor
   notices, keyed by run id, at most ``POLL_MS`` after the exit;
 * RunEnded for an incarnation the controller ends (stopped for a restart, failed when a
   dead gang got no command in time) goes through a `RunEmitter`, like a rank's would;
-* a run launched with ``--log-format`` gets a `sinks.logwatch.LogWatch`, which turns rank
-  0's output into the run's events after every poll and hears of each RestartCompleted.
+* a run launched with ``--log-format`` gets a `controller.logwatch.LogWatch`, which turns
+  rank 0's output into the run's events after every poll and hears of each
+  RestartCompleted.
 """
 
 from __future__ import annotations
@@ -30,17 +32,16 @@ from typing import Any
 
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
-from producers.emitter import RunEmitter
-from runwatch.errors import RunwatchError
-from runwatch.settings import kafka_client_config
+from common.errors import RunwatchError
+from common.settings import kafka_client_config
+from controller.command_gate import OwnedGang, decide
+from controller.logwatch import LogWatch, emitter_for
+from controller.state import GangRecord
+from controller.supervisor import RunSupervisor
 from schemas.codec import DecodeError, decode, encode, encode_key
 from schemas.events import CommandRejected, Event, Provenance, RankExited, RestartRequested
 from schemas.signing import CommandKey
 from schemas.topics import names
-from sinks.command_gate import OwnedGang, decide
-from sinks.controller_state import GangRecord
-from sinks.logwatch import LogWatch
-from sinks.supervisor import RunSupervisor
 
 log = logging.getLogger(__name__)
 
@@ -76,27 +77,62 @@ def commands_end_offsets(bootstrap: str, prefix: str) -> dict[int, int]:
 
 def announce_end(record: GangRecord, status: str, reason: str) -> None:
     """Emit RunEnded for ``record``'s incarnation through a `RunEmitter`, and wait for it."""
-    emitter = RunEmitter(
-        record.run_id,
-        bootstrap=record.bootstrap,
-        topic_prefix=record.prefix,
-        rank=0,
-        world_size=max(1, record.world_size),
-        incarnation=record.incarnation,
-    )
+    emitter = emitter_for(record)
     emitter.run_ended(status, reason=reason)
     if not emitter.close(timeout_s=30.0):
         log.warning("run %s: RunEnded(%s) may not have been delivered", record.run_id, status)
+
+
+class EventPublisher:
+    """Sends controller-side events to Kafka and waits for each ack.
+
+    Made before the supervisors (they are given its `publish`) and handed to the
+    `Controller`, which closes it. A run with a log watch has it told of every event
+    published for the run (a RestartCompleted is the watch's next resume point).
+
+    Args:
+        bootstrap: Kafka bootstrap address.
+        prefix: Topic name prefix.
+        watches: Log watches by run id (runs launched with ``--log-format``); the
+            `Controller` given the same watches drives and closes them.
+    """
+
+    def __init__(self, bootstrap: str, prefix: str, watches: Mapping[str, LogWatch]) -> None:
+        self.topics = names(prefix)
+        self.watches = dict(watches)
+        self.producer = KafkaProducer(
+            bootstrap_servers=bootstrap, acks="all", linger_ms=0, **kafka_client_config()
+        )
+
+    def publish(self, event: Event) -> None:
+        """Send a controller-side event and wait for the ack.
+
+        A `schemas.events.RankExited` goes to the heartbeats topic (it is liveness evidence,
+        read in one partition order with the run's heartbeats), everything else to the
+        controller topic; both keyed by run id.
+        """
+        topic = self.topics.heartbeats if isinstance(event, RankExited) else self.topics.controller
+        future = self.producer.send(topic, key=encode_key(event.run_id), value=encode(event))
+        future.get(timeout=30)
+        watch = self.watches.get(event.run_id)
+        if watch is not None:
+            watch.on_event(event)
+
+    def close(self) -> None:
+        """Close the producer."""
+        self.producer.close(timeout=10)
 
 
 class Controller:
     """Serves the commands of the runs it supervises until every run has ended.
 
     Args:
-        runs: The supervised runs (all on the same bootstrap and prefix).
+        runs: The supervised runs (all on the same bootstrap and prefix), each made with
+            ``publisher.publish``.
         keys: Command keys by key id (empty: every command is rejected).
         bootstrap: Kafka bootstrap address.
-        prefix: Topic name prefix.
+        publisher: Where controller-side events go; the controller closes it.
+        watches: The publisher's log watches by run id; observed after every poll.
     """
 
     def __init__(
@@ -104,23 +140,20 @@ class Controller:
         runs: list[RunSupervisor],
         keys: Mapping[str, CommandKey],
         bootstrap: str,
-        prefix: str,
+        publisher: EventPublisher,
+        watches: Mapping[str, LogWatch],
     ) -> None:
         self.runs = {r.run_id: r for r in runs}
-        self.watches: dict[str, LogWatch] = {}
-        for run in runs:
-            watch = LogWatch.for_run(run)
-            if watch is not None:
-                self.watches[run.run_id] = watch
         self.keys = dict(keys)
-        self.topics = names(prefix)
+        self.publisher = publisher
+        self.watches = dict(watches)
+        self.topics = publisher.topics
         self.stop_requested: int | None = None
-        config = kafka_client_config()
-        self.producer = KafkaProducer(
-            bootstrap_servers=bootstrap, acks="all", linger_ms=0, **config
-        )
         self.consumer = KafkaConsumer(
-            bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False, **config
+            bootstrap_servers=bootstrap,
+            group_id=None,
+            enable_auto_commit=False,
+            **kafka_client_config(),
         )
         self._assign()
 
@@ -144,22 +177,6 @@ class Controller:
         for tp in tps:
             start = self._start_offset(tp.partition)
             self.consumer.seek(tp, start or 0)
-
-    # ------------------------------------------------------------------ output
-
-    def publish(self, event: Event) -> None:
-        """Send a controller-side event and wait for the ack.
-
-        A `schemas.events.RankExited` goes to the heartbeats topic (it is liveness evidence,
-        read in one partition order with the run's heartbeats), everything else to the
-        controller topic; both keyed by run id.
-        """
-        topic = self.topics.heartbeats if isinstance(event, RankExited) else self.topics.controller
-        future = self.producer.send(topic, key=encode_key(event.run_id), value=encode(event))
-        future.get(timeout=30)
-        watch = self.watches.get(event.run_id)
-        if watch is not None:
-            watch.on_event(event)
 
     # ------------------------------------------------------------------ input
 
@@ -194,7 +211,7 @@ class Controller:
             log.warning(
                 "run %s: rejected command %s: %s", run.run_id, command.command_id, decision.reason
             )
-            self.publish(
+            self.publisher.publish(
                 CommandRejected(
                     run_id=command.run_id,
                     ts_ns=time.time_ns(),
@@ -246,11 +263,11 @@ class Controller:
         return 0 if all(r.record.status == "completed" for r in self.runs.values()) else 1
 
     def close(self) -> None:
-        """Close the log watches' emitters and the Kafka clients."""
+        """Close the log watches' emitters, the commands consumer and the publisher."""
         for watch in self.watches.values():
             watch.close()
         self.consumer.close()
-        self.producer.close(timeout=10)
+        self.publisher.close()
 
 
-__all__ = ["Controller", "announce_end", "commands_end_offsets"]
+__all__ = ["Controller", "EventPublisher", "announce_end", "commands_end_offsets"]

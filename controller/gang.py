@@ -1,11 +1,11 @@
 """Launching, watching and stopping a torch gang: one process per rank, as torchrun does.
 
-Each rank gets torchrun's environment (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
-``LOCAL_WORLD_SIZE``, ``MASTER_ADDR=127.0.0.1``, ``MASTER_PORT``) plus runwatch's
-(``RUNWATCH_BOOTSTRAP``, ``RUNWATCH_RUN_ID``, ``RUNWATCH_TOPIC_PREFIX``,
-``RUNWATCH_INCARNATION``, ``RUNWATCH_CHECKPOINT_DIR`` when known, ``RUNWATCH_RESTART_FROM`` on
-a respawn). The command key is removed from the ranks' environment: only the controller
-verifies commands.
+Each rank gets its `common.launch_env.LaunchEnv`: torchrun's environment (``RANK``,
+``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR=127.0.0.1``,
+``MASTER_PORT``) plus runwatch's (``RUNWATCH_BOOTSTRAP``, ``RUNWATCH_RUN_ID``,
+``RUNWATCH_TOPIC_PREFIX``, ``RUNWATCH_INCARNATION``, ``RUNWATCH_CHECKPOINT_DIR`` when known,
+``RUNWATCH_RESTART_FROM`` on a respawn). The command key is removed from the ranks'
+environment: only the controller verifies commands.
 
 A rank runs under a tiny ``sh`` wrapper in its own session (so its process group id is the
 wrapper's pid, and a signal to the gang never reaches the controller). The wrapper writes
@@ -27,7 +27,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from sinks.controller_state import RankProcess
+from common.launch_env import LaunchEnv
+from controller.state import RankProcess
 
 WRAPPER = (
     "trap : TERM INT HUP\n"
@@ -51,57 +52,22 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def rank_env(
-    base: Mapping[str, str],
-    extra: Mapping[str, str],
-    *,
-    rank: int,
-    world_size: int,
-    master_port: int,
-    run_id: str,
-    bootstrap: str,
-    prefix: str,
-    incarnation: int,
-    checkpoint_dir: str | None,
-    restart_from: int | None,
+def rank_environ(
+    base: Mapping[str, str], extra: Mapping[str, str], launch: LaunchEnv
 ) -> dict[str, str]:
-    """The environment of one rank: the launch contract over ``base`` and ``extra``.
+    """The environment of one rank: ``base`` without `SCRUBBED_ENV`, ``extra``, the contract.
 
     Args:
         base: The controller's environment.
-        extra: Variables the gang record adds.
-        rank: Global rank (also the local rank: one host).
-        world_size: Ranks in the gang.
-        master_port: Rendezvous port.
-        run_id: The run.
-        bootstrap: Kafka bootstrap address.
-        prefix: Topic name prefix.
-        incarnation: The gang's incarnation.
-        checkpoint_dir: The checkpoint root, if known.
-        restart_from: Checkpoint step to resume from (0: none, start over); None on a
-            first launch.
+        extra: Variables the gang record adds (``runwatch launch --env``).
+        launch: The rank's launch environment (the contract; it wins over both).
 
     Returns:
         The environment.
     """
     env = {k: v for k, v in base.items() if k not in SCRUBBED_ENV}
     env.update(extra)
-    env.update(
-        RANK=str(rank),
-        WORLD_SIZE=str(world_size),
-        LOCAL_RANK=str(rank),
-        LOCAL_WORLD_SIZE=str(world_size),
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(master_port),
-        RUNWATCH_BOOTSTRAP=bootstrap,
-        RUNWATCH_RUN_ID=run_id,
-        RUNWATCH_TOPIC_PREFIX=prefix,
-        RUNWATCH_INCARNATION=str(incarnation),
-    )
-    if checkpoint_dir:
-        env["RUNWATCH_CHECKPOINT_DIR"] = checkpoint_dir
-    if restart_from is not None:
-        env["RUNWATCH_RESTART_FROM"] = str(restart_from)
+    env.update(launch.to_environ())
     return env
 
 
@@ -238,4 +204,4 @@ class Gang:
         self.wait(30.0)
 
 
-__all__ = ["RUNNING", "SCRUBBED_ENV", "WRAPPER", "Gang", "free_port", "rank_env", "start_ticks"]
+__all__ = ["RUNNING", "SCRUBBED_ENV", "WRAPPER", "Gang", "free_port", "rank_environ", "start_ticks"]

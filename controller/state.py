@@ -22,7 +22,7 @@ from typing import Literal
 
 import msgspec
 
-from runwatch.durable import append_durably, atomic_write
+from common.durable import append_durably, atomic_write
 
 GANG_FILE = "gang.json"
 PROCESSED_FILE = "processed.jsonl"
@@ -70,7 +70,7 @@ class GangRecord(msgspec.Struct, frozen=True, kw_only=True):
         rank_failure_budget: Failures a rank may cause before the gang shrinks.
         min_nproc: The gang never shrinks below this.
         log_format: ``runwatch launch --log-format``: the controller turns rank 0's
-            output into the run's events (`sinks.logwatch`); None: the script emits them.
+            output into the run's events (`controller.logwatch`); None: the script emits them.
         log_regex: The pattern for ``log_format="regex"``.
         log_tokens_per_step: Tokens per step for step lines that do not say.
         exit_evidence: Publish every rank exit as a RankExited (``runwatch launch
@@ -206,7 +206,7 @@ def lock_state_dir(root: str | os.PathLike[str]) -> int:
 
 def default_state_dir(run_id: str) -> Path:
     """``$RUNWATCH_HOME/controller/<run_id>`` (``~/.runwatch`` without RUNWATCH_HOME)."""
-    from runwatch.settings import runwatch_home
+    from common.settings import runwatch_home
 
     return runwatch_home() / "controller" / run_id
 

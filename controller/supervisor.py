@@ -1,6 +1,6 @@
 """One run under a controller: its gang, its record, and how a restart command is executed.
 
-`RunSupervisor` holds no Kafka client: the controller loop (`sinks.controller`) reads
+`RunSupervisor` holds no Kafka client: the controller loop (`controller.loop`) reads
 commands, asks the gate, and hands the commands to execute here; what the supervisor has to
 say (RestartCompleted, RestartFailed, RunEnded) goes back through the callables it is given.
 
@@ -30,11 +30,12 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from producers.checkpoint_layout import latest_complete_checkpoint
+from common.checkpoint_layout import latest_complete_checkpoint
+from common.launch_env import LaunchEnv
+from controller.elastic import RankExit, count_failures, culprits, next_world_size
+from controller.gang import RUNNING, Gang, free_port, rank_environ
+from controller.state import ControllerState, GangRecord, ProcessedCommand
 from schemas.events import Event, RankExited, RestartCompleted, RestartFailed, RestartRequested
-from sinks.controller_state import ControllerState, GangRecord, ProcessedCommand
-from sinks.elastic import RankExit, count_failures, culprits, next_world_size
-from sinks.gang import RUNNING, Gang, free_port, rank_env
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +80,35 @@ def resolve_resume(checkpoint_dir: str | None, max_step: int | None) -> Resume:
         return Resume(None)
     found = latest_complete_checkpoint(checkpoint_dir, at_or_before=max_step)
     return Resume(None) if found is None else Resume(found[0], str(found[1]))
+
+
+def launch_env(record: GangRecord, rank: int, master_port: int, resume: Resume | None) -> LaunchEnv:
+    """The launch environment of ``rank`` in ``record``'s incarnation (one host).
+
+    Args:
+        record: The gang record of the incarnation being launched.
+        rank: The rank (global and local: every rank is on this host).
+        master_port: The incarnation's rendezvous port.
+        resume: Where a respawn resumes; None for a first launch (no
+            ``RUNWATCH_RESTART_FROM``).
+
+    Returns:
+        The struct whose `LaunchEnv.to_environ` the rank is started with.
+    """
+    return LaunchEnv(
+        rank=rank,
+        world_size=record.world_size,
+        local_rank=rank,
+        local_world_size=record.world_size,
+        master_addr="127.0.0.1",
+        master_port=master_port,
+        run_id=record.run_id,
+        bootstrap=record.bootstrap,
+        prefix=record.prefix,
+        incarnation=record.incarnation,
+        checkpoint_dir=record.checkpoint_dir,
+        restart_from=None if resume is None else resume.env_value,
+    )
 
 
 @dataclass
@@ -127,19 +157,7 @@ class RunSupervisor:
         """
         rec, port = self.record, free_port()
         envs = [
-            rank_env(
-                os.environ,
-                rec.env,
-                rank=r,
-                world_size=rec.world_size,
-                master_port=port,
-                run_id=rec.run_id,
-                bootstrap=rec.bootstrap,
-                prefix=rec.prefix,
-                incarnation=rec.incarnation,
-                checkpoint_dir=rec.checkpoint_dir,
-                restart_from=None if resume is None else resume.env_value,
-            )
+            rank_environ(os.environ, rec.env, launch_env(rec, r, port, resume))
             for r in range(rec.world_size)
         ]
         ranks = range(rec.world_size)
@@ -329,4 +347,4 @@ class RunSupervisor:
         self._save(status="failed")
 
 
-__all__ = ["AnnounceEnd", "Publish", "Resume", "RunSupervisor", "resolve_resume"]
+__all__ = ["AnnounceEnd", "Publish", "Resume", "RunSupervisor", "launch_env", "resolve_resume"]

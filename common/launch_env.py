@@ -1,0 +1,138 @@
+"""The launch environment: what a rank is started with, as one struct.
+
+One writer, one reader: the controller builds a `LaunchEnv` per rank and hands its
+`LaunchEnv.to_environ` to the process (`controller.gang.rank_environ`); the training side
+reads it back with `LaunchEnv.from_environ` (`producers.backend`, the examples). The
+variables are torchrun's (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``,
+``MASTER_ADDR``, ``MASTER_PORT``) plus runwatch's (``RUNWATCH_*``), so a script launched by
+``torchrun`` reads the same struct with runwatch's fields left unset.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+ENV_RANK = "RANK"
+ENV_WORLD_SIZE = "WORLD_SIZE"
+ENV_LOCAL_RANK = "LOCAL_RANK"
+ENV_LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
+ENV_MASTER_ADDR = "MASTER_ADDR"
+ENV_MASTER_PORT = "MASTER_PORT"
+ENV_BOOTSTRAP = "RUNWATCH_BOOTSTRAP"
+ENV_RUN_ID = "RUNWATCH_RUN_ID"
+ENV_TOPIC_PREFIX = "RUNWATCH_TOPIC_PREFIX"
+ENV_INCARNATION = "RUNWATCH_INCARNATION"
+ENV_CHECKPOINT_DIR = "RUNWATCH_CHECKPOINT_DIR"
+ENV_RESTART_FROM = "RUNWATCH_RESTART_FROM"
+
+DEFAULT_MASTER_ADDR = "127.0.0.1"
+DEFAULT_MASTER_PORT = 29500
+
+
+@dataclass(frozen=True, kw_only=True)
+class LaunchEnv:
+    """The torchrun-style environment of one rank, with runwatch's variables.
+
+    The defaults describe a lone process started by hand: rank 0 of 1 on localhost, no
+    runwatch variables.
+
+    Attributes:
+        rank: Global rank (``RANK``).
+        world_size: Ranks in the gang (``WORLD_SIZE``).
+        local_rank: Rank on this host (``LOCAL_RANK``), selects the GPU.
+        master_addr: Rendezvous host (``MASTER_ADDR``).
+        master_port: Rendezvous port (``MASTER_PORT``).
+        local_world_size: Ranks on this host (``LOCAL_WORLD_SIZE``); None: not given.
+        run_id: The run (``RUNWATCH_RUN_ID``); None: not launched by runwatch.
+        bootstrap: Kafka bootstrap address (``RUNWATCH_BOOTSTRAP``).
+        prefix: Topic name prefix (``RUNWATCH_TOPIC_PREFIX``).
+        incarnation: Restarts of the gang so far (``RUNWATCH_INCARNATION``).
+        checkpoint_dir: The gang's checkpoint root (``RUNWATCH_CHECKPOINT_DIR``), if known.
+        restart_from: The checkpoint step a respawn resumes from (``RUNWATCH_RESTART_FROM``;
+            0: start over, no checkpoint); None on a first launch.
+    """
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    master_addr: str = DEFAULT_MASTER_ADDR
+    master_port: int = DEFAULT_MASTER_PORT
+    local_world_size: int | None = None
+    run_id: str | None = None
+    bootstrap: str | None = None
+    prefix: str | None = None
+    incarnation: int = 0
+    checkpoint_dir: str | None = None
+    restart_from: int | None = None
+
+    def to_environ(self) -> dict[str, str]:
+        """The variables, as a process environment (unset fields are left out).
+
+        Returns:
+            Variable name -> value; `from_environ` of it gives this struct back.
+        """
+        env = {
+            ENV_RANK: str(self.rank),
+            ENV_WORLD_SIZE: str(self.world_size),
+            ENV_LOCAL_RANK: str(self.local_rank),
+            ENV_MASTER_ADDR: self.master_addr,
+            ENV_MASTER_PORT: str(self.master_port),
+        }
+        optional = {
+            ENV_LOCAL_WORLD_SIZE: self.local_world_size,
+            ENV_BOOTSTRAP: self.bootstrap,
+            ENV_RUN_ID: self.run_id,
+            ENV_TOPIC_PREFIX: self.prefix,
+            ENV_CHECKPOINT_DIR: self.checkpoint_dir or None,
+            ENV_RESTART_FROM: self.restart_from,
+        }
+        env.update({name: str(value) for name, value in optional.items() if value is not None})
+        if self.run_id is not None or self.incarnation:
+            env[ENV_INCARNATION] = str(self.incarnation)
+        return env
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str] | None = None) -> LaunchEnv:
+        """Read the variables; a lone process without them is rank 0 of 1 on localhost.
+
+        Args:
+            environ: Mapping to read; None reads ``os.environ``.
+
+        Returns:
+            The launch environment.
+
+        Raises:
+            ValueError: A numeric variable is not an integer.
+        """
+        env = os.environ if environ is None else environ
+
+        def number(name: str) -> int | None:
+            raw = env.get(name)
+            if raw is None or raw == "":
+                return None
+            try:
+                return int(raw)
+            except ValueError:
+                raise ValueError(f"{name}={raw!r} is not an integer") from None
+
+        rank = number(ENV_RANK) or 0
+        local_rank = number(ENV_LOCAL_RANK)
+        return cls(
+            rank=rank,
+            world_size=number(ENV_WORLD_SIZE) or 1,
+            local_rank=rank if local_rank is None else local_rank,
+            master_addr=env.get(ENV_MASTER_ADDR) or DEFAULT_MASTER_ADDR,
+            master_port=number(ENV_MASTER_PORT) or DEFAULT_MASTER_PORT,
+            local_world_size=number(ENV_LOCAL_WORLD_SIZE),
+            run_id=env.get(ENV_RUN_ID) or None,
+            bootstrap=env.get(ENV_BOOTSTRAP) or None,
+            prefix=env.get(ENV_TOPIC_PREFIX) or None,
+            incarnation=number(ENV_INCARNATION) or 0,
+            checkpoint_dir=env.get(ENV_CHECKPOINT_DIR) or None,
+            restart_from=number(ENV_RESTART_FROM),
+        )
+
+
+__all__ = ["LaunchEnv"]

@@ -1,0 +1,98 @@
+"""Assembling a controller: command keys, publisher, supervisors and loop, in that order.
+
+`runwatch launch` (a new gang) and `runwatch controller` (adopting gangs after a launcher
+died) both build their controller here, so neither command imports the other. Every
+object is complete when it is constructed: the `EventPublisher` is made first, the
+supervisors are given its ``publish``, and the `Controller` is given both.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from common.errors import UsageError
+from controller.gang import Gang
+from controller.logwatch import LogWatch
+from controller.loop import Controller, EventPublisher, announce_end
+from controller.state import ControllerState
+from controller.supervisor import RunSupervisor
+from schemas.signing import CommandKey, load_key
+
+log = logging.getLogger("runwatch")
+
+
+def load_keys() -> dict[str, CommandKey]:
+    """The configured command keys by id; empty (with a warning) when none is configured.
+
+    Raises:
+        UsageError: ``RUNWATCH_COMMAND_KEY`` / ``RUNWATCH_COMMAND_KEY_FILE`` is malformed.
+    """
+    try:
+        key = load_key()
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if key is None:
+        log.warning(
+            "no RUNWATCH_COMMAND_KEY or RUNWATCH_COMMAND_KEY_FILE: every command is rejected"
+        )
+        return {}
+    return {key.key_id: key}
+
+
+def build_controller(
+    states: Sequence[ControllerState],
+    keys: dict[str, CommandKey],
+    bootstrap: str,
+    prefix: str,
+) -> tuple[Controller, list[RunSupervisor]]:
+    """A controller over the runs recorded in ``states``, their gangs adopted.
+
+    A record without ranks (a gang about to be launched) adopts an empty gang: the
+    caller starts it with `RunSupervisor.launch`.
+
+    Args:
+        states: State directories holding a running gang record.
+        keys: Command keys by id.
+        bootstrap: Kafka bootstrap address.
+        prefix: Topic name prefix.
+
+    Returns:
+        The controller and its supervisors (in the order of ``states``).
+
+    Raises:
+        ValueError: A state directory holds no gang record, or a recorded log format is
+            invalid.
+    """
+    records = []
+    for state in states:
+        record = state.load_gang()
+        if record is None:
+            raise ValueError(f"{state.root} holds no gang record")
+        records.append(record)
+    watches = {
+        record.run_id: watch
+        for record in records
+        if (watch := LogWatch.for_record(record)) is not None
+    }
+    publisher = EventPublisher(bootstrap, prefix, watches)
+    runs = [
+        RunSupervisor(
+            state=state,
+            record=record,
+            gang=Gang.adopt(
+                record.ranks, [state.exit_path(record.incarnation, p.rank) for p in record.ranks]
+            ),
+            publish=publisher.publish,
+            announce_end=announce_end,
+        )
+        for state, record in zip(states, records, strict=True)
+    ]
+    try:
+        return Controller(runs, keys, bootstrap, publisher, watches), runs
+    except BaseException:
+        publisher.close()
+        raise
+
+
+__all__ = ["build_controller", "load_keys"]

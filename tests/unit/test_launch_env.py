@@ -1,0 +1,54 @@
+"""`common.launch_env.LaunchEnv`: the one struct the controller writes and a rank reads."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from common.launch_env import LaunchEnv
+
+
+def test_a_lone_process_is_rank_0_of_1_on_localhost():
+    assert LaunchEnv.from_environ({}) == LaunchEnv()
+    assert LaunchEnv().to_environ() == {
+        "RANK": "0",
+        "WORLD_SIZE": "1",
+        "LOCAL_RANK": "0",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "29500",
+    }
+
+
+def test_torchrun_variables_alone_leave_runwatch_fields_unset():
+    env = LaunchEnv.from_environ({"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1"})
+    assert (env.rank, env.world_size, env.local_rank) == (3, 4, 1)
+    assert env.run_id is None and env.restart_from is None and env.incarnation == 0
+
+
+def test_a_malformed_number_names_the_variable():
+    with pytest.raises(ValueError, match="MASTER_PORT='http'"):
+        LaunchEnv.from_environ({"MASTER_PORT": "http"})
+
+
+names = st.text(st.characters(min_codepoint=33, max_codepoint=126), min_size=1, max_size=12)
+counts = st.integers(min_value=0, max_value=10_000)
+
+
+@given(
+    rank=counts,
+    world_size=st.integers(min_value=1, max_value=10_000),
+    local_rank=counts,
+    master_addr=names,
+    master_port=st.integers(min_value=1, max_value=65535),
+    local_world_size=st.none() | st.integers(min_value=1, max_value=64),
+    run_id=st.none() | names,
+    bootstrap=st.none() | names,
+    prefix=st.none() | names,
+    incarnation=counts,
+    checkpoint_dir=st.none() | names,
+    restart_from=st.none() | counts,
+)
+def test_what_the_controller_writes_the_rank_reads_back(**fields):
+    launch = LaunchEnv(**fields)
+    assert LaunchEnv.from_environ(launch.to_environ()) == launch

@@ -1,0 +1,306 @@
+"""Which top-level package may import which: the layers of the house, read from the code.
+
+Every ``.py`` of every package that pyproject ships is parsed with `ast` (nothing is
+imported), and each import of one of our packages (at module level, in a function, or
+under ``TYPE_CHECKING``: an import anywhere is a dependency) is checked against `ALLOWED`.
+From the bottom up:
+
+* ``common``: what the lower packages share (settings, durable writes, errors, the
+  checkpoint layout, the launch environment, the version). It imports nothing of ours, so
+  anyone may import it; and since the pure core may, importing it never loads kafka,
+  faust or torch (only a function body may import them: ``faust_broker_settings``).
+* ``schemas``: the event structs, codec, topics and signing; only ``common`` below it.
+* ``processors.core``: the pure verdict engine, the same code live and in replay:
+  ``schemas`` and ``common`` only, and no kafka, faust, aiokafka, mode or torch.
+* ``processors``: the faust shell, intake, audit, fleet view, over the core.
+* ``producers``: the trainer side (emitter, log-tail parsers, checkpoints, backends). It
+  never needs the processors: a training process must not pull in faust.
+* ``controller``: the per-node agent. It imports ``producers`` because it speaks for the
+  trainer side: it announces RunEnded through the same `RunEmitter` a rank uses, parses a
+  printing script's lines with the ``runwatch tail-log`` parsers, and reads the
+  checkpoint layout and launch environment the trainer writes (those two in ``common``).
+  It decides nothing the processors decide, so it does not import them.
+* ``sinks``: consumers of verdicts (alerts, metrics, archive, web view data). They import
+  ``processors`` to read records the way the processors do (intake's decoding and dead
+  letters, the audit's run log, the fleet view and the core's report for the web view),
+  and never the controller or the trainer side.
+* ``runwatch``: the command line on top; it may import any package.
+
+``importlib.import_module("a.b")`` with a literal name counts as an import too. One
+crossing is allowed on purpose, in `EXCEPTIONS`, with its reason (and a test that it is
+still needed and still lazy).
+
+The modules of ``runwatch/cmd`` import no cycle among themselves either: what two commands
+share lives below both (``runwatch/cmd/_supervision.py``, ``controller/agent.py``).
+"""
+
+from __future__ import annotations
+
+import ast
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+ALLOWED: dict[str, frozenset[str]] = {
+    "common": frozenset({"common"}),
+    "schemas": frozenset({"schemas", "common"}),
+    "processors.core": frozenset({"processors.core", "schemas", "common"}),
+    "processors": frozenset({"processors", "processors.core", "schemas", "common"}),
+    "producers": frozenset({"producers", "schemas", "common"}),
+    "controller": frozenset({"controller", "producers", "schemas", "common"}),
+    "sinks": frozenset({"sinks", "processors", "processors.core", "schemas", "common"}),
+    "runwatch": frozenset(
+        {
+            "runwatch",
+            "controller",
+            "sinks",
+            "processors",
+            "processors.core",
+            "producers",
+            "schemas",
+            "common",
+        }
+    ),
+}
+"""Layer -> the layers its modules may import."""
+
+OURS = frozenset({*(name.split(".")[0] for name in ALLOWED), "examples", "tests", "bench"})
+"""First components of module names that are this repository's (the rest is third-party)."""
+
+PURE = frozenset({"kafka", "faust", "aiokafka", "mode", "torch"})
+"""Third-party packages the pure core never imports, and common never loads at import."""
+
+
+@dataclass(frozen=True)
+class Import:
+    """One import statement's target, as a module path.
+
+    Attributes:
+        line: The statement's line.
+        module: The imported module, absolute (``from a import b`` names ``a.b`` when
+            that is a module of ours, else ``a``).
+        at_import: The statement runs when its module is imported (not in a function).
+    """
+
+    line: int
+    module: str
+    at_import: bool
+
+
+def shipped_packages() -> list[str]:
+    """The top-level packages pyproject ships (``[tool.setuptools.packages.find] include``)."""
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())
+    patterns = config["tool"]["setuptools"]["packages"]["find"]["include"]
+    return sorted({p.rstrip("*").rstrip(".") for p in patterns})
+
+
+def module_name(path: Path) -> str:
+    """``a/b/c.py`` -> ``a.b.c``; ``a/b/__init__.py`` -> ``a.b`` (relative to the repo)."""
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def is_our_module(name: str) -> bool:
+    """True when ``name`` is a module or package file of this repository."""
+    base = REPO.joinpath(*name.split("."))
+    return base.with_suffix(".py").is_file() or (base / "__init__.py").is_file()
+
+
+def layer_of(module: str) -> str:
+    """The layer of one of our modules: ``processors.core`` or its first component."""
+    if module == "processors.core" or module.startswith("processors.core."):
+        return "processors.core"
+    return module.split(".")[0]
+
+
+def imports_in(text: str, package: str) -> list[Import]:
+    """Every import in a module's source, relative ones made absolute.
+
+    Args:
+        text: The source.
+        package: The package the module is in (``a.b`` for ``a/b/c.py``), for relative
+            imports.
+    """
+    found: list[Import] = []
+
+    def visit(node: ast.AST, in_function: bool) -> None:
+        if isinstance(node, ast.Import):
+            found.extend(Import(node.lineno, a.name, not in_function) for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                source = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                source = node.module or ""
+            for alias in node.names:
+                candidate = f"{source}.{alias.name}"
+                target = candidate if is_our_module(candidate) else source
+                found.append(Import(node.lineno, target, not in_function))
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute | ast.Name)
+            and (node.func.attr if isinstance(node.func, ast.Attribute) else node.func.id)
+            in ("import_module", "__import__")
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+        ):  # importlib.import_module("a.b"): an import the statements above do not show
+            found.append(Import(node.lineno, node.args[0].value, not in_function))
+        function = isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda)
+        for child in ast.iter_child_nodes(node):
+            visit(child, in_function or function)
+
+    visit(ast.parse(text), False)
+    return found
+
+
+def imports_of(path: Path) -> list[Import]:
+    """Every import in the file ``path`` of this repository."""
+    module = module_name(path)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    return imports_in(path.read_text(), package)
+
+
+def package_files(package: str) -> list[Path]:
+    """Every ``.py`` file under a package directory (``a`` or ``a/b``)."""
+    return sorted((REPO / package).rglob("*.py"))
+
+
+EXCEPTIONS: dict[tuple[str, str], str] = {
+    ("processors/core/training_health.py", "producers.torch_helpers"): (
+        "seed 000's API offers flop_config_from_causal_lm from the core's facade; it needs "
+        "torch, so it is imported (importlib) only when that function is called"
+    ),
+}
+"""(file, module) -> why this one import may cross the layers. Keep it short."""
+
+
+def violations(layer: str, where: str, imports: list[Import]) -> list[str]:
+    """``where:line: layer imports module`` for each import of ours `ALLOWED` forbids."""
+    return [
+        f"{where}:{imp.line}: {layer} imports {imp.module}"
+        for imp in imports
+        if imp.module.split(".")[0] in OURS
+        and layer_of(imp.module) not in ALLOWED[layer]
+        and (where, imp.module) not in EXCEPTIONS
+    ]
+
+
+def test_every_shipped_package_has_a_layer():
+    packages = shipped_packages()
+    assert "common" in packages and "controller" in packages
+    assert set(packages) == {layer.split(".")[0] for layer in ALLOWED}
+
+
+@pytest.mark.parametrize("package", shipped_packages())
+def test_a_package_imports_only_the_layers_it_may(package):
+    files = package_files(package)
+    assert files, f"{package}/ has no .py files"
+    found = [
+        v
+        for path in files
+        for v in violations(
+            layer_of(module_name(path)), str(path.relative_to(REPO)), imports_of(path)
+        )
+    ]
+    assert found == []
+
+
+@pytest.mark.parametrize(
+    ("planted", "module"),
+    [
+        ("from runwatch.resolve import resolve_bootstrap", "runwatch.resolve"),
+        ("def later():\n    from runwatch import cli", "runwatch.cli"),  # lazy: still counts
+        ("import runwatch.admin", "runwatch.admin"),
+        ("from controller.loop import Controller", "controller.loop"),
+        ("importlib.import_module('runwatch.admin')", "runwatch.admin"),
+    ],
+)
+def test_a_sink_importing_upwards_is_caught(planted, module):
+    """The check itself: the real sinks/webhook.py passes it, plus one planted import not."""
+    text = (REPO / "sinks" / "webhook.py").read_text()
+    assert violations("sinks", "webhook", imports_in(text, "sinks")) == []
+    found = violations("sinks", "webhook", imports_in(f"{text}\n\n{planted}\n", "sinks"))
+    assert len(found) == 1 and found[0].endswith(f"sinks imports {module}"), found
+
+
+def test_the_pure_core_imports_no_kafka_faust_or_torch():
+    found = [
+        f"{path.relative_to(REPO)}:{imp.line}: {imp.module}"
+        for path in package_files("processors/core")
+        for imp in imports_of(path)
+        if imp.module.split(".")[0] in PURE
+    ]
+    assert found == []
+
+
+def test_importing_common_loads_no_kafka_faust_or_torch():
+    found = [
+        f"{path.relative_to(REPO)}:{imp.line}: {imp.module}"
+        for path in package_files("common")
+        for imp in imports_of(path)
+        if imp.at_import and imp.module.split(".")[0] in PURE
+    ]
+    assert found == []
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import cycles of ``graph`` (module -> modules it imports), one path each."""
+    found: list[list[str]] = []
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                found.append([*path[path.index(nxt) :], nxt])
+            elif nxt not in state:
+                visit(nxt)
+        path.pop()
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node)
+    return found
+
+
+def test_cycles_finds_a_cycle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_the_commands_import_no_cycle():
+    files = package_files("runwatch/cmd")
+    modules = {module_name(p) for p in files}
+    graph = {
+        module_name(p): {imp.module for imp in imports_of(p) if imp.module in modules}
+        for p in files
+    }
+    assert graph["runwatch.cmd.launch"] and not cycles(graph), cycles(graph)
+
+
+def test_what_moved_to_common_left_no_shim_behind():
+    """A shim (the old module re-exporting the new one) would keep the old paths alive."""
+    old = ["runwatch/settings.py", "runwatch/durable.py", "runwatch/errors.py"]
+    old += ["producers/checkpoint_layout.py", *(f"sinks/{m}.py" for m in MOVED_TO_CONTROLLER)]
+    assert [p for p in old if (REPO / p).exists()] == []
+
+
+MOVED_TO_CONTROLLER = ("controller", "controller_state", "gang", "elastic", "supervisor")
+MOVED_TO_CONTROLLER += ("command_gate", "logwatch")
+
+
+def test_each_exception_is_still_needed_and_lazy():
+    for (where, module), why in EXCEPTIONS.items():
+        found = [imp for imp in imports_of(REPO / where) if imp.module == module]
+        assert found, f"{where} no longer imports {module}: drop the exception ({why})"
+        assert not any(imp.at_import for imp in found), f"{where} imports {module} at import"
