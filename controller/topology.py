@@ -2,9 +2,9 @@
 
 A pure module (no Kafka, no torch, no clock): `resolve_topology` turns `runwatch launch`'s
 flags and, under ``srun``, SLURM's variables into one frozen `NodeTopology`, and
-`NodeTopology.rank_env` writes each local rank's launch contract from it, the variables
-``torchrun`` sets plus runwatch's. It is the one writer of that contract; the one reader on
-the trainer side is `producers.backend.LaunchEnv`.
+`NodeTopology.launch_env` builds each local rank's `common.launch_env.LaunchEnv` from it
+(the variables ``torchrun`` sets plus runwatch's): the controller's one writer of the
+struct the trainer reads back with `LaunchEnv.from_environ`.
 
 Resolution, per value: the flag when given; else, inside an ``srun`` step (``SLURM_STEP_ID``
 and ``SLURM_PROCID`` set), SLURM's value; else the single-host default. The rules:
@@ -41,6 +41,8 @@ from typing import Literal, TypeVar
 
 import msgspec
 
+from common.launch_env import LaunchEnv
+
 PORT_SPAN = 16
 """Incarnations cycle through this many consecutive rendezvous ports."""
 
@@ -48,8 +50,6 @@ SINGLE_HOST_ADDR = "127.0.0.1"
 DEFAULT_MASTER_PORT = 29500
 SLURM_PORT_BASE = 20000
 SLURM_PORT_RANGE = 20000
-ROLE_NAME = "default"
-"""torchrun's ``ROLE_NAME`` for a launch without roles."""
 
 Source = Literal["flags", "slurm"]
 
@@ -143,7 +143,7 @@ class NodeTopology(msgspec.Struct, frozen=True, kw_only=True):
         """The same node in a gang of ``nnodes`` (its rank must still exist there)."""
         return msgspec.structs.replace(self, nnodes=nnodes)
 
-    def rank_env(
+    def launch_env(
         self,
         local_rank: int,
         *,
@@ -151,17 +151,13 @@ class NodeTopology(msgspec.Struct, frozen=True, kw_only=True):
         master_port: int,
         run: RunBinding,
         restart_from: int | None = None,
-    ) -> dict[str, str]:
-        """The launch contract of one local rank: torchrun's variables and runwatch's.
+    ) -> LaunchEnv:
+        """The launch environment of one local rank (`common.launch_env.LaunchEnv`).
 
-        torchrun's: ``RANK``, ``LOCAL_RANK``, ``GROUP_RANK`` (the node), ``GROUP_WORLD_SIZE``,
-        ``ROLE_NAME``, ``ROLE_RANK``, ``ROLE_WORLD_SIZE``, ``LOCAL_WORLD_SIZE``,
-        ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``, ``TORCHELASTIC_RESTART_COUNT`` (the
-        incarnation), ``TORCHELASTIC_MAX_RESTARTS``, ``TORCHELASTIC_RUN_ID`` and
-        ``TORCHELASTIC_USE_AGENT_STORE=False`` (rank 0 serves the store, no agent does).
-        runwatch's: ``RUNWATCH_BOOTSTRAP``, ``RUNWATCH_RUN_ID``, ``RUNWATCH_TOPIC_PREFIX``,
-        ``RUNWATCH_INCARNATION``, ``RUNWATCH_NODE_RANK``, ``RUNWATCH_NNODES``,
-        ``RUNWATCH_CHECKPOINT_DIR`` when known, ``RUNWATCH_RESTART_FROM`` on a respawn.
+        Its `LaunchEnv.to_environ` is torchrun's contract (``RANK``, ``LOCAL_RANK``,
+        ``GROUP_RANK``, ``GROUP_WORLD_SIZE``, ``ROLE_*``, ``LOCAL_WORLD_SIZE``,
+        ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``, ``TORCHELASTIC_*``) plus
+        runwatch's (``RUNWATCH_*``).
 
         Args:
             local_rank: The rank's index on this node.
@@ -173,36 +169,25 @@ class NodeTopology(msgspec.Struct, frozen=True, kw_only=True):
                 first launch.
 
         Returns:
-            The variables (the caller lays them over the agent's own environment).
+            The struct the rank is started with.
         """
-        env = {
-            "RANK": str(self.global_rank(local_rank)),
-            "LOCAL_RANK": str(local_rank),
-            "GROUP_RANK": str(self.node_rank),
-            "GROUP_WORLD_SIZE": str(self.nnodes),
-            "ROLE_NAME": ROLE_NAME,
-            "ROLE_RANK": str(self.global_rank(local_rank)),
-            "ROLE_WORLD_SIZE": str(self.world_size),
-            "LOCAL_WORLD_SIZE": str(self.nproc_per_node),
-            "WORLD_SIZE": str(self.world_size),
-            "MASTER_ADDR": self.master_addr,
-            "MASTER_PORT": str(master_port),
-            "TORCHELASTIC_RESTART_COUNT": str(incarnation),
-            "TORCHELASTIC_MAX_RESTARTS": str(self.max_restarts or 0),
-            "TORCHELASTIC_RUN_ID": run.run_id,
-            "TORCHELASTIC_USE_AGENT_STORE": "False",
-            "RUNWATCH_BOOTSTRAP": run.bootstrap,
-            "RUNWATCH_RUN_ID": run.run_id,
-            "RUNWATCH_TOPIC_PREFIX": run.prefix,
-            "RUNWATCH_INCARNATION": str(incarnation),
-            "RUNWATCH_NODE_RANK": str(self.node_rank),
-            "RUNWATCH_NNODES": str(self.nnodes),
-        }
-        if run.checkpoint_dir:
-            env["RUNWATCH_CHECKPOINT_DIR"] = run.checkpoint_dir
-        if restart_from is not None:
-            env["RUNWATCH_RESTART_FROM"] = str(restart_from)
-        return env
+        return LaunchEnv(
+            rank=self.global_rank(local_rank),
+            world_size=self.world_size,
+            local_rank=local_rank,
+            local_world_size=self.nproc_per_node,
+            group_rank=self.node_rank,
+            group_world_size=self.nnodes,
+            master_addr=self.master_addr,
+            master_port=master_port,
+            max_restarts=self.max_restarts,
+            run_id=run.run_id,
+            bootstrap=run.bootstrap,
+            prefix=run.prefix,
+            incarnation=incarnation,
+            checkpoint_dir=run.checkpoint_dir,
+            restart_from=restart_from,
+        )
 
 
 class RunBinding(msgspec.Struct, frozen=True, kw_only=True):
@@ -476,6 +461,8 @@ def resolve_topology(
         "--min-nnodes": min_nnodes,
     }
     if nproc is not None:  # rule 1
+        if nproc < 1:
+            raise TopologyError(f"--nproc must be >= 1, got {nproc}")
         given = [flag for flag, value in multi.items() if value is not None]
         if given:
             raise TopologyError(

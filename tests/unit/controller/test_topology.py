@@ -7,6 +7,7 @@ import itertools
 import msgspec
 import pytest
 
+from common.launch_env import LaunchEnv
 from controller.topology import (
     PORT_SPAN,
     NodeTopology,
@@ -200,12 +201,14 @@ def test_bad_combinations_are_one_line_errors(flags, message):
 # --------------------------------------------------------------------------- rank environment
 
 
-def test_rank_env_is_torchruns_contract_plus_runwatchs():
+def test_launch_env_is_torchruns_contract_plus_runwatchs():
     t = NodeTopology(
         nnodes=2, node_rank=1, nproc_per_node=2, master_addr="node0", master_port=29500
     )
-    env = t.rank_env(1, incarnation=3, master_port=t.incarnation_port(3), run=RUN, restart_from=10)
-    assert env == {
+    launch = t.launch_env(
+        1, incarnation=3, master_port=t.incarnation_port(3), run=RUN, restart_from=10
+    )
+    assert launch.to_environ() == {
         "RANK": "3",
         "LOCAL_RANK": "1",
         "GROUP_RANK": "1",
@@ -218,33 +221,36 @@ def test_rank_env_is_torchruns_contract_plus_runwatchs():
         "MASTER_ADDR": "node0",
         "MASTER_PORT": "29503",
         "TORCHELASTIC_RESTART_COUNT": "3",
-        "TORCHELASTIC_MAX_RESTARTS": "0",
         "TORCHELASTIC_RUN_ID": "r1",
         "TORCHELASTIC_USE_AGENT_STORE": "False",
         "RUNWATCH_BOOTSTRAP": "k:9092",
         "RUNWATCH_RUN_ID": "r1",
         "RUNWATCH_TOPIC_PREFIX": "p",
         "RUNWATCH_INCARNATION": "3",
-        "RUNWATCH_NODE_RANK": "1",
-        "RUNWATCH_NNODES": "2",
         "RUNWATCH_CHECKPOINT_DIR": "/ckpt",
         "RUNWATCH_RESTART_FROM": "10",
     }
+    # The trainer reads back exactly what the agent wrote: one struct, both ends.
+    assert LaunchEnv.from_environ(launch.to_environ()) == launch
 
 
 def test_a_first_launch_has_no_restart_from_and_unknown_checkpoints_no_dir():
-    env = NodeTopology(nproc_per_node=1).rank_env(
-        0, incarnation=0, master_port=1234, run=RunBinding(run_id="r", bootstrap="b", prefix="p")
+    env = (
+        NodeTopology(nproc_per_node=1, max_restarts=5)
+        .launch_env(
+            0,
+            incarnation=0,
+            master_port=1234,
+            run=RunBinding(run_id="r", bootstrap="b", prefix="p"),
+        )
+        .to_environ()
     )
     assert "RUNWATCH_RESTART_FROM" not in env and "RUNWATCH_CHECKPOINT_DIR" not in env
+    assert env["TORCHELASTIC_MAX_RESTARTS"] == "5"
 
 
-def test_the_launch_contract_reads_back_through_the_trainers_reader():
-    from producers.backend import LaunchEnv
-
-    t = NodeTopology(nnodes=3, node_rank=2, nproc_per_node=2, master_addr="m", master_port=4000)
-    read = LaunchEnv.from_environ(t.rank_env(1, incarnation=1, master_port=4001, run=RUN))
-    assert read == LaunchEnv(rank=5, world_size=6, local_rank=1, master_addr="m", master_port=4001)
+def test_a_torchrun_restart_count_reads_as_the_incarnation():
+    assert LaunchEnv.from_environ({"TORCHELASTIC_RESTART_COUNT": "2"}).incarnation == 2
 
 
 def test_incarnation_ports_cycle_and_never_repeat_back_to_back():
