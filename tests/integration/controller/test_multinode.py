@@ -293,3 +293,43 @@ def test_an_srun_task_launches_its_node_from_slurms_variables(loop, tmp_path):
     ]
     record = json.loads((state / "gang.json").read_text())
     assert record["status"] == "completed" and record["topology"]["source"] == "slurm"
+
+
+def test_two_srun_tasks_are_two_nodes_of_one_gang(loop, tmp_path):
+    home = tmp_path / "home"
+    agents = []
+    for node in (0, 1):
+        env = rank_env() | SRUN_ENV
+        env |= {
+            "RUNWATCH_HOME": str(home),
+            "SLURM_JOB_ID": "4243",
+            "SLURM_NNODES": "2",
+            "SLURM_NTASKS": "2",
+            "SLURM_PROCID": str(node),
+            "SLURM_NODEID": str(node),
+            "SLURM_GPUS_ON_NODE": "1",
+            "SLURM_JOB_NODELIST": "localhost,localhost",
+            "SLURM_STEP_NODELIST": "localhost,localhost",
+        }
+        args = ["launch", "--bootstrap", loop.bootstrap, "--prefix", loop.prefix]
+        args += ["--", sys.executable, "-c", PRINT_ENV]
+        agents.append(Proc(args, tmp_path / f"agent{node}.log", env))
+    try:
+        for agent in agents:
+            assert agent.wait() == 0, agent.log()
+    finally:
+        for agent in agents:
+            agent.close()
+    seen = []
+    for node in (0, 1):  # each agent's default state dir: <home>/controller/<run>/node<I>
+        state = home / "controller" / "slurm-4243.0" / f"node{node}"
+        text = (state / "logs" / f"inc0.rank{node}.log").read_text()
+        seen.append(json.loads(text.split("ENV ", 1)[1].splitlines()[0]))
+        assert json.loads((state / "gang.json").read_text())["status"] == "completed"
+    assert [(e["RANK"], e["LOCAL_RANK"], e["GROUP_RANK"]) for e in seen] == [
+        ("0", "0", "0"),
+        ("1", "0", "1"),
+    ]
+    assert {(e["WORLD_SIZE"], e["MASTER_ADDR"], e["MASTER_PORT"]) for e in seen} == {
+        ("2", "localhost", str(20000 + 4243))
+    }
