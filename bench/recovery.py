@@ -2,7 +2,8 @@
 
 Runs the whole loop on real processes: a broker (``RUNWATCH_BOOTSTRAP`` / ``--bootstrap``,
 else an embedded one in a temporary directory), one `runwatch processors` worker, and
-`runwatch launch --nproc 2 -- python examples/train_ddp.py`. When the run has reported step
+`runwatch launch --nproc 2 -- python examples/train_ddp.py` (``--nnodes 2``: two agents,
+``--nnodes 2 --nproc-per-node 1``, one per node on loopback). When the run has reported step
 ``--kill-at-step``, the bench SIGKILLs rank 1's process group and takes the kill time
 (``time.time_ns()`` right after the signal). It then reads the topics and reports, in
 seconds after the kill:
@@ -25,6 +26,7 @@ waits for ``--dead-rank-timeout-s`` of log time, and both ranks are reported). O
 line per run follows the tables, then one with the medians per path.
 
     .venv/bin/python bench/recovery.py [--runs 3] [--paths both|exit_evidence|silence]
+        [--nnodes 1|2]
 """
 
 from __future__ import annotations
@@ -146,18 +148,34 @@ def one_run(
     )
     phases = PHASES if path == "exit_evidence" else PHASES[1:]
     evidence = [] if path == "exit_evidence" else ["--no-exit-evidence"]
-    state = work / run_id / "state"
-    launcher = runwatch(
-        [
-            "launch", "--bootstrap", bootstrap, "--prefix", prefix, "--nproc", "2",
-            "--run-id", run_id, "--checkpoint-dir", str(work / run_id / "ckpt"),
-            "--state-dir", str(state), *evidence, "--",
-            sys.executable, str(REPO / "examples" / "train_ddp.py"),
-            "--steps", str(args.steps), "--checkpoint-every", "5",
-            "--step-delay-s", str(args.step_delay_s),
-        ],
-        work / f"{run_id}.launcher.log",
-    )  # fmt: skip
+    script = [
+        sys.executable, str(REPO / "examples" / "train_ddp.py"),
+        "--steps", str(args.steps), "--checkpoint-every", "5",
+        "--step-delay-s", str(args.step_delay_s),
+    ]  # fmt: skip
+    common = [
+        "launch", "--bootstrap", bootstrap, "--prefix", prefix, "--run-id", run_id,
+        "--checkpoint-dir", str(work / run_id / "ckpt"), *evidence,
+    ]  # fmt: skip
+    if args.nnodes == 1:
+        states = [work / run_id / "state"]
+        topologies = [["--nproc", "2"]]
+    else:  # one agent per node on loopback, 2 ranks in all: rank 1 is on the last node
+        states = [work / run_id / f"node{i}" for i in range(args.nnodes)]
+        port = str(29600 + uuid.uuid4().int % 20000)
+        topologies = [
+            ["--nnodes", str(args.nnodes), "--node-rank", str(i), "--master-addr", "127.0.0.1",
+             "--master-port", port, "--nproc-per-node", str(2 // args.nnodes)]
+            for i in range(args.nnodes)
+        ]  # fmt: skip
+    launchers = [
+        runwatch(
+            [*common, *topology, "--state-dir", str(state), "--", *script],
+            work / f"{run_id}.{state.name}.log",
+        )
+        for topology, state in zip(topologies, states, strict=True)
+    ]
+    state = states[-1]  # the agent of rank 1
     kill_ns: int | None = None
     seen: dict[str, tuple[int, int]] = {}
     extra: dict[str, Any] = {"path": path}
@@ -174,7 +192,8 @@ def one_run(
                 if isinstance(event, StepCompleted):
                     if kill_ns is None and event.step >= args.kill_at_step:
                         ranks = json.loads((state / "gang.json").read_text())["ranks"]
-                        os.killpg(ranks[1]["pid"], signal.SIGKILL)
+                        (pid,) = [r["pid"] for r in ranks if r["rank"] == 1]
+                        os.killpg(pid, signal.SIGKILL)
                         kill_ns = time.time_ns()
                         extra["killed_after_step"] = event.step
                     elif kill_ns and event.restart_from_step is not None:
@@ -193,13 +212,14 @@ def one_run(
                 elif isinstance(event, RestartCompleted):
                     seen.setdefault("restart_completed", stamp)
                     extra["controller_duration_s"] = event.duration_s
-        code = launcher.wait(timeout=args.timeout_s)
-        if code != 0:
-            raise SystemExit(f"{run_id}: launcher exited {code}")
+        codes = [launcher.wait(timeout=args.timeout_s) for launcher in launchers]
+        if codes != [0] * len(launchers):
+            raise SystemExit(f"{run_id}: launchers exited {codes}")
     finally:
-        if launcher.poll() is None:
-            launcher.send_signal(signal.SIGTERM)
-            launcher.wait(timeout=60)
+        for launcher in launchers:
+            if launcher.poll() is None:
+                launcher.send_signal(signal.SIGTERM)
+                launcher.wait(timeout=60)
         tail.close()
     assert kill_ns is not None
     # The killed incarnation's dead_rank verdicts read by the first resumed step (all of them:
@@ -225,11 +245,19 @@ def main() -> int:
     p.add_argument("--tick-interval-s", type=float, default=0.5)
     p.add_argument("--timeout-s", type=float, default=300.0)
     p.add_argument("--paths", choices=(*PATHS, "both"), default="both")
+    p.add_argument(
+        "--nnodes",
+        type=int,
+        choices=(1, 2),
+        default=1,
+        help="2: one agent per node on loopback (1 rank each), rank 1's node is killed",
+    )
     args = p.parse_args()
     settings = {
         "dead_rank_timeout_s": args.dead_rank_timeout_s,
         "hang_timeout_s": args.hang_timeout_s,
         "tick_interval_s": args.tick_interval_s,
+        "nnodes": args.nnodes,
     }
     with broker(args.bootstrap) as bootstrap, tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)

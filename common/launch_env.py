@@ -4,8 +4,10 @@ One writer, one reader: the controller builds a `LaunchEnv` per rank and hands i
 `LaunchEnv.to_environ` to the process (`controller.gang.rank_environ`); the training side
 reads it back with `LaunchEnv.from_environ` (`producers.backend`, the examples). The
 variables are torchrun's (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``,
-``MASTER_ADDR``, ``MASTER_PORT``) plus runwatch's (``RUNWATCH_*``), so a script launched by
-``torchrun`` reads the same struct with runwatch's fields left unset.
+``MASTER_ADDR``, ``MASTER_PORT``, and on a node of a torchrun-style gang ``GROUP_RANK``,
+``ROLE_*``, ``TORCHELASTIC_*``) plus runwatch's (``RUNWATCH_*``), so a script launched by
+``torchrun`` reads the same struct with runwatch's fields left unset. The controller's
+writer is `controller.topology.NodeTopology.launch_env`.
 """
 
 from __future__ import annotations
@@ -20,6 +22,15 @@ ENV_LOCAL_RANK = "LOCAL_RANK"
 ENV_LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
 ENV_MASTER_ADDR = "MASTER_ADDR"
 ENV_MASTER_PORT = "MASTER_PORT"
+ENV_GROUP_RANK = "GROUP_RANK"
+ENV_GROUP_WORLD_SIZE = "GROUP_WORLD_SIZE"
+ENV_ROLE_NAME = "ROLE_NAME"
+ENV_ROLE_RANK = "ROLE_RANK"
+ENV_ROLE_WORLD_SIZE = "ROLE_WORLD_SIZE"
+ENV_RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
+ENV_MAX_RESTARTS = "TORCHELASTIC_MAX_RESTARTS"
+ENV_ELASTIC_RUN_ID = "TORCHELASTIC_RUN_ID"
+ENV_USE_AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"
 ENV_BOOTSTRAP = "RUNWATCH_BOOTSTRAP"
 ENV_RUN_ID = "RUNWATCH_RUN_ID"
 ENV_TOPIC_PREFIX = "RUNWATCH_TOPIC_PREFIX"
@@ -30,6 +41,8 @@ ENV_STACK_FILE = "RUNWATCH_STACK_FILE"
 
 DEFAULT_MASTER_ADDR = "127.0.0.1"
 DEFAULT_MASTER_PORT = 29500
+ROLE_NAME = "default"
+"""torchrun's ``ROLE_NAME`` for a launch without roles."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -46,6 +59,13 @@ class LaunchEnv:
         master_addr: Rendezvous host (``MASTER_ADDR``).
         master_port: Rendezvous port (``MASTER_PORT``).
         local_world_size: Ranks on this host (``LOCAL_WORLD_SIZE``); None: not given.
+        group_rank: This node's index (``GROUP_RANK``); None: not given. When set, the
+            environment is torchrun's in full: also ``GROUP_WORLD_SIZE``, ``ROLE_NAME``,
+            ``ROLE_RANK``, ``ROLE_WORLD_SIZE``, ``TORCHELASTIC_RESTART_COUNT`` (the
+            incarnation), ``TORCHELASTIC_RUN_ID`` (the run id) and
+            ``TORCHELASTIC_USE_AGENT_STORE=False`` (rank 0 serves the store).
+        group_world_size: Nodes in the gang (``GROUP_WORLD_SIZE``).
+        max_restarts: ``TORCHELASTIC_MAX_RESTARTS``; None: not given (no limit).
         run_id: The run (``RUNWATCH_RUN_ID``); None: not launched by runwatch.
         bootstrap: Kafka bootstrap address (``RUNWATCH_BOOTSTRAP``).
         prefix: Topic name prefix (``RUNWATCH_TOPIC_PREFIX``).
@@ -63,6 +83,9 @@ class LaunchEnv:
     master_addr: str = DEFAULT_MASTER_ADDR
     master_port: int = DEFAULT_MASTER_PORT
     local_world_size: int | None = None
+    group_rank: int | None = None
+    group_world_size: int | None = None
+    max_restarts: int | None = None
     run_id: str | None = None
     bootstrap: str | None = None
     prefix: str | None = None
@@ -96,6 +119,19 @@ class LaunchEnv:
         env.update({name: str(value) for name, value in optional.items() if value is not None})
         if self.run_id is not None or self.incarnation:
             env[ENV_INCARNATION] = str(self.incarnation)
+        if self.group_rank is not None:
+            env[ENV_GROUP_RANK] = str(self.group_rank)
+            env[ENV_ROLE_NAME] = ROLE_NAME
+            env[ENV_ROLE_RANK] = str(self.rank)
+            env[ENV_ROLE_WORLD_SIZE] = str(self.world_size)
+            env[ENV_RESTART_COUNT] = str(self.incarnation)
+            env[ENV_USE_AGENT_STORE] = "False"
+            if self.run_id is not None:
+                env[ENV_ELASTIC_RUN_ID] = self.run_id
+        if self.group_world_size is not None:
+            env[ENV_GROUP_WORLD_SIZE] = str(self.group_world_size)
+        if self.max_restarts is not None:
+            env[ENV_MAX_RESTARTS] = str(self.max_restarts)
         return env
 
     @classmethod
@@ -131,10 +167,14 @@ class LaunchEnv:
             master_addr=env.get(ENV_MASTER_ADDR) or DEFAULT_MASTER_ADDR,
             master_port=number(ENV_MASTER_PORT) or DEFAULT_MASTER_PORT,
             local_world_size=number(ENV_LOCAL_WORLD_SIZE),
+            group_rank=number(ENV_GROUP_RANK),
+            group_world_size=number(ENV_GROUP_WORLD_SIZE),
+            max_restarts=number(ENV_MAX_RESTARTS),
             run_id=env.get(ENV_RUN_ID) or None,
             bootstrap=env.get(ENV_BOOTSTRAP) or None,
             prefix=env.get(ENV_TOPIC_PREFIX) or None,
-            incarnation=number(ENV_INCARNATION) or 0,
+            # torchrun's restart count is the incarnation of a gang runwatch did not launch
+            incarnation=number(ENV_INCARNATION) or number(ENV_RESTART_COUNT) or 0,
             checkpoint_dir=env.get(ENV_CHECKPOINT_DIR) or None,
             restart_from=number(ENV_RESTART_FROM),
             stack_file=env.get(ENV_STACK_FILE) or None,

@@ -86,6 +86,32 @@ def culprits(exits: Sequence[RankExit], window_s: float = 0.5) -> tuple[int, ...
     return tuple(sorted(e.rank for e in bad if e.seen_s - first <= window_s))
 
 
+def due_reports(
+    pending: Sequence[RankExit], now_s: float, hold_s: float
+) -> tuple[list[RankExit], list[RankExit]]:
+    """Split exits not yet reported into those to report now (culprit-first) and the rest.
+
+    An agent of a multi-node gang holds back a non-signalled abnormal exit for ``hold_s``:
+    when a rank is killed on another node, this node's ranks fail their next collective
+    milliseconds later, and the killed rank's evidence (published at once by its own
+    agent) must reach the log first to be the incarnation's one exit verdict. Signalled
+    and clean exits are never held.
+
+    Args:
+        pending: Exits noticed and not reported yet.
+        now_s: Now (monotonic seconds, the clock of ``RankExit.seen_s``).
+        hold_s: How long a non-signalled abnormal exit waits; 0: nothing waits.
+
+    Returns:
+        ``(report now, in report order; keep holding)``.
+    """
+    now, later = [], []
+    for gone in pending:
+        held = gone.abnormal and not gone.signalled and now_s - gone.seen_s < hold_s
+        (later if held else now).append(gone)
+    return sorted(now, key=RankExit.report_order), later
+
+
 def count_failures(counts: Sequence[int], ranks: Sequence[int], world_size: int) -> tuple[int, ...]:
     """Per-rank failure counts after one more failure caused by ``ranks``.
 
@@ -156,4 +182,11 @@ def next_world_size(
     )
 
 
-__all__ = ["RankExit", "SizeDecision", "count_failures", "culprits", "next_world_size"]
+__all__ = [
+    "RankExit",
+    "SizeDecision",
+    "count_failures",
+    "culprits",
+    "due_reports",
+    "next_world_size",
+]

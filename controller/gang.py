@@ -1,11 +1,9 @@
 """Launching, watching and stopping a torch gang: one process per rank, as torchrun does.
 
-Each rank gets its `common.launch_env.LaunchEnv`: torchrun's environment (``RANK``,
-``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR=127.0.0.1``,
-``MASTER_PORT``) plus runwatch's (``RUNWATCH_BOOTSTRAP``, ``RUNWATCH_RUN_ID``,
-``RUNWATCH_TOPIC_PREFIX``, ``RUNWATCH_INCARNATION``, ``RUNWATCH_CHECKPOINT_DIR`` when known,
-``RUNWATCH_RESTART_FROM`` on a respawn). The command key is removed from the ranks'
-environment: only the controller verifies commands.
+Each rank gets its `common.launch_env.LaunchEnv` (torchrun's variables plus runwatch's;
+`controller.topology.NodeTopology.launch_env` writes one per local rank) over the agent's
+own environment. The command key is removed from the ranks' environment: only the
+controller verifies commands.
 
 A rank runs under a tiny ``sh`` wrapper in its own session (so its process group id is the
 wrapper's pid, and a signal to the gang never reaches the controller). The wrapper writes
@@ -120,6 +118,8 @@ class Gang:
         envs: Sequence[Mapping[str, str]],
         log_paths: Sequence[Path],
         exit_files: Sequence[Path],
+        *,
+        ranks: Sequence[int] | None = None,
     ) -> Gang:
         """Start one wrapped process per rank, each in its own session.
 
@@ -128,13 +128,16 @@ class Gang:
             envs: Each rank's environment.
             log_paths: Each rank's output file (appended).
             exit_files: Each rank's exit-status file (removed first if present).
+            ranks: The global rank of each process (default ``0..len(envs)-1``; node I of
+                a multi-node gang of K ranks per node starts ``I*K .. I*K+K-1``).
 
         Returns:
             The running gang.
         """
-        ranks, children = [], {}
-        for rank, (env, log_path, exit_file) in enumerate(
-            zip(envs, log_paths, exit_files, strict=True)
+        started, children = [], {}
+        numbers = list(range(len(envs))) if ranks is None else list(ranks)
+        for rank, env, log_path, exit_file in zip(
+            numbers, envs, log_paths, exit_files, strict=True
         ):
             exit_file.unlink(missing_ok=True)
             with log_path.open("ab") as log:
@@ -147,8 +150,8 @@ class Gang:
                     start_new_session=True,
                 )
             children[rank] = proc
-            ranks.append(RankProcess(rank=rank, pid=proc.pid, start_ticks=start_ticks(proc.pid)))
-        return cls(tuple(ranks), tuple(exit_files), children)
+            started.append(RankProcess(rank=rank, pid=proc.pid, start_ticks=start_ticks(proc.pid)))
+        return cls(tuple(started), tuple(exit_files), children)
 
     @classmethod
     def adopt(cls, ranks: Sequence[RankProcess], exit_files: Sequence[Path]) -> Gang:
@@ -157,16 +160,24 @@ class Gang:
 
     def status(self, rank: int) -> int | str | None:
         """``"running"``, the rank's exit status, or None if it ended with an unknown status."""
+        index = self._index(rank)
         child = self.children.get(rank)
         if child is not None:
             code = child.poll()
             if code is None:
                 return RUNNING
-            recorded = _read_exit(self.exit_files[rank])
+            recorded = _read_exit(self.exit_files[index])
             return code if recorded is None else recorded
-        if _alive(self.ranks[rank]):
+        if _alive(self.ranks[index]):
             return RUNNING
-        return _read_exit(self.exit_files[rank])
+        return _read_exit(self.exit_files[index])
+
+    def _index(self, rank: int) -> int:
+        """Position of global ``rank`` in `ranks` (and `exit_files`)."""
+        for index, proc in enumerate(self.ranks):
+            if proc.rank == rank:
+                return index
+        raise KeyError(f"rank {rank} is not in this gang")
 
     def running(self) -> list[int]:
         """Ranks still running."""

@@ -23,6 +23,7 @@ from typing import Literal
 import msgspec
 
 from common.durable import append_durably, atomic_write
+from controller.topology import NodeTopology
 
 GANG_FILE = "gang.json"
 PROCESSED_FILE = "processed.jsonl"
@@ -75,6 +76,13 @@ class GangRecord(msgspec.Struct, frozen=True, kw_only=True):
         log_tokens_per_step: Tokens per step for step lines that do not say.
         exit_evidence: Publish every rank exit as a RankExited (``runwatch launch
             --no-exit-evidence`` turns it off: dead ranks are then learned from silence).
+        topology: This agent's node in the gang (`controller.topology`); one node by
+            default. On one node the gang is ranks ``0..world_size-1`` (it may shrink by
+            ranks); on several, this agent's ranks are ``topology.global_ranks`` and
+            ``world_size`` is ``topology.world_size``.
+        host: The agent's host name, where the ranks run ("" in older records); an
+            adopting controller skips records of other hosts (a shared file system shows
+            every node's state directories).
     """
 
     run_id: str
@@ -99,6 +107,20 @@ class GangRecord(msgspec.Struct, frozen=True, kw_only=True):
     log_regex: str | None = None
     log_tokens_per_step: int = 0
     exit_evidence: bool = True
+    topology: NodeTopology = NodeTopology()
+    host: str = ""
+
+    @property
+    def node(self) -> NodeTopology:
+        """The topology of the current incarnation (one node: ``world_size`` ranks)."""
+        if self.topology.nnodes == 1 and self.topology.nproc_per_node != self.world_size:
+            return msgspec.structs.replace(self.topology, nproc_per_node=self.world_size)
+        return self.topology
+
+    @property
+    def speaks_for_gang(self) -> bool:
+        """True for node 0's agent, which announces the gang's ends and restarts."""
+        return self.topology.node_rank == 0
 
 
 class ProcessedCommand(msgspec.Struct, frozen=True, kw_only=True):

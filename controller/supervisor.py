@@ -33,10 +33,18 @@ import msgspec
 
 from common.checkpoint_layout import latest_complete_checkpoint
 from common.launch_env import LaunchEnv
-from controller.elastic import RankExit, count_failures, culprits, next_world_size
+from controller.elastic import (
+    RankExit,
+    SizeDecision,
+    count_failures,
+    culprits,
+    due_reports,
+    next_world_size,
+)
 from controller.gang import RUNNING, Gang, free_port, rank_environ
 from controller.stacks import capture
 from controller.state import ControllerState, GangRecord, ProcessedCommand
+from controller.topology import RunBinding
 from schemas.events import (
     Event,
     RankExited,
@@ -47,6 +55,9 @@ from schemas.events import (
 )
 
 log = logging.getLogger(__name__)
+
+EXIT_HOLD_S = 0.5
+"""How long an agent of a multi-node gang holds back a non-signalled abnormal exit."""
 
 HOST = socket.gethostname()
 """This agent's host name, in the exit evidence it publishes."""
@@ -98,36 +109,35 @@ def resolve_resume(checkpoint_dir: str | None, max_step: int | None) -> Resume:
 
 def launch_env(
     record: GangRecord,
-    rank: int,
+    local_rank: int,
     master_port: int,
     resume: Resume | None,
     stack_file: Path | None = None,
 ) -> LaunchEnv:
-    """The launch environment of ``rank`` in ``record``'s incarnation (one host).
+    """The launch environment of one of this node's ranks in ``record``'s incarnation.
 
     Args:
         record: The gang record of the incarnation being launched.
-        rank: The rank (global and local: every rank is on this host).
+        local_rank: The rank's index on this node (the global rank on one host).
         master_port: The incarnation's rendezvous port.
         resume: Where a respawn resumes; None for a first launch (no
             ``RUNWATCH_RESTART_FROM``).
         stack_file: Where the rank dumps its stacks when asked (`controller.stacks`).
 
     Returns:
-        The struct whose `LaunchEnv.to_environ` the rank is started with.
+        The struct whose `LaunchEnv.to_environ` the rank is started with (written by
+        `controller.topology.NodeTopology.launch_env`).
     """
-    return LaunchEnv(
-        rank=rank,
-        world_size=record.world_size,
-        local_rank=rank,
-        local_world_size=record.world_size,
-        master_addr="127.0.0.1",
-        master_port=master_port,
-        run_id=record.run_id,
-        bootstrap=record.bootstrap,
-        prefix=record.prefix,
+    return record.node.launch_env(
+        local_rank,
         incarnation=record.incarnation,
-        checkpoint_dir=record.checkpoint_dir,
+        master_port=master_port,
+        run=RunBinding(
+            run_id=record.run_id,
+            bootstrap=record.bootstrap,
+            prefix=record.prefix,
+            checkpoint_dir=record.checkpoint_dir,
+        ),
         restart_from=None if resume is None else resume.env_value,
         stack_file=None if stack_file is None else str(stack_file),
     )
@@ -144,6 +154,7 @@ class RunSupervisor:
         publish: Sends events to the controller topic.
         announce_end: Emits RunEnded for an incarnation.
         exits: Exits noticed in the current incarnation, by rank.
+        unreported: Exits noticed and held back, not yet published (multi-node only).
         dead_since_s: When the whole gang was noticed dead (monotonic), None while alive.
     """
 
@@ -153,6 +164,7 @@ class RunSupervisor:
     publish: Publish
     announce_end: AnnounceEnd
     exits: dict[int, RankExit] = field(default_factory=dict)
+    unreported: dict[int, RankExit] = field(default_factory=dict)
     dead_since_s: float | None = None
 
     @property
@@ -172,32 +184,51 @@ class RunSupervisor:
     # ------------------------------------------------------------------ launching
 
     def launch(self, resume: Resume | None) -> None:
-        """Start the record's incarnation with ``world_size`` ranks and persist the pids.
+        """Start this node's ranks of the record's incarnation and persist the pids.
+
+        The rendezvous port is the topology's for the incarnation (every node's agent
+        computes the same), or a free port on one node without ``--master-port``.
 
         Args:
             resume: Where to resume; None for a first launch (no ``RUNWATCH_RESTART_FROM``).
         """
-        rec, port = self.record, free_port()
-        stacks = [self.state.stack_path(rec.incarnation, r) for r in range(rec.world_size)]
+        rec = self.record
+        node = rec.node
+        port = node.incarnation_port(rec.incarnation) or free_port()
         envs = [
-            rank_environ(os.environ, rec.env, launch_env(rec, r, port, resume, stacks[r]))
-            for r in range(rec.world_size)
+            rank_environ(
+                os.environ,
+                rec.env,
+                launch_env(
+                    rec,
+                    local,
+                    port,
+                    resume,
+                    self.state.stack_path(rec.incarnation, node.global_rank(local)),
+                ),
+            )
+            for local in node.local_ranks
         ]
-        ranks = range(rec.world_size)
+        ranks = node.global_ranks
         self.gang = Gang.launch(
             rec.argv,
             envs,
             [self.state.log_path(rec.incarnation, r) for r in ranks],
             [self.state.exit_path(rec.incarnation, r) for r in ranks],
+            ranks=ranks,
         )
-        self.exits, self.dead_since_s = {}, None
+        self.exits, self.unreported, self.dead_since_s = {}, {}, None
         self._save(ranks=self.gang.ranks, master_port=port)
         log.warning(
-            "run %s incarnation %d: %d ranks started (pids %s)",
+            "run %s incarnation %d: node %d/%d started ranks %s (pids %s), rendezvous port %s:%d",
             rec.run_id,
             rec.incarnation,
-            rec.world_size,
+            node.node_rank,
+            node.nnodes,
+            list(ranks),
             [p.pid for p in self.gang.ranks],
+            node.master_addr,
+            port,
         )
 
     # ------------------------------------------------------------------ watching
@@ -205,9 +236,11 @@ class RunSupervisor:
     def observe(self, now_s: float) -> None:
         """Notice rank exits; finish the run when it completed or waited too long for help.
 
-        Every exit noticed is published at once as a `schemas.events.RankExited` (exit
-        evidence: the processors name the culprit from it), before anything else is done
-        about it; exits noticed in one sweep go culprit-first (`RankExit.report_order`).
+        Every exit noticed is published as a `schemas.events.RankExited` (exit evidence:
+        the processors name the culprit from it) before anything else is done about it;
+        exits noticed in one sweep go culprit-first (`RankExit.report_order`). On one of
+        several nodes a non-signalled abnormal exit waits `EXIT_HOLD_S` first
+        (`controller.elastic.due_reports`: a rank killed on another node is the culprit).
         Ranks the controller stops itself are never observed (a restart resets ``exits``).
         """
         if self.finished:
@@ -220,14 +253,15 @@ class RunSupervisor:
             if status != RUNNING:
                 code = status if isinstance(status, int) else None
                 noticed.append(RankExit(proc.rank, code, now_s))
-        pids = {p.rank: p.pid for p in self.record.ranks}
-        for gone in sorted(noticed, key=RankExit.report_order):
+        for gone in noticed:
             self.exits[gone.rank] = gone
-            self._report_exit(gone, pids[gone.rank])
+            self.unreported[gone.rank] = gone
+        hold_s = EXIT_HOLD_S if self.record.topology.nnodes > 1 else 0.0
+        self._report_pending(now_s, hold_s)
         if len(self.exits) < len(self.record.ranks):
             return
         if all(e.code == 0 for e in self.exits.values()):
-            log.warning("run %s completed: every rank exited 0", self.run_id)
+            log.warning("run %s completed: every local rank exited 0", self.run_id)
             self._save(status="completed")
             return
         if self.dead_since_s is None:
@@ -250,8 +284,19 @@ class RunSupervisor:
                 f"{self.record.command_timeout_s:g}s"
             )
             log.warning("run %s failed: %s", self.run_id, reason)
+            self._report_pending(now_s, 0.0)
             self.announce_end(self.record, "failed", reason)
             self._save(status="failed")
+
+    def _report_pending(self, now_s: float, hold_s: float) -> None:
+        """Publish the exits not reported yet that are due (`controller.elastic.due_reports`)."""
+        if not self.unreported:
+            return
+        due, held = due_reports(list(self.unreported.values()), now_s, hold_s)
+        self.unreported = {e.rank: e for e in held}
+        pids = {p.rank: p.pid for p in self.record.ranks}
+        for gone in due:
+            self._report_exit(gone, pids[gone.rank])
 
     def _count_failure(self) -> tuple[int, ...]:
         """Charge this incarnation's failure to its culprits (once); return them."""
@@ -329,17 +374,17 @@ class RunSupervisor:
         old = self.record
         stacks = self._take_stacks(command)
         self.gang.stop(old.grace_s, kill_now=command.action == "rollback")
-        self.announce_end(
-            old, "stopped", f"controller: {command.action} for command {command.command_id}"
-        )
+        self._report_pending(time.monotonic(), 0.0)
+        limit = old.topology.max_restarts
+        if limit is not None and old.incarnation >= limit:
+            self._give_up(command, f"--max-restarts {limit} reached (after {old.incarnation})")
+            return
+        if old.speaks_for_gang:
+            self.announce_end(
+                old, "stopped", f"controller: {command.action} for command {command.command_id}"
+            )
         resume = resolve_resume(old.checkpoint_dir, command.max_checkpoint_step)
-        size = next_world_size(
-            old.world_size,
-            self.record.failure_counts,
-            budget=old.rank_failure_budget,
-            min_nproc=old.min_nproc,
-            requested=command.world_size,
-        )
+        size = self._next_size(command)
         if size.reason:
             log.warning("run %s: elastic: %s", self.run_id, size.reason)
         self._save(
@@ -349,6 +394,15 @@ class RunSupervisor:
             ranks=(),
         )
         self.launch(resume)
+        if not old.speaks_for_gang:  # node 0's agent reports the gang's restart
+            log.warning(
+                "run %s: node %d restarted into incarnation %d from checkpoint %s",
+                self.run_id,
+                old.topology.node_rank,
+                self.record.incarnation,
+                resume.step,
+            )
+            return
         self.publish(
             RestartCompleted(
                 run_id=self.run_id,
@@ -398,6 +452,42 @@ class RunSupervisor:
             self.state.stack_path(self.record.incarnation, 0).parent,
         )
         return tuple(out)
+
+    def _next_size(self, command: RestartRequested) -> SizeDecision:
+        """The world size of the respawn: elastic by ranks on one node, fixed on several."""
+        rec = self.record
+        if rec.topology.nnodes > 1:
+            if command.world_size not in (None, rec.world_size):
+                log.warning(
+                    "run %s: command asks for %d ranks; a gang of %d nodes restarts at its "
+                    "size (%d)",
+                    self.run_id,
+                    command.world_size,
+                    rec.topology.nnodes,
+                    rec.world_size,
+                )
+            return SizeDecision(rec.world_size, rec.failure_counts)
+        return next_world_size(
+            rec.world_size,
+            rec.failure_counts,
+            budget=rec.rank_failure_budget,
+            min_nproc=rec.min_nproc,
+            requested=command.world_size,
+        )
+
+    def _give_up(self, command: RestartRequested, reason: str) -> None:
+        """Refuse to restart: the run fails (its ranks are already stopped)."""
+        log.warning("run %s failed: %s", self.run_id, reason)
+        self.publish(
+            RestartFailed(
+                run_id=self.run_id,
+                ts_ns=time.time_ns(),
+                command_id=command.command_id,
+                reason=reason,
+            )
+        )
+        self.announce_end(self.record, "failed", reason)
+        self._save(status="failed")
 
     def note_offset(self, partition: int, offset: int) -> None:
         """Remember the position of the last command acted on (re-read after a restart)."""

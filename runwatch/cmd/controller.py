@@ -36,7 +36,9 @@ def _state_dirs(root: Path) -> list[Path]:
 
     if (root / GANG_FILE).is_file():
         return [root]
-    return sorted(p.parent for p in root.glob(f"*/{GANG_FILE}"))
+    # <run>/gang.json, and a node's agent of a multi-node run: <run>/node<I>/gang.json
+    found = [*root.glob(f"*/{GANG_FILE}"), *root.glob(f"*/node*/{GANG_FILE}")]
+    return sorted(p.parent for p in found)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -44,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
     from common.settings import topic_prefix
     from controller.agent import build_controller, load_keys
     from controller.state import ControllerState, StateLocked, lock_state_dir
+    from controller.supervisor import HOST
     from runwatch.reachability import check_reachable
 
     root = args.state_dir.resolve()
@@ -55,6 +58,9 @@ def run(args: argparse.Namespace) -> int:
         record = state.load_gang()
         if record is None or record.status != "running":
             continue
+        if record.host and record.host != HOST:  # a shared file system shows every node's
+            log.warning("skipping %s: its ranks run on %s, not here", path, record.host)
+            continue
         try:
             lock_state_dir(path)
         except StateLocked as exc:
@@ -64,6 +70,13 @@ def run(args: argparse.Namespace) -> int:
     if not states:
         raise RunwatchError(f"no running gang to adopt under {root}")
     records = [s.load_gang() for s in states]
+    run_ids = [r.run_id for r in records if r is not None]
+    twice = sorted({r for r in run_ids if run_ids.count(r) > 1})
+    if twice:
+        raise UsageError(
+            f"several agents' state of run {twice[0]} here: adopt each node's agent with its "
+            f"own --state-dir (e.g. .../{twice[0]}/node1)"
+        )
     bootstraps = {r.bootstrap for r in records if r is not None}
     prefixes = {r.prefix for r in records if r is not None}
     if len(bootstraps) > 1 or len(prefixes) > 1:

@@ -11,9 +11,12 @@ import logging
 import os
 import secrets
 import time
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from common.errors import UsageError
+from controller.topology import NodeTopology, TopologyError, resolve_topology
 from producers.logtail import FORMATS
 from runwatch.cmd._supervision import add_supervision_args
 
@@ -25,8 +28,38 @@ log = logging.getLogger("runwatch")
 def configure(parser: argparse.ArgumentParser) -> None:
     """Add the arguments of `runwatch launch`."""
     add_supervision_args(parser)
-    parser.add_argument("--nproc", type=int, required=True, help="ranks to start")
-    parser.add_argument("--run-id", help="the run's id (default: <script>-<time>-<random>)")
+    parser.add_argument("--nproc", type=int, help="one host: ranks to start")
+    parser.add_argument(
+        "--run-id",
+        help="the run's id (default: slurm-<job>.<step> under srun, else "
+        "<script>-<time>-<random>; required with --nnodes > 1)",
+    )
+    nodes = parser.add_argument_group(
+        "several nodes (one agent per node; under srun the defaults come from SLURM)"
+    )
+    nodes.add_argument("--nnodes", type=int, help="nodes in the gang (SLURM_NNODES)")
+    nodes.add_argument(
+        "--node-rank", type=int, help="this node's index (SLURM_PROCID / SLURM_NODEID)"
+    )
+    nodes.add_argument(
+        "--nproc-per-node",
+        type=int,
+        help="ranks this node starts (SLURM_GPUS_ON_NODE, else SLURM_NTASKS_PER_NODE)",
+    )
+    nodes.add_argument(
+        "--master-addr", help="host of node 0 (the first host of SLURM_JOB_NODELIST)"
+    )
+    nodes.add_argument(
+        "--master-port",
+        type=int,
+        help="base rendezvous port; incarnation I uses PORT + I %% 16 (default 29500; "
+        "SLURM: MASTER_PORT or derived from SLURM_JOB_ID; one host: a free port)",
+    )
+    nodes.add_argument(
+        "--max-restarts",
+        type=int,
+        help="restart commands to execute; one more fails the run (default: no limit)",
+    )
     parser.add_argument(
         "--checkpoint-dir",
         type=Path,
@@ -35,7 +68,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--state-dir",
         type=Path,
-        help="controller state (default: $RUNWATCH_HOME/controller/<run-id>)",
+        help="controller state (default: $RUNWATCH_HOME/controller/<run-id>, "
+        "with several nodes .../<run-id>/node<I>)",
     )
     parser.add_argument("--grace-s", type=float, default=10.0, help="SIGTERM grace before SIGKILL")
     parser.add_argument(
@@ -94,14 +128,75 @@ def default_run_id(argv: list[str]) -> str:
     return f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
 
 
-def _validate(args: argparse.Namespace) -> list[str]:
+@dataclass(frozen=True)
+class LaunchPlan:
+    """Where this agent stands: its node, the run, its state directory.
+
+    Attributes:
+        topology: This node's place in the gang.
+        run_id: The run (the same on every node).
+        state_dir: This agent's own state directory.
+    """
+
+    topology: NodeTopology
+    run_id: str
+    state_dir: Path
+
+
+def resolve(args: argparse.Namespace, environ: Mapping[str, str]) -> LaunchPlan:
+    """This agent's topology, run id and state directory from the flags and SLURM.
+
+    Raises:
+        UsageError: A bad combination (one line).
+    """
+    from controller.state import default_state_dir
+
+    try:
+        resolved = resolve_topology(
+            environ,
+            nproc=args.nproc,
+            nnodes=args.nnodes,
+            node_rank=args.node_rank,
+            nproc_per_node=args.nproc_per_node,
+            master_addr=args.master_addr,
+            master_port=args.master_port,
+            max_restarts=args.max_restarts,
+            run_id=args.run_id,
+        )
+    except TopologyError as exc:
+        raise UsageError(str(exc)) from None
+    topology = resolved.topology
+    given = (args.nproc, args.nnodes, args.nproc_per_node)
+    if given == (None, None, None) and topology.source != "slurm":
+        raise UsageError("give --nproc N (one host) or --nproc-per-node K (one node of several)")
+    several = topology.nnodes > 1
+    if several and resolved.run_id is None:
+        raise UsageError(
+            f"--nnodes {topology.nnodes} needs --run-id (every node's agent names the same run)"
+        )
+    if several and args.log_format is not None:
+        raise UsageError("--log-format reads rank 0's output on one host: it needs --nnodes 1")
+    argv = _command(args)
+    run_id = resolved.run_id or default_run_id(argv)
+    state_dir = args.state_dir or default_state_dir(run_id)
+    if several and args.state_dir is None:
+        state_dir = state_dir / f"node{topology.node_rank}"
+    return LaunchPlan(topology=topology, run_id=run_id, state_dir=state_dir.resolve())
+
+
+def _command(args: argparse.Namespace) -> list[str]:
     argv = list(args.argv)
     if argv and argv[0] == "--":
         argv = argv[1:]
     if not argv:
         raise UsageError("no command: runwatch launch --nproc N -- python train.py ...")
-    if args.nproc < 1 or args.min_nproc < 1 or args.rank_failure_budget < 0:
-        raise UsageError("--nproc and --min-nproc must be >= 1, --rank-failure-budget >= 0")
+    return argv
+
+
+def _validate(args: argparse.Namespace) -> list[str]:
+    argv = _command(args)
+    if args.min_nproc < 1 or args.rank_failure_budget < 0:
+        raise UsageError("--min-nproc must be >= 1, --rank-failure-budget >= 0")
     if args.grace_s < 0 or args.command_timeout <= 0:
         raise UsageError("--grace-s must be >= 0 and --command-timeout > 0")
     for pair in args.env:
@@ -144,16 +239,16 @@ def run(args: argparse.Namespace) -> int:
         ControllerState,
         GangRecord,
         StateLocked,
-        default_state_dir,
         lock_state_dir,
     )
+    from controller.supervisor import HOST
     from runwatch.resolve import resolve_bootstrap
 
     argv = _validate(args)
+    plan = resolve(args, os.environ)
+    topology, run_id, state_dir = plan.topology, plan.run_id, plan.state_dir
     bootstrap = resolve_bootstrap(args.bootstrap)
     prefix = topic_prefix(args.prefix)
-    run_id = args.run_id or default_run_id(argv)
-    state_dir = (args.state_dir or default_state_dir(run_id)).resolve()
     try:
         lock_state_dir(state_dir)
     except StateLocked as exc:
@@ -173,7 +268,7 @@ def run(args: argparse.Namespace) -> int:
     record = GangRecord(
         run_id=run_id,
         argv=tuple(argv),
-        world_size=args.nproc,
+        world_size=topology.world_size,
         bootstrap=bootstrap,
         prefix=prefix,
         checkpoint_dir=str(args.checkpoint_dir.resolve()) if args.checkpoint_dir else None,
@@ -190,13 +285,16 @@ def run(args: argparse.Namespace) -> int:
         log_regex=args.log_regex,
         log_tokens_per_step=args.tokens_per_step,
         exit_evidence=args.exit_evidence,
+        topology=topology,
+        host=HOST,
     )
     state.save_gang(record)
     controller, (supervisor,) = build_controller([state], keys, bootstrap, prefix)
     supervisor.launch(None)
     print(
-        f"runwatch launch: run {run_id}, {args.nproc} ranks, incarnation {record.incarnation}, "
-        f"state {state_dir} (pid {os.getpid()})"
+        f"runwatch launch: run {run_id}, node {topology.node_rank} of {topology.nnodes}, "
+        f"ranks {list(topology.global_ranks)} of {topology.world_size}, incarnation "
+        f"{record.incarnation}, state {state_dir} (pid {os.getpid()})"
         + (f", events from rank 0's {args.log_format} log lines" if args.log_format else ""),
         flush=True,
     )

@@ -114,6 +114,14 @@ def test_rank_env_contract():
         "RUNWATCH_TOPIC_PREFIX": "p",
         "RUNWATCH_INCARNATION": "3",
         "RUNWATCH_CHECKPOINT_DIR": "/ck",
+        "GROUP_RANK": "0",
+        "GROUP_WORLD_SIZE": "1",
+        "ROLE_NAME": "default",
+        "ROLE_RANK": "1",
+        "ROLE_WORLD_SIZE": "2",
+        "TORCHELASTIC_RESTART_COUNT": "3",
+        "TORCHELASTIC_RUN_ID": "r",
+        "TORCHELASTIC_USE_AGENT_STORE": "False",
     }
     # The rank reads back exactly what the controller wrote: one struct, both ends.
     assert LaunchEnv.from_environ(env) == launch

@@ -1,0 +1,186 @@
+"""One node's agent of a multi-node gang: its global ranks, its ports, its share of a restart.
+
+Real processes (plain Python, no torch), no Kafka: what the agent would publish is collected.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+from controller.elastic import RankExit, due_reports
+from controller.state import ControllerState, GangRecord
+from controller.supervisor import EXIT_HOLD_S, RunSupervisor
+from controller.topology import NodeTopology
+from schemas.events import Event, RankExited, RestartCompleted, RestartFailed, RestartRequested
+
+PY = sys.executable
+PRINT_ENV = (
+    "import json, os\n"
+    "keys = ('RANK', 'LOCAL_RANK', 'GROUP_RANK', 'WORLD_SIZE', 'MASTER_ADDR', 'MASTER_PORT',\n"
+    "        'TORCHELASTIC_RESTART_COUNT', 'RUNWATCH_RESTART_FROM')\n"
+    "print(json.dumps({k: os.environ.get(k) for k in keys}), flush=True)\n"
+)
+SLEEPER = PRINT_ENV + "import time\ntime.sleep(600)\n"
+COMMAND = RestartRequested(
+    run_id="r",
+    ts_ns=1,
+    command_id="c1",
+    action="respawn",
+    cause_verdict_id="v1",
+    cause_kind="dead_rank",
+    world_size=1,  # a size the multi-node gang cannot take: it restarts at full size
+)
+
+
+def _node(tmp_path, node_rank: int, script: str, **topology) -> tuple[RunSupervisor, list, list]:
+    t = NodeTopology(
+        nnodes=2,
+        node_rank=node_rank,
+        nproc_per_node=2,
+        master_addr="10.0.0.1",
+        master_port=30000,
+        **topology,
+    )
+    state = ControllerState(tmp_path / f"node{node_rank}")
+    record = GangRecord(
+        run_id="r",
+        argv=(PY, "-c", script),
+        world_size=t.world_size,
+        bootstrap="127.0.0.1:1",
+        prefix="p",
+        grace_s=0.2,
+        topology=t,
+    )
+    state.save_gang(record)
+    published: list[Event] = []
+    ends: list[tuple[int, str]] = []
+    sup = RunSupervisor(
+        state=state,
+        record=record,
+        gang=None,  # type: ignore[arg-type]
+        publish=published.append,
+        announce_end=lambda rec, status, reason: ends.append((rec.incarnation, status)),
+    )
+    return sup, published, ends
+
+
+def _envs(sup: RunSupervisor, timeout_s: float = 60.0) -> list[dict]:
+    """Each local rank's printed environment, once every one has printed it."""
+    rec = sup.record
+    paths = [sup.state.log_path(rec.incarnation, r) for r in rec.node.global_ranks]
+    deadline = time.monotonic() + timeout_s
+    while not all(p.is_file() and p.read_text().endswith("\n") for p in paths):
+        assert time.monotonic() < deadline, "the ranks did not print their environment"
+        time.sleep(0.02)  # polling files the ranks write, not timing them
+    return [json.loads(p.read_text().splitlines()[-1]) for p in paths]
+
+
+def test_due_reports_hold_only_non_signalled_abnormal_exits():
+    exits = [RankExit(0, 1, 10.0), RankExit(1, 137, 10.2), RankExit(2, 0, 10.2)]
+    now, held = due_reports(exits, 10.3, hold_s=0.5)
+    assert [e.rank for e in now] == [1, 2] and [e.rank for e in held] == [0]
+    now, held = due_reports(exits, 10.5, hold_s=0.5)
+    assert [e.rank for e in now] == [1, 0, 2] and held == []
+    assert due_reports(exits, 10.0, hold_s=0.0)[1] == []
+
+
+def test_node_1_starts_its_global_ranks_on_the_incarnation_port(tmp_path):
+    sup, _, _ = _node(tmp_path, 1, PRINT_ENV)
+    sup.launch(None)
+    assert sup.gang.wait(60.0)
+    assert [p.rank for p in sup.record.ranks] == [2, 3]
+    assert _envs(sup) == [
+        {
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank - 2),
+            "GROUP_RANK": "1",
+            "WORLD_SIZE": "4",
+            "MASTER_ADDR": "10.0.0.1",
+            "MASTER_PORT": "30000",
+            "TORCHELASTIC_RESTART_COUNT": "0",
+            "RUNWATCH_RESTART_FROM": None,
+        }
+        for rank in (2, 3)
+    ]
+    sup.observe(time.monotonic())
+    assert sup.record.status == "completed"
+
+
+def test_a_non_signalled_failure_is_published_after_the_hold(tmp_path):
+    sup, published, _ = _node(tmp_path, 0, "import sys; sys.exit(1)")
+    sup.launch(None)
+    assert sup.gang.wait(60.0)
+    seen_s = time.monotonic()
+    sup.observe(seen_s)
+    assert published == []  # a peer of a rank killed elsewhere: the culprit's agent goes first
+    sup.observe(seen_s + EXIT_HOLD_S)
+    exits = [e for e in published if isinstance(e, RankExited)]
+    assert [(e.rank, e.exit_code) for e in exits] == [(0, 1), (1, 1)]
+
+
+def test_both_nodes_execute_one_command_node_0_speaks_for_the_gang(tmp_path):
+    outcomes = []
+    for node in (0, 1):
+        sup, published, ends = _node(tmp_path, node, SLEEPER)
+        sup.launch(None)
+        try:
+            assert {e["MASTER_PORT"] for e in _envs(sup)} == {"30000"}
+            sup.execute(COMMAND, time.monotonic())
+            assert sup.record.incarnation == 1 and sup.record.world_size == 4
+            assert sup.state.processed == frozenset({"c1"})
+            envs = _envs(sup)
+        finally:
+            sup.gang.stop(0.0, kill_now=True)
+        assert [e["RANK"] for e in envs] == [str(2 * node), str(2 * node + 1)]
+        assert {(e["MASTER_PORT"], e["TORCHELASTIC_RESTART_COUNT"]) for e in envs} == {
+            ("30001", "1")
+        }
+        assert {e["RUNWATCH_RESTART_FROM"] for e in envs} == {"0"}  # no checkpoint dir
+        outcomes.append(([type(e).__name__ for e in published], ends))
+    node0, node1 = outcomes
+    assert node0 == (["RestartCompleted"], [(0, "stopped")])
+    assert node1 == ([], [])
+
+
+def test_max_restarts_fails_the_run_instead_of_restarting(tmp_path):
+    sup, published, ends = _node(tmp_path, 1, SLEEPER, max_restarts=0)
+    sup.launch(None)
+    _envs(sup)
+    sup.execute(COMMAND, time.monotonic())
+    assert sup.gang.running() == []
+    (failed,) = [e for e in published if isinstance(e, RestartFailed)]
+    assert "--max-restarts 0 reached" in failed.reason
+    assert not any(isinstance(e, RestartCompleted) for e in published)
+    assert ends == [(0, "failed")] and sup.record.status == "failed"
+    assert sup.record.incarnation == 0
+
+
+def _running_record(root, run_id: str, node: int, host: str) -> None:
+    t = NodeTopology(nnodes=2, node_rank=node, master_addr="m", master_port=30000)
+    record = GangRecord(
+        run_id=run_id,
+        argv=(PY, "x.py"),
+        world_size=2,
+        bootstrap="127.0.0.1:1",
+        prefix="p",
+        topology=t,
+        host=host,
+    )
+    ControllerState(root / run_id / f"node{node}").save_gang(record)
+
+
+def test_an_adopter_takes_one_agent_of_a_run_and_only_this_hosts(tmp_path, capsys):
+    from controller.supervisor import HOST
+    from runwatch.cli import main
+
+    _running_record(tmp_path / "a", "r", 0, HOST)
+    _running_record(tmp_path / "a", "r", 1, HOST)
+    assert main(["controller", "--state-dir", str(tmp_path / "a")]) == 2
+    err = capsys.readouterr().err
+    assert "several agents' state of run r here" in err and len(err.strip().splitlines()) == 1
+
+    _running_record(tmp_path / "b", "r", 0, "some-other-node")
+    assert main(["controller", "--state-dir", str(tmp_path / "b")]) == 1
+    assert "no running gang to adopt" in capsys.readouterr().err
