@@ -14,6 +14,8 @@ from processors.core.state_codec import decode_state
 from processors.core.steps import StepHealthState
 from processors.logread import read_history
 from processors.settings import changelog_topic
+from schemas.codec import DecodeError, decode
+from schemas.events import RankStack, RestartCompleted
 
 
 def default_app_id(prefix: str) -> str:
@@ -80,6 +82,8 @@ class RunSummary(msgspec.Struct, frozen=True, kw_only=True):
     continuity_ok: bool
     steps_observed: int
     heartbeats: int
+    last_stacks: tuple[RankStack, ...] = ()
+    """Where each rank was before the run's latest restart for a hang or dead rank."""
 
 
 def summarize(view: RunView) -> RunSummary:
@@ -107,6 +111,32 @@ def summarize(view: RunView) -> RunSummary:
         steps_observed=s.steps_observed if s else 0,
         heartbeats=lv.heartbeats if lv else 0,
     )
+
+
+def last_stacks(
+    bootstrap: str, controller_topic: str, *, timeout_s: float = 30.0
+) -> dict[str, RestartCompleted]:
+    """Each run's latest restart that came with the ranks' stacks (a hang, a dead rank).
+
+    Args:
+        bootstrap: Kafka bootstrap address.
+        controller_topic: The controller topic (`schemas.topics.TopicNames.controller`).
+        timeout_s: Give up when reading stalls this long.
+
+    Returns:
+        Run id -> its latest `RestartCompleted` with ``stacks``.
+    """
+    out: dict[str, RestartCompleted] = {}
+    for record in read_history(bootstrap, [controller_topic], timeout_s=timeout_s).get(
+        controller_topic, []
+    ):
+        try:
+            event = decode(record.value)
+        except DecodeError:  # the topic is the controllers'; a bad record is not ours to judge
+            continue
+        if isinstance(event, RestartCompleted) and event.stacks:
+            out[event.run_id] = event
+    return out
 
 
 def committed_offsets(bootstrap: str, group: str) -> dict[tuple[str, int], int]:

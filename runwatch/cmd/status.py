@@ -45,6 +45,19 @@ def format_row(r: object) -> str:
     return line if r.continuity_ok else line + "  CONTINUITY BROKEN"
 
 
+def format_stacks(r: object) -> list[str]:
+    """Where each rank was before the run's latest hang or dead-rank restart, a line each."""
+    from processors.fleet import RunSummary
+
+    assert isinstance(r, RunSummary)
+    if not r.last_stacks:
+        return []
+    lines = [f"{r.run_id}: where the ranks were before the last restart for a hang or dead rank"]
+    for s in r.last_stacks:
+        lines.append(f"  rank {s.rank:<5} {s.host:<16} {s.where or '(' + s.note + ')'}")
+    return lines
+
+
 HEADER = (
     f"{'run':<24} {'inc':>3} {'step':>7} {'loss':>9} {'mfu':>7} {'ranks':>5} {'status':<10} "
     "anomalies / restarts"
@@ -56,12 +69,22 @@ def run(args: argparse.Namespace) -> int:
     import msgspec
 
     from common.settings import topic_prefix
-    from processors.fleet import default_app_id, latest_states, summarize
+    from processors.fleet import default_app_id, last_stacks, latest_states, summarize
     from runwatch.resolve import resolve_bootstrap
+    from schemas.topics import names
 
-    app_id = args.app_id or default_app_id(topic_prefix(args.prefix))
-    views = latest_states(resolve_bootstrap(args.bootstrap), app_id)
-    rows = [summarize(v) for k, v in views.items() if args.run in (None, k)]
+    prefix = topic_prefix(args.prefix)
+    app_id = args.app_id or default_app_id(prefix)
+    bootstrap = resolve_bootstrap(args.bootstrap)
+    views = latest_states(bootstrap, app_id)
+    stacks = last_stacks(bootstrap, names(prefix).controller)
+    rows = [
+        msgspec.structs.replace(summarize(v), last_stacks=stacks[k].stacks)
+        if k in stacks
+        else summarize(v)
+        for k, v in views.items()
+        if args.run in (None, k)
+    ]
     if args.json:
         for row in rows:
             print(msgspec.json.encode(row).decode())
@@ -72,4 +95,7 @@ def run(args: argparse.Namespace) -> int:
     print(HEADER)
     for row in rows:
         print(format_row(row))
+    for row in rows:
+        for line in format_stacks(row):
+            print(line)
     return 0

@@ -21,7 +21,7 @@ from .conftest import of_run, wait_events
 pytestmark = [pytest.mark.integration, pytest.mark.torch]
 
 
-def test_a_hung_gang_says_where_each_rank_was(loop, launch):
+def test_a_hung_gang_says_where_each_rank_was(loop, launch, capsys):
     commands = loop.reader(loop.topics.commands)
     controller = loop.reader(loop.topics.controller)
     run = launch("hang", ["--steps", "16", "--inject", "hang@8:rank=1:secs=600"])
@@ -39,3 +39,14 @@ def test_a_hung_gang_says_where_each_rank_was(loop, launch):
     assert "in before_step" in full and "in main" in full
     assert run.launcher.wait() == 0, run.launcher.log() + run.rank_logs()
     assert "rank 1 was in before_step (examples/faults.py:" in run.launcher.log()
+
+    from runwatch.cli import main
+
+    argv = ["--bootstrap", loop.bootstrap, "--prefix", loop.prefix, "--app-id", loop.app_id]
+    assert main(["status", *argv, "--run", "hang"]) == 0
+    out = capsys.readouterr().out
+    assert "hang: where the ranks were before the last restart" in out, out
+    assert any(
+        line.split()[:2] == ["rank", "1"] and "before_step (examples/faults.py:" in line
+        for line in out.splitlines()
+    ), out
