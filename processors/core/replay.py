@@ -21,11 +21,18 @@ its verdicts are dropped, and the next record goes on. This is the fold the live
 run (`processors.pipeline`), so live, replay and audit dead-letter the same records. A Tick
 fanned out to many runs is applied per run: a run whose fold fails keeps its state, the
 others advance.
+
+Packed records (`schemas.events.EventPack`) are unpacked here, in the fold every reader
+shares: each inner event is applied as if it were a record of its own, in order, at the
+position ``(offset, index)`` (`unpack`), so its verdicts and dead letters name it exactly
+and the reducers' offset-in-state rule skips what was applied, inner event by inner
+event. A pack is one run's, and one run's state is one table value written once per
+batch, so after a crash a pack is redelivered to a state that holds all of it or none.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Final, Literal, TypeAlias, TypeVar
 
 import msgspec
@@ -44,6 +51,7 @@ from schemas.events import (
     DeadLetter,
     DeadLetterStage,
     Event,
+    EventPack,
     Heartbeat,
     InputEvent,
     Provenance,
@@ -58,12 +66,31 @@ from schemas.events import (
 Role = Literal["steps", "heartbeats", "checkpoints", "anomalies", "runs"]
 ROLES: Final[tuple[str, ...]] = ("steps", "heartbeats", "checkpoints", "anomalies", "runs")
 Record: TypeAlias = tuple[str, Provenance, InputEvent | AnomalyDetected]
-SortKey: TypeAlias = tuple[int, str, int, int, str, int]
+SortKey: TypeAlias = tuple[int, str, int, int, int, str, int]
 REPLAY_ANOMALIES_TOPIC: Final = "replay.anomalies"
 REASON_MAX_CHARS: Final = 1000
 """Longest reason a fold or encode dead letter carries."""
 S = TypeVar("S")
 Out = TypeVar("Out")
+
+
+def unpack(source: Provenance, event: Event) -> Iterator[tuple[Provenance, Event]]:
+    """The events a record carries, each with its position: one, or a pack's in order.
+
+    Args:
+        source: Where the record was read.
+        event: The record's event.
+
+    Returns:
+        ``(source, event)`` itself for a plain event; for an `EventPack`, each inner event
+        with ``source`` plus its index in the pack.
+    """
+    if type(event) is not EventPack:
+        yield source, event
+        return
+    topic, partition, offset = source.topic, source.partition, source.offset
+    for index, inner in enumerate(event.events):
+        yield Provenance(topic=topic, partition=partition, offset=offset, index=index), inner
 
 
 def stage_dead_letter(
@@ -124,7 +151,7 @@ def _fold_checkpoint(
 
 def _key(anomaly: AnomalyDetected, index: int) -> SortKey:
     src = anomaly.source or Provenance(topic="", partition=-1, offset=-1)
-    return (anomaly.ts_ns, src.topic, src.partition, src.offset, anomaly.run_id, index)
+    return (anomaly.ts_ns, src.topic, src.partition, src.offset, src.index, anomaly.run_id, index)
 
 
 class Replayer:
@@ -250,31 +277,39 @@ class Replayer:
             ValueError: An unknown role.
         """
         for role, source, event in records:
-            if role == "steps":
-                if isinstance(event, (StepCompleted, RunStarted, RunEnded)):
-                    verdicts = self._apply(
-                        "steps", self.steps, event.run_id, source, event, self._fold_step
-                    )
-                    self._collect(verdicts or [])
-            elif role == "heartbeats":
-                if not isinstance(event, AnomalyDetected):
-                    self._heartbeats(source, event)
-            elif role == "checkpoints":
-                if isinstance(event, (CheckpointCommitted, CheckpointFailed, RunStarted, RunEnded)):
-                    self._apply(
-                        "checkpoints",
-                        self.checkpoints,
-                        event.run_id,
-                        source,
-                        event,
-                        _fold_checkpoint,
-                    )
-            elif role == "anomalies":
-                if isinstance(event, AnomalyDetected):
-                    self._anomaly(source, event)
-            elif role != "runs":
-                raise ValueError(f"unknown topic role {role!r}; valid: {', '.join(ROLES)}")
+            if type(event) is EventPack:
+                for inner_source, inner in unpack(source, event):
+                    self._dispatch(role, inner_source, inner)  # type: ignore[arg-type]
+            else:
+                self._dispatch(role, source, event)
         return self
+
+    def _dispatch(self, role: str, source: Provenance, event: InputEvent | AnomalyDetected) -> None:
+        """Apply one event (a record, or one event of a pack) of ``role``."""
+        if role == "steps":
+            if isinstance(event, (StepCompleted, RunStarted, RunEnded)):
+                verdicts = self._apply(
+                    "steps", self.steps, event.run_id, source, event, self._fold_step
+                )
+                self._collect(verdicts or [])
+        elif role == "heartbeats":
+            if not isinstance(event, AnomalyDetected):
+                self._heartbeats(source, event)
+        elif role == "checkpoints":
+            if isinstance(event, (CheckpointCommitted, CheckpointFailed, RunStarted, RunEnded)):
+                self._apply(
+                    "checkpoints",
+                    self.checkpoints,
+                    event.run_id,
+                    source,
+                    event,
+                    _fold_checkpoint,
+                )
+        elif role == "anomalies":
+            if isinstance(event, AnomalyDetected):
+                self._anomaly(source, event)
+        elif role != "runs":
+            raise ValueError(f"unknown topic role {role!r}; valid: {', '.join(ROLES)}")
 
     def canonical_anomalies(self) -> list[AnomalyDetected]:
         """The recomputed verdicts in canonical order."""
@@ -367,4 +402,5 @@ __all__ = [
     "policy_over",
     "replay",
     "stage_dead_letter",
+    "unpack",
 ]
