@@ -21,9 +21,9 @@ from processors.core.config import DetectorConfig, with_overrides
 from processors.core.liveness import fold_liveness
 from processors.core.replay import Record, Replayer, ReplayResult, replay, unpack
 from processors.core.state_codec import decode_state, encode_state
-from processors.intake import Decoded
+from processors.intake import Decoded, RawRecord, check, split
 from processors.pipeline import fold_batch
-from schemas.codec import encode
+from schemas.codec import encode, encode_key
 from schemas.events import (
     MAX_PACK_EVENTS,
     AnomalyDetected,
@@ -94,6 +94,19 @@ def test_unpack_gives_each_inner_event_the_record_position_and_its_index() -> No
     assert list(unpack(at(9), events[0])) == [(at(9), events[0])]
     positions = [(s.offset, s.index, e) for s, e in unpack(at(9, partition=2), pack(events))]
     assert positions == [(9, 0, events[0]), (9, 1, events[1]), (9, 2, events[2])]
+
+
+def test_intake_passes_a_pack_on_its_topic_whole_and_the_fold_unpacks_it() -> None:
+    events = [hb(r, 1, S + r) for r in range(4)]
+    value = encode(pack(events))
+    record = RawRecord(HB_TOPIC, 2, 40, encode_key("r"), value, 1)
+    decoded = check(record, "heartbeats")
+    assert decoded == Decoded(Provenance(topic=HB_TOPIC, partition=2, offset=40), pack(events))
+    assert check(record._replace(topic=STEPS_TOPIC), "steps").stage == "decode"  # type: ignore[union-attr]
+    good, dead = split([record], "heartbeats")
+    result = fold_batch("heartbeats", good, lambda _: None, lambda _: (), LIVE_CFG)
+    assert not dead and result.states["r"].heartbeats == 4
+    assert (result.states["r"].last_offset, result.states["r"].last_index) == (40, 3)
 
 
 # ----------------------------------------------------------------- liveness
