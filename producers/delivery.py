@@ -147,6 +147,8 @@ class DeliveryThread:
         self._wakeup = threading.Event()
         self._stop_deadline: float | None = None
         self._flush_deadline: float | None = None
+        self._flush_target: int | None = None
+        self._popped = 0
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self.connected = False
 
@@ -156,12 +158,15 @@ class DeliveryThread:
         """Start the thread (returns at once)."""
         self._thread.start()
 
-    def request_flush(self, deadline: float) -> None:
+    def request_flush(self, deadline: float, target: int | None = None) -> None:
         """Ask the thread to push everything out now (ignoring ``linger_ms``).
 
         Args:
             deadline: ``time.monotonic()`` value after which to stop waiting on the producer.
+            target: The buffer's ``enqueued`` count the flush covers: open packs holding
+                only later events stay open (None: close every open pack).
         """
+        self._flush_target = target
         self._flush_deadline = deadline
         self._wakeup.set()
         self._buffer.wake()
@@ -254,15 +259,23 @@ class DeliveryThread:
                 return _Sending(out.item, out.count)
             item = self._buffer.pop()
             if item is not None:
+                self._popped += 1
                 packer.offer(item)
                 continue
             # nothing queued: close what lingered long enough, or everything to flush/close
-            if self._flush_deadline is not None or self._stop_deadline is not None:
+            if self._stop_deadline is not None or self._flush_covers(packer):
                 packer.close_all()
             else:
                 packer.close_due()
             out = packer.next()
             return None if out is None else _Sending(out.item, out.count)
+
+    def _flush_covers(self, packer: Packer) -> bool:
+        """True while a flush is pending that covers an event in an open pack."""
+        if self._flush_deadline is None:
+            return False
+        target = self._flush_target
+        return target is None or self._popped - packer.open_events < target
 
     def _wait_s(self) -> float:
         """How long to sleep for new events: until the oldest open pack is due, at most."""

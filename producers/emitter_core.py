@@ -200,7 +200,7 @@ class EmitterCore:
         target = self._buffer.enqueued
         _, _, _, failed_before = self._buffer.counts()
         if self._delivery.alive:
-            self._delivery.request_flush(time.monotonic() + timeout_s)
+            self._delivery.request_flush(time.monotonic() + timeout_s, target)
         settled = self._buffer.wait_settled(target, timeout_s)
         _, _, _, failed_after = self._buffer.counts()
         return settled and failed_after == failed_before

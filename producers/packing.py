@@ -139,6 +139,11 @@ class Packer:
         """Events held in open packs or closed records not yet taken."""
         return sum(len(p.events) for p in self._open.values()) + sum(o.count for o in self._out)
 
+    @property
+    def open_events(self) -> int:
+        """Events in open packs."""
+        return sum(len(p.events) for p in self._open.values())
+
     def offer(self, item: QueuedEvent, now: float | None = None) -> None:
         """Take one event from the buffer (records come out of `next`).
 

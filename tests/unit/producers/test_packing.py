@@ -259,3 +259,35 @@ def test_a_pack_waits_out_a_metadata_timeout_and_loses_nothing() -> None:
         assert em.flush(10.0)
     beats = [e for r in records_on(broker, HB) for e in r.events]  # type: ignore[attr-defined]
     assert [b.step for b in beats] == list(range(12))
+
+
+def test_a_finished_flush_does_not_cut_the_next_burst_short() -> None:
+    # A flush returns once its events are acknowledged, which can be before the delivery
+    # thread has cleared its request: events queued after the flush must stay packed.
+    from producers.buffer import EventBuffer
+    from producers.delivery import DeliveryThread
+
+    buffer: EventBuffer[object] = EventBuffer(100)
+    packer = Packer(PackPolicy(heartbeats=True, linger_s=60.0), HB, ST)
+    thread = DeliveryThread(
+        buffer,  # type: ignore[arg-type]
+        producer_factory=FakeBroker(),
+        producer_config={},
+        packer=packer,
+    )  # never started: the test drives its hand-off step by step
+
+    def queue(step: int) -> None:
+        assert buffer.reserve() == 0
+        buffer.push(((HB,), KEY, hb(0, step)))
+
+    for step in range(4):
+        queue(step)
+    thread.request_flush(time.monotonic() + 60, target=buffer.enqueued)
+    first = thread._next()
+    assert first is not None and first.count == 4
+    for step in range(4, 6):
+        queue(step)  # the next burst, while the finished flush is still flagged
+    assert thread._next() is None and packer.open_events == 2
+    thread.request_flush(time.monotonic() + 60, target=buffer.enqueued)
+    second = thread._next()
+    assert second is not None and second.count == 2
