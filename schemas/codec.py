@@ -24,9 +24,11 @@ structs in `schemas.events`.
 from __future__ import annotations
 
 import math
+import operator
 import re
+from collections.abc import Iterator
 from functools import cache
-from itertools import accumulate
+from itertools import accumulate, count
 from typing import Any, Final
 
 import msgspec
@@ -182,21 +184,28 @@ def _restore_float(value: Any, *, null_is_nan: bool) -> Any:
     return value
 
 
-_JSON_STRING: Final = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
+_JSON_STRING: Final = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
 _NOT_BRACKETS: Final = bytes(b for b in range(256) if b not in b"[]{}")
-_DEPTH_STEP: Final = {ord("["): 1, ord("{"): 1, ord("]"): -1, ord("}"): -1}
+_DEPTH_STEP: Final = bytes(2 if b in b"[{" else 0 if b in b"]}" else 1 for b in range(256))
+"""An opening bracket as 2, a closing one as 0: the running sum less the count is the depth."""
 
 
 def nesting_depth(data: bytes) -> int:
     """How deep arrays and objects nest in JSON ``data`` (brackets in strings ignored).
 
-    Exact for valid JSON; for broken JSON (an unterminated string) it may overcount,
-    which only rejects bytes that would not decode anyway.
+    Exact for valid JSON. For broken JSON it never counts less than a parser nests
+    before it fails (brackets after an unterminated string are inside that string for
+    the parser too), and may count more, which only rejects bytes that would not decode
+    anyway. C-speed throughout (a pack of thousands of events pays it on every decode):
+    without a backslash in the record, strings are exactly what lies between two quotes.
     """
-    brackets = _JSON_STRING.sub(b"", data).translate(None, _NOT_BRACKETS)
+    quotes_only = b"\\" not in data  # then no quote is escaped
+    outside = b"".join(data.split(b'"')[::2]) if quotes_only else _JSON_STRING.sub(b"", data)
+    brackets = outside.translate(None, _NOT_BRACKETS).translate(_DEPTH_STEP)
     if not brackets:
         return 0
-    return max(0, *accumulate(_DEPTH_STEP[c] for c in brackets))
+    depths: Iterator[int] = map(operator.sub, accumulate(brackets), count(1))
+    return max(0, max(depths))
 
 
 def _check_bounds(data: bytes) -> None:

@@ -6,6 +6,8 @@ import math
 import jsonschema
 import msgspec
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from schemas import codec, generate
 from schemas.events import (
@@ -168,3 +170,32 @@ def test_pack_validates_against_the_json_schema():
     )
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(json.loads(raw_pack([])), schema)
+
+
+# ----------------------------------------------------------------- nesting, fast path
+
+_JSON_VALUES = st.recursive(
+    st.none() | st.integers() | st.text(alphabet='ab[]{}"\\ ', max_size=6),
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.dictionaries(st.text(alphabet='k[]"\\', max_size=3), inner, max_size=3)
+    ),
+    max_leaves=20,
+)
+
+
+def _depth(value: object) -> int:
+    if isinstance(value, list):
+        return 1 + max((_depth(v) for v in value), default=0)
+    if isinstance(value, dict):
+        return 1 + max((_depth(v) for v in value.values()), default=0)
+    return 0
+
+
+@settings(max_examples=300, deadline=None)
+@given(_JSON_VALUES)
+def test_nesting_depth_is_exact_with_and_without_escapes(value: object) -> None:
+    # Without a backslash the scan splits on quotes (a pack's fast path), with one it
+    # skips strings by pattern: both must see exactly the JSON's nesting.
+    data = json.dumps(value).encode()
+    assert codec.nesting_depth(data) == _depth(value)
