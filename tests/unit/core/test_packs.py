@@ -317,3 +317,21 @@ def test_folding_packs_equals_folding_their_events_and_redelivery_changes_nothin
     before = fingerprint(replayer.result())
     replayer.feed(packed_records_[: int(cut * len(packed_records_))])
     assert fingerprint(replayer.result()) == before
+
+
+def test_a_pack_whose_state_cannot_be_stored_is_refolded_event_by_event() -> None:
+    # The run's own threshold overflows the int64 of its liveness state at its first
+    # heartbeat (as in the hostile-input test): every heartbeat is an "encode" dead letter.
+    overflow = started(world_size=2, thresholds={"rank_heartbeat_threshold": 1e300})
+    events: list[Event] = [overflow, *lockstep(2, range(1, 3))]
+    plain = replay(one_per_record(events, "heartbeats"), LIVE_CFG)
+    packed = replay(packed_records(events, "heartbeats", [4]), LIVE_CFG)
+    assert [(d.stage, d.source.offset) for d in plain.dead_letters] == [
+        ("encode", i) for i in range(1, 5)
+    ]
+    assert [(d.stage, d.source.offset, d.source.index) for d in packed.dead_letters] == [
+        ("encode", 1, i) for i in range(4)
+    ]
+    assert [d.payload for d in packed.dead_letters] == [encode(e) for e in events[1:]]
+    assert packed.liveness["r"] == plain.liveness["r"]  # the state from before the pack
+    assert packed.anomalies == plain.anomalies == []
