@@ -9,9 +9,9 @@ of one tick come out in the same order).
 
 Commands come from the policy folded over the *recorded* anomalies log when the input has
 anomaly records, in its order; otherwise over the recomputed anomalies in canonical order
-(log time, then source topic, partition, offset, run and emission order), with synthetic
-provenance on topic ``replay.anomalies`` (their ``source`` and ``seq`` therefore differ
-from live commands, which point into the real anomalies topic).
+(log time, then source topic, partition, offset, index in a pack, run and emission order),
+with synthetic provenance on topic ``replay.anomalies`` (their ``source`` and ``seq``
+therefore differ from live commands, which point into the real anomalies topic).
 
 No record stops a partition (ARCHITECTURE rule 7). Every record is applied on its own:
 when its fold raises, or the state it produces cannot be encoded for the table
