@@ -6,11 +6,22 @@ machine only ever slows a run down. Also compares the sorted-tuple median/MAD wi
 on a 50-value window, and measures the state encoding that table writes pay.
 
     .venv/bin/python bench/core.py [--events 200000] [--repeat 5] [--worlds 8,64,1024,4096,16384]
+        [--pack-events 512] [--batch-records 5000] [--pipeline-events 2000]
 
 Heartbeats are folded for each world size (at least 4 steps of every rank, so the
 per-step work, bucket closes and periodic scans, is in the average); the per-event cost
 and the encoded liveness state (bytes per run, what a batch writes to the changelog) are
 printed per world, with the cost at 4,096 over the cost at 8 (goal <= 1.5).
+
+The same heartbeats then go through the path a worker runs per batch, unpacked (one
+record per event) and packed (`schemas.events.EventPack` records of ``--pack-events``):
+decode and intake (`processors.intake.split`), then `processors.pipeline.fold_batch` in
+batches of ``--batch-records`` records, each batch loading the run's stored state and
+leaving its new state as bytes (what the changelog gets: one value per run per batch).
+Printed per world: microseconds per event both ways, and the changelog bytes per run per
+batch with what that is per event. The unpacked path checks (encodes) the state after
+every record, which dominates at large worlds, so it folds at most ``--pipeline-events``
+(default 2,000) events there.
 
 Targets: >= 200k heartbeats/s and >= 100k steps/s; 4,096/8 per-event cost <= 1.5.
 """
@@ -25,6 +36,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -35,7 +47,17 @@ from processors.core.config import DetectorConfig, with_overrides
 from processors.core.liveness import LivenessState, fold_liveness
 from processors.core.state_codec import decode_state, encode_state
 from processors.core.steps import fold_step
-from schemas.events import Heartbeat, ModelFlopConfig, Provenance, RunStarted, StepCompleted
+from processors.intake import RawRecord, split
+from processors.pipeline import fold_batch
+from schemas.codec import encode, encode_key
+from schemas.events import (
+    EventPack,
+    Heartbeat,
+    ModelFlopConfig,
+    Provenance,
+    RunStarted,
+    StepCompleted,
+)
 
 S = 1_000_000_000
 CFG = DetectorConfig()
@@ -119,6 +141,97 @@ def codec_us(state: LivenessState, repeat: int = 5) -> float:
     return best * 1e6
 
 
+class PipelineCost(NamedTuple):
+    """One world's per-event cost through decode + fold_batch, and its changelog writes."""
+
+    unpacked_us: float
+    packed_us: float
+    unpacked_events: int
+    packed_events: int
+    changelog_bytes_per_batch: int
+    unpacked_batches: int
+    packed_batches: int
+
+
+def _records(beats: list[Heartbeat], pack_events: int) -> list[RawRecord]:
+    key = encode_key("r")
+    if pack_events <= 1:
+        values = [encode(b) for b in beats]
+    else:
+        values = [
+            encode(
+                EventPack(
+                    run_id="r",
+                    ts_ns=max(b.ts_ns for b in chunk),
+                    events=tuple(chunk),
+                )
+            )
+            for chunk in (beats[i : i + pack_events] for i in range(0, len(beats), pack_events))
+        ]
+    return [RawRecord("hb", 0, i + 1, key, v) for i, v in enumerate(values)]
+
+
+def _through_pipeline(
+    world: int, records: list[RawRecord], batch_records: int
+) -> tuple[float, list[int]]:
+    """Seconds to decode and fold ``records`` batch by batch, and each batch's state bytes."""
+    started = RawRecord(
+        "hb", 0, 0, encode_key("r"), encode(RunStarted(run_id="r", ts_ns=0, world_size=world))
+    )
+    table: dict[str, bytes] = {}
+
+    def load(run_id: str) -> object:
+        raw = table.get(run_id)
+        return None if raw is None else decode_state("liveness", raw)
+
+    good, _ = split([started], "heartbeats")
+    table.update(fold_batch("heartbeats", good, load, lambda _: (), CFG).encoded)
+    sizes: list[int] = []
+    begin = time.perf_counter()
+    for i in range(0, len(records), batch_records):
+        good, dead = split(records[i : i + batch_records], "heartbeats")
+        assert not dead
+        result = fold_batch("heartbeats", good, load, lambda _: (), CFG)
+        table.update(result.encoded)
+        sizes.append(len(result.encoded["r"]))
+    return time.perf_counter() - begin, sizes
+
+
+def pipeline_costs(
+    worlds: list[int],
+    events: int,
+    repeat: int,
+    *,
+    pack_events: int,
+    batch_records: int,
+    plain_cap: int,
+) -> dict[int, PipelineCost]:
+    """Per-event cost unpacked and packed through decode + fold_batch, per world size."""
+    out: dict[int, PipelineCost] = {}
+    for world in worlds:
+        beats = HeartbeatRun(world, events).beats
+        plain = beats[: min(len(beats), plain_cap)] if world >= 1024 else beats
+        plain_records, packed_records = _records(plain, 1), _records(beats, pack_events)
+        best_plain = best_packed = math.inf
+        sizes: list[int] = []
+        plain_batches = packed_batches = 0
+        for _ in range(repeat):
+            seconds, got = _through_pipeline(world, plain_records, batch_records)
+            best_plain, plain_batches = min(best_plain, seconds), len(got)
+            seconds, sizes = _through_pipeline(world, packed_records, batch_records)
+            best_packed, packed_batches = min(best_packed, seconds), len(sizes)
+        out[world] = PipelineCost(
+            unpacked_us=best_plain / len(plain) * 1e6,
+            packed_us=best_packed / len(beats) * 1e6,
+            unpacked_events=len(plain),
+            packed_events=len(beats),
+            changelog_bytes_per_batch=round(sum(sizes) / len(sizes)),
+            unpacked_batches=plain_batches,
+            packed_batches=packed_batches,
+        )
+    return out
+
+
 def step_rate(events: int, repeat: int, cfg: DetectorConfig = CFG) -> tuple[float, int, int]:
     """Steps/s folded, encoded step state bytes, kept steps (step times jittered 1 %)."""
     rng = random.Random(0)
@@ -186,6 +299,9 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=200_000)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--worlds", default="8,64,1024,4096,16384")
+    parser.add_argument("--pack-events", type=int, default=512, help="events per pack record")
+    parser.add_argument("--batch-records", type=int, default=5000, help="records per batch")
+    parser.add_argument("--pipeline-events", type=int, default=2000, help="unpacked cap")
     args = parser.parse_args()
     worlds = sorted({8, *(int(w) for w in args.worlds.split(","))})
     beats = heartbeat_rates(worlds, args.events, args.repeat)
@@ -197,6 +313,26 @@ def main() -> None:
         )
     hb8 = beats[8][0]
     ratio = hb8 / beats[4096][0] if 4096 in beats else None
+    pipe = pipeline_costs(
+        worlds,
+        args.events,
+        max(1, args.repeat // 2),
+        pack_events=args.pack_events,
+        batch_records=args.batch_records,
+        plain_cap=args.pipeline_events,
+    )
+    for world in worlds:
+        c = pipe[world]
+        per_batch_plain = c.unpacked_events / c.unpacked_batches
+        per_batch_packed = c.packed_events / c.packed_batches
+        print(
+            f"decode+fold_batch, world {world:>6,}: unpacked {c.unpacked_us:9.2f} us/event, "
+            f"packed ({args.pack_events}/record) {c.packed_us:7.2f} us/event "
+            f"({c.unpacked_us / c.packed_us:6.1f}x); changelog {c.changelog_bytes_per_batch:,} "
+            f"bytes/run/batch = {c.changelog_bytes_per_batch / per_batch_plain:.2f} B/event "
+            f"unpacked, {c.changelog_bytes_per_batch / per_batch_packed:.3f} packed "
+            f"(batches of {args.batch_records:,} records)"
+        )
     steps, state_bytes, kept = step_rate(args.events // 2, args.repeat)
     long_cfg = with_overrides(CFG, {"history_steps": 4096})
     steps_long, long_bytes, _ = step_rate(args.events // 2, args.repeat, long_cfg)
@@ -234,6 +370,17 @@ def main() -> None:
                 "steps_per_s_history_4096": round(steps_long),
                 "step_state_bytes_history_4096": long_bytes,
                 "liveness_codec_us": {str(w): round(b[3], 1) for w, b in beats.items()},
+                "pipeline_unpacked_us_per_event": {
+                    str(w): round(c.unpacked_us, 3) for w, c in pipe.items()
+                },
+                "pipeline_packed_us_per_event": {
+                    str(w): round(c.packed_us, 3) for w, c in pipe.items()
+                },
+                "changelog_bytes_per_run_per_batch": {
+                    str(w): c.changelog_bytes_per_batch for w, c in pipe.items()
+                },
+                "pack_events": args.pack_events,
+                "batch_records": args.batch_records,
                 "targets_met": ok,
             },
             sort_keys=True,

@@ -3,6 +3,10 @@
 One decode per record. A record is rejected when its bytes are not a runwatch event, when
 its tag is unknown, when the event does not belong on the topic it was read from, or when
 its key is not its run id (it would sit in another run's partition and escape detection).
+A packed record (`schemas.events.EventPack`) is rejected whole when any event in it does
+not belong on the topic (`ROLE_PACKED_TYPES`), or belongs to another run (the codec
+refuses that pack); it is not unpacked here: the shared fold does that
+(`processors.core.replay.unpack`), so every reader applies the same events.
 Nothing is dropped: every rejected record becomes a `DeadLetter` (stage ``decode``) with
 the reason and the raw bytes, cut to the dead letter's bounds so that the dead letter
 itself is always a valid event that fits in a Kafka record (the record stays in its topic
@@ -26,6 +30,7 @@ from schemas.events import (
     CheckpointFailed,
     CommandRejected,
     DeadLetter,
+    EventPack,
     Heartbeat,
     Provenance,
     RankExited,
@@ -40,14 +45,22 @@ from schemas.events import (
 
 ROLE_TYPES: Final[dict[str, tuple[type, ...]]] = {
     "runs": (RunStarted, RunEnded),
-    "steps": (RunStarted, StepCompleted, RunEnded),
-    "heartbeats": (RunStarted, Heartbeat, RunEnded, Tick, RankExited),
+    "steps": (RunStarted, StepCompleted, RunEnded, EventPack),
+    "heartbeats": (RunStarted, Heartbeat, RunEnded, Tick, RankExited, EventPack),
     "checkpoints": (CheckpointCommitted, CheckpointFailed),
     "anomalies": (AnomalyDetected,),
     "commands": (RestartRequested,),
     "controller": (RestartCompleted, RestartFailed, CommandRejected),
 }
-"""Which event types each topic role may carry."""
+"""Which event types each topic role may carry (a pack: see `ROLE_PACKED_TYPES`)."""
+
+ROLE_PACKED_TYPES: Final[dict[str, tuple[type, ...]]] = {
+    "steps": (StepCompleted,),
+    "heartbeats": (Heartbeat,),
+}
+"""What a pack on each topic role may hold: that topic's own high-volume event, so one
+record never feeds two reducers (a pack of steps on the heartbeats topic would be read by
+nobody; mixing them would make one topic's order depend on another's)."""
 
 
 class RawRecord(NamedTuple):
@@ -116,6 +129,16 @@ def _check(record: RawRecord, role: str) -> Decoded | DeadLetter:
         return dead_letter(
             record, f"{type(event).__name__} does not belong on a {role} topic ({names})"
         )
+    if isinstance(event, EventPack):
+        packable = ROLE_PACKED_TYPES[role]
+        for index, inner in enumerate(event.events):
+            if not isinstance(inner, packable):
+                names = ", ".join(t.__name__ for t in packable)
+                return dead_letter(
+                    record,
+                    f"event {index} of a pack is a {type(inner).__name__}, which does not "
+                    f"belong on a {role} topic (packs there hold {names})",
+                )
     expected_key = TICK_RUN_ID if isinstance(event, Tick) else event.run_id
     if record.key is None or record.key != expected_key.encode():
         key = record.key if record.key is None else record.key[:MAX_ID_CHARS]

@@ -6,9 +6,11 @@ and hands them to the producer, and settles each event in the buffer when the br
 acknowledged it (or the producer has given up). Training threads never wait for it.
 
 An event routed to several topics counts once: it is delivered when every copy is
-acknowledged and failed when any copy fails. Retriable trouble (no broker, no metadata
-for a topic yet) never loses an event: it stays where it is until the broker answers or
-the emitter closes; the bounded buffer turns a long outage into counted drops.
+acknowledged and failed when any copy fails. With a `producers.packing.Packer`, events
+go through it on their way to the producer, and a pack record settles all of its events.
+Retriable trouble (no broker, no metadata for a topic yet) never loses an event: it stays
+where it is until the broker answers or the emitter closes; the bounded buffer turns a
+long outage into counted drops.
 """
 
 from __future__ import annotations
@@ -22,14 +24,11 @@ from typing import Any, Protocol
 from kafka.errors import KafkaTimeoutError
 
 from producers.buffer import EventBuffer
+from producers.packing import Outgoing, Packer, QueuedEvent
 from producers.ratelimit import RateLimitedLog
 from schemas.codec import encode
-from schemas.events import Event
 
 logger = logging.getLogger(__name__)
-
-QueuedEvent = tuple[tuple[str, ...], bytes, "bytes | Event"]
-"""What the buffer holds: (topics, record key, encoded value or the event to encode)."""
 
 
 class FutureLike(Protocol):
@@ -87,12 +86,13 @@ class _MultiTopic:
 
 
 class _Sending:
-    """The event being handed to the producer, and how many of its copies went."""
+    """The record being handed to the producer, the events it settles, the copies sent."""
 
-    __slots__ = ("item", "sent", "tracker")
+    __slots__ = ("count", "item", "sent", "tracker")
 
-    def __init__(self, item: QueuedEvent) -> None:
+    def __init__(self, item: QueuedEvent, count: int = 1) -> None:
         self.item = item
+        self.count = count
         self.sent = 0
         self.tracker: _MultiTopic | None = None
 
@@ -116,6 +116,7 @@ class DeliveryThread:
         idle_wait_s: float = 1.0,
         log: RateLimitedLog | None = None,
         on_connect: Callable[[], None] | None = None,
+        packer: Packer | None = None,
     ) -> None:
         """Prepare the thread; `start` runs it.
 
@@ -130,6 +131,8 @@ class DeliveryThread:
             idle_wait_s: Longest sleep with nothing to do (a safety net; pushes wake it).
             log: Rate-limited log for warnings; a fresh one when None.
             on_connect: Called (on the thread) after the producer is created.
+            packer: Packs events into records on their way to the producer; None: one
+                record per event.
         """
         self._buffer = buffer
         self._factory = producer_factory
@@ -139,10 +142,13 @@ class DeliveryThread:
         self._idle_wait_s = idle_wait_s
         self._log = log or RateLimitedLog(logger)
         self._on_connect = on_connect
+        self._packer = packer
         self._producer: ProducerLike | None = None
         self._wakeup = threading.Event()
         self._stop_deadline: float | None = None
         self._flush_deadline: float | None = None
+        self._flush_target: int | None = None
+        self._popped = 0
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self.connected = False
 
@@ -152,12 +158,15 @@ class DeliveryThread:
         """Start the thread (returns at once)."""
         self._thread.start()
 
-    def request_flush(self, deadline: float) -> None:
+    def request_flush(self, deadline: float, target: int | None = None) -> None:
         """Ask the thread to push everything out now (ignoring ``linger_ms``).
 
         Args:
             deadline: ``time.monotonic()`` value after which to stop waiting on the producer.
+            target: The buffer's ``enqueued`` count the flush covers: open packs holding
+                only later events stay open (None: close every open pack).
         """
+        self._flush_target = target
         self._flush_deadline = deadline
         self._wakeup.set()
         self._buffer.wake()
@@ -206,7 +215,12 @@ class DeliveryThread:
             if self._stop_due():
                 return
             if self._producer is None:
-                if self._stop_deadline is not None and current is None and not len(self._buffer):
+                if (
+                    self._stop_deadline is not None
+                    and current is None
+                    and not len(self._buffer)
+                    and not (self._packer is not None and self._packer.holding)
+                ):
                     return  # closing with nothing to deliver: no need to connect
                 if not self._connect():
                     self._sleep(backoff_s)
@@ -215,10 +229,9 @@ class DeliveryThread:
                 backoff_s = self._backoff_min_s
             while True:
                 if current is None:
-                    item = self._buffer.pop()
-                    if item is None:
+                    current = self._next()
+                    if current is None:
                         break
-                    current = _Sending(item)
                 if not self._send(current):
                     break
                 current = None
@@ -232,7 +245,44 @@ class DeliveryThread:
             if self._flush_deadline is not None:
                 self._flush_producer()
                 continue
-            self._buffer.wait_for_items(self._idle_wait_s)
+            self._buffer.wait_for_items(self._wait_s())
+
+    def _next(self) -> _Sending | None:
+        """The next record to send: the buffer's next event, or what the packer closed."""
+        packer = self._packer
+        if packer is None:
+            item = self._buffer.pop()
+            return None if item is None else _Sending(item)
+        while True:
+            out: Outgoing | None = packer.next()
+            if out is not None:
+                return _Sending(out.item, out.count)
+            item = self._buffer.pop()
+            if item is not None:
+                self._popped += 1
+                packer.offer(item)
+                continue
+            # nothing queued: close what lingered long enough, or everything to flush/close
+            if self._stop_deadline is not None or self._flush_covers(packer):
+                packer.close_all()
+            else:
+                packer.close_due()
+            out = packer.next()
+            return None if out is None else _Sending(out.item, out.count)
+
+    def _flush_covers(self, packer: Packer) -> bool:
+        """True while a flush is pending that covers an event in an open pack."""
+        if self._flush_deadline is None:
+            return False
+        target = self._flush_target
+        return target is None or self._popped - packer.open_events < target
+
+    def _wait_s(self) -> float:
+        """How long to sleep for new events: until the oldest open pack is due, at most."""
+        due = self._packer.next_due() if self._packer is not None else None
+        if due is None:
+            return self._idle_wait_s
+        return min(self._idle_wait_s, max(0.0, due - time.monotonic()))
 
     def _connect(self) -> bool:
         config = self._config
@@ -266,7 +316,7 @@ class DeliveryThread:
                 payload = encode(payload)
             except Exception as exc:
                 self._log.error("encode", "runwatch emitter: cannot encode %r: %s", payload, exc)
-                self._buffer.settle(failed=1)
+                self._buffer.settle(failed=sending.count)
                 return True
             sending.item = (topics, key, payload)
         copies = len(topics)
@@ -297,11 +347,11 @@ class DeliveryThread:
                 if sending.tracker is not None:
                     sending.tracker.done(unsent, failed=True)
                 else:
-                    self._buffer.settle(failed=1)
+                    self._buffer.settle(failed=sending.count)
                 return True
             if sending.tracker is None:
-                future.add_callback(self._delivered_one)
-                future.add_errback(self._failed_one, topic)
+                future.add_callback(self._delivered_one, sending.count)
+                future.add_errback(self._failed_one, topic, sending.count)
             else:
                 future.add_callback(self._copy_delivered, sending.tracker)
                 future.add_errback(self._copy_failed, sending.tracker, topic)
@@ -331,12 +381,12 @@ class DeliveryThread:
 
     # ------------------------------------------------------------------ callbacks
 
-    def _delivered_one(self, _metadata: object) -> None:
-        self._buffer.settle(delivered=1)
+    def _delivered_one(self, count: int, _metadata: object) -> None:
+        self._buffer.settle(delivered=count)
 
-    def _failed_one(self, topic: str, exc: BaseException) -> None:
+    def _failed_one(self, topic: str, count: int, exc: BaseException) -> None:
         self._report_failure(topic, exc)
-        self._buffer.settle(failed=1)
+        self._buffer.settle(failed=count)
 
     def _copy_delivered(self, tracker: _MultiTopic, _metadata: object) -> None:
         tracker.done()

@@ -84,6 +84,10 @@ class RunEmitter(RunEvents):
         max_buffered: int = 100_000,
         client_config: Mapping[str, Any] | None = None,
         producer_factory: ProducerFactory | None = None,
+        pack_heartbeats: bool = False,
+        pack_steps: bool = False,
+        pack_max_events: int = 512,
+        pack_linger_ms: float = 100.0,
     ) -> None:
         """Configure the emitter and start its delivery thread; never waits for Kafka.
 
@@ -104,11 +108,19 @@ class RunEmitter(RunEvents):
                 ``bootstrap_servers`` and the serializers are fixed.
             producer_factory: Creates the producer from keyword arguments;
                 ``kafka.KafkaProducer`` when None. Tests pass fakes.
+            pack_heartbeats: Send heartbeats queued within ``pack_linger_ms`` as one
+                packed record (`schemas.events.EventPack`; see `producers.packing`).
+                Off by default: one record per event, the wire format of old consumers.
+            pack_steps: The same for steps.
+            pack_max_events: Most events per packed record (2..4096).
+            pack_linger_ms: Longest an event waits for others to share its record; what
+                the processors see that much later (a hang, a dead rank).
 
         Raises:
             ValueError: No run id or bootstrap, a negative rank, a rank outside the world,
-                a malformed environment variable, ``max_buffered`` < 1, or
-                ``client_config`` overriding a fixed setting.
+                a malformed environment variable, ``max_buffered`` < 1,
+                ``client_config`` overriding a fixed setting, or a packing bound out of
+                range.
             TypeError: An argument of the wrong type.
         """
         config = resolve_config(
@@ -120,6 +132,10 @@ class RunEmitter(RunEvents):
             incarnation=incarnation,
             max_buffered=max_buffered,
             client_config=client_config,
+            pack_heartbeats=pack_heartbeats,
+            pack_steps=pack_steps,
+            pack_max_events=pack_max_events,
+            pack_linger_ms=pack_linger_ms,
         )
         super().__init__(config, producer_factory)
         install_stack_dump()  # the agent that launched us may ask where we are (SIGUSR1)

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 from common.settings import ENV_BOOTSTRAP, ENV_TOPIC_PREFIX, kafka_client_config
 from producers.delivery import ProducerFactory
+from producers.packing import PackPolicy
 from producers.ratelimit import quiet_library_loggers
-from producers.validation import as_int, as_step, as_str
+from producers.validation import as_bool, as_float, as_int, as_step, as_str
 
 ENV_RUN_ID: Final = "RUNWATCH_RUN_ID"
 """The run's id, set by ``runwatch launch`` for every rank of the gang."""
@@ -73,6 +74,8 @@ class EmitterConfig:
         topic_prefix: Prefix of the topic names (not empty).
         max_buffered: Most events held before new ones are dropped (>= 1).
         client_config: Extra kafka-python producer settings, none of them fixed.
+        packing: What the delivery thread packs into `schemas.events.EventPack` records
+            (`producers.packing`); nothing by default.
     """
 
     run_id: str
@@ -83,6 +86,7 @@ class EmitterConfig:
     topic_prefix: str
     max_buffered: int
     client_config: Mapping[str, Any]
+    packing: PackPolicy = field(default_factory=PackPolicy)
 
     @property
     def thread_name(self) -> str:
@@ -115,6 +119,10 @@ def resolve_config(
     incarnation: int | None,
     max_buffered: int,
     client_config: Mapping[str, Any] | None,
+    pack_heartbeats: bool = False,
+    pack_steps: bool = False,
+    pack_max_events: int = 512,
+    pack_linger_ms: float = 100.0,
 ) -> EmitterConfig:
     """Fill in `RunEmitter`'s arguments from the environment and check them.
 
@@ -126,10 +134,16 @@ def resolve_config(
 
     Raises:
         ValueError: No run id or bootstrap, a negative rank, a rank outside the world,
-            a malformed environment variable, ``max_buffered`` < 1, or ``client_config``
-            overriding a fixed setting.
+            a malformed environment variable, ``max_buffered`` < 1, ``client_config``
+            overriding a fixed setting, or a packing bound out of range.
         TypeError: An argument of the wrong type.
     """
+    packing = PackPolicy(
+        heartbeats=as_bool("pack_heartbeats", pack_heartbeats),
+        steps=as_bool("pack_steps", pack_steps),
+        max_events=as_int("pack_max_events", pack_max_events),
+        linger_s=as_float("pack_linger_ms", pack_linger_ms) / 1e3,
+    )
     run_id = run_id if run_id is not None else os.environ.get(ENV_RUN_ID)
     if run_id is None or run_id == "":
         raise ValueError(f"RunEmitter needs a run id: pass run_id=... or set {ENV_RUN_ID}")
@@ -170,6 +184,7 @@ def resolve_config(
         topic_prefix=topic_prefix,
         max_buffered=max_buffered,
         client_config=overrides,
+        packing=packing,
     )
 
 

@@ -26,6 +26,7 @@ from producers.buffer import EventBuffer
 from producers.delivery import DeliveryThread, ProducerFactory, QueuedEvent
 from producers.emitter_config import EmitterConfig, default_producer_factory, producer_settings
 from producers.lifecycle import ExitHook, stop_delivery
+from producers.packing import Packer
 from producers.ratelimit import RateLimitedLog
 from schemas.codec import encode, encode_key
 from schemas.events import Event
@@ -49,6 +50,7 @@ class EmitterStats:
         failed: Events the producer gave up on (a non-retriable error, or `close` timed
             out with them in the producer).
         buffered: Events accepted and not yet delivered or failed.
+        packs: Pack records the emitter built (0 unless packing is on).
     """
 
     enqueued: int
@@ -56,6 +58,7 @@ class EmitterStats:
     dropped: int
     failed: int
     buffered: int
+    packs: int = 0
 
 
 class EmitterCore:
@@ -116,6 +119,8 @@ class EmitterCore:
         if producer_factory is None:
             producer_factory = default_producer_factory(settings)
         self._exit_hook = ExitHook(self)
+        packing = config.packing
+        self._packer = Packer(packing, topics.heartbeats, topics.steps) if packing.enabled else None
         self._delivery = DeliveryThread(
             self._buffer,
             producer_factory=producer_factory,
@@ -123,6 +128,7 @@ class EmitterCore:
             name=config.thread_name,
             log=self._log,
             on_connect=self._exit_hook.register_last,
+            packer=self._packer,
         )
         self._exit_hook.register_last()
         self._delivery.start()
@@ -194,7 +200,7 @@ class EmitterCore:
         target = self._buffer.enqueued
         _, _, _, failed_before = self._buffer.counts()
         if self._delivery.alive:
-            self._delivery.request_flush(time.monotonic() + timeout_s)
+            self._delivery.request_flush(time.monotonic() + timeout_s, target)
         settled = self._buffer.wait_settled(target, timeout_s)
         _, _, _, failed_after = self._buffer.counts()
         return settled and failed_after == failed_before
@@ -248,6 +254,7 @@ class EmitterCore:
             dropped=dropped,
             failed=failed,
             buffered=enqueued - delivered - failed,
+            packs=self._packer.packs if self._packer is not None else 0,
         )
 
 

@@ -21,6 +21,12 @@ with a reason and becomes a dead letter instead of reaching a reducer (or a stat
 cannot be stored). `schemas.codec` also bounds a record's size and nesting before
 decoding it. Tightening a bound is a compatible change for every producer that stayed
 within it.
+
+Packed records: an `EventPack` (``pack.v1``) carries up to `MAX_PACK_EVENTS` heartbeats
+or steps of one run in one record; the processors apply its events one by one, each
+with the record's `Provenance` plus its ``index`` in the pack. Unpacked events stay the
+default wire format, and a decoder that predates packs reports ``pack.v1`` as an unknown
+type (a dead letter), never a crash.
 """
 
 from __future__ import annotations
@@ -48,6 +54,9 @@ MAX_RECORD_BYTES: Final = 8 * 1024 * 1024
 """The largest record the codec decodes (Kafka's default limit is 1 MiB)."""
 MAX_NESTING: Final = 32
 """The deepest JSON nesting the codec decodes (an event needs 4)."""
+MAX_PACK_EVENTS: Final = 4096
+"""Most events one `EventPack` carries (a node's 8 ranks for 512 steps, or 4,096 ranks'
+heartbeats of one step); at ~120 bytes a heartbeat, such a pack stays under Kafka's 1 MiB."""
 MAX_DEADLETTER_PAYLOAD_BYTES: Final = 512 * 1024
 """A dead letter keeps at most this much of the record (the record itself stays in its
 topic, at the offset the dead letter names); its base64 stays under Kafka's 1 MiB."""
@@ -142,12 +151,24 @@ class LoaderState(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True)
     global_sample: Count = 0
 
 
-class Provenance(msgspec.Struct, frozen=True, kw_only=True):
-    """The log position of the event that caused a verdict."""
+class Provenance(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """The log position of the event that caused a verdict.
+
+    Attributes:
+        topic: The topic of the record.
+        partition: Its partition.
+        offset: Its offset.
+        index: The event's place in the record when the record is an `EventPack`
+            (0-based); -1 (the default, omitted on the wire) when the record is the event.
+            Reducers apply positions in ``(offset, index)`` order and skip those at or
+            below the last they applied, so a pack redelivered after a crash applies
+            nothing twice.
+    """
 
     topic: Id
     partition: Annotated[int, Meta(ge=-1, lt=2**31)]
     offset: Annotated[int, Meta(ge=-1, le=INT64_MAX)]
+    index: Annotated[int, Meta(ge=-1, lt=MAX_PACK_EVENTS)] = -1
 
 
 # --------------------------------------------------------------------------- base
@@ -344,6 +365,50 @@ class RankExited(Event, frozen=True, kw_only=True, tag="rank_exited.v1"):
     pid: Small = 0
     exit_code: Annotated[int, Meta(ge=-(2**31), lt=2**31)] | None = None
     signal: Annotated[int, Meta(ge=1, le=128)] | None = None
+
+
+PackableEvent = Heartbeat | StepCompleted
+"""The events an `EventPack` may carry: the two that come once per rank (or per run) per
+step and make up nearly all of the volume. Everything else (run markers, checkpoints,
+exits, ticks, verdicts) is rare, or must be seen on its own, and travels alone."""
+
+PACKABLE_TYPES: tuple[type[Event], ...] = (Heartbeat, StepCompleted)
+"""`PackableEvent` as a tuple of classes (for ``isinstance``)."""
+
+
+class EventPack(Event, frozen=True, kw_only=True, tag="pack.v1"):
+    """Many events of one run in one record: one Kafka record, one decode, many events.
+
+    A node's ranks' heartbeats for an interval, or an emitter's events within its linger.
+
+    A pack is an envelope, not an event of its own: the processors apply its events one
+    by one, in order, each with the record's provenance plus its index in ``events``
+    (`Provenance.index`), so verdicts, dead letters and idempotence name the exact event.
+    Every event must belong to the pack's run (a pack with a stranger's event is rejected
+    whole: it would sit in another run's partition); packs do not nest (a pack inside a
+    pack is not a `PackableEvent`); a topic takes the packs of its own events only
+    (`processors.intake`: heartbeats on the heartbeats topic, steps on the steps topic).
+
+    Attributes:
+        events: One to `MAX_PACK_EVENTS` events of ``run_id``, in the order they happened.
+            ``ts_ns`` of the pack is the newest of theirs (the packer's choice; the
+            reducers read each event's own).
+    """
+
+    events: Annotated[tuple[PackableEvent, ...], Meta(min_length=1, max_length=MAX_PACK_EVENTS)]
+
+    def __post_init__(self) -> None:
+        """Reject a pack holding an event of another run (a decode error on the wire).
+
+        Raises:
+            ValueError: An event's ``run_id`` is not the pack's.
+        """
+        run_id = self.run_id
+        for index, event in enumerate(self.events):
+            if event.run_id != run_id:
+                raise ValueError(
+                    f"event {index} of a pack of run {run_id!r} belongs to run {event.run_id!r}"
+                )
 
 
 # --------------------------------------------------------------------------- verdicts and commands
@@ -546,8 +611,9 @@ InputEvent = (
     | CheckpointFailed
     | RunEnded
     | RankExited
+    | EventPack
 )
-"""Events the trainer side and the clock produce."""
+"""Events the trainer side and the clock produce (a pack carries several of them)."""
 
 OutputEvent = (
     AnomalyDetected
@@ -571,6 +637,7 @@ INPUT_TYPES: tuple[type[Event], ...] = (
     CheckpointFailed,
     RunEnded,
     RankExited,
+    EventPack,
 )
 OUTPUT_TYPES: tuple[type[Event], ...] = (
     AnomalyDetected,

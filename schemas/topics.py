@@ -124,8 +124,13 @@ class TopicNames(msgspec.Struct, frozen=True, kw_only=True):
 
 _CATALOGUE: Final[tuple[tuple[str, bool, int | None, str], ...]] = (
     ("runs", True, None, "RunStarted / RunEnded: model FLOP config, plan, peak, thresholds"),
-    ("steps", False, -1, "StepCompleted: loss, grad norm, step time, tokens, restart marker"),
-    ("heartbeats", False, 4 * WEEK_MS, "Heartbeat per rank per step, and Tick from the clock"),
+    ("steps", False, -1, "StepCompleted (alone or packed): loss, grad norm, step time, tokens"),
+    (
+        "heartbeats",
+        False,
+        4 * WEEK_MS,
+        "Heartbeat per rank per step (or packs), Tick from the clock",
+    ),
     ("checkpoints", False, -1, "CheckpointCommitted / CheckpointFailed"),
     ("anomalies", False, -1, "AnomalyDetected verdicts"),
     ("commands", False, -1, "RestartRequested, signed, from the policy to the controller"),

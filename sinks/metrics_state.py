@@ -26,6 +26,7 @@ from schemas.events import (
     AnomalyDetected,
     CommandRejected,
     Event,
+    EventPack,
     Heartbeat,
     RestartCompleted,
     RestartFailed,
@@ -97,7 +98,11 @@ class FleetFigures:
         return fig
 
     def apply(self, event: Event, partition: int) -> None:
-        """Fold one event read from ``partition`` of its topic."""
+        """Fold one event read from ``partition`` of its topic (a pack: each of its events)."""
+        if type(event) is EventPack:
+            for inner in event.events:
+                self.apply(inner, partition)
+            return
         self.newest_ns = max(self.newest_ns, event.ts_ns)
         if isinstance(event, Tick):
             self.tick_ns[partition] = max(self.tick_ns.get(partition, 0), event.ts_ns)

@@ -37,6 +37,7 @@ from schemas.events import (
     AnomalyDetected,
     CommandRejected,
     Event,
+    EventPack,
     RestartCompleted,
     RestartFailed,
     RestartRequested,
@@ -396,6 +397,10 @@ class WebviewData:
         self._dirty.add(run.run_id)
 
     def _apply_event(self, event: Event) -> None:
+        if type(event) is EventPack:  # packed steps: each one a point of the curves
+            for inner in event.events:
+                self._apply_event(inner)
+            return
         run = self._run(event.run_id)
         if isinstance(event, RunStarted):
             run.info = RunInfo.from_event(event)

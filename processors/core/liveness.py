@@ -64,6 +64,7 @@ def _incarnation_state(state: LivenessState, event: RunStarted) -> LivenessState
     return LivenessState(
         run_id=state.run_id,
         last_offset=state.last_offset,
+        last_index=state.last_index,
         incarnation=event.incarnation,
         thresholds=dict(event.thresholds),
         log_time_ns=max(state.log_time_ns, event.ts_ns),
@@ -88,7 +89,9 @@ def _on_heartbeat(
     ts_ns = event.ts_ns
     now_ns = ts_ns if ts_ns > state.log_time_ns else state.log_time_ns
     if not state.live:
-        return msgspec.structs.replace(state, last_offset=source.offset, log_time_ns=now_ns), []
+        return msgspec.structs.replace(
+            state, last_offset=source.offset, last_index=source.index, log_time_ns=now_ns
+        ), []
     rank, step = event.rank, event.step
     table, data, journal = state.table.begin()
     steps, stamps = data.steps, data.ts
@@ -180,6 +183,7 @@ def _on_heartbeat(
         out.raised() if verdicts and out is not None else state.raised,
         out.counts() if verdicts and out is not None else state.anomaly_counts,
         state.exit_rank,
+        source.index,
     )
     return new, verdicts
 
@@ -189,7 +193,9 @@ def _on_tick(
 ) -> tuple[LivenessState, list[AnomalyDetected]]:
     now_ns = max(state.log_time_ns, event.ts_ns)
     if not state.live:
-        return msgspec.structs.replace(state, last_offset=source.offset, log_time_ns=now_ns), []
+        return msgspec.structs.replace(
+            state, last_offset=source.offset, last_index=source.index, log_time_ns=now_ns
+        ), []
     out = Verdicts(state, event.ts_ns, source, cfg)
     hung = state.hung
     started = state.first_step >= 0
@@ -224,6 +230,7 @@ def _on_tick(
     return msgspec.structs.replace(
         state,
         last_offset=source.offset,
+        last_index=source.index,
         log_time_ns=now_ns,
         hung=hung,
         table=table,
@@ -304,7 +311,9 @@ def _on_rank_exited(
 ) -> tuple[LivenessState, list[AnomalyDetected]]:
     now_ns = max(state.log_time_ns, event.ts_ns)
     if not state.live or event.incarnation != state.incarnation or state.exit_rank >= 0:
-        return msgspec.structs.replace(state, last_offset=source.offset, log_time_ns=now_ns), []
+        return msgspec.structs.replace(
+            state, last_offset=source.offset, last_index=source.index, log_time_ns=now_ns
+        ), []
     clean = event.exit_code == 0 and event.signal is None
     table, data, journal = state.table.begin()
     rank = event.rank
@@ -337,6 +346,7 @@ def _on_rank_exited(
     return msgspec.structs.replace(
         state,
         last_offset=source.offset,
+        last_index=source.index,
         log_time_ns=now_ns,
         table=table,
         dead_count=len(data.dead),
@@ -366,8 +376,9 @@ def fold_liveness(
         state: The run's state; None for a run not seen yet (not allowed for a Tick,
             which names no run: the caller passes each known run's state).
         event: RunStarted, Heartbeat, Tick, RunEnded or RankExited.
-        source: The event's log position; offsets at or below the last applied one are
-            skipped.
+        source: The event's log position; positions ``(offset, index)`` at or below the
+            last applied one are skipped (no double apply after a crash, a pack's events
+            included).
         cfg: The processor's configuration (the run's own thresholds apply on top).
 
     Returns:
@@ -380,7 +391,9 @@ def fold_liveness(
         if isinstance(event, Tick):
             raise ValueError("a Tick applies to known runs: pass each run's state")
         state = LivenessState(run_id=event.run_id, started_ns=event.ts_ns)
-    elif source.offset <= state.last_offset:
+    elif source.offset <= state.last_offset and (
+        source.offset < state.last_offset or source.index <= state.last_index
+    ):  # at or before the last applied (offset, index): a pack's events are (o, 0), (o, 1)...
         return state, []
     if type(event) is Heartbeat:
         return _on_heartbeat(
@@ -395,17 +408,20 @@ def fold_liveness(
         return _on_rank_exited(state, event, source, _config(state, cfg))
     if isinstance(event, RunStarted):
         fresh = _incarnation_state(state, event)
-        return msgspec.structs.replace(fresh, last_offset=source.offset), []
+        return msgspec.structs.replace(
+            fresh, last_offset=source.offset, last_index=source.index
+        ), []
     if isinstance(event, RunEnded):
         return msgspec.structs.replace(
             state,
             last_offset=source.offset,
+            last_index=source.index,
             live=False,
             status=event.status,
             hung=False,
             log_time_ns=max(state.log_time_ns, event.ts_ns),
         ), []
-    return msgspec.structs.replace(state, last_offset=source.offset), []
+    return msgspec.structs.replace(state, last_offset=source.offset, last_index=source.index), []
 
 
 __all__ = [

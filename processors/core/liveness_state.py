@@ -50,6 +50,9 @@ class LivenessState(msgspec.Struct, frozen=True, gc=False):
             in this incarnation (-1: none). While set, the silence and step scans and the
             hang check raise nothing more for the incarnation: its other ranks are blocked
             peers of the culprit, not separate faults.
+        last_index: Index in its pack of the last applied event (-1: the record at
+            ``last_offset`` was the event); with ``last_offset`` the position that older
+            ones are skipped below.
     """
 
     run_id: str
@@ -77,6 +80,7 @@ class LivenessState(msgspec.Struct, frozen=True, gc=False):
     raised: int = 0
     anomaly_counts: dict[str, int] = {}
     exit_rank: int = -1
+    last_index: int = -1
 
     @property
     def dead(self) -> tuple[int, ...]:

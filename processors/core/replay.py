@@ -9,9 +9,9 @@ of one tick come out in the same order).
 
 Commands come from the policy folded over the *recorded* anomalies log when the input has
 anomaly records, in its order; otherwise over the recomputed anomalies in canonical order
-(log time, then source topic, partition, offset, run and emission order), with synthetic
-provenance on topic ``replay.anomalies`` (their ``source`` and ``seq`` therefore differ
-from live commands, which point into the real anomalies topic).
+(log time, then source topic, partition, offset, index in a pack, run and emission order),
+with synthetic provenance on topic ``replay.anomalies`` (their ``source`` and ``seq``
+therefore differ from live commands, which point into the real anomalies topic).
 
 No record stops a partition (ARCHITECTURE rule 7). Every record is applied on its own:
 when its fold raises, or the state it produces cannot be encoded for the table
@@ -21,11 +21,18 @@ its verdicts are dropped, and the next record goes on. This is the fold the live
 run (`processors.pipeline`), so live, replay and audit dead-letter the same records. A Tick
 fanned out to many runs is applied per run: a run whose fold fails keeps its state, the
 others advance.
+
+Packed records (`schemas.events.EventPack`) are unpacked here, in the fold every reader
+shares: each inner event is applied as if it were a record of its own, in order, at the
+position ``(offset, index)`` (`unpack`), so its verdicts and dead letters name it exactly
+and the reducers' offset-in-state rule skips what was applied, inner event by inner
+event. A pack is one run's, and one run's state is one table value written once per
+batch, so after a crash a pack is redelivered to a state that holds all of it or none.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Final, Literal, TypeAlias, TypeVar
 
 import msgspec
@@ -44,6 +51,7 @@ from schemas.events import (
     DeadLetter,
     DeadLetterStage,
     Event,
+    EventPack,
     Heartbeat,
     InputEvent,
     Provenance,
@@ -58,12 +66,31 @@ from schemas.events import (
 Role = Literal["steps", "heartbeats", "checkpoints", "anomalies", "runs"]
 ROLES: Final[tuple[str, ...]] = ("steps", "heartbeats", "checkpoints", "anomalies", "runs")
 Record: TypeAlias = tuple[str, Provenance, InputEvent | AnomalyDetected]
-SortKey: TypeAlias = tuple[int, str, int, int, str, int]
+SortKey: TypeAlias = tuple[int, str, int, int, int, str, int]
 REPLAY_ANOMALIES_TOPIC: Final = "replay.anomalies"
 REASON_MAX_CHARS: Final = 1000
 """Longest reason a fold or encode dead letter carries."""
 S = TypeVar("S")
 Out = TypeVar("Out")
+
+
+def unpack(source: Provenance, event: Event) -> Iterator[tuple[Provenance, Event]]:
+    """The events a record carries, each with its position: one, or a pack's in order.
+
+    Args:
+        source: Where the record was read.
+        event: The record's event.
+
+    Returns:
+        ``(source, event)`` itself for a plain event; for an `EventPack`, each inner event
+        with ``source`` plus its index in the pack.
+    """
+    if type(event) is not EventPack:
+        yield source, event
+        return
+    topic, partition, offset = source.topic, source.partition, source.offset
+    for index, inner in enumerate(event.events):
+        yield Provenance(topic=topic, partition=partition, offset=offset, index=index), inner
 
 
 def stage_dead_letter(
@@ -124,7 +151,7 @@ def _fold_checkpoint(
 
 def _key(anomaly: AnomalyDetected, index: int) -> SortKey:
     src = anomaly.source or Provenance(topic="", partition=-1, offset=-1)
-    return (anomaly.ts_ns, src.topic, src.partition, src.offset, anomaly.run_id, index)
+    return (anomaly.ts_ns, src.topic, src.partition, src.offset, src.index, anomaly.run_id, index)
 
 
 class Replayer:
@@ -153,6 +180,7 @@ class Replayer:
             "checkpoints": {},
         }
         """Kind -> run -> the encoded state after its latest applied record."""
+        self._in_pack = False
 
     def _collect(self, verdicts: list[AnomalyDetected]) -> None:
         for i, v in enumerate(verdicts):
@@ -173,6 +201,9 @@ class Replayer:
         except Exception as exc:
             self.dead_letters.append(stage_dead_letter(source, event, run_id, "fold", exc))
             return None
+        if self._in_pack:  # checked once, after the pack's last event (`_pack`)
+            store[run_id] = state
+            return outputs
         try:
             data = encode_state(state)  # type: ignore[arg-type]
         except Exception as exc:
@@ -250,31 +281,83 @@ class Replayer:
             ValueError: An unknown role.
         """
         for role, source, event in records:
-            if role == "steps":
-                if isinstance(event, (StepCompleted, RunStarted, RunEnded)):
-                    verdicts = self._apply(
-                        "steps", self.steps, event.run_id, source, event, self._fold_step
-                    )
-                    self._collect(verdicts or [])
-            elif role == "heartbeats":
-                if not isinstance(event, AnomalyDetected):
-                    self._heartbeats(source, event)
-            elif role == "checkpoints":
-                if isinstance(event, (CheckpointCommitted, CheckpointFailed, RunStarted, RunEnded)):
-                    self._apply(
-                        "checkpoints",
-                        self.checkpoints,
-                        event.run_id,
-                        source,
-                        event,
-                        _fold_checkpoint,
-                    )
-            elif role == "anomalies":
-                if isinstance(event, AnomalyDetected):
-                    self._anomaly(source, event)
-            elif role != "runs":
-                raise ValueError(f"unknown topic role {role!r}; valid: {', '.join(ROLES)}")
+            if type(event) is EventPack:
+                self._pack(role, source, event)
+            else:
+                self._dispatch(role, source, event)
         return self
+
+    def _pack(self, role: str, source: Provenance, pack: EventPack) -> None:
+        """Apply a pack's events in order; encode the run's state once, after the last.
+
+        Encoding a state costs what tens of folds do at a large world size, and a pack's
+        events all change one state: so it is encoded once per pack, not per event. If
+        that state cannot be stored, the pack is refolded from the state before it with
+        the per-event check, so the event that made it unstorable is the dead letter, as
+        if the events had come one per record. (The one difference from one record per
+        event: an unstorable state *inside* a pack that a later event of it makes storable
+        again is not caught. Live, audit and replay all fold packs this way.)
+        """
+        kinds: dict[str, tuple[str, dict[str, Any]]] = {
+            "steps": ("steps", self.steps),
+            "heartbeats": ("liveness", self.liveness),
+        }
+        if role not in kinds:
+            for inner_source, inner in unpack(source, pack):
+                self._dispatch(role, inner_source, inner)  # type: ignore[arg-type]
+            return
+        kind, store = kinds[role]
+        run_id = pack.run_id
+        before = store.get(run_id)
+        marks = len(self.recomputed), len(self.dead_letters)
+        self._in_pack = True
+        try:
+            for inner_source, inner in unpack(source, pack):
+                self._dispatch(role, inner_source, inner)  # type: ignore[arg-type]
+        finally:
+            self._in_pack = False
+        state = store.get(run_id)
+        if state is None:
+            return
+        try:
+            self.encoded[kind][run_id] = encode_state(state)
+            return
+        except Exception:
+            pass
+        del self.recomputed[marks[0] :], self.dead_letters[marks[1] :]
+        if before is None:
+            del store[run_id]
+        else:
+            store[run_id] = before
+        for inner_source, inner in unpack(source, pack):
+            self._dispatch(role, inner_source, inner)  # type: ignore[arg-type]
+
+    def _dispatch(self, role: str, source: Provenance, event: InputEvent | AnomalyDetected) -> None:
+        """Apply one event (a record, or one event of a pack) of ``role``."""
+        if role == "steps":
+            if isinstance(event, (StepCompleted, RunStarted, RunEnded)):
+                verdicts = self._apply(
+                    "steps", self.steps, event.run_id, source, event, self._fold_step
+                )
+                self._collect(verdicts or [])
+        elif role == "heartbeats":
+            if not isinstance(event, AnomalyDetected):
+                self._heartbeats(source, event)
+        elif role == "checkpoints":
+            if isinstance(event, (CheckpointCommitted, CheckpointFailed, RunStarted, RunEnded)):
+                self._apply(
+                    "checkpoints",
+                    self.checkpoints,
+                    event.run_id,
+                    source,
+                    event,
+                    _fold_checkpoint,
+                )
+        elif role == "anomalies":
+            if isinstance(event, AnomalyDetected):
+                self._anomaly(source, event)
+        elif role != "runs":
+            raise ValueError(f"unknown topic role {role!r}; valid: {', '.join(ROLES)}")
 
     def canonical_anomalies(self) -> list[AnomalyDetected]:
         """The recomputed verdicts in canonical order."""
@@ -367,4 +450,5 @@ __all__ = [
     "policy_over",
     "replay",
     "stage_dead_letter",
+    "unpack",
 ]

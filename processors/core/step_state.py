@@ -47,6 +47,9 @@ class StepHealthState(msgspec.Struct, frozen=True, gc=False):
         anomaly_counts: Verdicts raised, by kind.
         loss_cusum: One-sided CUSUM of the loss's robust z (sustained loss spikes).
         loss_cusum_reported: The current CUSUM excursion was already reported.
+        last_index: Index in its pack of the last applied event (-1: the record at
+            ``last_offset`` was the event); with ``last_offset`` the position that older
+            ones are skipped below.
     """
 
     run_id: str
@@ -79,6 +82,7 @@ class StepHealthState(msgspec.Struct, frozen=True, gc=False):
     anomaly_counts: dict[str, int] = {}
     loss_cusum: float = 0.0
     loss_cusum_reported: bool = False
+    last_index: int = -1
 
     @property
     def incarnation(self) -> int:

@@ -90,6 +90,7 @@ def _on_run_started(
     return msgspec.structs.replace(
         state,
         last_offset=source.offset,
+        last_index=source.index,
         info=info,
         last_ts_ns=max(state.last_ts_ns, event.ts_ns),
         first_ts_ns=first,
@@ -296,6 +297,7 @@ def _on_step(
         count_kinds(state.anomaly_counts, verdicts) if verdicts else state.anomaly_counts,
         loss_cusum,
         loss_cusum_reported,
+        source.index,
     )
     return new, verdicts
 
@@ -315,8 +317,9 @@ def fold_step(
     Args:
         state: The run's state, None for a run not seen yet (its id is the event's).
         event: RunStarted, StepCompleted or RunEnded of that run.
-        source: The event's log position; an offset at or below the state's last applied
-            offset is skipped (no double apply after a crash).
+        source: The event's log position; a position ``(offset, index)`` at or below the
+            state's last applied one is skipped (no double apply after a crash, a pack's
+            events included).
         cfg: The processor's configuration (the run's own thresholds are applied on top).
 
     Returns:
@@ -324,7 +327,9 @@ def fold_step(
     """
     if state is None:
         state = new_step_state(event.run_id, cfg)
-    elif source.offset <= state.last_offset:
+    elif source.offset <= state.last_offset and (
+        source.offset < state.last_offset or source.index <= state.last_index
+    ):  # at or before the last applied (offset, index): a pack's events are (o, 0), (o, 1)...
         return state, []
     if type(event) is StepCompleted:
         return _on_step(state, event, source, state.info.config(cfg))
@@ -334,10 +339,11 @@ def fold_step(
         return msgspec.structs.replace(
             state,
             last_offset=source.offset,
+            last_index=source.index,
             info=state.info.ended(event),
             last_ts_ns=max(state.last_ts_ns, event.ts_ns),
         ), []
-    return msgspec.structs.replace(state, last_offset=source.offset), []
+    return msgspec.structs.replace(state, last_offset=source.offset, last_index=source.index), []
 
 
 __all__ = ["StepEvent", "StepHealthState", "fold_step", "new_step_state"]

@@ -243,4 +243,5 @@ def test_hot_path_field_order_is_pinned() -> None:
         "raised",
         "anomaly_counts",
         "exit_rank",
+        "last_index",
     )

@@ -349,6 +349,7 @@ def test_hot_path_field_order_is_pinned() -> None:
         "anomaly_counts",
         "loss_cusum",
         "loss_cusum_reported",
+        "last_index",
     )
 
 

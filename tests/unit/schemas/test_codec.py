@@ -13,6 +13,7 @@ from schemas.events import (
     CheckpointFailed,
     CommandRejected,
     DeadLetter,
+    EventPack,
     Heartbeat,
     LoaderState,
     ModelFlopConfig,
@@ -103,6 +104,14 @@ ONE_OF_EACH = [
     CommandRejected(run_id="r1", ts_ns=8, command_id="cmd", reason="bad signature", source=SRC),
     DeadLetter(run_id="", ts_ns=9, source=SRC, reason="not JSON", key=b"r1", payload=b"\x00\xff"),
     RankExited(run_id="r1", ts_ns=10, rank=1, incarnation=2, host="node-a", pid=4242, signal=9),
+    EventPack(
+        run_id="r1",
+        ts_ns=11,
+        events=(
+            Heartbeat(run_id="r1", ts_ns=10, rank=0, step=8, step_time_s=0.2, host="h", pid=8),
+            Heartbeat(run_id="r1", ts_ns=11, rank=1, step=8, step_time_s=0.3, host="h", pid=9),
+        ),
+    ),
 ]
 
 

@@ -56,6 +56,15 @@ def _started(**fields: object) -> bytes:
 
 DEEP = b"[" * 100_000 + b"]" * 100_000
 
+
+def _pack(*events: dict[str, object] | bytes, run_id: str = RUN) -> bytes:
+    inner = [json.loads(e) if isinstance(e, bytes) else e for e in events]
+    return json.dumps({"type": "pack.v1", "run_id": run_id, "ts_ns": 1, "events": inner}).encode()
+
+
+_HB = encode(Heartbeat(run_id=RUN, ts_ns=1, rank=0, step=1))
+_OTHER_HB = encode(Heartbeat(run_id="other", ts_ns=1, rank=0, step=1))
+
 # (role, key, value, a part of the reason)
 CORPUS: list[tuple[str, bytes | None, bytes | None, str]] = [
     ("steps", b"r", _step(step=2**70), "$.step"),
@@ -93,6 +102,17 @@ CORPUS: list[tuple[str, bytes | None, bytes | None, str]] = [
     ("steps", b"", _step(run_id=""), ""),
     ("steps", b"r", encode(Heartbeat(run_id=RUN, ts_ns=1, rank=0, step=1)), "does not belong"),
     ("heartbeats", b"r", _step(), "does not belong"),
+    ("heartbeats", b"r", _pack(_HB, _OTHER_HB), "event 1 of a pack of run 'r' belongs"),
+    ("heartbeats", b"other", _pack(_HB), "not the run id"),
+    ("heartbeats", b"r", _pack(_HB, _step()), "event 1 of a pack is a StepCompleted"),
+    ("steps", b"r", _pack(_step(), _HB), "event 1 of a pack is a Heartbeat"),
+    ("heartbeats", b"r", _pack(_pack(_HB)), "packs do not nest"),
+    ("heartbeats", b"r", _pack(_started()), "not a packable event"),
+    ("heartbeats", b"r", _pack(), "length >= 1"),
+    ("heartbeats", b"r", _pack(*[_HB] * 5000), "length <= 4096"),
+    ("heartbeats", b"r", _pack(_HB, {"type": "heartbeat.v1", "run_id": "r"}), "$.events[1]"),
+    ("checkpoints", b"r", _pack(_HB), "EventPack does not belong"),
+    ("anomalies", b"r", _pack(_HB), "EventPack does not belong"),
     ("heartbeats", b"r", _started(world_size=0), "$.world_size"),
     ("heartbeats", b"r", _started(world_size=2**62), "$.world_size"),
     ("heartbeats", b"r", _started(tags={str(i): "v" for i in range(1000)}), "$.tags"),

@@ -136,3 +136,14 @@ def test_the_exporter_warns_once_per_run_and_exports_the_flag(caplog):
     }
     assert samples[("runwatch_run_mfu_implausible", "r1")] == 1.0
     assert samples[("runwatch_run_mfu_ratio", "r1")] == pytest.approx(1.8)
+
+
+def test_packed_events_count_as_the_events_they_carry():
+    from schemas.events import EventPack
+
+    beats = (heartbeat(rank=0, ts_s=10), heartbeat(rank=1, ts_s=10))
+    packed = fold([started(), EventPack(run_id="r1", ts_ns=10 * 10**9, events=beats)])
+    plain = fold([started(), *beats])
+    assert packed.live_ranks(packed.runs["r1"]) == plain.live_ranks(plain.runs["r1"]) == 2
+    steps = fold([started(), EventPack(run_id="r1", ts_ns=1, events=(step(n=6), step(n=7)))])
+    assert steps.runs["r1"].last_step == 7

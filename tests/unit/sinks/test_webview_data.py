@@ -11,7 +11,7 @@ from processors.core.state_codec import encode_state
 from processors.core.steps import fold_step
 from processors.intake import RawRecord
 from processors.settings import changelog_topic
-from schemas.codec import encode, encode_key
+from schemas.codec import decode, encode, encode_key
 from schemas.events import ModelFlopConfig, Provenance, RunStarted, StepCompleted
 from schemas.topics import names
 from sinks.webview_data import MAX_PAGE_SIZE, AuditNote, FleetQuery, WebviewData
@@ -108,3 +108,20 @@ def test_every_change_bumps_the_version(store):
     before = store.version
     store.apply(_records("late", steps=3))
     assert store.wait_for_change(before, timeout_s=0) != before
+
+
+def test_packed_steps_are_points_of_the_curves():
+    from schemas.events import EventPack
+
+    data = WebviewData("unused:9092", prefix=PREFIX, app_id=APP, cfg=CFG)
+    plain = [r for r in _records("packed", steps=12) if r.topic == TOPICS.steps]
+    started, *steps = [decode(r.value) for r in plain]
+    pack = EventPack(run_id="packed", ts_ns=steps[-1].ts_ns, events=tuple(steps))
+    data.apply(
+        [
+            RawRecord(TOPICS.steps, 0, 0, encode_key("packed"), encode(started)),
+            RawRecord(TOPICS.steps, 0, 1, encode_key("packed"), encode(pack)),
+            *[r for r in _records("packed", steps=12) if r.topic != TOPICS.steps],
+        ]
+    )
+    assert [p[0] for p in data.run("packed")["points"]] == list(range(1, 13))
