@@ -72,10 +72,11 @@ def _docker_kafka(image: str) -> Iterator[str]:
             yield kafka.get_bootstrap_server()
         return
     from testcontainers.core.container import DockerContainer
-    from testcontainers.core.waiting_utils import wait_for_logs
+    from testcontainers.core.wait_strategies import LogMessageWaitStrategy
 
     port, controller = _free_port(), _free_port()
     generic = DockerContainer(image).with_kwargs(network_mode="host")
+    generic.waiting_for(LogMessageWaitStrategy(KAFKA_STARTED).with_startup_timeout(180))
     generic.with_envs(
         KAFKA_NODE_ID="1",
         KAFKA_PROCESS_ROLES="broker,controller",
@@ -89,8 +90,7 @@ def _docker_kafka(image: str) -> Iterator[str]:
         KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR="1",
         KAFKA_GROUP_INITIAL_REBALANCE_DELAY_MS="0",
     )
-    with generic as kafka:
-        wait_for_logs(kafka, KAFKA_STARTED, timeout=180, raise_on_exit=True)
+    with generic:
         yield f"127.0.0.1:{port}"
 
 
