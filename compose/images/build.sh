@@ -34,6 +34,9 @@ KAFKA=runwatch/kafka:local
 RUNWATCH=runwatch:local
 PROMETHEUS=runwatch/prometheus:local
 LABEL=dev.runwatch.inputs
+# What of the repository goes into runwatch:local (under src/ in its context): pyproject's
+# packages (tests/unit/compose checks the list), the examples, the files pip needs.
+PROJECT_PATHS=(pyproject.toml README.md schemas producers processors sinks runwatch examples)
 
 say() { printf 'images: %s\n' "$*" >&2; }
 
@@ -162,11 +165,11 @@ PY
 
 build_runwatch() {
     local ctx=$work/runwatch
-    mkdir -p "$ctx/compose"
+    mkdir -p "$ctx/compose" "$ctx/src"
     wheelhouse "$ctx/wheels"
-    (cd "$repo" && tar --exclude=__pycache__ --exclude='*.pyc' -cf - compose/Dockerfile \
-        pyproject.toml README.md schemas producers processors sinks runwatch examples) \
-        | tar -C "$ctx" -xf -
+    cp "$repo/compose/Dockerfile" "$ctx/compose/"
+    (cd "$repo" && tar --exclude=__pycache__ --exclude='*.pyc' -cf - "${PROJECT_PATHS[@]}") \
+        | tar -C "$ctx/src" -xf -
     det_tar "$ctx" "$work/runwatch.tar" .
     build_image "$RUNWATCH" "$work/runwatch.tar" compose/Dockerfile "RUNWATCH_EXTRAS=$extras"
 }
