@@ -26,7 +26,7 @@ fi
 
 if ! answers; then
     if ! command -v dockerd >/dev/null; then
-        say "skipped: no Docker engine answers and none can be installed (needs root and apt-get)"
+        say "skipped: no Docker engine answers and no dockerd to start (installing docker.io needs root and apt-get)"
         exit 75
     fi
     if [ "$(id -u)" != 0 ]; then
