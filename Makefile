@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: help test demo lint typecheck bench kafka-jars tools venv clean
+.PHONY: help test test-deploy images demo lint typecheck bench kafka-jars tools venv clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/'
@@ -32,6 +32,21 @@ tools:  ## best effort: kcat (wire-format test) and chromium + chromedriver (web
 
 test: $(STAMP) kafka-jars tools  ## run the whole test suite against a real broker
 	$(PY) -m pytest -q
+
+images: $(STAMP) kafka-jars  ## build the compose images locally from Debian's mirror (runwatch/kafka:local, runwatch:local, runwatch/prometheus:local); cached
+	PYTHON=$(PY) compose/images/build.sh
+
+# Docker: best effort, like `tools` (root + apt-get installs docker.io, docker-compose and
+# debootstrap; dockerd is started if none answers). Without an engine: one line, exit 0.
+# With one, any failure fails: the image builds, the compose test, the testcontainers run.
+test-deploy: $(STAMP) kafka-jars  ## the compose stack run for real (3 brokers, 2 processors, sinks, Prometheus) and the session fixture on the locally built Kafka image
+	@rc=0; compose/images/engine.sh || rc=$$?; \
+	if [ $$rc = 75 ]; then exit 0; elif [ $$rc != 0 ]; then exit $$rc; fi; \
+	set -ex; \
+	PYTHON=$(PY) compose/images/build.sh; \
+	$(PY) -m pytest -q -m deploy tests/integration/deploy; \
+	env -u RUNWATCH_BOOTSTRAP RUNWATCH_TEST_BROKER=docker RUNWATCH_TEST_KAFKA_IMAGE=runwatch/kafka:local \
+	  $(PY) -m pytest -q tests/integration/processors/test_end_to_end.py
 
 demo: $(STAMP) kafka-jars  ## the whole pipeline on the embedded broker with a real torch run; prints the web view address
 	$(VENV)/bin/runwatch demo

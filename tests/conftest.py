@@ -2,13 +2,19 @@
 
 Where the broker comes from, in order:
 1. ``RUNWATCH_BOOTSTRAP`` (any running cluster);
-2. testcontainers' Kafka module, when a Docker engine answers (unless
-   ``RUNWATCH_TEST_BROKER=embedded``);
+2. a container of ``RUNWATCH_TEST_KAFKA_IMAGE`` (default ``runwatch/kafka:local``, built by
+   ``compose/images/build.sh kafka``) through testcontainers, when a Docker engine answers and
+   the image is there (``RUNWATCH_TEST_BROKER=docker``: required, pulled if missing;
+   ``RUNWATCH_TEST_BROKER=embedded``: never). Confluent's images (``confluentinc/cp-kafka``)
+   run through testcontainers' KafkaContainer, any other through a plain container on the
+   host network, configured with ``KAFKA_*`` variables (the apache/kafka convention the
+   runwatch image follows) on a free loopback port;
 3. the embedded broker (``runwatch.broker``) in the session's temp dir, stopped at the end.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from collections.abc import Callable, Iterator
@@ -20,23 +26,72 @@ import pytest
 if TYPE_CHECKING:
     from schemas.topics import TopicSpec
 
-TEST_KAFKA_IMAGE = os.environ.get("RUNWATCH_TEST_KAFKA_IMAGE", "confluentinc/cp-kafka:7.9.0")
+TEST_KAFKA_IMAGE = os.environ.get("RUNWATCH_TEST_KAFKA_IMAGE", "runwatch/kafka:local")
+KAFKA_STARTED = "Kafka Server started"  # KRaft logs it once the node is registered, unfenced
 
 
-def _docker_answers() -> bool:
-    """True if a Docker engine answers a ping (cheap; False without the SDK or engine)."""
-    if os.environ.get("RUNWATCH_TEST_BROKER") == "embedded":
+def _docker_broker_wanted() -> bool:
+    """True if the session broker runs in Docker (see the module docstring)."""
+    choice = os.environ.get("RUNWATCH_TEST_BROKER", "")
+    if choice == "embedded":
         return False
+    if choice == "docker":
+        return True
     try:
         import docker
 
         client = docker.from_env(timeout=3)
         try:
-            return bool(client.ping())
+            client.ping()
+            client.images.get(TEST_KAFKA_IMAGE)  # never pulled unasked: no registry, no wait
         finally:
             client.close()
     except Exception:
         return False
+    return True
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextlib.contextmanager
+def _docker_kafka(image: str) -> Iterator[str]:
+    """A single-node KRaft broker in a container of ``image``; yields its bootstrap."""
+    os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")  # Ryuk is one more image
+    if image.startswith("confluentinc/"):
+        from testcontainers.community.kafka import KafkaContainer
+
+        container = KafkaContainer(image).with_kraft()
+        container.with_env("KAFKA_AUTO_CREATE_TOPICS_ENABLE", "false")
+        with container as kafka:
+            yield kafka.get_bootstrap_server()
+        return
+    from testcontainers.core.container import DockerContainer
+    from testcontainers.core.wait_strategies import LogMessageWaitStrategy
+
+    port, controller = _free_port(), _free_port()
+    generic = DockerContainer(image).with_kwargs(network_mode="host")
+    generic.waiting_for(LogMessageWaitStrategy(KAFKA_STARTED).with_startup_timeout(180))
+    generic.with_envs(
+        KAFKA_NODE_ID="1",
+        KAFKA_PROCESS_ROLES="broker,controller",
+        KAFKA_LISTENERS=f"PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller}",
+        KAFKA_ADVERTISED_LISTENERS=f"PLAINTEXT://127.0.0.1:{port}",
+        KAFKA_CONTROLLER_QUORUM_VOTERS=f"1@127.0.0.1:{controller}",
+        KAFKA_CONTROLLER_LISTENER_NAMES="CONTROLLER",
+        KAFKA_LISTENER_SECURITY_PROTOCOL_MAP="PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+        KAFKA_INTER_BROKER_LISTENER_NAME="PLAINTEXT",
+        KAFKA_AUTO_CREATE_TOPICS_ENABLE="false",
+        KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR="1",
+        KAFKA_GROUP_INITIAL_REBALANCE_DELAY_MS="0",
+    )
+    with generic:
+        yield f"127.0.0.1:{port}"
 
 
 @pytest.fixture(scope="session")
@@ -46,13 +101,9 @@ def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     if env:
         yield env
         return
-    if _docker_answers():
-        from testcontainers.community.kafka import KafkaContainer
-
-        container = KafkaContainer(TEST_KAFKA_IMAGE).with_kraft()
-        container.with_env("KAFKA_AUTO_CREATE_TOPICS_ENABLE", "false")
-        with container as kafka:
-            yield kafka.get_bootstrap_server()
+    if _docker_broker_wanted():
+        with _docker_kafka(TEST_KAFKA_IMAGE) as bootstrap:
+            yield bootstrap
         return
     from runwatch.broker import ephemeral_broker
 

@@ -1,4 +1,8 @@
-"""docker-compose.yml: references resolve, ports are unique, commands are real runwatch commands."""
+"""docker-compose.yml: references resolve, ports are unique, commands are real runwatch commands.
+
+tests/integration/deploy runs the file for real (`make test-deploy`); these checks need no
+Docker engine.
+"""
 
 from __future__ import annotations
 
@@ -15,13 +19,13 @@ from runwatch import cli
 from .support import (
     COMPOSE_DIR,
     COMPOSE_FILE,
-    REPO,
     MissingVariable,
     interpolate_tree,
     variables_in,
 )
 
 RUNWATCH_SERVICES = ("topics", "processors", "controller", "sinks")
+BROKERS = ("kafka-1", "kafka-2", "kafka-3")
 SECURITY_VARS = sorted(_SECURITY_ENV)
 TOP_LEVEL = {"name", "services", "volumes", "secrets", "networks", "configs"}
 CONDITIONS = {"service_started", "service_healthy", "service_completed_successfully"}
@@ -48,13 +52,18 @@ def _is_bind(source: str) -> bool:
     return source.startswith((".", "/", "~"))
 
 
-def _published(service: dict[str, Any]) -> list[tuple[int, int]]:
-    """(host port, container port) of each `ports` entry."""
+def _listen_ports(services: dict[str, dict[str, Any]]) -> list[tuple[str, int]]:
+    """(service, port) of every port a service listens on, on the host network."""
     out = []
-    for entry in service.get("ports", []):
-        parts = str(entry).split(":")
-        assert len(parts) in (2, 3), f"publish as [IP:]HOST:CONTAINER: {entry!r}"
-        out.append((int(parts[-2]), int(parts[-1].split("/")[0])))
+    for name in BROKERS:
+        for listener in services[name]["environment"]["KAFKA_LISTENERS"].split(","):
+            out.append((name, int(listener.rsplit(":", 1)[1])))
+    sinks = services["sinks"]["command"]
+    out.append(("sinks", int(sinks[sinks.index("--metrics-port") + 1])))
+    for arg in services["prometheus"]["command"]:
+        if arg.startswith("--web.listen-address="):
+            out.append(("prometheus", int(arg.rsplit(":", 1)[1])))
+    out.append(("grafana", int(services["grafana"]["environment"]["GF_SERVER_HTTP_PORT"])))
     return out
 
 
@@ -70,7 +79,7 @@ def test_top_level_keys(raw_compose: dict[str, Any]) -> None:
     unknown = {k for k in raw_compose if k not in TOP_LEVEL and not k.startswith("x-")}
     assert not unknown, f"unknown top-level keys: {unknown}"
     assert set(raw_compose["services"]) >= {
-        "kafka",
+        *BROKERS,
         *RUNWATCH_SERVICES,
         "prometheus",
         "grafana",
@@ -82,33 +91,28 @@ def test_every_service_has_an_image(services: dict[str, dict[str, Any]]) -> None
         assert svc.get("image") or svc.get("build"), f"{name}: neither image nor build"
 
 
-def test_runwatch_services_build_the_project_image(services: dict[str, dict[str, Any]]) -> None:
+def test_runwatch_services_share_the_project_image(services: dict[str, dict[str, Any]]) -> None:
     images = {services[n]["image"] for n in RUNWATCH_SERVICES if n != "controller"}
-    assert len(images) == 1, f"runwatch services should share one image: {images}"
-    for name in RUNWATCH_SERVICES:
-        build = services[name]["build"]
-        context = (COMPOSE_DIR / build["context"]).resolve()
-        assert context == REPO, f"{name}: build context {context} is not the repo root"
-        assert (context / build["dockerfile"]).is_file()
-
-
-def test_build_args_are_declared_in_the_dockerfile(services: dict[str, dict[str, Any]]) -> None:
+    assert images == {"runwatch:local"}, f"runwatch services should share one image: {images}"
     for name, svc in services.items():
-        if "build" not in svc:
-            continue
-        dockerfile = (
-            COMPOSE_DIR / svc["build"]["context"] / svc["build"]["dockerfile"]
-        ).read_text()
-        declared = set(re.findall(r"^ARG (\w+)", dockerfile, flags=re.M))
-        for arg in svc["build"].get("args", {}):
-            assert arg in declared, f"{name}: build arg {arg} is not an ARG of the Dockerfile"
+        assert "build" not in svc, f"{name}: images come from compose/images/build.sh"
+
+
+def test_local_images_by_default(services: dict[str, dict[str, Any]]) -> None:
+    # No registry is needed: compose/images/build.sh makes these from Debian's mirror.
+    assert {services[b]["image"] for b in BROKERS} == {"runwatch/kafka:local"}
+    assert services["prometheus"]["image"] == "runwatch/prometheus:local"
+    assert (COMPOSE_DIR / "images" / "build.sh").is_file()
 
 
 def test_controller_image_has_torch_and_is_opt_in(services: dict[str, dict[str, Any]]) -> None:
     controller = services["controller"]
-    assert controller["build"]["args"]["WITH_TORCH"] == "true"
     assert controller["image"] != services["processors"]["image"]
     assert controller["profiles"] == ["train"], "torch gangs start only when asked for"
+
+
+def test_grafana_is_opt_in(services: dict[str, dict[str, Any]]) -> None:
+    assert services["grafana"]["profiles"] == ["grafana"], "not in Debian: needs a registry"
 
 
 def test_default_services_do_not_need_profile_services(
@@ -176,28 +180,28 @@ def test_secret_references_resolve(compose: dict[str, Any]) -> None:
         assert "file" in spec or "environment" in spec, f"secret {secret}: no source"
 
 
-def test_published_ports_are_unique(services: dict[str, dict[str, Any]]) -> None:
+def test_host_networking_only(raw_compose: dict[str, Any]) -> None:
+    assert "networks" not in raw_compose, "no bridge network: every service on the host's"
+    for name, svc in raw_compose["services"].items():
+        assert svc.get("network_mode") == "host", f"{name}: network_mode is not host"
+        assert not svc.get("ports") and not svc.get("networks"), f"{name}: publishes or joins"
+
+
+def test_listen_ports_are_unique(services: dict[str, dict[str, Any]]) -> None:
+    ports = _listen_ports(services)
+    assert len(ports) == 3 * 2 + 3
     seen: dict[int, str] = {}
-    for name, svc in services.items():
-        for host, container in _published(svc):
-            assert 0 < host < 65536 and 0 < container < 65536
-            assert host not in seen, f"host port {host} published by {seen[host]} and {name}"
-            seen[host] = name
-    assert seen, "nothing is published"
+    for name, port in ports:
+        assert 0 < port < 65536
+        assert port not in seen, f"port {port} used by {seen[port]} and {name}"
+        seen[port] = name
 
 
-def test_published_ports_are_unique_with_defaults(raw_compose: dict[str, Any]) -> None:
+def test_listen_ports_are_unique_with_defaults(raw_compose: dict[str, Any]) -> None:
     # No .env at all: only the required variables given.
-    env = {"GRAFANA_ADMIN_PASSWORD": "x"}
-    services = interpolate_tree(raw_compose, env)["services"]
-    hosts = [host for svc in services.values() for host, _ in _published(svc)]
-    assert len(hosts) == len(set(hosts))
-
-
-def test_replicated_services_publish_no_host_port(services: dict[str, dict[str, Any]]) -> None:
-    for name, svc in services.items():
-        if svc.get("deploy", {}).get("replicas", 1) > 1:
-            assert not svc.get("ports"), f"{name}: replicas cannot share a published host port"
+    services = interpolate_tree(raw_compose, {"GRAFANA_ADMIN_PASSWORD": "x"})["services"]
+    ports = [p for _, p in _listen_ports(services)]
+    assert len(ports) == len(set(ports))
 
 
 def test_processors_are_replicated(services: dict[str, dict[str, Any]]) -> None:
@@ -269,40 +273,46 @@ def test_command_key_comes_from_a_secret(
     assert "RUNWATCH_COMMAND_KEY" not in svc["environment"], "keep the key out of the env"
 
 
-def test_topics_runs_once_after_kafka_is_healthy(services: dict[str, dict[str, Any]]) -> None:
+def test_topics_runs_once_after_every_broker_is_healthy(
+    services: dict[str, dict[str, Any]],
+) -> None:
+    # Every broker registered before it counts them: replication 3, min.insync.replicas 2.
     topics = services["topics"]
     assert topics["command"][:3] == ["runwatch", "topics", "create"]
     assert topics["restart"] == "no"
-    assert _depends(topics) == {"kafka": "service_healthy"}
+    assert _depends(topics) == dict.fromkeys(BROKERS, "service_healthy")
     for name in ("processors", "controller", "sinks"):
         assert _depends(services[name]).get("topics") == "service_completed_successfully"
 
 
-def test_sinks_metrics_port_is_published(services: dict[str, dict[str, Any]]) -> None:
+def test_sinks_metrics_on_loopback_and_archive_on_a_volume(
+    services: dict[str, dict[str, Any]],
+) -> None:
     command = services["sinks"]["command"]
-    port = int(command[command.index("--metrics-port") + 1])
-    assert port in {c for _, c in _published(services["sinks"])}
+    assert command[command.index("--metrics-host") + 1] == "127.0.0.1"
+    health = " ".join(services["sinks"]["healthcheck"]["test"])
+    assert f"127.0.0.1:{command[command.index('--metrics-port') + 1]}/metrics" in health
     archive = command[command.index("--archive") + 1]
     assert archive in {t for _, t in _volume_mounts(services["sinks"])}, "archive not on a volume"
 
 
 class TestKafka:
-    @pytest.fixture
-    def kafka(self, services: dict[str, dict[str, Any]]) -> dict[str, Any]:
-        return services["kafka"]
+    @pytest.fixture(params=BROKERS)
+    def kafka(self, request: pytest.FixtureRequest, services: dict[str, dict[str, Any]]) -> Any:
+        return services[request.param]
 
     @pytest.fixture
     def env(self, kafka: dict[str, Any]) -> dict[str, str]:
         return {k: str(v) for k, v in kafka["environment"].items()}
 
-    def test_official_image_4x(self, kafka: dict[str, Any]) -> None:
-        assert re.fullmatch(r"apache/kafka:4\.\d+\.\d+", kafka["image"]), kafka["image"]
+    def test_local_image(self, kafka: dict[str, Any]) -> None:
+        assert kafka["image"] == "runwatch/kafka:local"
 
-    def test_kraft_single_node(self, env: dict[str, str]) -> None:
+    def test_kraft_combined_node_in_a_three_voter_quorum(self, env: dict[str, str]) -> None:
         assert set(env["KAFKA_PROCESS_ROLES"].split(",")) == {"broker", "controller"}
         node = env["KAFKA_NODE_ID"]
         voters = dict(v.split("@") for v in env["KAFKA_CONTROLLER_QUORUM_VOTERS"].split(","))
-        assert node in voters
+        assert set(voters) == {"1", "2", "3"} and node in voters
         listeners = dict(
             (lst.split("://")[0], lst.split(":")[-1]) for lst in env["KAFKA_LISTENERS"].split(",")
         )
@@ -316,39 +326,39 @@ class TestKafka:
         advertised = [a.split("://")[0] for a in env["KAFKA_ADVERTISED_LISTENERS"].split(",")]
         assert controller not in advertised and set(advertised) <= set(listeners)
 
-    def test_single_node_replication_and_no_auto_create(self, env: dict[str, str]) -> None:
-        assert env["KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR"] == "1"
-        assert env["KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR"] == "1"
+    def test_replication_of_a_three_node_cluster(self, env: dict[str, str]) -> None:
+        from schemas.topics import replication_for
+
+        rule = replication_for(len(BROKERS))
+        assert env["KAFKA_DEFAULT_REPLICATION_FACTOR"] == str(rule.factor)
+        assert env["KAFKA_MIN_INSYNC_REPLICAS"] == str(rule.min_insync)
+        assert env["KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR"] == str(rule.factor)
+        assert env["KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR"] == str(rule.factor)
+        assert env["KAFKA_TRANSACTION_STATE_LOG_MIN_ISR"] == str(rule.min_insync)
+        assert env["KAFKA_UNCLEAN_LEADER_ELECTION_ENABLE"] == "false"
         assert env["KAFKA_AUTO_CREATE_TOPICS_ENABLE"] == "false"
 
     def test_cluster_id_is_a_base64_uuid(self, env: dict[str, str]) -> None:
         raw = base64.urlsafe_b64decode(env["CLUSTER_ID"] + "==")
         assert len(env["CLUSTER_ID"]) == 22 and len(raw) == 16
 
-    def test_data_dir_is_a_volume(self, kafka: dict[str, Any], env: dict[str, str]) -> None:
+    def test_data_dir_is_its_own_volume(self, kafka: dict[str, Any], env: dict[str, str]) -> None:
         targets = {t: s for s, t in _volume_mounts(kafka)}
         assert env["KAFKA_LOG_DIRS"] in targets
         assert not _is_bind(targets[env["KAFKA_LOG_DIRS"]])
+        assert targets[env["KAFKA_LOG_DIRS"]] == f"{env['KAFKA_NODE_ID'].join(['kafka-', ''])}-data"
 
     def test_healthcheck(self, kafka: dict[str, Any]) -> None:
-        test = " ".join(kafka["healthcheck"]["test"])
-        assert "kafka-broker-api-versions.sh" in test and "localhost:9092" in test
+        assert kafka["healthcheck"]["test"] == ["CMD", "/opt/kafka/bin/kafka-healthy"]
+        assert (COMPOSE_DIR / "images" / "kafka" / "opt" / "bin" / "kafka-healthy").is_file()
 
-    def test_clients_bootstrap_from_the_internal_listener(
+    def test_clients_bootstrap_from_every_broker(
         self, env: dict[str, str], services: dict[str, dict[str, Any]]
     ) -> None:
         advertised = {a.split("://")[1] for a in env["KAFKA_ADVERTISED_LISTENERS"].split(",")}
         for name in RUNWATCH_SERVICES:
-            assert services[name]["environment"][ENV_BOOTSTRAP] in advertised
-
-    def test_external_listener_is_published(
-        self, kafka: dict[str, Any], env: dict[str, str]
-    ) -> None:
-        external = next(
-            a for a in env["KAFKA_ADVERTISED_LISTENERS"].split(",") if a.startswith("EXTERNAL://")
-        )
-        port = int(external.rsplit(":", 1)[1])
-        assert port in {h for h, _ in _published(kafka)}
+            bootstrap = set(services[name]["environment"][ENV_BOOTSTRAP].split(","))
+            assert advertised <= bootstrap, (name, advertised, bootstrap)
 
 
 def test_gitignored_secret_and_tls_dirs() -> None:

@@ -37,7 +37,19 @@ def _listening_ports(service: dict[str, Any]) -> set[int]:
         for flag, value in itertools.pairwise(command):
             if re.fullmatch(r"--[\w-]*port", flag):
                 ports.add(int(value))
+        for arg in command:  # --web.listen-address=HOST:PORT (Prometheus)
+            if re.fullmatch(r"--[\w.-]*listen-address=.*:\d+", str(arg)):
+                ports.add(int(str(arg).rsplit(":", 1)[1]))
+    if "GF_SERVER_HTTP_PORT" in (service.get("environment") or {}):
+        ports.add(int(service["environment"]["GF_SERVER_HTTP_PORT"]))
     return ports
+
+
+def _service_on(services: dict[str, dict[str, Any]], port: int) -> str:
+    """The one service that listens on ``port`` (host networking: ports are the address)."""
+    found = [name for name, svc in services.items() if port in _listening_ports(svc)]
+    assert len(found) == 1, f"port {port}: {found or 'no service'} listens there"
+    return found[0]
 
 
 def _host_path(service: dict[str, Any], container_path: str) -> Path | None:
@@ -82,17 +94,15 @@ def test_prometheus_mounts_this_config(services: dict[str, dict[str, Any]]) -> N
 def test_prometheus_targets_are_compose_services(
     prometheus_config: dict[str, Any], services: dict[str, dict[str, Any]]
 ) -> None:
+    # Host networking: a target is a loopback port one compose service listens on.
     jobs = prometheus_config["scrape_configs"]
     assert len({j["job_name"] for j in jobs}) == len(jobs), "duplicate job names"
     for job in jobs:
         for static in job.get("static_configs", []):
             for target in static["targets"]:
                 host, port = target.rsplit(":", 1)
-                service = "prometheus" if host == "localhost" else host
-                assert service in services, f"{job['job_name']}: {host} is no compose service"
-                assert int(port) in _listening_ports(services[service]), (
-                    f"{job['job_name']}: {service} does not listen on {port}"
-                )
+                assert host == "127.0.0.1", f"{job['job_name']}: {target} is not on loopback"
+                _service_on(services, int(port))
 
 
 def test_prometheus_scrapes_the_sinks_exporter(
@@ -104,7 +114,7 @@ def test_prometheus_scrapes_the_sinks_exporter(
         t for job in prometheus_config["scrape_configs"] for s in job.get("static_configs", [])
         for t in s["targets"]
     }  # fmt: skip
-    assert f"sinks:{port}" in targets
+    assert f"127.0.0.1:{port}" in targets
 
 
 # --- Grafana provisioning -----------------------------------------------------------------
@@ -125,10 +135,9 @@ def test_datasource_points_at_prometheus(
     datasources: list[dict[str, Any]], services: dict[str, dict[str, Any]]
 ) -> None:
     (prom,) = [ds for ds in datasources if ds["type"] == "prometheus"]
-    m = re.fullmatch(r"http://([\w-]+):(\d+)/?", prom["url"])
+    m = re.fullmatch(r"http://127\.0\.0\.1:(\d+)/?", prom["url"])
     assert m, prom["url"]
-    assert m.group(1) in services
-    assert int(m.group(2)) in _listening_ports(services[m.group(1)])
+    assert _service_on(services, int(m.group(1))) == "prometheus"
     assert prom["uid"]
 
 

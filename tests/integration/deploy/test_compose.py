@@ -1,0 +1,352 @@
+"""compose/docker-compose.yml run for real: three brokers, two processors, sinks, Prometheus.
+
+The images are built locally (compose/images/build.sh: idempotent, seconds when nothing
+changed), the stack comes up under its own project name on free loopback ports (host
+networking), runs stream from the host through `RunEmitter`, one processor container is
+SIGKILLed mid-stream, and the survivor must carry every run to its verdict with nothing lost;
+every audit agrees, Prometheus has scraped the exporter, and `down` leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from processors.audit import audit, load_run_log
+from processors.core.config import DetectorConfig
+from processors.fleet import RunView, latest_states
+from processors.logread import partition_for
+from runwatch import admin
+from runwatch.cmd.audit import render
+from schemas.topics import DEFAULT_PARTITIONS, names
+
+from ..processors.harness import Reader, Trainer, short
+
+pytestmark = [pytest.mark.integration, pytest.mark.deploy]
+
+REPO = Path(__file__).resolve().parents[3]
+COMPOSE_FILE = REPO / "compose" / "docker-compose.yml"
+BUILD = REPO / "compose" / "images" / "build.sh"
+PREFIX = "runwatch"  # the compose default: the stack is this test's alone (its own volumes)
+APP_ID = f"{PREFIX}-processors"
+STEPS = 40
+KILL_AFTER = 20  # steps 1..20 with both workers, 21..40 with the survivor
+SPIKE_AT = 32
+UP_S = 600.0  # a cold 2-core machine: three JVMs, two faust workers, the sinks' replay
+WAIT_S = 180.0
+
+
+def _docker_answers() -> bool:
+    if shutil.which("docker") is None:
+        return False
+    done = subprocess.run(["docker", "info"], capture_output=True, timeout=30, check=False)
+    return done.returncode == 0
+
+
+def _compose_cmd() -> list[str] | None:
+    for cmd in (["docker", "compose"], ["docker-compose"]):
+        if shutil.which(cmd[0]) is None:
+            continue
+        done = subprocess.run([*cmd, "version"], capture_output=True, timeout=30, check=False)
+        if done.returncode == 0:
+            return cmd
+    return None
+
+
+def _free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [int(s.getsockname()[1]) for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def _wait(what: str, probe: Callable[[], Any], done: Callable[[Any], bool]) -> Any:
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        value = probe()
+        if done(value):
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}; last: {value!r}")
+        time.sleep(1.0)  # polling the stack's state, not synchronising on time
+
+
+@dataclass
+class Stack:
+    """A running compose project and how to reach it from the host."""
+
+    compose: list[str]
+    project: str
+    env: dict[str, str]
+    bootstrap: str
+    prometheus_url: str
+
+    def run(self, *args: str, timeout_s: float = 120.0) -> str:
+        cmd = [*self.compose, "-p", self.project, "-f", str(COMPOSE_FILE), *args]
+        done = subprocess.run(
+            cmd, env=self.env, capture_output=True, text=True, timeout=timeout_s, check=False
+        )
+        assert done.returncode == 0, f"{' '.join(args)}: {done.stdout}\n{done.stderr}"
+        return done.stdout
+
+    def containers(self, service: str | None = None, *, all_states: bool = False) -> list[str]:
+        labels = [f"label=com.docker.compose.project={self.project}"]
+        if service:
+            labels.append(f"label=com.docker.compose.service={service}")
+        args = ["docker", "ps", "-q", *(["-a"] if all_states else [])]
+        for label in labels:
+            args += ["--filter", label]
+        out = subprocess.run(args, capture_output=True, text=True, check=True, timeout=30)
+        return out.stdout.split()
+
+    def running(self, container: str) -> bool:
+        out = subprocess.run(
+            ["docker", "inspect", "-f", "{{.State.Running}}", container],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=30,
+        )
+        return out.stdout.strip() == "true"
+
+    def logs(self) -> str:
+        cmd = [*self.compose, "-p", self.project, "-f", str(COMPOSE_FILE), "logs", "--tail", "40"]
+        done = subprocess.run(
+            cmd, env=self.env, capture_output=True, text=True, timeout=120, check=False
+        )
+        return done.stdout + done.stderr
+
+    def down(self) -> None:
+        self.run("down", "-v", "--remove-orphans", "-t", "30", timeout_s=300)
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    if not _docker_answers():
+        pytest.skip("no Docker engine answers (`docker info` failed): start dockerd")
+    compose = _compose_cmd()
+    if compose is None:
+        pytest.skip("neither `docker compose` nor `docker-compose` is installed")
+    built = subprocess.run(
+        [str(BUILD)],
+        env={**os.environ, "PYTHON": os.environ.get("PYTHON", _venv_python())},
+        capture_output=True,
+        text=True,
+        timeout=3600,
+        check=False,
+    )
+    assert built.returncode == 0, f"building the images failed:\n{built.stderr}"
+
+    tmp = tmp_path_factory.mktemp("compose")
+    k1, k2, k3, c1, c2, c3, metrics, prom = _free_ports(8)
+    key = tmp / "command_key"
+    key.write_text(uuid.uuid4().hex + uuid.uuid4().hex)
+    key.chmod(0o444)  # the services run as uid 10001
+    config = yaml.safe_load((REPO / "compose" / "prometheus" / "prometheus.yml").read_text())
+    targets = {"runwatch-sinks": f"127.0.0.1:{metrics}", "prometheus": f"127.0.0.1:{prom}"}
+    for job in config["scrape_configs"]:
+        job["static_configs"] = [{"targets": [targets[job["job_name"]]]}]
+    config["global"]["scrape_interval"] = "2s"  # the shipped 15 s, shortened for the test
+    prom_file = tmp / "prometheus.yml"
+    prom_file.write_text(yaml.safe_dump(config))
+    prom_file.chmod(0o444)
+    empty_env = tmp / "empty.env"  # never the developer's compose/.env
+    empty_env.write_text("")
+    project = f"rwtest{uuid.uuid4().hex[:8]}"
+    ports = {
+        "KAFKA_1_PORT": k1,
+        "KAFKA_2_PORT": k2,
+        "KAFKA_3_PORT": k3,
+        "KAFKA_1_CONTROLLER_PORT": c1,
+        "KAFKA_2_CONTROLLER_PORT": c2,
+        "KAFKA_3_CONTROLLER_PORT": c3,
+        "RUNWATCH_METRICS_PORT": metrics,
+        "PROMETHEUS_PORT": prom,
+    }
+    bootstrap = f"127.0.0.1:{k1},127.0.0.1:{k2},127.0.0.1:{k3}"
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("RUNWATCH_", "KAFKA_"))},
+        **{k: str(v) for k, v in ports.items()},
+        "RUNWATCH_BOOTSTRAP": bootstrap,
+        "RUNWATCH_COMMAND_KEY_PATH": str(key),
+        "PROMETHEUS_CONFIG": str(prom_file),
+        "KAFKA_CLUSTER_ID": admin_cluster_id(),
+        "GRAFANA_ADMIN_PASSWORD": uuid.uuid4().hex,  # required by the file, Grafana not started
+    }
+    compose = [*compose, "--env-file", str(empty_env)]
+    running = Stack(compose, project, env, bootstrap, f"http://127.0.0.1:{prom}")
+    try:
+        running.run("up", "-d", timeout_s=UP_S)
+        yield running
+    except BaseException:
+        print(running.logs())
+        raise
+    finally:
+        running.down()
+
+
+def _venv_python() -> str:
+    import sys
+
+    return sys.executable
+
+
+def admin_cluster_id() -> str:
+    """A fresh KRaft cluster id (22 base64url characters) for this stack's volumes."""
+    import base64
+
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode().replace("-", "A")
+
+
+def _group_members(bootstrap: str) -> int:
+    """Members of the processors' consumer group once it is stable (-1 while it is not)."""
+    try:
+        with admin.admin_client(bootstrap) as client:
+            group = client.describe_groups([APP_ID])[APP_ID]
+    except Exception:
+        return -1
+    state = group.get("group_state") or group.get("state")
+    return len(group.get("members") or []) if state == "Stable" else -1
+
+
+def _runs_on_every_steps_partition() -> list[str]:
+    """One run id per steps partition: whichever worker dies, it had runs to hand over."""
+    count = DEFAULT_PARTITIONS["steps"]
+    found: dict[int, str] = {}
+    i = 0
+    while len(found) < count:
+        run = f"run-{i}"
+        found.setdefault(partition_for(run, count), run)
+        i += 1
+    return [found[p] for p in sorted(found)]
+
+
+def _applied(views: dict[str, RunView], runs: list[str]) -> bool:
+    return all(
+        r in views
+        and views[r].steps is not None
+        and views[r].steps.steps_observed == STEPS
+        and views[r].liveness is not None
+        and views[r].liveness.heartbeats == 2 * STEPS
+        for r in runs
+    )
+
+
+def _feed(trainers: dict[str, Trainer], first: int, last: int) -> None:
+    for s in range(first, last + 1):
+        for t in trainers.values():
+            t.step(s, loss=9.0 if s == SPIKE_AT else None)
+
+
+def test_a_processor_killed_mid_stream_the_other_takes_over(stack: Stack) -> None:
+    rule = admin.cluster_replication(stack.bootstrap)
+    assert (rule.factor, rule.min_insync) == (3, 2)
+    with admin.admin_client(stack.bootstrap) as client:
+        (steps,) = client.describe_topics([names(PREFIX).steps])
+    assert {len(p["replica_nodes"]) for p in steps["partitions"]} == {3}  # `topics` chose it
+    processors = stack.containers("processors")
+    assert len(processors) == 2, processors
+    _wait("both workers in the group", lambda: _group_members(stack.bootstrap), lambda n: n == 2)
+
+    runs = _runs_on_every_steps_partition()
+    trainers = {run: Trainer(stack.bootstrap, PREFIX, run, seed=i) for i, run in enumerate(runs)}
+    try:
+        for t in trainers.values():
+            t.start(0)
+        _feed(trainers, 1, KILL_AFTER)
+        victim, survivor = processors
+        subprocess.run(["docker", "kill", victim], check=True, capture_output=True, timeout=60)
+        _feed(trainers, KILL_AFTER + 1, STEPS)  # the spike comes after the kill
+        _wait(
+            "the survivor alone in the group",
+            lambda: _group_members(stack.bootstrap),
+            lambda n: n == 1,
+        )
+        views = _wait(
+            "every step and heartbeat of every run applied once",
+            lambda: latest_states(stack.bootstrap, APP_ID),
+            lambda v: _applied(v, runs),
+        )
+        reader = Reader(stack.bootstrap, names(PREFIX).anomalies)
+        events = reader.wait_for(lambda ev: {e.run_id for e in ev} >= set(runs), timeout_s=WAIT_S)
+        reader.close()
+        assert not stack.running(victim) and stack.running(survivor)
+    finally:
+        for t in trainers.values():
+            t.close()
+
+    distinct: dict[str, Any] = {}
+    for e in events:
+        distinct.setdefault(e.verdict_id, e)
+    by_run: dict[str, list[Any]] = {}
+    for e in distinct.values():
+        by_run.setdefault(e.run_id, []).append(short(e))
+    for run in runs:
+        assert views[run].steps is not None and views[run].steps.steps_observed == STEPS
+        assert by_run.get(run) == [("loss_spike", SPIKE_AT, 0)], (run, by_run)
+        receipt = audit(load_run_log(stack.bootstrap, PREFIX, run), DetectorConfig())
+        assert receipt.agrees, (run, render(receipt))
+
+
+def _prometheus(stack: Stack, query: str) -> list[dict[str, Any]]:
+    url = f"{stack.prometheus_url}/api/v1/query?" + urllib.parse.urlencode({"query": query})
+    try:
+        with urllib.request.urlopen(url, timeout=10) as reply:
+            body = json.loads(reply.read())
+    except OSError:
+        return []
+    return list(body["data"]["result"]) if body.get("status") == "success" else []
+
+
+def test_prometheus_scraped_the_exporter(stack: Stack) -> None:
+    up = _wait(
+        "Prometheus to scrape the sinks' exporter",
+        lambda: _prometheus(stack, 'up{job="runwatch-sinks"}'),
+        lambda r: bool(r) and r[0]["value"][1] == "1",
+    )
+    assert up[0]["metric"]["job"] == "runwatch-sinks"
+    spikes = _wait(
+        "the loss spikes in Prometheus",
+        lambda: _prometheus(stack, 'sum(runwatch_anomalies_total{kind="loss_spike"})'),
+        lambda r: bool(r) and float(r[0]["value"][1]) >= len(_runs_on_every_steps_partition()),
+    )
+    assert float(spikes[0]["value"][1]) == len(_runs_on_every_steps_partition())
+
+
+def test_down_leaves_nothing_running(stack: Stack) -> None:
+    assert stack.containers()  # still up before
+    stack.down()
+    assert stack.containers(all_states=True) == []
+    volumes = subprocess.run(
+        [
+            "docker",
+            "volume",
+            "ls",
+            "-q",
+            "--filter",
+            f"label=com.docker.compose.project={stack.project}",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=30,
+    )
+    assert volumes.stdout.split() == []
