@@ -1,0 +1,416 @@
+"""A fleet through two workers: many runs of mixed sizes, two of them very large and packed.
+
+The fleet (defaults): ``--runs`` runs in all; besides one 4,096-rank and one 16,384-rank
+run, the rest are small (world sizes cycling 1 / 2 / 4 / 8 / 16 / 32 / 64). Every rank
+heartbeats every step; rank 0 sends the step. Runs of more than ``--pack-above`` ranks pack
+their heartbeats in records of ``--pack`` events (what a node agent does for its ranks);
+the small runs send one record per event, as a `RunEmitter` does by default.
+
+Three phases against one broker of its own and two `runwatch processors` workers:
+
+1. **Throughput**: a backlog of ``--steps`` steps of the whole fleet is produced first, then
+   the workers start and drain it. Events/s = events / (last commit - first commit), from
+   the group's committed offsets (durably processed), with the records -> events map of the
+   backlog. CPU per event: the two workers' user + system CPU over the drain. Changelog
+   bytes per event: the bytes of the records the workers wrote to their changelog topics.
+2. **Latency under load**: the fleet goes on stepping at ``--load`` (default 0.8) of the
+   measured events/s while ``--probes`` small runs step every 50 ms beside it with a loss
+   spike every 20th step (the fleet's own runs step too slowly at this size to build a
+   baseline in the window); p50 / p99 from just before `send` to the verdict readable on
+   the anomalies topic.
+3. **Recovery**: under the same load one worker is SIGKILLed (and not restarted); the
+   figure is the time from the kill until every record produced before it is committed
+   (the survivor took the partitions over, restored their states and caught up).
+
+Prints a summary and one JSON line. Sizes are arguments; on this 2-core machine the
+defaults take a few minutes:
+
+    .venv/bin/python bench/fleet.py [--runs 1000] [--steps 6] [--load 0.8] [--load-s 40]
+
+Workers run ``python -m runwatch.cli`` from the current directory.
+"""
+
+from __future__ import annotations
+
+import sys
+
+# Run as a script, this file's directory comes first on sys.path and its name would
+# shadow the `processors` package it measures.
+if sys.path and sys.path[0] == __import__("os").path.dirname(__file__):
+    sys.path.pop(0)
+
+import argparse
+import json
+import os
+import random
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+
+from processors.fleet import committed_offsets
+from processors.settings import changelog_topic
+from runwatch.admin import create_catalogue
+from runwatch.broker.lifecycle import EmbeddedBroker
+from runwatch.procs import ManagedProcess
+from schemas.codec import decode, encode, encode_key, encode_pack
+from schemas.events import AnomalyDetected, Heartbeat, RunStarted, StepCompleted
+from schemas.topics import names
+
+SETS = ("hang_timeout_s=3600", "dead_rank_timeout_s=3600", "rank_heartbeat_threshold=100000")
+SMALL_WORLDS = (1, 2, 4, 8, 16, 32, 64)
+TABLES = ("step-health", "liveness", "policy")
+COMMAND_KEY = "fleet-command-key-0123456789abcdef"
+
+
+@dataclass(frozen=True)
+class Run:
+    """One run of the fleet."""
+
+    run_id: str
+    world: int
+    packed: bool
+
+
+def fleet(runs: int, pack_above: int) -> list[Run]:
+    """The fleet: the two large runs first, then small ones of cycling sizes."""
+    out = [Run("large-4096", 4096, pack_above < 4096), Run("large-16384", 16384, True)]
+    for i in range(max(0, runs - 2)):
+        world = SMALL_WORLDS[i % len(SMALL_WORLDS)]
+        out.append(Run(f"small-{i:04d}", world, world > pack_above))
+    return out
+
+
+Record = tuple[str, bytes, bytes, int]
+"""(topic, key, value, events it carries)."""
+
+
+def step_records(
+    run: Run, step: int, topics, pack: int, rng: random.Random, spike: bool
+) -> Iterator[Record]:
+    """One step of ``run``: its StepCompleted and every rank's heartbeat (packed or not)."""
+    ts = time.time_ns()
+    key = encode_key(run.run_id)
+    loss = 9.0 if spike else 3.0 - 0.001 * step + rng.gauss(0, 0.02)
+    ev = StepCompleted(
+        run_id=run.run_id, ts_ns=ts, seq=step, step=step, loss=loss, step_time_s=1.0,
+        grad_norm=1.0 + rng.gauss(0, 0.01), tokens=4096 * run.world,
+    )  # fmt: skip
+    yield topics.steps, key, encode(ev), 1
+    beats = [
+        encode(Heartbeat(run_id=run.run_id, ts_ns=ts, seq=step, rank=r, step=step))
+        for r in range(run.world)
+    ]
+    if not run.packed:
+        for value in beats:
+            yield topics.heartbeats, key, value, 1
+        return
+    for i in range(0, len(beats), pack):
+        chunk = beats[i : i + pack]
+        yield topics.heartbeats, key, encode_pack(run.run_id, ts, chunk), len(chunk)
+
+
+def producer(bootstrap: str) -> KafkaProducer:
+    return KafkaProducer(
+        bootstrap_servers=bootstrap, acks="all", linger_ms=10, batch_size=512 * 1024,
+        max_request_size=8 * 1024 * 1024,
+    )  # fmt: skip
+
+
+def start_worker(bootstrap: str, prefix: str, root: Path, name: str) -> ManagedProcess:
+    args = ["processors", "--bootstrap", bootstrap, "--prefix", prefix, "--app-id",
+            f"{prefix}-app", "--session-timeout", "6"]  # fmt: skip
+    for s in SETS:
+        args += ["--set", s]
+    env = {**os.environ, "RUNWATCH_COMMAND_KEY": COMMAND_KEY}
+    return ManagedProcess.runwatch(name, args, root / f"{name}.log", env=env, cwd=root)
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` and its reaped children so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
+def end_offsets(bootstrap: str, topics: list[str]) -> dict[tuple[str, int], int]:
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False)
+    tps = [TopicPartition(t, p) for t in topics for p in consumer.partitions_for_topic(t) or ()]
+    out = {(tp.topic, tp.partition): n for tp, n in consumer.end_offsets(tps).items()}
+    consumer.close()
+    return out
+
+
+def topic_bytes(bootstrap: str, topics: list[str]) -> tuple[int, int]:
+    """(records, key + value bytes) of ``topics``, read from the beginning."""
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False)
+    tps = [TopicPartition(t, p) for t in topics for p in consumer.partitions_for_topic(t) or ()]
+    consumer.assign(tps)
+    consumer.seek_to_beginning(*tps)
+    end = consumer.end_offsets(tps)
+    records = size = 0
+    while any(consumer.position(tp) < end[tp] for tp in tps):
+        for batch in consumer.poll(timeout_ms=500, max_records=50_000).values():
+            for rec in batch:
+                records += 1
+                size += len(rec.key or b"") + len(rec.value or b"")
+    consumer.close()
+    return records, size
+
+
+Sample = tuple[float, int, float]
+"""(time, records committed, CPU seconds of the sampled processes so far)."""
+
+
+def wait_committed(bootstrap: str, group: str, target: dict[tuple[str, int], int],
+                   timeout_s: float, pids: tuple[int, ...] = ()) -> list[Sample]:  # fmt: skip
+    """Sample the committed offsets until they reach ``target``.
+
+    Returns:
+        One `Sample` per look, CPU of ``pids``.
+    """
+    samples: list[Sample] = []
+    deadline = time.monotonic() + timeout_s
+    while True:
+        done = committed_offsets(bootstrap, group)
+        committed = sum(min(done.get(tp, 0), n) for tp, n in target.items())
+        samples.append((time.monotonic(), committed, sum(cpu_s(p) for p in pids)))
+        if all(done.get(tp, 0) >= n for tp, n in target.items() if n):
+            return samples
+        if time.monotonic() > deadline:
+            raise SystemExit(f"workers did not reach the target in {timeout_s:.0f} s")
+        time.sleep(0.25)  # the sampling interval of a measurement
+
+
+class Load(threading.Thread):
+    """Steps the fleet at a paced events/s (no faults: the background of phase 2)."""
+
+    def __init__(self, bootstrap: str, topics, runs: list[Run], first_step: int, rate: float,
+                 pack: int) -> None:  # fmt: skip
+        super().__init__(daemon=True)
+        self.bootstrap, self.topics, self.runs = bootstrap, topics, runs
+        self.step, self.rate, self.pack = first_step, rate, pack
+        self.stop = threading.Event()
+        self.events = 0
+
+    def run(self) -> None:
+        out = producer(self.bootstrap)
+        rng = random.Random(1)
+        t0 = time.monotonic()
+        while not self.stop.is_set():
+            for run in self.runs:
+                for topic, key, value, n in step_records(
+                    run, self.step, self.topics, self.pack, rng, False
+                ):
+                    out.send(topic, key=key, value=value)
+                    self.events += n
+                ahead_s = t0 + self.events / self.rate - time.monotonic()
+                if ahead_s > 0.005:
+                    self.stop.wait(ahead_s)  # pacing the load, not synchronisation
+                if self.stop.is_set():
+                    break
+            self.step += 1
+        out.flush()
+        out.close()
+
+
+class Probe(threading.Thread):
+    """Probe runs stepping fast beside the fleet, a loss spike every 20th step from step 40.
+
+    The fleet's own runs step too slowly at fleet size to build a baseline within the
+    window; the probes share the workers, partitions and load with them.
+    """
+
+    def __init__(self, bootstrap: str, topics, count: int, period_s: float = 0.05) -> None:
+        super().__init__(daemon=True)
+        self.bootstrap, self.topics, self.period_s = bootstrap, topics, period_s
+        self.runs = [Run(f"probe-{i:02d}", 1, False) for i in range(count)]
+        self.stop = threading.Event()
+        self.sent_s: dict[tuple[str, int], float] = {}
+
+    def run(self) -> None:
+        out = producer(self.bootstrap)
+        rng = random.Random(2)
+        for run in self.runs:
+            started = encode(RunStarted(run_id=run.run_id, ts_ns=time.time_ns(), world_size=1))
+            for topic in (self.topics.steps, self.topics.heartbeats):
+                out.send(topic, key=encode_key(run.run_id), value=started)
+        step = 0
+        while not self.stop.is_set():
+            step += 1
+            spike = step >= 40 and step % 20 == 0
+            for run in self.runs:
+                if spike:
+                    self.sent_s[(run.run_id, step)] = time.monotonic()
+                for topic, key, value, _ in step_records(run, step, self.topics, 1, rng, spike):
+                    out.send(topic, key=key, value=value)
+            out.flush()
+            self.stop.wait(self.period_s)  # pacing the probes, not synchronisation
+        out.close()
+
+
+class Watch(threading.Thread):
+    """Notes when each loss-spike verdict becomes readable."""
+
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        super().__init__(daemon=True)
+        self.bootstrap, self.topic = bootstrap, topic
+        self.stop = threading.Event()
+        self.seen_s: dict[tuple[str, int], float] = {}
+
+    def run(self) -> None:
+        consumer = KafkaConsumer(bootstrap_servers=self.bootstrap, group_id=None,
+                                 enable_auto_commit=False)  # fmt: skip
+        tps = [TopicPartition(self.topic, p) for p in consumer.partitions_for_topic(self.topic)]
+        consumer.assign(tps)
+        consumer.seek_to_end(*tps)
+        while not self.stop.is_set():
+            for batch in consumer.poll(timeout_ms=100).values():
+                now = time.monotonic()
+                for rec in batch:
+                    ev = decode(rec.value)
+                    if isinstance(ev, AnomalyDetected) and ev.kind == "loss_spike":
+                        self.seen_s.setdefault((ev.run_id, ev.step), now)
+        consumer.close()
+
+
+def pct(values: list[float], q: float) -> float | None:
+    return round(values[min(len(values) - 1, int(q * len(values)))], 1) if values else None
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=1000)
+    parser.add_argument("--steps", type=int, default=6, help="steps of the backlog (phase 1)")
+    parser.add_argument("--pack", type=int, default=512, help="heartbeats per packed record")
+    parser.add_argument("--pack-above", type=int, default=64, help="pack runs larger than this")
+    parser.add_argument("--load", type=float, default=0.8, help="share of the measured rate")
+    parser.add_argument("--load-s", type=float, default=40.0, help="seconds of phase 2")
+    parser.add_argument("--probes", type=int, default=10, help="fast runs that carry spikes")
+    parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
+    args = parser.parse_args()
+    runs = fleet(args.runs, args.pack_above)
+    root = Path(tempfile.mkdtemp(prefix="runwatch-fleet-"))
+    prefix, group = "fleet", "fleet-app"
+    topics = names(prefix)
+    inputs = [topics.steps, topics.heartbeats]
+    with ExitStack() as stack:
+        if not args.keep:
+            stack.callback(shutil.rmtree, root, True)
+        broker = EmbeddedBroker(root / "broker")
+        bootstrap = broker.start().bootstrap
+        stack.callback(broker.stop)
+        create_catalogue(bootstrap, prefix=prefix)  # the catalogue's fleet-sized partitions
+
+        # Phase 1: the backlog, then two workers drain it.
+        rng = random.Random(0)
+        out = producer(bootstrap)
+        events = records = 0
+        for run in runs:
+            started = encode(RunStarted(run_id=run.run_id, ts_ns=time.time_ns(),
+                                        world_size=run.world))  # fmt: skip
+            for topic in inputs:
+                out.send(topic, key=encode_key(run.run_id), value=started)
+                records += 1
+        for step in range(1, args.steps + 1):
+            for run in runs:
+                for topic, key, value, n in step_records(run, step, topics, args.pack, rng, False):
+                    out.send(topic, key=key, value=value)
+                    events, records = events + n, records + 1
+        out.flush()
+        out.close()
+        target = end_offsets(bootstrap, inputs)
+        workers = [start_worker(bootstrap, prefix, root, f"worker{i}") for i in range(2)]
+        stack.callback(lambda: [w.stop() for w in workers])
+        pids = tuple(w.proc.pid for w in workers)
+        samples = wait_committed(bootstrap, group, target, timeout_s=1800, pids=pids)
+        first = next(i for i, (_, n, _) in enumerate(samples) if n > 0)
+        # From the last sample before the first commit (start-up and imports excluded).
+        t_first, _, cpu_first = samples[max(0, first - 1)]
+        t_last, _, cpu_last = samples[-1]
+        drain_s = t_last - t_first
+        rate = events / max(drain_s, 1e-9)
+        cpu_per_event_us = 1e6 * (cpu_last - cpu_first) / events
+        changelogs = [changelog_topic(group, t) for t in TABLES]
+        cl_records, cl_bytes = topic_bytes(bootstrap, changelogs)
+
+        # Phase 2: paced load at --load of that rate, spikes timed.
+        watch = Watch(bootstrap, topics.anomalies)
+        watch.start()
+        load = Load(bootstrap, topics, runs, args.steps + 1, args.load * rate, args.pack)
+        probe = Probe(bootstrap, topics, args.probes)
+        t_load = time.monotonic()
+        load.start()
+        probe.start()
+        time.sleep(args.load_s)  # the measured window of sustained load
+
+        # Phase 3: SIGKILL one worker under the same load.
+        before = end_offsets(bootstrap, inputs)
+        t_kill = time.monotonic()
+        workers[0].kill()
+        wait_committed(bootstrap, group, before, timeout_s=900)
+        recovery_s = time.monotonic() - t_kill
+        load.stop.set()
+        probe.stop.set()
+        load.join()
+        probe.join()
+        offered_s = time.monotonic() - t_load
+        time.sleep(2.0)  # let the last spikes' verdicts arrive; they are context only
+        watch.stop.set()
+        watch.join(timeout=5)
+
+    loaded = sorted(
+        (watch.seen_s[k] - t) * 1000
+        for k, t in probe.sent_s.items()
+        if k in watch.seen_s and t < t_kill
+    )
+    after_kill = sorted(
+        (watch.seen_s[k] - t) * 1000
+        for k, t in probe.sent_s.items()
+        if k in watch.seen_s and t >= t_kill
+    )
+    result = {
+        "bench": "fleet",
+        "runs": len(runs),
+        "ranks": sum(r.world for r in runs),
+        "packed_runs": [r.run_id for r in runs if r.packed][:5],
+        "backlog_events": events,
+        "backlog_records": records,
+        "events_per_s": round(rate),
+        "records_per_s": round(records / max(drain_s, 1e-9)),
+        "drain_s": round(drain_s, 1),
+        "cpu_us_per_event": round(cpu_per_event_us, 2),
+        "changelog_records": cl_records,
+        "changelog_bytes_per_event": round(cl_bytes / events, 2),
+        "load_events_per_s": round(load.events / offered_s),
+        "load_target_events_per_s": round(args.load * rate),
+        "latency_under_load_p50_ms": pct(loaded, 0.5),
+        "latency_under_load_p99_ms": pct(loaded, 0.99),
+        "latency_under_load_spikes": len(loaded),
+        "spikes_sent": len(probe.sent_s),
+        "spikes_judged": sum(k in watch.seen_s for k in probe.sent_s),
+        "latency_after_kill_p99_ms": pct(after_kill, 0.99),
+        "recovery_after_sigkill_s": round(recovery_s, 1),
+    }
+    print(
+        f"fleet: {result['runs']} runs, {result['ranks']:,} ranks; two workers drained "
+        f"{events:,} events ({records:,} records) at {result['events_per_s']:,} events/s, "
+        f"{result['cpu_us_per_event']} us CPU and {result['changelog_bytes_per_event']} "
+        f"changelog bytes per event"
+    )
+    print(
+        f"under load ({result['load_events_per_s']:,} events/s): spike -> verdict p50 "
+        f"{result['latency_under_load_p50_ms']} ms, p99 {result['latency_under_load_p99_ms']} "
+        f"ms; SIGKILL of a worker -> caught up in {result['recovery_after_sigkill_s']} s"
+    )
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
