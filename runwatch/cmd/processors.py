@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 from typing import Any
 
 from runwatch.errors import UsageError
@@ -65,6 +66,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--batch-max", type=int, default=5000, help="most records an agent folds at once"
+    )
+    parser.add_argument(
+        "--ingest",
+        default=None,
+        metavar="{stream,batch}",
+        help="stream: faust agents, record by record; batch: whole per-partition batches "
+        "under faust's group, tables and commits (default: $RUNWATCH_INGEST, else stream)",
     )
     parser.add_argument(
         "--session-timeout",
@@ -132,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
     """Create the topics if needed, then run a faust worker until stopped."""
     from processors.app import create_app
     from processors.fleet import default_app_id
-    from processors.settings import ProcessorSettings
+    from processors.settings import DEFAULT_INGEST, INGEST_MODES, ProcessorSettings
     from runwatch.admin import cluster_replication, create_catalogue
     from runwatch.settings import (
         faust_broker_settings,
@@ -145,6 +153,9 @@ def run(args: argparse.Namespace) -> int:
 
     if args.batch_max < 1 or min(args.tick_interval, args.session_timeout) <= 0:
         raise UsageError("--tick-interval, --batch-max and --session-timeout must be positive")
+    ingest = args.ingest or os.environ.get("RUNWATCH_INGEST", "").strip() or DEFAULT_INGEST
+    if ingest not in INGEST_MODES:
+        raise UsageError(f"--ingest expects one of {', '.join(INGEST_MODES)}, got {ingest!r}")
     partitions = partition_counts(args.partitions)
     overrides = parse_overrides(args.overrides)
     cfg = detector_config(overrides)
@@ -168,6 +179,7 @@ def run(args: argparse.Namespace) -> int:
         prefix=prefix,
         app_id=app_id,
         partitions=input_partitions(bootstrap, prefix, app_id),
+        ingest=ingest,  # type: ignore[arg-type]
         batch_max=args.batch_max,
         tick_interval_s=args.tick_interval,
         session_timeout_s=args.session_timeout,
