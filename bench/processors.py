@@ -1,20 +1,26 @@
 """Processor throughput and detection latency through a real broker and a real worker.
 
-Two phases against one `runwatch processors` worker (a subprocess):
+Phases, against one backlog produced once:
 
-1. Throughput: a backlog of heartbeats and steps from many concurrent runs is produced
-   first; the worker then drains it. Sustained events/s is measured from the group's
-   committed offsets (what the worker has durably processed), from the first commit to
-   the last, so worker start-up is not counted.
-2. Latency: with the worker idle, a paced stream of steps where every 20th step of a run
-   is a loss spike; latency is from just before `send` of the spike to the moment a
-   consumer of the anomalies topic reads its verdict.
+0. Ceiling: the backlog read with aiokafka ``getmany`` in this process, decoded and folded
+   through the same `fold_batch` (no faust, no outputs published, no state written): what
+   consuming, decoding and folding cost on their own, measured in the same minutes as
+   the worker so the box's load is the same for both.
+1. Throughput: one `runwatch processors` worker (a subprocess) per ``--ingest`` mode, each
+   with its own app id, drains the same backlog in turn. Sustained events/s is measured
+   from the group's committed offsets (what the worker has durably processed), from the
+   first commit to the last, so worker start-up is not counted. The ratio printed is the
+   last mode's worker over the ceiling.
+2. Latency: with the last mode's worker idle, a paced stream of steps where every 20th
+   step of a run is a loss spike; latency is from just before `send` of the spike to the
+   moment a consumer of the anomalies topic reads its verdict.
 
 Where the time goes: the same events are decoded and folded in-process (no Kafka, no
 faust) to split the per-event cost into decode, fold and the rest (faust, aiokafka,
 changelog writes).
 
 Usage: python bench/processors.py [--bootstrap HOST:PORT] [--runs 200] [--steps 60]
+       [--ingest stream,batch]
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ if sys.path and sys.path[0] == __import__("os").path.dirname(__file__):
     sys.path.pop(0)
 
 import argparse
+import asyncio
 import json
 import os
 import random
@@ -37,6 +44,7 @@ import uuid
 from contextlib import ExitStack
 from pathlib import Path
 
+import aiokafka
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
 from processors.core.config import DetectorConfig
@@ -96,10 +104,12 @@ def produce(bootstrap: str, prefix: str, events: list[tuple[str, bytes, bytes]])
     return time.perf_counter() - t
 
 
-def start_worker(bootstrap: str, prefix: str, partitions: int, log: Path) -> ManagedProcess:
+def start_worker(
+    bootstrap: str, prefix: str, partitions: int, log: Path, app_id: str, ingest: str
+) -> ManagedProcess:
     args = [
-        "processors", "--bootstrap", bootstrap, "--prefix", prefix, "--app-id", f"{prefix}-app",
-        "--partitions", str(partitions),
+        "processors", "--bootstrap", bootstrap, "--prefix", prefix, "--app-id", app_id,
+        "--partitions", str(partitions), "--ingest", ingest,
         "--set", "hang_timeout_s=3600", "--set", "dead_rank_timeout_s=3600",
     ]  # fmt: skip
     env = {**os.environ, "RUNWATCH_COMMAND_KEY": "bench-command-key-0123456789"}
@@ -116,27 +126,77 @@ def end_total(consumer: KafkaConsumer, topics: list[str]) -> int:
     return sum(consumer.end_offsets(tps).values())
 
 
+async def _ceiling(
+    bootstrap: str,
+    topics: list[str],
+    partitions: list[tuple[str, int]],
+    target: int,
+    batch_max: int,
+) -> float:
+    consumer = aiokafka.AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, enable_auto_commit=False, max_poll_records=batch_max
+    )
+    await consumer.start()
+    try:
+        tps = [aiokafka.TopicPartition(t, p) for t, p in partitions]
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        cfg = DetectorConfig()
+        role_of = {t: role for role, t in zip(("steps", "heartbeats"), topics, strict=True)}
+        states: dict[str, dict[str, object]] = {role: {} for role in role_of.values()}
+        done = 0
+        t0 = time.perf_counter()
+        while done < target:
+            fetched = await consumer.getmany(timeout_ms=1000, max_records=batch_max)
+            by_role: dict[str, list[RawRecord]] = {}
+            for tp, recs in fetched.items():
+                by_role.setdefault(role_of[tp.topic], []).extend(
+                    RawRecord(r.topic, r.partition, r.offset, r.key, r.value, r.timestamp or 0)
+                    for r in recs
+                )
+                done += len(recs)
+            for role, raws in by_role.items():
+                good, _ = split(raws, role)
+                known = states[role]
+                res = fold_batch(role, good, known.get, lambda p: (), cfg)
+                known.update(res.states)
+        return done / (time.perf_counter() - t0)
+    finally:
+        await consumer.stop()
+
+
+def ceiling(bootstrap: str, prefix: str, batch_max: int = 5000) -> dict[str, float]:
+    """The raw ceiling: aiokafka getmany + decode + fold_batch of the backlog, no faust."""
+    topics = names(prefix)
+    inputs = [topics.steps, topics.heartbeats]
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap)
+    target = end_total(consumer, inputs)
+    parts = [(t, p) for t in inputs for p in sorted(consumer.partitions_for_topic(t) or ())]
+    consumer.close()
+    rate = asyncio.run(_ceiling(bootstrap, inputs, parts, target, batch_max))
+    return {"ceiling_events_per_s": rate}
+
+
 def throughput(
     bootstrap: str,
     prefix: str,
     partitions: int,
-    runs: int,
-    steps: int,
     worker_log: Path,
     stack: ExitStack,
-):
+    ingest: str,
+) -> tuple[dict[str, float], ManagedProcess]:
+    """One worker of a new app id drains the backlog; returns its figures and the worker."""
     topics = names(prefix)
     inputs = [topics.steps, topics.heartbeats]
-    events = backlog(runs, steps)
-    produce_s = produce(bootstrap, prefix, events)
     consumer = KafkaConsumer(bootstrap_servers=bootstrap)
     target = end_total(consumer, inputs)
-    worker = start_worker(bootstrap, prefix, partitions, worker_log)
+    app_id = f"{prefix}-{ingest}-app"
+    worker = start_worker(bootstrap, prefix, partitions, worker_log, app_id, ingest)
     stack.callback(worker.stop)  # also when the measurement fails
     samples: list[tuple[float, int]] = []
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
-        done = committed_total(f"{prefix}-app", bootstrap, set(inputs))
+        done = committed_total(app_id, bootstrap, set(inputs))
         samples.append((time.monotonic(), done))
         if done >= target:
             break
@@ -148,12 +208,7 @@ def throughput(
     t_last, n_last = samples[-1]
     rate = (n_last - n_first) / max(t_last - t_first, 1e-9)
     consumer.close()
-    return {
-        "events": len(events),
-        "produce_s": produce_s,
-        "drain_s": t_last - t_first,
-        "events_per_s": rate,
-    }
+    return {"drain_s": t_last - t_first, "events_per_s": rate}, worker
 
 
 def latency(bootstrap: str, prefix: str, spikes: int) -> dict[str, float]:
@@ -247,7 +302,14 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--spikes", type=int, default=200)
+    parser.add_argument(
+        "--ingest",
+        default="stream,batch",
+        help="worker ingest modes to measure in turn, comma-separated; the last one is the "
+        "worker of the ratio and of the latency phase (default: stream,batch)",
+    )
     args = parser.parse_args()
+    modes = [m.strip() for m in args.ingest.split(",") if m.strip()]
     with ExitStack() as stack:
         bootstrap = args.bootstrap
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
@@ -257,16 +319,44 @@ def main() -> int:
             bootstrap = stack.enter_context(ephemeral_broker(tmp / "kafka")).bootstrap
         prefix = f"bench{uuid.uuid4().hex[:6]}"
         create_catalogue(bootstrap, prefix=prefix, partitions=args.partitions)
-        tput = throughput(
-            bootstrap, prefix, args.partitions, args.runs, args.steps, tmp / "worker.log", stack
-        )
+        events = backlog(args.runs, args.steps)
+        tput: dict[str, float] = {
+            "events": len(events),
+            "produce_s": produce(bootstrap, prefix, events),
+        }
+        del events
+        tput.update(ceiling(bootstrap, prefix))
+        per_mode: dict[str, dict[str, float]] = {}
+        for i, mode in enumerate(modes):
+            figures, worker = throughput(
+                bootstrap, prefix, args.partitions, tmp / f"worker-{mode}.log", stack, mode
+            )
+            per_mode[mode] = figures
+            if i < len(modes) - 1:
+                worker.stop()  # only the last mode's worker stays for the latency phase
+        tput.update(per_mode[modes[-1]])
+        tput["ingest"] = modes[-1]  # type: ignore[assignment]
+        tput["ratio"] = tput["events_per_s"] / tput["ceiling_events_per_s"]
+        for mode, figures in per_mode.items():
+            tput[f"{mode}_events_per_s"] = figures["events_per_s"]
+            tput[f"{mode}_ratio"] = figures["events_per_s"] / tput["ceiling_events_per_s"]
         lat = latency(bootstrap, prefix, args.spikes)
     parts = breakdown(min(args.runs, 50), args.steps)
     print(
         f"throughput: {tput['events']} events ({args.runs} runs x {args.steps} steps x "
         f"(1 step + {WORLD} heartbeats)), one worker, {args.partitions} partitions"
     )
-    print(f"  sustained {tput['events_per_s']:,.0f} events/s (drained in {tput['drain_s']:.1f} s)")
+    print(
+        f"  ceiling (aiokafka getmany + decode + fold_batch, no faust): "
+        f"{tput['ceiling_events_per_s']:,.0f} events/s"
+    )
+    for mode, figures in per_mode.items():
+        print(
+            f"  worker, --ingest {mode}: sustained {figures['events_per_s']:,.0f} events/s "
+            f"(drained in {figures['drain_s']:.1f} s), "
+            f"{figures['events_per_s'] / tput['ceiling_events_per_s']:.2f} of the ceiling"
+        )
+    print(f"  ratio (--ingest {modes[-1]} worker / ceiling): {tput['ratio']:.2f} (goal >= 0.6)")
     print(
         f"latency: {lat['detected']}/{lat['spikes']} spikes, produce -> verdict readable: "
         f"p50 {lat['p50_ms']:.1f} ms, p99 {lat['p99_ms']:.1f} ms, max {lat['max_ms']:.1f} ms"
