@@ -1,4 +1,20 @@
-"""The faust-streaming app: one agent per input topic, one table of reducer states each.
+"""The faust-streaming app: one table of reducer states per input topic, two ways in.
+
+``ProcessorSettings.ingest`` chooses how records reach the fold:
+
+* ``stream`` (the default): one agent per input topic, records one by one through faust's
+  conductor, stream and acks, below;
+* ``batch``: no agents. The consumer hands each fetched round of input records, whole
+  per-partition batches, to `_BatchSink` (`processors.transport.BatchIngest` does the
+  Kafka side: the next offset due per partition, refusing and re-seeking a batch that
+  skips offsets, acknowledging applied batches as offset ranges into faust's commit
+  tracking). faust still runs the group, the assignment, the tables and their recovery,
+  the commits and the worker. The rules are the same as the agents': one decode per
+  record, `fold_batch` per role, outputs published and acknowledged by Kafka before the
+  states are written (retried in place), nothing acknowledged before its states are
+  written, and a round that cannot be applied whole stops the worker. None of faust's
+  per-message machinery (Message objects, increfs, the ack-on-close of ``take_events``)
+  is on that path, so what follows about pinning concerns the stream path only.
 
 Each agent takes batches of raw records (``stream.take_events``), decodes each record once,
 folds the batch through the pure core (`processors.pipeline.fold_batch`, the replay the
