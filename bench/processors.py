@@ -55,6 +55,7 @@ from processors.core.config import DetectorConfig
 from processors.fleet import committed_offsets
 from processors.intake import RawRecord, split
 from processors.pipeline import fold_batch
+from processors.settings import BATCH_MAX
 from runwatch.admin import create_catalogue
 from runwatch.procs import ManagedProcess
 from schemas.codec import decode, encode, encode_key
@@ -115,11 +116,12 @@ def start_worker(
     log: Path,
     app_id: str,
     ingest: str,
-    batch_max: int,
+    batch_max: int | None,
 ) -> ManagedProcess:
     args = [
         "processors", "--bootstrap", bootstrap, "--prefix", prefix, "--app-id", app_id,
-        "--partitions", str(partitions), "--ingest", ingest, "--batch-max", str(batch_max),
+        "--partitions", str(partitions), "--ingest", ingest,
+        *(["--batch-max", str(batch_max)] if batch_max is not None else []),
         "--set", "hang_timeout_s=3600", "--set", "dead_rank_timeout_s=3600",
     ]  # fmt: skip
     env = {**os.environ, "RUNWATCH_COMMAND_KEY": "bench-command-key-0123456789"}
@@ -200,7 +202,7 @@ def throughput(
     worker_log: Path,
     stack: ExitStack,
     ingest: str,
-    batch_max: int,
+    batch_max: int | None,
 ) -> tuple[dict[str, float], ManagedProcess]:
     """One worker of a new app id drains the backlog; returns its figures and the worker."""
     topics = names(prefix)
@@ -329,8 +331,9 @@ def main() -> int:
     parser.add_argument(
         "--batch-max",
         type=int,
-        default=5000,
-        help="the workers' --batch-max, and the ceiling's records per getmany (default 5000)",
+        default=None,
+        help="the workers' --batch-max, and the ceiling's records per getmany (default: "
+        "the worker's default for its --ingest, processors.settings.BATCH_MAX)",
     )
     args = parser.parse_args()
     modes = [m.strip() for m in args.ingest.split(",") if m.strip()]
@@ -352,7 +355,7 @@ def main() -> int:
         per_mode: dict[str, dict[str, float]] = {}
         for i, mode in enumerate(modes):
             # The ceiling right before each worker: the box's load drifts over minutes.
-            ceil = ceiling(bootstrap, prefix, args.batch_max)
+            ceil = ceiling(bootstrap, prefix, args.batch_max or BATCH_MAX[mode])
             figures, worker = throughput(
                 bootstrap,
                 prefix,
@@ -367,7 +370,7 @@ def main() -> int:
                 worker.stop()  # only the last mode's worker stays for the latency phase
         tput.update(per_mode[modes[-1]])
         tput["ingest"] = modes[-1]  # type: ignore[assignment]
-        tput["batch_max"] = args.batch_max
+        tput["batch_max"] = args.batch_max or BATCH_MAX[modes[-1]]
         tput["ratio"] = tput["events_per_s"] / tput["ceiling_events_per_s"]
         tput["cpu_ratio"] = tput["ceiling_cpu_us_per_event"] / tput["cpu_us_per_event"]
         for mode, figures in per_mode.items():

@@ -14,6 +14,11 @@ Ingest = Literal["stream", "batch"]
 """How a worker takes its input records: faust's per-record stream, or whole batches."""
 INGEST_MODES: Final[tuple[str, ...]] = get_args(Ingest)
 DEFAULT_INGEST: Final[Ingest] = "stream"
+BATCH_MAX: Final[dict[str, int]] = {"stream": 5000, "batch": 20_000}
+"""Default `ProcessorSettings.batch_max` per ingest mode. A batch-path round costs a few
+fixed waits (a fetch handed across faust's consumer thread, the publish, the commit
+bookkeeping) whatever its size, so larger rounds drain a backlog faster; without a
+backlog a round is only what one fetch brought, so the bound does not add latency then."""
 
 
 class ProcessorSettings(msgspec.Struct, frozen=True, kw_only=True):
