@@ -2,9 +2,9 @@
 
 ``ProcessorSettings.ingest`` chooses how records reach the fold:
 
-* ``stream`` (the default): one agent per input topic, records one by one through faust's
-  conductor, stream and acks, below;
-* ``batch``: no agents. The consumer hands each fetched round of input records, whole
+* ``stream``: one agent per input topic, records one by one through faust's conductor,
+  stream and acks, below (the path before the batch one; still selectable);
+* ``batch`` (the default): no agents. The consumer hands each fetched round of input records, whole
   per-partition batches, to `_BatchSink` (`processors.transport.BatchIngest` does the
   Kafka side: the next offset due per partition, refusing and re-seeking a batch that
   skips offsets, acknowledging applied batches as offset ranges into faust's commit

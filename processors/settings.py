@@ -13,7 +13,7 @@ DEFAULT_APP_ID = "runwatch-processors"
 Ingest = Literal["stream", "batch"]
 """How a worker takes its input records: faust's per-record stream, or whole batches."""
 INGEST_MODES: Final[tuple[str, ...]] = get_args(Ingest)
-DEFAULT_INGEST: Final[Ingest] = "stream"
+DEFAULT_INGEST: Final[Ingest] = "batch"
 BATCH_MAX: Final[dict[str, int]] = {"stream": 5000, "batch": 20_000}
 """Default `ProcessorSettings.batch_max` per ingest mode. A batch-path round costs a few
 fixed waits (a fetch handed across faust's consumer thread, the publish, the commit

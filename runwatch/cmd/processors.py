@@ -76,7 +76,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="{stream,batch}",
         help="stream: faust agents, record by record; batch: whole per-partition batches "
-        "under faust's group, tables and commits (default: $RUNWATCH_INGEST, else stream)",
+        "under faust's group, tables and commits (default: $RUNWATCH_INGEST, else batch)",
     )
     parser.add_argument(
         "--session-timeout",
