@@ -46,6 +46,9 @@ FAUST_LOGGER: Final = logging.getLogger("faust.transport.runwatch")
 a service's logger after its class's module, which would put faust's chatter under
 ``processors``)."""
 
+log = logging.getLogger(__name__)
+"""The batch path's own lines (gaps, rebalances): runwatch's, shown without ``-v``."""
+
 RETRY_BACKOFF_MS: Final = 500
 """aiokafka's ``retry_backoff_ms`` for the worker's consumer and producer (default 100)."""
 
@@ -202,7 +205,7 @@ class Consumer(driver.Consumer):
             if await ingest.wait_idle(REVOKE_WAIT_S):
                 await self.commit()
             else:
-                self.log.warning(
+                log.warning(
                     "revocation: a batch still in flight after %.0f s; it is not committed",
                     REVOKE_WAIT_S,
                 )
@@ -358,9 +361,7 @@ class BatchIngest:
                 continue
             if tp not in active:
                 # faust drops these too; the cursor notices the hole when it comes back.
-                FAUST_LOGGER.debug(
-                    "batch path: %d records of inactive %s not applied", len(recs), tp
-                )
+                log.debug("batch path: %d records of inactive %s not applied", len(recs), tp)
                 continue
             cursor = await self._cursor(consumer, tp)
             if recs[0].offset < cursor.expected:
@@ -371,14 +372,14 @@ class BatchIngest:
             start = cursor.expected
             if first > cursor.expected:
                 if cursor.gap == (cursor.expected, first):
-                    FAUST_LOGGER.warning(
+                    log.warning(
                         "%s: offsets %d..%d hold no records (read twice); passing over them",
                         tp,
                         cursor.expected,
                         first - 1,
                     )
                 else:
-                    FAUST_LOGGER.warning(
+                    log.warning(
                         "%s: a batch began at offset %d while %d was due; not applying it, "
                         "seeking back to %d",
                         tp,
@@ -394,7 +395,7 @@ class BatchIngest:
             return
         await self.sink({tp: recs for tp, (_, recs) in take.items()})
         if app.consumer_generation_id != generation:
-            FAUST_LOGGER.info("batch path: rebalanced while applying a round; not acknowledging it")
+            log.info("batch path: rebalanced while applying a round; not acknowledging it")
             return
         inbound = getattr(app.monitor, "stream_inbound_time", None)
         now = time.monotonic()
@@ -417,7 +418,7 @@ class BatchIngest:
             if committed is None or committed < 0:  # no commit yet: from the partition's start
                 committed = (await consumer.earliest_offsets(tp))[tp]
             cursor = self.cursors[tp] = _Cursor(committed)
-            FAUST_LOGGER.info("batch path: %s starts at offset %d", tp, committed)
+            log.debug("batch path: %s starts at offset %d", tp, committed)
         return cursor
 
 
