@@ -1,20 +1,30 @@
 """Processor throughput and detection latency through a real broker and a real worker.
 
-Two phases against one `runwatch processors` worker (a subprocess):
+Phases, against one backlog produced once:
 
-1. Throughput: a backlog of heartbeats and steps from many concurrent runs is produced
-   first; the worker then drains it. Sustained events/s is measured from the group's
-   committed offsets (what the worker has durably processed), from the first commit to
-   the last, so worker start-up is not counted.
-2. Latency: with the worker idle, a paced stream of steps where every 20th step of a run
-   is a loss spike; latency is from just before `send` of the spike to the moment a
-   consumer of the anomalies topic reads its verdict.
+0. Ceiling: the backlog read with aiokafka ``getmany`` in this process, decoded and folded
+   through the same `fold_batch` (no faust, no outputs published, no state written): what
+   consuming, decoding and folding cost on their own. It is measured again right before
+   each worker, so a worker and its ceiling run under the same load of the box.
+1. Throughput: one `runwatch processors` worker (a subprocess) per ``--ingest`` mode, each
+   with its own app id, drains the same backlog in turn. Sustained events/s is measured
+   from the group's committed offsets (what the worker has durably processed), from the
+   first commit to the last, so worker start-up is not counted. Each mode's ratio is its
+   worker over the ceiling measured just before it; the headline ``ratio`` is the last
+   mode's. On a shared box the load of other processes moves wall-clock figures between
+   two measurements, so CPU per event (the worker's process, every thread; the ceiling's
+   process) is printed too, with its ratio (``cpu_ratio``): the part of the comparison the
+   neighbours' load does not move.
+2. Latency: with the last mode's worker idle, a paced stream of steps where every 20th
+   step of a run is a loss spike; latency is from just before `send` of the spike to the
+   moment a consumer of the anomalies topic reads its verdict.
 
 Where the time goes: the same events are decoded and folded in-process (no Kafka, no
 faust) to split the per-event cost into decode, fold and the rest (faust, aiokafka,
 changelog writes).
 
 Usage: python bench/processors.py [--bootstrap HOST:PORT] [--runs 200] [--steps 60]
+       [--ingest stream,batch]
 """
 
 from __future__ import annotations
@@ -27,6 +37,7 @@ if sys.path and sys.path[0] == __import__("os").path.dirname(__file__):
     sys.path.pop(0)
 
 import argparse
+import asyncio
 import json
 import os
 import random
@@ -37,12 +48,14 @@ import uuid
 from contextlib import ExitStack
 from pathlib import Path
 
+import aiokafka
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
 from processors.core.config import DetectorConfig
 from processors.fleet import committed_offsets
 from processors.intake import RawRecord, split
 from processors.pipeline import fold_batch
+from processors.settings import BATCH_MAX
 from runwatch.admin import create_catalogue
 from runwatch.procs import ManagedProcess
 from schemas.codec import decode, encode, encode_key
@@ -96,14 +109,29 @@ def produce(bootstrap: str, prefix: str, events: list[tuple[str, bytes, bytes]])
     return time.perf_counter() - t
 
 
-def start_worker(bootstrap: str, prefix: str, partitions: int, log: Path) -> ManagedProcess:
+def start_worker(
+    bootstrap: str,
+    prefix: str,
+    partitions: int,
+    log: Path,
+    app_id: str,
+    ingest: str,
+    batch_max: int | None,
+) -> ManagedProcess:
     args = [
-        "processors", "--bootstrap", bootstrap, "--prefix", prefix, "--app-id", f"{prefix}-app",
-        "--partitions", str(partitions),
+        "processors", "--bootstrap", bootstrap, "--prefix", prefix, "--app-id", app_id,
+        "--partitions", str(partitions), "--ingest", ingest,
+        *(["--batch-max", str(batch_max)] if batch_max is not None else []),
         "--set", "hang_timeout_s=3600", "--set", "dead_rank_timeout_s=3600",
     ]  # fmt: skip
     env = {**os.environ, "RUNWATCH_COMMAND_KEY": "bench-command-key-0123456789"}
     return ManagedProcess.runwatch("processors", args, log, env=env)
+
+
+def cpu_s(pid: int) -> float:
+    """CPU seconds (user + system, all threads) a process has used so far (Linux)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def committed_total(group: str, bootstrap: str, topics: set[str]) -> int:
@@ -116,44 +144,91 @@ def end_total(consumer: KafkaConsumer, topics: list[str]) -> int:
     return sum(consumer.end_offsets(tps).values())
 
 
+async def _ceiling(
+    bootstrap: str,
+    topics: list[str],
+    partitions: list[tuple[str, int]],
+    target: int,
+    batch_max: int,
+) -> float:
+    consumer = aiokafka.AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, enable_auto_commit=False, max_poll_records=batch_max
+    )
+    await consumer.start()
+    try:
+        tps = [aiokafka.TopicPartition(t, p) for t, p in partitions]
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        cfg = DetectorConfig()
+        role_of = {t: role for role, t in zip(("steps", "heartbeats"), topics, strict=True)}
+        states: dict[str, dict[str, object]] = {role: {} for role in role_of.values()}
+        done = 0
+        t0, cpu0 = time.perf_counter(), time.process_time()
+        while done < target:
+            fetched = await consumer.getmany(timeout_ms=1000, max_records=batch_max)
+            by_role: dict[str, list[RawRecord]] = {}
+            for tp, recs in fetched.items():
+                by_role.setdefault(role_of[tp.topic], []).extend(
+                    RawRecord(r.topic, r.partition, r.offset, r.key, r.value, r.timestamp or 0)
+                    for r in recs
+                )
+                done += len(recs)
+            for role, raws in by_role.items():
+                good, _ = split(raws, role)
+                known = states[role]
+                res = fold_batch(role, good, known.get, lambda p: (), cfg)
+                known.update(res.states)
+        return done / (time.perf_counter() - t0), (time.process_time() - cpu0) / done
+    finally:
+        await consumer.stop()
+
+
+def ceiling(bootstrap: str, prefix: str, batch_max: int = 5000) -> dict[str, float]:
+    """The raw ceiling: aiokafka getmany + decode + fold_batch of the backlog, no faust."""
+    topics = names(prefix)
+    inputs = [topics.steps, topics.heartbeats]
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap)
+    target = end_total(consumer, inputs)
+    parts = [(t, p) for t in inputs for p in sorted(consumer.partitions_for_topic(t) or ())]
+    consumer.close()
+    rate, cpu_s = asyncio.run(_ceiling(bootstrap, inputs, parts, target, batch_max))
+    return {"ceiling_events_per_s": rate, "ceiling_cpu_us_per_event": 1e6 * cpu_s}
+
+
 def throughput(
     bootstrap: str,
     prefix: str,
     partitions: int,
-    runs: int,
-    steps: int,
     worker_log: Path,
     stack: ExitStack,
-):
+    ingest: str,
+    batch_max: int | None,
+) -> tuple[dict[str, float], ManagedProcess]:
+    """One worker of a new app id drains the backlog; returns its figures and the worker."""
     topics = names(prefix)
     inputs = [topics.steps, topics.heartbeats]
-    events = backlog(runs, steps)
-    produce_s = produce(bootstrap, prefix, events)
     consumer = KafkaConsumer(bootstrap_servers=bootstrap)
     target = end_total(consumer, inputs)
-    worker = start_worker(bootstrap, prefix, partitions, worker_log)
+    app_id = f"{prefix}-{ingest}-app"
+    worker = start_worker(bootstrap, prefix, partitions, worker_log, app_id, ingest, batch_max)
     stack.callback(worker.stop)  # also when the measurement fails
-    samples: list[tuple[float, int]] = []
+    samples: list[tuple[float, int, float]] = []
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
-        done = committed_total(f"{prefix}-app", bootstrap, set(inputs))
-        samples.append((time.monotonic(), done))
+        done = committed_total(app_id, bootstrap, set(inputs))
+        samples.append((time.monotonic(), done, cpu_s(worker.proc.pid)))
         if done >= target:
             break
         time.sleep(0.25)  # sampling interval of a measurement, not synchronisation
     else:
         raise SystemExit(f"worker did not drain the backlog; see {worker_log}")
-    first = next(i for i, (_, n) in enumerate(samples) if n > 0)
-    t_first, n_first = samples[first - 1] if first > 0 else samples[first]
-    t_last, n_last = samples[-1]
+    first = next(i for i, (_, n, _) in enumerate(samples) if n > 0)
+    t_first, n_first, cpu_first = samples[first - 1] if first > 0 else samples[first]
+    t_last, n_last, cpu_last = samples[-1]
     rate = (n_last - n_first) / max(t_last - t_first, 1e-9)
+    cpu_us = 1e6 * (cpu_last - cpu_first) / max(n_last - n_first, 1)
     consumer.close()
-    return {
-        "events": len(events),
-        "produce_s": produce_s,
-        "drain_s": t_last - t_first,
-        "events_per_s": rate,
-    }
+    return {"drain_s": t_last - t_first, "events_per_s": rate, "cpu_us_per_event": cpu_us}, worker
 
 
 def latency(bootstrap: str, prefix: str, spikes: int) -> dict[str, float]:
@@ -247,7 +322,21 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--spikes", type=int, default=200)
+    parser.add_argument(
+        "--ingest",
+        default="stream,batch",
+        help="worker ingest modes to measure in turn, comma-separated; the last one is the "
+        "worker of the ratio and of the latency phase (default: stream,batch)",
+    )
+    parser.add_argument(
+        "--batch-max",
+        type=int,
+        default=None,
+        help="the workers' --batch-max, and the ceiling's records per getmany (default: "
+        "the worker's default for its --ingest, processors.settings.BATCH_MAX)",
+    )
     args = parser.parse_args()
+    modes = [m.strip() for m in args.ingest.split(",") if m.strip()]
     with ExitStack() as stack:
         bootstrap = args.bootstrap
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
@@ -257,16 +346,64 @@ def main() -> int:
             bootstrap = stack.enter_context(ephemeral_broker(tmp / "kafka")).bootstrap
         prefix = f"bench{uuid.uuid4().hex[:6]}"
         create_catalogue(bootstrap, prefix=prefix, partitions=args.partitions)
-        tput = throughput(
-            bootstrap, prefix, args.partitions, args.runs, args.steps, tmp / "worker.log", stack
-        )
+        events = backlog(args.runs, args.steps)
+        tput: dict[str, float] = {
+            "events": len(events),
+            "produce_s": produce(bootstrap, prefix, events),
+        }
+        del events
+        per_mode: dict[str, dict[str, float]] = {}
+        for i, mode in enumerate(modes):
+            # The ceiling right before each worker: the box's load drifts over minutes.
+            ceil = ceiling(bootstrap, prefix, args.batch_max or BATCH_MAX[mode])
+            figures, worker = throughput(
+                bootstrap,
+                prefix,
+                args.partitions,
+                tmp / f"worker-{mode}.log",
+                stack,
+                mode,
+                args.batch_max,
+            )
+            per_mode[mode] = {**figures, **ceil}
+            if i < len(modes) - 1:
+                worker.stop()  # only the last mode's worker stays for the latency phase
+        tput.update(per_mode[modes[-1]])
+        tput["ingest"] = modes[-1]  # type: ignore[assignment]
+        tput["batch_max"] = args.batch_max or BATCH_MAX[modes[-1]]
+        tput["ratio"] = tput["events_per_s"] / tput["ceiling_events_per_s"]
+        tput["cpu_ratio"] = tput["ceiling_cpu_us_per_event"] / tput["cpu_us_per_event"]
+        for mode, figures in per_mode.items():
+            tput[f"{mode}_events_per_s"] = figures["events_per_s"]
+            tput[f"{mode}_ceiling_events_per_s"] = figures["ceiling_events_per_s"]
+            tput[f"{mode}_ratio"] = figures["events_per_s"] / figures["ceiling_events_per_s"]
+            tput[f"{mode}_cpu_us_per_event"] = figures["cpu_us_per_event"]
+            tput[f"{mode}_cpu_ratio"] = (
+                figures["ceiling_cpu_us_per_event"] / figures["cpu_us_per_event"]
+            )
         lat = latency(bootstrap, prefix, args.spikes)
     parts = breakdown(min(args.runs, 50), args.steps)
     print(
         f"throughput: {tput['events']} events ({args.runs} runs x {args.steps} steps x "
         f"(1 step + {WORLD} heartbeats)), one worker, {args.partitions} partitions"
     )
-    print(f"  sustained {tput['events_per_s']:,.0f} events/s (drained in {tput['drain_s']:.1f} s)")
+    for mode, figures in per_mode.items():
+        print(
+            f"  ceiling (aiokafka getmany + decode + fold_batch, no faust), just before: "
+            f"{figures['ceiling_events_per_s']:,.0f} events/s, "
+            f"{figures['ceiling_cpu_us_per_event']:.1f} us CPU per event"
+        )
+        print(
+            f"  worker, --ingest {mode}: sustained {figures['events_per_s']:,.0f} events/s "
+            f"(drained in {figures['drain_s']:.1f} s), "
+            f"{figures['events_per_s'] / figures['ceiling_events_per_s']:.2f} of the ceiling; "
+            f"{figures['cpu_us_per_event']:.1f} us CPU per event (ceiling/worker "
+            f"{figures['ceiling_cpu_us_per_event'] / figures['cpu_us_per_event']:.2f})"
+        )
+    print(
+        f"  ratio (--ingest {modes[-1]} worker / ceiling): {tput['ratio']:.2f} in events/s "
+        f"(goal >= 0.6), {tput['cpu_ratio']:.2f} in CPU per event"
+    )
     print(
         f"latency: {lat['detected']}/{lat['spikes']} spikes, produce -> verdict readable: "
         f"p50 {lat['p50_ms']:.1f} ms, p99 {lat['p99_ms']:.1f} ms, max {lat['max_ms']:.1f} ms"

@@ -1,4 +1,20 @@
-"""The faust-streaming app: one agent per input topic, one table of reducer states each.
+"""The faust-streaming app: one table of reducer states per input topic, two ways in.
+
+``ProcessorSettings.ingest`` chooses how records reach the fold:
+
+* ``stream``: one agent per input topic, records one by one through faust's conductor,
+  stream and acks, below (the path before the batch one; still selectable);
+* ``batch`` (the default): no agents. The consumer hands each fetched round of input records, whole
+  per-partition batches, to `_BatchSink` (`processors.transport.BatchIngest` does the
+  Kafka side: the next offset due per partition, refusing and re-seeking a batch that
+  skips offsets, acknowledging applied batches as offset ranges into faust's commit
+  tracking). faust still runs the group, the assignment, the tables and their recovery,
+  the commits and the worker. The rules are the same as the agents': one decode per
+  record, `fold_batch` per role, outputs published and acknowledged by Kafka before the
+  states are written (retried in place), nothing acknowledged before its states are
+  written, and a round that cannot be applied whole stops the worker. None of faust's
+  per-message machinery (Message objects, increfs, the ack-on-close of ``take_events``)
+  is on that path, so what follows about pinning concerns the stream path only.
 
 Each agent takes batches of raw records (``stream.take_events``), decodes each record once,
 folds the batch through the pure core (`processors.pipeline.fold_batch`, the replay the
@@ -69,10 +85,11 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Final
 
 import faust
+from aiokafka.structs import ConsumerRecord
 
 from common.settings import faust_broker_settings
 from processors import transport
@@ -317,6 +334,62 @@ class _Agent:
         await asyncio.gather(*pending)
 
 
+class _BatchSink:
+    """The batch path's body (`processors.transport.BatchIngest`): a round in, applied whole.
+
+    A round holds, per assigned input partition, consecutive records in offset order.
+    The rules are the agents': decode each record once, fold each role's records through
+    `fold_batch` (the audit's replay), publish every output and dead letter and wait for
+    Kafka's acknowledgement, then write the states (retried in place), and only then
+    return, which is when `BatchIngest` acknowledges the round's offsets. A round that
+    cannot be applied whole stops the worker without returning (nothing after it is
+    processed, nothing of it acknowledged).
+    """
+
+    def __init__(self, app: faust.App, roles: dict[str, _Agent]) -> None:
+        self.app = app
+        self.roles = roles  # input topic name -> the role's body (table, writes, publish)
+
+    async def __call__(self, batches: Mapping[Any, Sequence[ConsumerRecord]]) -> None:
+        by_topic: dict[str, list[RawRecord]] = {}
+        for tp, recs in batches.items():
+            by_topic.setdefault(tp.topic, []).extend(
+                RawRecord(r.topic, r.partition, r.offset, r.key, r.value, r.timestamp or 0)
+                for r in recs
+            )
+        try:
+            await self.apply(by_topic)
+        except asyncio.CancelledError:
+            raise  # stopping: the round is not acknowledged, a restart reads it again
+        except Exception as exc:
+            count = sum(len(v) for v in by_topic.values())
+            log.error(
+                "a round of %d records could not be applied whole (%r); stopping the worker "
+                "without committing it, a restart applies it again",
+                count,
+                exc,
+            )
+            await self.app.crash(exc)
+            await asyncio.Event().wait()  # never return: the round is never acknowledged
+
+    async def apply(self, by_topic: dict[str, list[RawRecord]]) -> None:
+        """Fold every role's records, publish all outputs, then write all states."""
+        agents = [self.roles[topic] for topic in by_topic]
+        for agent in agents:
+            await agent.wait_for_metadata()
+        outputs: list[Event] = []
+        writes: list[tuple[_Agent, dict[str, bytes]]] = []
+        for agent, records in zip(agents, by_topic.values(), strict=True):
+            good, dead = split(records, agent.role)
+            result = fold_batch(agent.role, good, agent.load, agent.runs_in_partition, agent.cfg)
+            outputs += [*dead, *result.dead, *(agent.finish(o) for o in result.outputs)]
+            writes.append((agent, result.encoded))
+        if outputs:
+            await agents[0].publish(outputs)
+        for agent, encoded in writes:
+            await agent.write_states(encoded)
+
+
 def _pin(events: list[Any]) -> None:
     """One more reference per message: the batch's acks can no longer complete it."""
     for event in events:
@@ -367,6 +440,8 @@ def create_app(
         broker_commit_every=10_000,
         broker_commit_interval=1.0,
         stream_buffer_maxsize=20_000,
+        # The batch path's round: at most this many records per fetch, all partitions.
+        broker_max_poll_records=settings.batch_max if settings.ingest == "batch" else None,
         worker_redirect_stdouts=False,
         **faust_broker_settings(),
     )
@@ -384,6 +459,8 @@ def create_app(
         "checkpoints": topics.checkpoints,
         "anomalies": topics.anomalies,
     }
+    sources: list[Any] = []
+    bodies: dict[str, _Agent] = {}
     for role, topic_name in role_topic.items():
         table = app.Table(
             TABLES[role],
@@ -405,7 +482,14 @@ def create_app(
             acks=True,
         )
         body = _Agent(app, role, table, settings, cfg, topics, finish, faults)
-        app.agent(source, name=f"runwatch.{role}")(body.__call__)
+        if settings.ingest == "batch":
+            sources.append(source)
+            bodies[topic_name] = body
+        else:
+            app.agent(source, name=f"runwatch.{role}")(body.__call__)
+    if settings.ingest == "batch":
+        app.ingest_batches(sources, _BatchSink(app, bodies))
+    log.info("ingest: %s", settings.ingest)
 
     @app.timer(settings.tick_interval_s, on_leader=True, name="runwatch.clock")  # type: ignore[untyped-decorator]
     async def clock() -> None:

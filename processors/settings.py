@@ -2,11 +2,23 @@
 
 from __future__ import annotations
 
+from typing import Final, Literal, get_args
+
 import msgspec
 
 from schemas.topics import default_partitions
 
 DEFAULT_APP_ID = "runwatch-processors"
+
+Ingest = Literal["stream", "batch"]
+"""How a worker takes its input records: faust's per-record stream, or whole batches."""
+INGEST_MODES: Final[tuple[str, ...]] = get_args(Ingest)
+DEFAULT_INGEST: Final[Ingest] = "batch"
+BATCH_MAX: Final[dict[str, int]] = {"stream": 5000, "batch": 20_000}
+"""Default `ProcessorSettings.batch_max` per ingest mode. A batch-path round costs a few
+fixed waits (a fetch handed across faust's consumer thread, the publish, the commit
+bookkeeping) whatever its size, so larger rounds drain a backlog faster; without a
+backlog a round is only what one fetch brought, so the bound does not add latency then."""
 
 
 class ProcessorSettings(msgspec.Struct, frozen=True, kw_only=True):
@@ -22,7 +34,10 @@ class ProcessorSettings(msgspec.Struct, frozen=True, kw_only=True):
             (`runwatch processors` reads it from the metadata): the partitions of that
             role's table (its changelog must be co-partitioned with the input) and of the
             Tick fan-out. A role not named has the catalogue's default.
-        batch_max: Most records an agent folds at once.
+        ingest: ``stream`` (faust agents, one record at a time through faust's stream)
+            or ``batch`` (whole per-partition batches, `processors.transport.BatchIngest`).
+        batch_max: Most records an agent folds at once (on the batch path: most records
+            of one fetched round, all partitions together).
         batch_within_s: Longest an agent waits to fill a batch.
         tick_interval_s: How often the clock writes a Tick into every heartbeat partition.
         session_timeout_s: A worker silent this long leaves the group and its partitions
@@ -40,6 +55,7 @@ class ProcessorSettings(msgspec.Struct, frozen=True, kw_only=True):
     prefix: str = "runwatch"
     app_id: str = DEFAULT_APP_ID
     partitions: dict[str, int] = {}
+    ingest: Ingest = DEFAULT_INGEST
     batch_max: int = 5000
     batch_within_s: float = 0.05
     tick_interval_s: float = 1.0

@@ -30,17 +30,24 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any, Final
 
 import aiokafka
 import faust
 from aiokafka.client import AIOKafkaClient
+from aiokafka.structs import ConsumerRecord
 from faust.transport.drivers import aiokafka as driver
+from faust.types import TP
 
 FAUST_LOGGER: Final = logging.getLogger("faust.transport.runwatch")
 """The logger of these faust services: under ``faust``, so faust's levels apply (mode names
 a service's logger after its class's module, which would put faust's chatter under
 ``processors``)."""
+
+log = logging.getLogger(__name__)
+"""The batch path's own lines (gaps, rebalances): runwatch's, shown without ``-v``."""
 
 RETRY_BACKOFF_MS: Final = 500
 """aiokafka's ``retry_backoff_ms`` for the worker's consumer and producer (default 100)."""
@@ -123,12 +130,94 @@ class _ConsumerThread(driver.AIOKafkaConsumerThread):
 
 
 class Consumer(driver.Consumer):
-    """faust's aiokafka consumer, its aiokafka consumer given `RETRY_BACKOFF_MS`."""
+    """faust's aiokafka consumer, its aiokafka consumer given `RETRY_BACKOFF_MS`.
+
+    When the app has a `BatchIngest` (`App.ingest_batches`), the records of its topics
+    are handed to it in whole per-partition batches from `getmany` instead of being
+    turned into messages for faust's streams; every other topic (the tables' changelogs
+    during recovery) takes faust's own path.
+    """
 
     logger = FAUST_LOGGER
 
     def _new_consumer_thread(self) -> driver.AIOKafkaConsumerThread:
         return _ConsumerThread(self, loop=self.loop, beacon=self.beacon)
+
+    @property
+    def batch_ingest(self) -> BatchIngest | None:
+        """The app's batch path, if it has one."""
+        app = self.app
+        return app.batch_ingest if isinstance(app, App) else None
+
+    async def getmany(self, timeout: float) -> AsyncIterator[tuple[TP, Any]]:
+        """Faust's `getmany`, the batch path's topics fed to `BatchIngest.round`."""
+        ingest = self.batch_ingest
+        if ingest is None:
+            async for item in super().getmany(timeout):
+                yield item
+            return
+        records, active = await self._wait_next_records(timeout)
+        if records is None or self.should_stop:
+            return
+        if not self.flow_active:  # as faust's: back to the committed offsets
+            try:
+                await self.perform_seek()
+            except Exception as exc:
+                self.log.warning(f"exception performing seek when flow not active {exc}")
+            return
+        batch = {tp: recs for tp, recs in records.items() if tp.topic in ingest.topics}
+        rest = {tp: recs for tp, recs in records.items() if tp.topic not in ingest.topics}
+        if rest:
+            generation_id = self.app.consumer_generation_id
+            for tp, record in self.scheduler.iterate(rest):
+                if not self.flow_active or self.app.consumer_generation_id != generation_id:
+                    break
+                if active is None or tp in active or tp in self._buffered_partitions:
+                    self.app.monitor.track_tp_end_offset(tp, self.highwater(tp))
+                    yield tp, self._to_message(tp, record)
+        if batch:
+            await ingest.round(self, batch)
+
+    def ack_range(self, tp: TP, first: int, last: int) -> None:
+        """Acknowledge offsets ``first..last`` of ``tp`` (applied whole) for faust's commits."""
+        committed = self._committed_offset[tp]
+        if committed is not None:
+            first = max(first, committed)  # as `ack`: nothing below the committed offset
+        if first > last:
+            return
+        offsets = range(first, last + 1)
+        self._acked[tp].extend(offsets)
+        self._acked_index[tp].update(offsets)
+        self._n_acked += len(offsets)
+
+    async def committed_offset(self, tp: TP) -> int | None:
+        """The group's committed offset of ``tp`` as the broker has it (None: no commit)."""
+        thread = self._thread
+        consumer = thread._ensure_consumer()
+        offset = await thread.call_thread(consumer.committed, driver.ensure_aiokafka_TP(tp))
+        return None if offset is None else int(offset)
+
+    async def on_partitions_revoked(self, revoked: set[TP]) -> None:
+        """Let the batch in flight finish and commit it, then revoke as faust does."""
+        ingest = self.batch_ingest
+        if ingest is not None and not self.app.should_stop:
+            self.stop_flow()  # faust's revocation stops it too; no new round from here
+            if await ingest.wait_idle(REVOKE_WAIT_S):
+                await self.commit()
+            else:
+                log.warning(
+                    "revocation: a batch still in flight after %.0f s; it is not committed",
+                    REVOKE_WAIT_S,
+                )
+            ingest.forget()
+        await super().on_partitions_revoked(revoked)
+
+    async def on_partitions_assigned(self, assigned: set[TP], generation_id: int = 0) -> None:
+        """A new assignment: every partition's next batch starts from the group's commit."""
+        ingest = self.batch_ingest
+        if ingest is not None:
+            ingest.forget()
+        await super().on_partitions_assigned(assigned, generation_id)
 
 
 class Transport(driver.Transport):
@@ -142,9 +231,196 @@ class App(faust.App):
     """A faust app whose Kafka clients use `Transport` (everything else is faust's)."""
 
     logger = FAUST_LOGGER
+    _batch_ingest: BatchIngest | None = None
+
+    @property
+    def batch_ingest(self) -> BatchIngest | None:
+        """The batch path `ingest_batches` set up, or None (records go to agents)."""
+        return self._batch_ingest
+
+    def ingest_batches(self, topics: Sequence[Any], sink: BatchSink) -> None:
+        """Consume ``topics`` in whole per-partition batches through ``sink``, not agents.
+
+        The topics are subscribed like an agent's (so the assignor co-partitions them
+        with the tables), but their records reach only ``sink`` (`BatchIngest`).
+
+        Raises:
+            RuntimeError: Called twice.
+        """
+        if self._batch_ingest is not None:
+            raise RuntimeError("ingest_batches: the app already has a batch path")
+        for topic in topics:
+            self.topics.add(topic)
+        self._batch_ingest = BatchIngest({name for t in topics for name in t.topics}, sink)
 
     def _new_transport(self) -> Transport:
         return Transport(self.conf.broker_consumer, self)
 
     def _new_producer_transport(self) -> Transport:
         return Transport(self.conf.broker_producer, self)
+
+
+# --------------------------------------------------------------------------------------
+# The batch ingestion path.
+
+BatchSink = Callable[[Mapping[TP, Sequence[ConsumerRecord]]], Awaitable[None]]
+"""Applies whole per-partition batches of raw records; returns once every one is applied.
+
+It gets, per assigned partition, consecutive records in offset order, and returns only
+when all of them are applied (outputs published, states written). Raising, or never
+returning, leaves the whole round unacknowledged."""
+
+REVOKE_WAIT_S: Final = 30.0
+"""Longest a revocation waits for the batch in flight to be applied and acknowledged."""
+
+
+class _Cursor:
+    """Where one partition stands on the batch path.
+
+    Attributes:
+        expected: The next offset to apply: everything below it is applied (states written).
+        gap: ``(expected, first)`` of the last gap seen: a batch that began at ``first``
+            while ``expected`` was due. Seen twice in a row after a re-seek, the offsets in
+            between hold no records (control batches, retention) and are passed over.
+    """
+
+    __slots__ = ("expected", "gap")
+
+    def __init__(self, expected: int) -> None:
+        self.expected = expected
+        self.gap: tuple[int, int] | None = None
+
+
+class BatchIngest:
+    """Feeds whole per-partition batches to a `BatchSink` and acknowledges them as ranges.
+
+    faust keeps everything around the records: group membership, the assignment, table
+    recovery, offset commits, the worker's lifecycle. Only the delivery changes: the
+    records of the topics named here never become faust ``Message``s, never go through
+    the conductor, a stream or an agent; `Consumer.getmany` hands every fetched round of
+    them to this object, which
+
+    1. keeps, per assigned partition, the next offset it must apply (`_Cursor`): from
+       the group's committed offset when the partition is first seen in an assignment, or
+       the partition's first offset when the group has none;
+    2. drops records below it (already applied: a seek back to the committed offset);
+    3. refuses a batch that begins above it: faust can fetch records and drop them (those
+       of a partition paused during recovery, which a seek to a missing commit does not
+       bring back), so a batch that skips offsets is not applied; the partition is sought
+       back to the expected offset and the miss is logged. Only when the same gap comes
+       back after that seek are the offsets taken to hold no record and passed over
+       (logged);
+    4. awaits the sink with the round's batches and, once it returned, acknowledges each
+       batch as a range in faust's offset tracking (`Consumer.ack_range`), so faust's
+       commit machinery commits it; nothing is acknowledged past a record not applied.
+
+    A round whose rebalance generation changed while it was applied is not acknowledged
+    (its records are read again; the states skip what they applied, by offset).
+    """
+
+    def __init__(self, topics: Iterable[str], sink: BatchSink) -> None:
+        """Deliver the records of ``topics`` to ``sink``."""
+        self.topics = frozenset(topics)
+        self.sink = sink
+        self.cursors: dict[TP, _Cursor] = {}
+        self.idle = asyncio.Event()
+        self.idle.set()
+
+    def forget(self, tps: Iterable[TP] | None = None) -> None:
+        """Drop the cursors of ``tps`` (all when None): their next batch starts from the commit."""
+        if tps is None:
+            self.cursors.clear()
+        else:
+            for tp in tps:
+                self.cursors.pop(_tp(tp), None)
+
+    async def wait_idle(self, timeout_s: float) -> bool:
+        """Wait until no round is in flight; False when one still is after ``timeout_s``."""
+        try:
+            await asyncio.wait_for(self.idle.wait(), timeout_s)
+        except TimeoutError:
+            return False
+        return True
+
+    async def round(self, consumer: Consumer, records: Mapping[Any, Sequence[Any]]) -> None:
+        """Apply one fetched round of records of this path's topics, then acknowledge it."""
+        self.idle.clear()
+        try:
+            await self._round(consumer, records)
+        finally:
+            self.idle.set()
+
+    async def _round(self, consumer: Consumer, records: Mapping[Any, Sequence[Any]]) -> None:
+        app = consumer.app
+        generation = app.consumer_generation_id
+        active = consumer._get_active_partitions()
+        take: dict[TP, tuple[int, Sequence[Any]]] = {}
+        for raw_tp, recs in records.items():
+            tp = _tp(raw_tp)
+            if not recs:
+                continue
+            if tp not in active:
+                # faust drops these too; the cursor notices the hole when it comes back.
+                log.debug("batch path: %d records of inactive %s not applied", len(recs), tp)
+                continue
+            cursor = await self._cursor(consumer, tp)
+            if recs[0].offset < cursor.expected:
+                recs = [r for r in recs if r.offset >= cursor.expected]
+                if not recs:
+                    continue
+            first = recs[0].offset
+            start = cursor.expected
+            if first > cursor.expected:
+                if cursor.gap == (cursor.expected, first):
+                    log.warning(
+                        "%s: offsets %d..%d hold no records (read twice); passing over them",
+                        tp,
+                        cursor.expected,
+                        first - 1,
+                    )
+                else:
+                    log.warning(
+                        "%s: a batch began at offset %d while %d was due; not applying it, "
+                        "seeking back to %d",
+                        tp,
+                        first,
+                        cursor.expected,
+                        cursor.expected,
+                    )
+                    cursor.gap = (cursor.expected, first)
+                    await consumer.seek_wait({tp: cursor.expected})
+                    continue
+            take[tp] = (start, recs)
+        if not take or not consumer.flow_active or app.consumer_generation_id != generation:
+            return
+        await self.sink({tp: recs for tp, (_, recs) in take.items()})
+        if app.consumer_generation_id != generation:
+            log.info("batch path: rebalanced while applying a round; not acknowledging it")
+            return
+        inbound = getattr(app.monitor, "stream_inbound_time", None)
+        now = time.monotonic()
+        for tp, (start, recs) in take.items():
+            last = recs[-1].offset
+            consumer.ack_range(tp, start, last)
+            cursor = self.cursors[tp]
+            cursor.expected, cursor.gap = last + 1, None
+            if inbound is not None:
+                inbound[tp] = now  # faust's livelock detector reads this
+        commit_every = app.conf.broker_commit_every
+        if commit_every is not None and consumer._n_acked >= commit_every:
+            consumer._n_acked = 0
+            await consumer.commit()
+
+    async def _cursor(self, consumer: Consumer, tp: TP) -> _Cursor:
+        cursor = self.cursors.get(tp)
+        if cursor is None:
+            committed = await consumer.committed_offset(tp)
+            if committed is None or committed < 0:  # no commit yet: from the partition's start
+                committed = (await consumer.earliest_offsets(tp))[tp]
+            cursor = self.cursors[tp] = _Cursor(committed)
+            log.debug("batch path: %s starts at offset %d", tp, committed)
+        return cursor
+
+
+def _tp(tp: Any) -> TP:
+    return tp if type(tp) is TP else TP(tp.topic, tp.partition)

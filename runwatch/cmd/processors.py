@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 from typing import Any
 
 from common.errors import UsageError
@@ -64,7 +65,18 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="how often the clock writes a tick (the time liveness checks read)",
     )
     parser.add_argument(
-        "--batch-max", type=int, default=5000, help="most records an agent folds at once"
+        "--batch-max",
+        type=int,
+        default=None,
+        help="most records an agent folds at once; on the batch path, most records of one "
+        "fetched round (default: 5000 stream, 20000 batch)",
+    )
+    parser.add_argument(
+        "--ingest",
+        default=None,
+        metavar="{stream,batch}",
+        help="stream: faust agents, record by record; batch: whole per-partition batches "
+        "under faust's group, tables and commits (default: $RUNWATCH_INGEST, else batch)",
     )
     parser.add_argument(
         "--session-timeout",
@@ -133,12 +145,16 @@ def run(args: argparse.Namespace) -> int:
     from common.settings import faust_broker_settings, replication_factor, topic_prefix
     from processors.app import create_app
     from processors.fleet import default_app_id
-    from processors.settings import ProcessorSettings
+    from processors.settings import BATCH_MAX, DEFAULT_INGEST, INGEST_MODES, ProcessorSettings
     from runwatch.admin import cluster_replication, create_catalogue
     from runwatch.resolve import partition_counts, resolve_bootstrap
     from schemas.signing import load_key
 
-    if args.batch_max < 1 or min(args.tick_interval, args.session_timeout) <= 0:
+    ingest = args.ingest or os.environ.get("RUNWATCH_INGEST", "").strip() or DEFAULT_INGEST
+    if ingest not in INGEST_MODES:
+        raise UsageError(f"--ingest expects one of {', '.join(INGEST_MODES)}, got {ingest!r}")
+    batch_max = BATCH_MAX[ingest] if args.batch_max is None else args.batch_max
+    if batch_max < 1 or min(args.tick_interval, args.session_timeout) <= 0:
         raise UsageError("--tick-interval, --batch-max and --session-timeout must be positive")
     partitions = partition_counts(args.partitions)
     overrides = parse_overrides(args.overrides)
@@ -163,7 +179,8 @@ def run(args: argparse.Namespace) -> int:
         prefix=prefix,
         app_id=app_id,
         partitions=input_partitions(bootstrap, prefix, app_id),
-        batch_max=args.batch_max,
+        ingest=ingest,  # type: ignore[arg-type]
+        batch_max=batch_max,
         tick_interval_s=args.tick_interval,
         session_timeout_s=args.session_timeout,
         web_port=args.web_port,

@@ -1,0 +1,201 @@
+"""The batch path's bookkeeping (`processors.transport.BatchIngest`), decision by decision.
+
+What is tested here is this module's own logic: which records of a fetched round it
+applies, which it refuses, where it seeks, what it acknowledges. The consumer below is a
+stand-in that records the calls BatchIngest makes on faust's consumer (seek, ack of a
+range, the committed offset); it claims nothing about Kafka or faust. That the path works
+against a real broker and real faust workers is shown by the integration tests in
+tests/integration/processors/, run with ``RUNWATCH_INGEST=batch``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from types import SimpleNamespace
+from typing import Any, NamedTuple
+
+import pytest
+from faust.types import TP
+
+from processors.transport import BatchIngest
+
+IN = TP("in", 0)
+OTHER = TP("in", 1)
+
+
+class Rec(NamedTuple):
+    offset: int
+
+
+def recs(first: int, last: int) -> list[Rec]:
+    return [Rec(o) for o in range(first, last + 1)]
+
+
+class StandInConsumer:
+    """Records what BatchIngest asks of faust's consumer."""
+
+    def __init__(self, committed: int | None = 0, earliest: int = 0) -> None:
+        self.app = SimpleNamespace(
+            consumer_generation_id=1,
+            monitor=SimpleNamespace(stream_inbound_time={}),
+            conf=SimpleNamespace(broker_commit_every=None),
+        )
+        self.flow_active = True
+        self.active = {IN, OTHER}
+        self.committed = committed
+        self.earliest = earliest
+        self.acked: list[tuple[TP, int, int]] = []
+        self.seeks: list[dict[TP, int]] = []
+        self._n_acked = 0
+
+    def _get_active_partitions(self) -> set[TP]:
+        return self.active
+
+    async def seek_wait(self, partitions: Mapping[TP, int]) -> None:
+        self.seeks.append(dict(partitions))
+
+    def ack_range(self, tp: TP, first: int, last: int) -> None:
+        self.acked.append((tp, first, last))
+
+    async def committed_offset(self, tp: TP) -> int | None:
+        return self.committed
+
+    async def earliest_offsets(self, *tps: TP) -> dict[TP, int]:
+        return {tp: self.earliest for tp in tps}
+
+    async def commit(self) -> None:
+        pass
+
+
+class Sink:
+    def __init__(self) -> None:
+        self.rounds: list[dict[TP, list[int]]] = []
+        self.fail: Exception | None = None
+        self.on_call: Any = None
+
+    async def __call__(self, batches: Mapping[TP, Sequence[Rec]]) -> None:
+        self.rounds.append({tp: [r.offset for r in rs] for tp, rs in batches.items()})
+        if self.on_call is not None:
+            self.on_call()
+        if self.fail is not None:
+            raise self.fail
+
+
+def run_round(ingest: BatchIngest, consumer: StandInConsumer, round_: dict[TP, list[Rec]]) -> None:
+    asyncio.run(ingest.round(consumer, round_))  # type: ignore[arg-type]
+
+
+def setup(committed: int | None = 0, earliest: int = 0):
+    sink = Sink()
+    return BatchIngest({"in"}, sink), StandInConsumer(committed, earliest), sink
+
+
+def test_consecutive_batches_are_applied_and_acknowledged_as_ranges() -> None:
+    ingest, consumer, sink = setup(committed=10)
+    run_round(ingest, consumer, {IN: recs(10, 19), OTHER: recs(10, 12)})
+    run_round(ingest, consumer, {IN: recs(20, 24)})
+    assert sink.rounds == [
+        {IN: list(range(10, 20)), OTHER: [10, 11, 12]},
+        {IN: list(range(20, 25))},
+    ]
+    assert consumer.acked == [(IN, 10, 19), (OTHER, 10, 12), (IN, 20, 24)]
+    assert consumer.seeks == []
+
+
+def test_records_below_the_next_offset_are_already_applied_and_dropped() -> None:
+    ingest, consumer, sink = setup(committed=0)
+    run_round(ingest, consumer, {IN: recs(0, 9)})
+    run_round(ingest, consumer, {IN: recs(5, 14)})  # a seek back to an older commit
+    assert sink.rounds[1] == {IN: list(range(10, 15))}
+    assert consumer.acked[-1] == (IN, 10, 14)
+    run_round(ingest, consumer, {IN: recs(0, 14)})  # nothing new: no round at all
+    assert len(sink.rounds) == 2
+
+
+def test_a_batch_that_skips_offsets_is_refused_and_the_partition_sought_back() -> None:
+    ingest, consumer, sink = setup(committed=0)
+    run_round(ingest, consumer, {IN: recs(0, 9)})
+    # faust fetched 10..14 and never delivered them: the next batch begins at 15.
+    run_round(ingest, consumer, {IN: recs(15, 19), OTHER: recs(0, 1)})
+    assert consumer.seeks == [{IN: 10}]
+    assert sink.rounds[1] == {OTHER: [0, 1]}  # the other partition goes on
+    assert (IN, 15, 19) not in consumer.acked
+    run_round(ingest, consumer, {IN: recs(10, 19)})  # read again from 10
+    assert sink.rounds[2] == {IN: list(range(10, 20))}
+    assert consumer.acked[-1] == (IN, 10, 19)
+
+
+def test_a_gap_seen_again_after_the_seek_holds_no_records_and_is_passed_over() -> None:
+    ingest, consumer, sink = setup(committed=0)
+    run_round(ingest, consumer, {IN: recs(0, 9)})
+    run_round(ingest, consumer, {IN: recs(12, 15)})  # refused, sought back to 10
+    run_round(ingest, consumer, {IN: recs(12, 15)})  # from 10 the log begins at 12
+    assert consumer.seeks == [{IN: 10}]
+    assert sink.rounds[-1] == {IN: [12, 13, 14, 15]}
+    assert consumer.acked[-1] == (IN, 10, 15)  # the empty offsets are acknowledged too
+
+
+def test_stale_records_after_a_seek_are_not_taken_for_a_real_gap() -> None:
+    ingest, consumer, sink = setup(committed=0)
+    run_round(ingest, consumer, {IN: recs(0, 9)})
+    run_round(ingest, consumer, {IN: recs(12, 15)})  # refused, sought back to 10
+    run_round(ingest, consumer, {IN: recs(16, 18)})  # another gap: refused again
+    assert consumer.seeks == [{IN: 10}, {IN: 10}]
+    assert len(sink.rounds) == 1
+
+
+def test_without_a_commit_a_partition_starts_at_its_first_offset() -> None:
+    # A new app id: faust's seek to the committed offset does not move a partition that
+    # has none, so records fetched while it was paused would be skipped.
+    ingest, consumer, sink = setup(committed=None, earliest=3)
+    run_round(ingest, consumer, {IN: recs(7, 9)})
+    assert consumer.seeks == [{IN: 3}]
+    assert sink.rounds == []
+    run_round(ingest, consumer, {IN: recs(3, 9)})
+    assert consumer.acked == [(IN, 3, 9)]
+
+
+def test_a_round_the_sink_did_not_apply_is_not_acknowledged() -> None:
+    ingest, consumer, sink = setup(committed=0)
+    sink.fail = RuntimeError("state write failed")
+    with pytest.raises(RuntimeError):
+        run_round(ingest, consumer, {IN: recs(0, 4)})
+    assert consumer.acked == []
+    assert ingest.idle.is_set()
+    sink.fail = None
+    run_round(ingest, consumer, {IN: recs(0, 4)})  # read again: still due from 0
+    assert consumer.acked == [(IN, 0, 4)]
+
+
+def test_a_round_applied_across_a_rebalance_is_not_acknowledged() -> None:
+    ingest, consumer, sink = setup(committed=0)
+
+    def rebalance() -> None:
+        consumer.app.consumer_generation_id += 1
+
+    sink.on_call = rebalance
+    run_round(ingest, consumer, {IN: recs(0, 4)})
+    assert len(sink.rounds) == 1
+    assert consumer.acked == []
+
+
+def test_records_of_an_inactive_partition_are_not_applied() -> None:
+    ingest, consumer, sink = setup(committed=0)
+    consumer.active = {OTHER}
+    run_round(ingest, consumer, {IN: recs(0, 4)})
+    assert sink.rounds == []
+    consumer.active = {IN, OTHER}
+    run_round(ingest, consumer, {IN: recs(5, 9)})  # the dropped 0..4 are not skipped
+    assert consumer.seeks == [{IN: 0}]
+    assert consumer.acked == []
+
+
+def test_forgetting_a_partition_restarts_it_from_the_commit() -> None:
+    ingest, consumer, sink = setup(committed=0)
+    run_round(ingest, consumer, {IN: recs(0, 9)})
+    ingest.forget()
+    consumer.committed = 6
+    run_round(ingest, consumer, {IN: recs(6, 12)})
+    assert sink.rounds[-1] == {IN: list(range(6, 13))}
+    assert consumer.acked[-1] == (IN, 6, 12)
