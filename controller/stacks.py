@@ -78,13 +78,45 @@ def where(text: str) -> str:
     return ""
 
 
+def _mask_has(status: str, field: str, signum: int) -> bool:
+    found = re.search(rf"^{field}:\s*([0-9a-fA-F]+)$", status, re.MULTILINE)
+    if found is None:
+        return False
+    return bool(int(found.group(1), 16) >> (signum - 1) & 1)
+
+
 def _catches(pid: int, signum: int) -> bool:
     try:
         status = Path(f"/proc/{pid}/status").read_text()
     except OSError:
         return False
-    found = re.search(r"^SigCgt:\s*([0-9a-fA-F]+)$", status, re.MULTILINE)
-    return bool(found) and bool(int(found.group(1), 16) >> (signum - 1) & 1)
+    return _mask_has(status, "SigCgt", signum)
+
+
+def _blocking_tasks(pid: int, signum: int) -> set[int] | None:
+    """Threads of ``pid`` that block ``signum`` now; None once it holds it pending.
+
+    faulthandler's handler runs with its signal blocked in the thread running it (it is
+    registered without ``SA_NODEFER``), so a dump is complete once the signal is neither
+    pending nor blocked in a thread that did not block it before it was sent.
+    """
+    try:
+        if _mask_has(Path(f"/proc/{pid}/status").read_text(), "ShdPnd", signum):
+            return None
+        tasks = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+    except OSError:
+        return set()
+    blocking = set()
+    for tid in tasks:
+        try:
+            status = Path(f"/proc/{pid}/task/{tid}/status").read_text()
+        except OSError:
+            continue  # the thread ended
+        if _mask_has(status, "SigPnd", signum):
+            return None
+        if _mask_has(status, "SigBlk", signum):
+            blocking.add(tid)
+    return blocking
 
 
 def _children(pid: int) -> list[int]:
@@ -121,14 +153,15 @@ def capture(
     Args:
         slots: Rank -> (pid of its slot, its stack file).
         timeout_s: Longest to wait for all answers.
-        poll_s: How often the files are looked at (a dump is written in many writes; a
-            file that grew and then kept its size for one poll is complete).
+        poll_s: How often the processes and files are looked at. A dump is complete
+            when the file grew and the signal is no longer pending or being handled
+            (`_blocking_tasks`).
 
     Returns:
         Rank -> what it answered (a note where it did not).
     """
     signum = int(getattr(signal, STACK_SIGNAL_NAME, 0))
-    asked: dict[int, tuple[int, Path, int]] = {}
+    asked: dict[int, tuple[int, Path, int, set[int]]] = {}
     out: dict[int, TakenStack] = {}
     for rank, (slot_pid, path) in sorted(slots.items()):
         pid = python_process(slot_pid, signum) if signum else None
@@ -136,28 +169,28 @@ def capture(
             out[rank] = TakenStack(rank, None, "", "", "no process catching SIGUSR1")
             continue
         before = _size(path)
+        blocked_before = _blocking_tasks(pid, signum) or set()
         try:
             os.kill(pid, signum)
         except ProcessLookupError:
             out[rank] = TakenStack(rank, pid, "", "", "exited before it was asked")
             continue
-        asked[rank] = (pid, path, before)
+        asked[rank] = (pid, path, before, blocked_before)
     deadline = time.monotonic() + timeout_s
-    last: dict[int, int] = {}
     while asked:
-        for rank, (pid, path, before) in list(asked.items()):
-            size = _size(path)
-            if size > before and last.get(rank) == size:
+        for rank, (pid, path, before, blocked_before) in list(asked.items()):
+            handling = _blocking_tasks(pid, signum)
+            size = _size(path)  # after: a finished handler has written all of it
+            if size > before and handling is not None and handling <= blocked_before:
                 with path.open("rb") as f:
                     f.seek(before)
                     text = f.read(size - before).decode("utf-8", "replace")
                 out[rank] = TakenStack(rank, pid, text, where(text))
                 del asked[rank]
-            last[rank] = size
         if not asked:
             break
         if time.monotonic() > deadline:
-            for rank, (pid, _, _) in asked.items():
+            for rank, (pid, _, _, _) in asked.items():
                 out[rank] = TakenStack(rank, pid, "", "", f"no answer within {timeout_s:g} s")
             break
         time.sleep(poll_s)  # polling files another process writes, with a deadline
