@@ -27,8 +27,7 @@ STUCK = textwrap.dedent(
         time.sleep(600)
     threading.Thread(target=background, daemon=True).start()
     def stuck_here():
-        print("ready", flush=True)
-        time.sleep(600)
+        print("ready", flush=True); time.sleep(600)  # one line: signalled on either call
     def outer():
         stuck_here()
     outer()
@@ -64,7 +63,7 @@ def test_a_stuck_rank_says_where_it_is(tmp_path: Path) -> None:
     t = taken[0]
     assert t.note == "" and t.pid is not None and t.pid != proc.pid  # the Python, not sh
     lines = STUCK.splitlines()
-    stuck_line = next(i + 1 for i, line in enumerate(lines) if "ready" in line) + 1
+    stuck_line = next(i + 1 for i, line in enumerate(lines) if "ready" in line)
     assert t.where.startswith("stuck_here (") and t.where.endswith(f"/train.py:{stuck_line})")
     assert "in background" in t.text  # every thread, the main one last
     assert stack_file.read_text() == t.text  # the full text stays in the state dir
