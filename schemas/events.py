@@ -193,6 +193,20 @@ class Event(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag_f
 # --------------------------------------------------------------------------- input events
 
 
+class BackendDeclaration(msgspec.Struct, frozen=True, kw_only=True):
+    """What a run's training backend declares it can do (``producers.backend``).
+
+    Attributes:
+        name: The backend's registered name, e.g. ``"torch-ddp"``.
+        reshardable_checkpoint: A checkpoint saved by N ranks loads on M ranks.
+        elastic_restart: The gang may restart from a checkpoint on another world size.
+    """
+
+    name: Id
+    reshardable_checkpoint: bool = False
+    elastic_restart: bool = False
+
+
 class RunStarted(Event, frozen=True, kw_only=True, tag="run_started.v1"):
     """A run (or one incarnation of it after a restart) began.
 
@@ -206,6 +220,8 @@ class RunStarted(Event, frozen=True, kw_only=True, tag="run_started.v1"):
         tags: Free-form labels (model, cluster, owner).
         thresholds: Detector overrides for this run, e.g. ``{"loss_z_thresh": 8.0}``.
         incarnation: 0 for the first launch, +1 per restart of the gang.
+        backend: What the training backend declares; None: it did not say (a controller
+            then never shrinks the run).
     """
 
     world_size: Size
@@ -217,6 +233,7 @@ class RunStarted(Event, frozen=True, kw_only=True, tag="run_started.v1"):
     tags: Tags = {}
     thresholds: Thresholds = {}
     incarnation: Small = 0
+    backend: BackendDeclaration | None = None
 
 
 class StepCompleted(Event, frozen=True, kw_only=True, tag="step.v1"):
