@@ -2,9 +2,11 @@
 
 from schemas.codec import DecodeError, MalformedEvent, UnknownEventType, decode, encode
 from schemas.events import (
+    AgentReady,
     AnomalyDetected,
     AnomalyKind,
     AnyEvent,
+    BackendDeclaration,
     CheckpointCommitted,
     CheckpointFailed,
     CommandRejected,
@@ -16,7 +18,6 @@ from schemas.events import (
     LoaderState,
     ModelFlopConfig,
     OutputEvent,
-    BackendDeclaration,
     ParallelPlan,
     Provenance,
     RestartCompleted,
@@ -30,9 +31,11 @@ from schemas.events import (
 )
 
 __all__ = [
+    "AgentReady",
     "AnomalyDetected",
     "AnomalyKind",
     "AnyEvent",
+    "BackendDeclaration",
     "CheckpointCommitted",
     "CheckpointFailed",
     "CommandRejected",
@@ -46,7 +49,6 @@ __all__ = [
     "MalformedEvent",
     "ModelFlopConfig",
     "OutputEvent",
-    "BackendDeclaration",
     "ParallelPlan",
     "Provenance",
     "RestartCompleted",

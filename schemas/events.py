@@ -581,6 +581,29 @@ class RestartFailed(Event, frozen=True, kw_only=True, tag="restart_failed.v1"):
     reason: Text
 
 
+class AgentReady(Event, frozen=True, kw_only=True, tag="agent_ready.v1"):
+    """A multi-node gang's agent stopped its ranks for a restart and is ready for the next.
+
+    Every agent of the gang publishes one per command it executes, then waits for the other
+    nodes' (``controller.membership``): a node whose agent is gone never announces, and
+    the survivors decide from who did whether to restart at full size, on fewer nodes, or
+    to fail. A controller-side fact, not a verdict (``ts_ns`` is the agent's clock).
+
+    Attributes:
+        command_id: The command being executed.
+        incarnation: The incarnation about to start.
+        node_rank: The agent's node in the ending incarnation.
+        nnodes: Nodes of the ending incarnation.
+        host: The agent's host (the next node 0's host serves the rendezvous store).
+    """
+
+    command_id: Id
+    incarnation: Small
+    node_rank: Small
+    nnodes: Size
+    host: Id = ""
+
+
 class CommandRejected(Event, frozen=True, kw_only=True, tag="command_rejected.v1"):
     """The controller refused a command (unsigned, forged, replayed or not its run).
 
@@ -638,6 +661,7 @@ OutputEvent = (
     | RestartCompleted
     | RestartFailed
     | CommandRejected
+    | AgentReady
     | DeadLetter
 )
 """Events runwatch's own components produce."""
@@ -662,6 +686,7 @@ OUTPUT_TYPES: tuple[type[Event], ...] = (
     RestartCompleted,
     RestartFailed,
     CommandRejected,
+    AgentReady,
     DeadLetter,
 )
 ALL_TYPES: tuple[type[Event], ...] = INPUT_TYPES + OUTPUT_TYPES
