@@ -274,6 +274,7 @@ def test_node_1_becomes_node_0_and_serves_the_store_when_node_0_is_lost(tmp_path
         ("1", "0", "2"),
     ]
     assert {e["MASTER_ADDR"] for e in envs} == {"host1"}
+    assert (sup.record.topology.node_rank, sup.record.topology.master_addr) == (0, "host1")
     # It is node 0 now: it speaks for the gang.
     assert [type(e).__name__ for e in published] == ["AgentReady", "RestartCompleted"]
     assert ends == [(0, "stopped")]
