@@ -2,8 +2,9 @@
 
 `runwatch launch` (a new gang) and `runwatch controller` (adopting gangs after a launcher
 died) both build their controller here, so neither command imports the other. Every
-object is complete when it is constructed: the `EventPublisher` is made first, the
-supervisors are given its ``publish``, and the `Controller` is given both.
+object is complete when it is constructed: the `EventPublisher` (and, for multi-node
+gangs, the `PeerWatch`) is made first, the supervisors are given its ``publish`` (and the
+peers), and the `Controller` is given them all.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from collections.abc import Sequence
 from common.errors import UsageError
 from controller.gang import Gang
 from controller.logwatch import LogWatch
-from controller.loop import Controller, EventPublisher, announce_end
+from controller.loop import Controller, EventPublisher, PeerWatch, announce_end
 from controller.state import ControllerState
 from controller.supervisor import RunSupervisor
 from schemas.signing import CommandKey, load_key
@@ -76,6 +77,12 @@ def build_controller(
         if (watch := LogWatch.for_record(record)) is not None
     }
     publisher = EventPublisher(bootstrap, prefix, watches)
+    several = [r.run_id for r in records if r.topology.nnodes > 1]
+    try:
+        peers = PeerWatch(bootstrap, prefix, several) if several else None
+    except BaseException:
+        publisher.close()
+        raise
     runs = [
         RunSupervisor(
             state=state,
@@ -85,13 +92,16 @@ def build_controller(
             ),
             publish=publisher.publish,
             announce_end=announce_end,
+            peers=peers,
         )
         for state, record in zip(states, records, strict=True)
     ]
     try:
-        return Controller(runs, keys, bootstrap, publisher, watches), runs
+        return Controller(runs, keys, bootstrap, publisher, watches, peers), runs
     except BaseException:
         publisher.close()
+        if peers is not None:
+            peers.close()
         raise
 
 

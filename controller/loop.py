@@ -16,6 +16,9 @@ A thin I/O loop over `controller.command_gate` (the decision) and `controller.su
   notices, keyed by run id, at most ``POLL_MS`` after the exit;
 * RunEnded for an incarnation the controller ends (stopped for a restart, failed when a
   dead gang got no command in time) goes through a `RunEmitter`, like a rank's would;
+* a multi-node gang's agents get a `PeerWatch`: a consumer of the runs topic (the run's
+  RunStarted says what its backend declares) and the controller topic (the other agents'
+  AgentReady on a restart), both read from their end when the agent starts;
 * a run launched with ``--log-format`` gets a `controller.logwatch.LogWatch`, which turns
   rank 0's output into the run's events after every poll and hears of each
   RestartCompleted.
@@ -26,7 +29,7 @@ from __future__ import annotations
 import logging
 import signal
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from types import FrameType
 from typing import Any
 
@@ -39,7 +42,17 @@ from controller.logwatch import LogWatch, emitter_for
 from controller.state import GangRecord
 from controller.supervisor import RunSupervisor
 from schemas.codec import DecodeError, decode, encode, encode_key
-from schemas.events import CommandRejected, Event, Provenance, RankExited, RestartRequested
+from schemas.events import (
+    AgentReady,
+    BackendDeclaration,
+    CommandRejected,
+    Event,
+    EventPack,
+    Provenance,
+    RankExited,
+    RestartRequested,
+    RunStarted,
+)
 from schemas.signing import CommandKey
 from schemas.topics import names
 
@@ -123,6 +136,102 @@ class EventPublisher:
         self.producer.close(timeout=10)
 
 
+class PeerWatch:
+    """What the agents of multi-node gangs hear from each other and from their runs.
+
+    Reads the runs topic (RunStarted: the backend's declaration) and the controller topic
+    (AgentReady), every partition, from their end at construction (before the gang's
+    ranks start), and only when asked: on a restart. Implements
+    `controller.supervisor.Peers`.
+
+    Args:
+        bootstrap: Kafka bootstrap address.
+        prefix: Topic name prefix.
+        run_ids: The runs to follow.
+    """
+
+    def __init__(self, bootstrap: str, prefix: str, run_ids: Collection[str]) -> None:
+        topics = names(prefix)
+        self.run_ids = frozenset(run_ids)
+        self.backends: dict[str, tuple[int, BackendDeclaration]] = {}
+        self.ready: dict[tuple[str, int], dict[int, AgentReady]] = {}
+        self.consumer = KafkaConsumer(
+            bootstrap_servers=bootstrap,
+            group_id=None,
+            enable_auto_commit=False,
+            **kafka_client_config(),
+        )
+        self.tps = [
+            TopicPartition(topic, p)
+            for topic in (topics.runs, topics.controller)
+            for p in sorted(self.consumer.partitions_for_topic(topic) or ())
+        ]
+        self.consumer.assign(self.tps)
+        self.consumer.seek_to_end(*self.tps)
+        for tp in self.tps:  # resolve the lazy seek now: later records are the ones wanted
+            self.consumer.position(tp)
+
+    def _fold(self, event: Event) -> None:
+        if isinstance(event, EventPack):
+            for inner in event.events:
+                self._fold(inner)
+            return
+        if event.run_id not in self.run_ids:
+            return
+        if isinstance(event, RunStarted) and event.backend is not None:
+            seen = self.backends.get(event.run_id)
+            if seen is None or event.incarnation >= seen[0]:
+                self.backends[event.run_id] = (event.incarnation, event.backend)
+        elif isinstance(event, AgentReady):
+            self.ready.setdefault((event.run_id, event.incarnation), {})[event.node_rank] = event
+
+    def poll(self, timeout_ms: int) -> None:
+        """Fold what arrived (waiting up to ``timeout_ms`` for something)."""
+        for records in self.consumer.poll(timeout_ms=timeout_ms).values():
+            for record in records:
+                if record.value is None:
+                    continue  # a tombstone on the compacted runs topic
+                try:
+                    self._fold(decode(record.value))
+                except DecodeError:
+                    continue  # the processors dead-letter it; nothing for an agent in it
+
+    def _drain(self, timeout_s: float = 10.0) -> None:
+        """Fold everything written before now."""
+        ends = self.consumer.end_offsets(self.tps)
+        deadline = time.monotonic() + timeout_s
+        while any(self.consumer.position(tp) < ends[tp] for tp in self.tps):
+            if time.monotonic() > deadline:
+                log.warning("peers: could not read the runs and controller topics to their end")
+                return
+            self.poll(POLL_MS)
+
+    def backend(self, run_id: str) -> BackendDeclaration | None:
+        """What the run's latest RunStarted declared of its backend; None: nothing seen."""
+        self._drain()
+        seen = self.backends.get(run_id)
+        return None if seen is None else seen[1]
+
+    def await_ready(
+        self, run_id: str, incarnation: int, nnodes: int, timeout_s: float
+    ) -> dict[int, AgentReady]:
+        """The agents ready for ``incarnation`` by node rank.
+
+        Returns:
+            All ``nnodes`` of them, or those heard from within ``timeout_s``.
+        """
+        deadline = time.monotonic() + timeout_s
+        while True:
+            ready = self.ready.get((run_id, incarnation), {})
+            if len(ready) >= nnodes or time.monotonic() >= deadline:
+                return dict(ready)
+            self.poll(POLL_MS)
+
+    def close(self) -> None:
+        """Close the consumer."""
+        self.consumer.close()
+
+
 class Controller:
     """Serves the commands of the runs it supervises until every run has ended.
 
@@ -133,6 +242,7 @@ class Controller:
         bootstrap: Kafka bootstrap address.
         publisher: Where controller-side events go; the controller closes it.
         watches: The publisher's log watches by run id; observed after every poll.
+        peers: The supervisors' `PeerWatch` (multi-node gangs); the controller closes it.
     """
 
     def __init__(
@@ -142,7 +252,9 @@ class Controller:
         bootstrap: str,
         publisher: EventPublisher,
         watches: Mapping[str, LogWatch],
+        peers: PeerWatch | None = None,
     ) -> None:
+        self.peers = peers
         self.runs = {r.run_id: r for r in runs}
         self.keys = dict(keys)
         self.publisher = publisher
@@ -268,6 +380,8 @@ class Controller:
             watch.close()
         self.consumer.close()
         self.publisher.close()
+        if self.peers is not None:
+            self.peers.close()
 
 
-__all__ = ["Controller", "EventPublisher", "announce_end", "commands_end_offsets"]
+__all__ = ["Controller", "EventPublisher", "PeerWatch", "announce_end", "commands_end_offsets"]

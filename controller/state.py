@@ -24,6 +24,7 @@ import msgspec
 
 from common.durable import append_durably, atomic_write
 from controller.topology import NodeTopology
+from schemas.events import BackendDeclaration
 
 GANG_FILE = "gang.json"
 PROCESSED_FILE = "processed.jsonl"
@@ -83,6 +84,11 @@ class GangRecord(msgspec.Struct, frozen=True, kw_only=True):
         host: The agent's host name, where the ranks run ("" in older records); an
             adopting controller skips records of other hosts (a shared file system shows
             every node's state directories).
+        node_timeout_s: How long an agent of a multi-node gang waits, on a restart, for
+            the other nodes' agents to announce themselves (``--node-timeout``); a node
+            not heard from by then is lost (`controller.membership`).
+        backend: What the run's training backend declared in its latest RunStarted, as
+            last seen by this agent; None: nothing seen yet (the gang is never shrunk).
     """
 
     run_id: str
@@ -109,6 +115,8 @@ class GangRecord(msgspec.Struct, frozen=True, kw_only=True):
     exit_evidence: bool = True
     topology: NodeTopology = NodeTopology()
     host: str = ""
+    node_timeout_s: float = 60.0
+    backend: BackendDeclaration | None = None
 
     @property
     def node(self) -> NodeTopology:

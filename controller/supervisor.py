@@ -25,9 +25,10 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import msgspec
 
@@ -42,10 +43,13 @@ from controller.elastic import (
     next_world_size,
 )
 from controller.gang import RUNNING, Gang, free_port, rank_environ
+from controller.membership import NodeDecision, decide_nodes
 from controller.stacks import capture
 from controller.state import ControllerState, GangRecord, ProcessedCommand
-from controller.topology import RunBinding
+from controller.topology import NodeTopology, RunBinding
 from schemas.events import (
+    AgentReady,
+    BackendDeclaration,
     Event,
     RankExited,
     RankStack,
@@ -71,6 +75,27 @@ Publish = Callable[[Event], None]
 """Publishes a controller-side event (the controller topic; a RankExited: the heartbeats topic)."""
 AnnounceEnd = Callable[[GangRecord, str, str], None]
 """``(record, status, reason)``: emits RunEnded for the record's incarnation."""
+
+
+class Peers(Protocol):
+    """What an agent of a multi-node gang hears of its run from the others (Kafka side).
+
+    `controller.loop.PeerWatch` implements it; the supervisor holds no Kafka client.
+    """
+
+    def backend(self, run_id: str) -> BackendDeclaration | None:
+        """What the run's latest RunStarted declared of its backend; None: nothing seen."""
+        ...
+
+    def await_ready(
+        self, run_id: str, incarnation: int, nnodes: int, timeout_s: float
+    ) -> Mapping[int, AgentReady]:
+        """The agents ready for ``incarnation`` by node rank.
+
+        Returns:
+            All ``nnodes`` of them, or those heard from within ``timeout_s``.
+        """
+        ...
 
 
 @dataclass(frozen=True)
@@ -156,6 +181,8 @@ class RunSupervisor:
         exits: Exits noticed in the current incarnation, by rank.
         unreported: Exits noticed and held back, not yet published (multi-node only).
         dead_since_s: When the whole gang was noticed dead (monotonic), None while alive.
+        peers: The other agents of a multi-node gang (None: restart at full size without
+            asking who is there, as on one node).
     """
 
     state: ControllerState
@@ -163,6 +190,7 @@ class RunSupervisor:
     gang: Gang
     publish: Publish
     announce_end: AnnounceEnd
+    peers: Peers | None = None
     exits: dict[int, RankExit] = field(default_factory=dict)
     unreported: dict[int, RankExit] = field(default_factory=dict)
     dead_since_s: float | None = None
@@ -379,12 +407,16 @@ class RunSupervisor:
         if limit is not None and old.incarnation >= limit:
             self._give_up(command, f"--max-restarts {limit} reached (after {old.incarnation})")
             return
-        if old.speaks_for_gang:
+        topology = self._next_nodes(command)
+        if topology is None:
+            return  # the node decision failed the run (said why)
+        speaks = topology.node_rank == 0  # node 0 of the next incarnation speaks for the gang
+        if speaks:
             self.announce_end(
                 old, "stopped", f"controller: {command.action} for command {command.command_id}"
             )
         resume = resolve_resume(old.checkpoint_dir, command.max_checkpoint_step)
-        size = self._next_size(command)
+        size = self._next_size(command, topology)
         if size.reason:
             log.warning("run %s: elastic: %s", self.run_id, size.reason)
         self._save(
@@ -392,9 +424,10 @@ class RunSupervisor:
             world_size=size.world_size,
             failure_counts=size.counts,
             ranks=(),
+            topology=topology,
         )
         self.launch(resume)
-        if not old.speaks_for_gang:  # node 0's agent reports the gang's restart
+        if not speaks:  # node 0's agent reports the gang's restart
             log.warning(
                 "run %s: node %d restarted into incarnation %d from checkpoint %s",
                 self.run_id,
@@ -453,10 +486,69 @@ class RunSupervisor:
         )
         return tuple(out)
 
-    def _next_size(self, command: RestartRequested) -> SizeDecision:
-        """The world size of the respawn: elastic by ranks on one node, fixed on several."""
+    def _next_nodes(self, command: RestartRequested) -> NodeTopology | None:
+        """This node's topology in the next incarnation; None: the run failed instead.
+
+        One node, or no peers to ask: the same. Several: announce this agent ready
+        (`schemas.events.AgentReady`), wait for the others (``node_timeout_s``), and
+        let `controller.membership.decide_nodes` say full size, fewer nodes, or fail.
+        """
+        rec = self.record
+        node = rec.topology
+        if node.nnodes == 1 or self.peers is None:
+            return node
+        nxt = rec.incarnation + 1
+        self.publish(
+            AgentReady(
+                run_id=self.run_id,
+                ts_ns=time.time_ns(),
+                command_id=command.command_id,
+                incarnation=nxt,
+                node_rank=node.node_rank,
+                nnodes=node.nnodes,
+                host=HOST,
+            )
+        )
+        ready = dict(self.peers.await_ready(self.run_id, nxt, node.nnodes, rec.node_timeout_s))
+        backend = self.peers.backend(self.run_id) or rec.backend
+        if backend != rec.backend:
+            self._save(backend=backend)
+        decision: NodeDecision = decide_nodes(
+            node.nnodes,
+            {*ready, node.node_rank},
+            min_nnodes=node.min_nnodes,
+            backend=backend,
+            timeout_s=rec.node_timeout_s,
+        )
+        if decision.verdict == "fail":
+            self._give_up(command, decision.reason)
+            return None
+        if decision.verdict == "full":
+            return node
+        first = decision.nodes[0]
+        addr = node.master_addr
+        if first != 0:  # node 0 is lost: the first survivor serves the rendezvous store
+            announced = ready.get(first)
+            addr = announced.host if announced is not None and announced.host else HOST
+        log.warning("run %s: elastic by nodes: %s", self.run_id, decision.reason)
+        return msgspec.structs.replace(
+            node,
+            nnodes=len(decision.nodes),
+            node_rank=decision.new_rank(node.node_rank),
+            master_addr=addr,
+        )
+
+    def _next_size(self, command: RestartRequested, topology: NodeTopology) -> SizeDecision:
+        """The world size of the respawn: elastic by ranks on one node, by nodes on several."""
         rec = self.record
         if rec.topology.nnodes > 1:
+            if topology.nnodes != rec.topology.nnodes:
+                return SizeDecision(
+                    topology.world_size,
+                    (0,) * topology.world_size,
+                    f"{rec.topology.nnodes} -> {topology.nnodes} nodes: {rec.world_size} -> "
+                    f"{topology.world_size} ranks",
+                )
             if command.world_size not in (None, rec.world_size):
                 log.warning(
                     "run %s: command asks for %d ranks; a gang of %d nodes restarts at its "
@@ -499,4 +591,12 @@ class RunSupervisor:
         self._save(status="failed")
 
 
-__all__ = ["AnnounceEnd", "Publish", "Resume", "RunSupervisor", "launch_env", "resolve_resume"]
+__all__ = [
+    "AnnounceEnd",
+    "Peers",
+    "Publish",
+    "Resume",
+    "RunSupervisor",
+    "launch_env",
+    "resolve_resume",
+]

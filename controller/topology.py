@@ -68,8 +68,8 @@ class NodeTopology(msgspec.Struct, frozen=True, kw_only=True):
         master_addr: Host of node 0, where global rank 0 serves the rendezvous store.
         master_port: Base rendezvous port; incarnation I uses `incarnation_port`. 0: one
             node, a fresh free port per incarnation.
-        min_nnodes: The gang never shrinks below this many nodes (recorded; shrinking by
-            whole nodes is not implemented, so nothing reads it yet).
+        min_nnodes: The gang never shrinks below this many nodes (``--min-nnodes``,
+            default ``nnodes``: never shrink; `controller.membership` reads it).
         max_restarts: Restart commands the agent executes; one more fails the run. None:
             no limit (the processors' policy decides).
         source: ``slurm`` when a value came from SLURM's variables, else ``flags``.

@@ -48,7 +48,7 @@ from examples.data import VOCAB_SIZE, WindowDataset, generate_corpus
 from examples.faults import GARBAGE_TOKEN, FaultPlan, parse_faults
 from examples.instrument import Emitter, make_emitter
 from examples.tinylm import TinyLM, TinyLMConfig
-from producers.backend import TorchDDPBackend
+from producers.backend import get_training_backend
 from producers.checkpoint import AsyncCheckpointer, CheckpointResult, load_checkpoint
 from producers.torch_helpers import StepTimer, flop_config_from_causal_lm, grad_norm
 
@@ -58,6 +58,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=200, help="train until this step")
     p.add_argument("--seed", type=int, default=0, help="model init and data order")
+    p.add_argument(
+        "--backend", default="torch-ddp", help="training backend (producers.backend registry)"
+    )
     p.add_argument("--global-batch", type=int, default=16, help="sequences per step, whole gang")
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--warmup-steps", type=int, default=20)
@@ -230,7 +233,7 @@ class Trainer:
         self.faults = FaultPlan(parse_faults(args.inject), self.rank, self.incarnation)
         torch.set_num_threads(1)
         torch.use_deterministic_algorithms(True)
-        self.backend = TorchDDPBackend()
+        self.backend = get_training_backend(args.backend)
         self.backend.init(env, timeout_s=args.pg_timeout_s)
         self.stop = StopFlag()
         cfg = TinyLMConfig(
@@ -324,6 +327,7 @@ class Trainer:
                 **dict(t.split("=", 1) for t in args.tag),
             },
             thresholds={k: float(v) for k, v in (t.split("=", 1) for t in args.threshold)},
+            backend=self.backend.capabilities.declaration(),
         )
 
     def _train_step(self, step: int) -> tuple[list[int], float, float, bool, float, bool]:

@@ -24,6 +24,7 @@ from schemas.events import (
     MAX_ID_CHARS,
     MAX_TEXT_CHARS,
     TICK_RUN_ID,
+    AgentReady,
     AnomalyDetected,
     AnyEvent,
     CheckpointCommitted,
@@ -50,7 +51,7 @@ ROLE_TYPES: Final[dict[str, tuple[type, ...]]] = {
     "checkpoints": (CheckpointCommitted, CheckpointFailed),
     "anomalies": (AnomalyDetected,),
     "commands": (RestartRequested,),
-    "controller": (RestartCompleted, RestartFailed, CommandRejected),
+    "controller": (RestartCompleted, RestartFailed, CommandRejected, AgentReady),
 }
 """Which event types each topic role may carry (a pack: see `ROLE_PACKED_TYPES`)."""
 

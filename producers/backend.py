@@ -9,12 +9,14 @@ and wrap the model, describe the parallel plan, leave. The controller reads the 
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from common.launch_env import LaunchEnv
-from schemas.events import ParallelPlan
+from schemas.events import BackendDeclaration, ParallelPlan
 
 if TYPE_CHECKING:
     import torch
@@ -71,6 +73,14 @@ class BackendCapabilities:
         if precision not in self.precisions:
             problems.append(f"{self.name} does not train in {precision}")
         return problems
+
+    def declaration(self) -> BackendDeclaration:
+        """What RunStarted carries of these capabilities (the controller reads it)."""
+        return BackendDeclaration(
+            name=self.name,
+            reshardable_checkpoint=self.reshardable_checkpoint,
+            elastic_restart=self.elastic_restart,
+        )
 
 
 @runtime_checkable
@@ -188,3 +198,102 @@ class TorchDDPBackend:
 
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+# --------------------------------------------------------------------------- the registry
+
+BackendFactory = Callable[[], DistributedTrainingBackend]
+"""A zero-argument factory; it may import its engine (torch) when it runs, not before."""
+
+
+class UnknownBackendError(LookupError):
+    """No backend is registered under the name asked for."""
+
+
+@dataclass(frozen=True)
+class _Entry:
+    factory: BackendFactory
+    capabilities: BackendCapabilities
+
+
+_REGISTRY: dict[str, _Entry] = {}
+_INSTANCES: dict[str, DistributedTrainingBackend] = {}
+_LOCK = threading.Lock()
+
+
+def register_training_backend(
+    name: str,
+    factory: BackendFactory,
+    capabilities: BackendCapabilities,
+    *,
+    replace: bool = False,
+) -> None:
+    """Register a backend under ``name`` with a lazy factory.
+
+    The capabilities are given at registration so that they can be read
+    (`training_backend_capabilities`) without running the factory, so without importing
+    the engine.
+
+    Args:
+        name: The name `get_training_backend` resolves, e.g. ``"torch-ddp"``.
+        factory: Called once, on the first `get_training_backend` of ``name``.
+        capabilities: What the backend executes; its ``name`` must be ``name``.
+        replace: Allow replacing an existing registration.
+
+    Raises:
+        ValueError: ``name`` is empty, differs from ``capabilities.name``, or is taken.
+    """
+    if not name:
+        raise ValueError("a backend name must not be empty")
+    if capabilities.name != name:
+        raise ValueError(f"backend {name!r} registered with capabilities of {capabilities.name!r}")
+    with _LOCK:
+        if name in _REGISTRY and not replace:
+            raise ValueError(f"training backend {name!r} is already registered")
+        _REGISTRY[name] = _Entry(factory, capabilities)
+        _INSTANCES.pop(name, None)
+
+
+def _entry(name: str) -> _Entry:
+    entry = _REGISTRY.get(name)
+    if entry is None:
+        known = ", ".join(sorted(_REGISTRY)) or "none"
+        raise UnknownBackendError(f"unknown training backend {name!r} (known: {known})")
+    return entry
+
+
+def training_backend_names() -> tuple[str, ...]:
+    """The registered names, sorted."""
+    return tuple(sorted(_REGISTRY))
+
+
+def training_backend_capabilities(name: str) -> BackendCapabilities:
+    """A registered backend's capabilities, without running its factory (no torch import).
+
+    Raises:
+        UnknownBackendError: ``name`` is not registered (the message lists the known names).
+    """
+    return _entry(name).capabilities
+
+
+def get_training_backend(name: str) -> DistributedTrainingBackend:
+    """Resolve a registered backend, calling its zero-argument lazy factory once.
+
+    Args:
+        name: A registered name (`training_backend_names`).
+
+    Returns:
+        The backend (the same object on every call for ``name``).
+
+    Raises:
+        UnknownBackendError: ``name`` is not registered (the message lists the known names).
+    """
+    with _LOCK:
+        found = _INSTANCES.get(name)
+        if found is None:
+            found = _entry(name).factory()
+            _INSTANCES[name] = found
+        return found
+
+
+register_training_backend("torch-ddp", TorchDDPBackend, TorchDDPBackend.CAPABILITIES)

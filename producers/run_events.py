@@ -24,6 +24,7 @@ from producers.validation import (
 )
 from schemas.codec import encode_key
 from schemas.events import (
+    BackendDeclaration,
     CheckpointCommitted,
     CheckpointFailed,
     Event,
@@ -51,6 +52,7 @@ class RunEvents(EmitterCore):
         vocab_size: int | None = None,
         tags: Mapping[str, str] | None = None,
         thresholds: Mapping[str, float] | None = None,
+        backend: BackendDeclaration | None = None,
     ) -> None:
         """Announce this incarnation of the run (to the runs, steps and heartbeats topics).
 
@@ -63,6 +65,9 @@ class RunEvents(EmitterCore):
             vocab_size: For the loss-collapse check; None disables it.
             tags: Free-form labels.
             thresholds: Detector overrides, e.g. ``{"loss_z_thresh": 8.0}``.
+            backend: What the training backend declares
+                (``producers.backend.BackendCapabilities.declaration()``); a controller
+                shrinks a run by whole nodes only when it declares it can.
 
         Raises:
             TypeError: An argument of the wrong type.
@@ -72,6 +77,8 @@ class RunEvents(EmitterCore):
             raise TypeError(
                 f"flop_config must be a ModelFlopConfig, got {type(flop_config).__name__}"
             )
+        if backend is not None and not isinstance(backend, BackendDeclaration):
+            raise TypeError(f"backend must be a BackendDeclaration, got {type(backend).__name__}")
         if plan is None:
             plan = ParallelPlan()
         else:
@@ -110,6 +117,7 @@ class RunEvents(EmitterCore):
                 tags=tag_map,
                 thresholds=threshold_map,
                 incarnation=self.incarnation,
+                backend=backend,
             ),
         )
 

@@ -2,9 +2,11 @@
 
 from schemas.codec import DecodeError, MalformedEvent, UnknownEventType, decode, encode
 from schemas.events import (
+    AgentReady,
     AnomalyDetected,
     AnomalyKind,
     AnyEvent,
+    BackendDeclaration,
     CheckpointCommitted,
     CheckpointFailed,
     CommandRejected,
@@ -29,9 +31,11 @@ from schemas.events import (
 )
 
 __all__ = [
+    "AgentReady",
     "AnomalyDetected",
     "AnomalyKind",
     "AnyEvent",
+    "BackendDeclaration",
     "CheckpointCommitted",
     "CheckpointFailed",
     "CommandRejected",

@@ -193,6 +193,20 @@ class Event(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag_f
 # --------------------------------------------------------------------------- input events
 
 
+class BackendDeclaration(msgspec.Struct, frozen=True, kw_only=True):
+    """What a run's training backend declares it can do (``producers.backend``).
+
+    Attributes:
+        name: The backend's registered name, e.g. ``"torch-ddp"``.
+        reshardable_checkpoint: A checkpoint saved by N ranks loads on M ranks.
+        elastic_restart: The gang may restart from a checkpoint on another world size.
+    """
+
+    name: Id
+    reshardable_checkpoint: bool = False
+    elastic_restart: bool = False
+
+
 class RunStarted(Event, frozen=True, kw_only=True, tag="run_started.v1"):
     """A run (or one incarnation of it after a restart) began.
 
@@ -206,6 +220,8 @@ class RunStarted(Event, frozen=True, kw_only=True, tag="run_started.v1"):
         tags: Free-form labels (model, cluster, owner).
         thresholds: Detector overrides for this run, e.g. ``{"loss_z_thresh": 8.0}``.
         incarnation: 0 for the first launch, +1 per restart of the gang.
+        backend: What the training backend declares; None: it did not say (a controller
+            then never shrinks the run).
     """
 
     world_size: Size
@@ -217,6 +233,7 @@ class RunStarted(Event, frozen=True, kw_only=True, tag="run_started.v1"):
     tags: Tags = {}
     thresholds: Thresholds = {}
     incarnation: Small = 0
+    backend: BackendDeclaration | None = None
 
 
 class StepCompleted(Event, frozen=True, kw_only=True, tag="step.v1"):
@@ -564,6 +581,29 @@ class RestartFailed(Event, frozen=True, kw_only=True, tag="restart_failed.v1"):
     reason: Text
 
 
+class AgentReady(Event, frozen=True, kw_only=True, tag="agent_ready.v1"):
+    """A multi-node gang's agent stopped its ranks for a restart and is ready for the next.
+
+    Every agent of the gang publishes one per command it executes, then waits for the other
+    nodes' (``controller.membership``): a node whose agent is gone never announces, and
+    the survivors decide from who did whether to restart at full size, on fewer nodes, or
+    to fail. A controller-side fact, not a verdict (``ts_ns`` is the agent's clock).
+
+    Attributes:
+        command_id: The command being executed.
+        incarnation: The incarnation about to start.
+        node_rank: The agent's node in the ending incarnation.
+        nnodes: Nodes of the ending incarnation.
+        host: The agent's host (the next node 0's host serves the rendezvous store).
+    """
+
+    command_id: Id
+    incarnation: Small
+    node_rank: Small
+    nnodes: Size
+    host: Id = ""
+
+
 class CommandRejected(Event, frozen=True, kw_only=True, tag="command_rejected.v1"):
     """The controller refused a command (unsigned, forged, replayed or not its run).
 
@@ -621,6 +661,7 @@ OutputEvent = (
     | RestartCompleted
     | RestartFailed
     | CommandRejected
+    | AgentReady
     | DeadLetter
 )
 """Events runwatch's own components produce."""
@@ -645,6 +686,7 @@ OUTPUT_TYPES: tuple[type[Event], ...] = (
     RestartCompleted,
     RestartFailed,
     CommandRejected,
+    AgentReady,
     DeadLetter,
 )
 ALL_TYPES: tuple[type[Event], ...] = INPUT_TYPES + OUTPUT_TYPES

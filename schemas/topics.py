@@ -134,7 +134,7 @@ _CATALOGUE: Final[tuple[tuple[str, bool, int | None, str], ...]] = (
     ("checkpoints", False, -1, "CheckpointCommitted / CheckpointFailed"),
     ("anomalies", False, -1, "AnomalyDetected verdicts"),
     ("commands", False, -1, "RestartRequested, signed, from the policy to the controller"),
-    ("controller", False, -1, "RestartCompleted / RestartFailed / CommandRejected"),
+    ("controller", False, -1, "RestartCompleted / RestartFailed / CommandRejected / AgentReady"),
     ("deadletter", False, 4 * WEEK_MS, "DeadLetter: undecodable records with the reason"),
 )
 

@@ -56,6 +56,21 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "SLURM: MASTER_PORT or derived from SLURM_JOB_ID; one host: a free port)",
     )
     nodes.add_argument(
+        "--min-nnodes",
+        type=int,
+        help="a restart may go on with this many nodes when others are lost, if the run's "
+        "backend declares reshardable checkpoints and elastic restarts (default: --nnodes, "
+        "never shrink: a lost node fails the run)",
+    )
+    nodes.add_argument(
+        "--node-timeout",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="on a restart, how long an agent waits for the other nodes' agents; one not "
+        "heard from is lost",
+    )
+    nodes.add_argument(
         "--max-restarts",
         type=int,
         help="restart commands to execute; one more fails the run (default: no limit)",
@@ -160,6 +175,7 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str]) -> LaunchPlan:
             nproc_per_node=args.nproc_per_node,
             master_addr=args.master_addr,
             master_port=args.master_port,
+            min_nnodes=args.min_nnodes,
             max_restarts=args.max_restarts,
             run_id=args.run_id,
         )
@@ -199,6 +215,8 @@ def _validate(args: argparse.Namespace) -> list[str]:
         raise UsageError("--min-nproc must be >= 1, --rank-failure-budget >= 0")
     if args.grace_s < 0 or args.command_timeout <= 0:
         raise UsageError("--grace-s must be >= 0 and --command-timeout > 0")
+    if not args.node_timeout > 0:
+        raise UsageError(f"--node-timeout must be > 0, got {args.node_timeout}")
     for pair in args.env:
         if "=" not in pair:
             raise UsageError(f"--env expects NAME=VALUE, got {pair!r}")
@@ -287,6 +305,7 @@ def run(args: argparse.Namespace) -> int:
         exit_evidence=args.exit_evidence,
         topology=topology,
         host=HOST,
+        node_timeout_s=args.node_timeout,
     )
     state.save_gang(record)
     controller, (supervisor,) = build_controller([state], keys, bootstrap, prefix)

@@ -22,6 +22,7 @@ import pytest
 
 from processors.fleet import latest_states
 from schemas.events import (
+    AgentReady,
     AnomalyDetected,
     CommandRejected,
     RankExited,
@@ -163,7 +164,14 @@ def test_a_rank_killed_on_node_1_restarts_both_nodes_from_the_checkpoint(loop, t
     (command,) = wait_events(commands, of_run(run_id, RestartRequested))
     assert (command.action, command.incarnation) == ("respawn", 0)
     # Node 0's agent speaks for the gang: one RestartCompleted for the one command.
-    (done,) = [e for e in _drain(controller) if e.run_id == run_id]
+    said = [e for e in _drain(controller) if e.run_id == run_id]
+    # Each agent announced itself ready for incarnation 1; both were heard: full size.
+    ready = [e for e in said if isinstance(e, AgentReady)]
+    assert sorted((e.node_rank, e.incarnation, e.command_id) for e in ready) == [
+        (0, 1, command.command_id),
+        (1, 1, command.command_id),
+    ]
+    (done,) = [e for e in said if not isinstance(e, AgentReady)]
     assert isinstance(done, RestartCompleted) and done.command_id == command.command_id
     assert done.world_size == 2 and done.checkpoint_step in (10, 15)
 
@@ -237,7 +245,7 @@ def test_a_killed_node_agent_is_adopted_and_repeats_nothing(loop, tmp_path):
     assert [r["pid"] for r in _record(base, 1)["ranks"]] == pids
     metrics = json.loads((base / "trace" / "metrics.json").read_text())
     assert max(int(k) for k in metrics["losses"]) == 80 and metrics["incarnation"] == 1
-    done = [e for e in _drain(controller) if e.run_id == run_id]
+    done = [e for e in _drain(controller) if e.run_id == run_id and not isinstance(e, AgentReady)]
     assert [type(e).__name__ for e in done] == ["RestartCompleted", "CommandRejected"]
 
 

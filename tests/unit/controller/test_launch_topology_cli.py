@@ -32,6 +32,10 @@ def _parse(argv: list[str]) -> argparse.Namespace:
         ([*MULTI, "--log-format", "nanogpt"], "--log-format reads rank 0's output on one host"),
         (["--nproc", "0"], "--nproc must be >= 1"),
         (["--nproc", "2", "--nproc-per-node", "2"], "--nproc is the one-host form"),
+        ([*MULTI, "--min-nnodes", "3"], "--min-nnodes must be in 1..2 (--nnodes), got 3"),
+        ([*MULTI, "--min-nnodes", "0"], "--min-nnodes must be in 1..2"),
+        (["--nproc", "2", "--min-nnodes", "1"], "--nproc is the one-host form"),
+        ([*MULTI, "--node-timeout", "0"], "--node-timeout must be > 0"),
     ],
 )
 def test_bad_topologies_are_one_line_usage_errors(argv, message, capsys, tmp_path):
@@ -58,6 +62,11 @@ def test_a_node_of_several_gets_its_own_state_dir(tmp_path):
     assert (plan.run_id, plan.state_dir.name, plan.state_dir.parent.name) == ("r", "node1", "r")
     explicit = launch.resolve(_parse([*MULTI, "--state-dir", str(tmp_path / "s")]), {})
     assert explicit.state_dir == (tmp_path / "s").resolve()
+
+
+def test_min_nnodes_defaults_to_nnodes_never_shrinking():
+    assert launch.resolve(_parse(MULTI), {}).topology.min_nnodes == 2
+    assert launch.resolve(_parse([*MULTI, "--min-nnodes", "1"]), {}).topology.min_nnodes == 1
 
 
 def test_under_srun_the_flags_are_optional():

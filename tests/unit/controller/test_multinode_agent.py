@@ -8,12 +8,23 @@ from __future__ import annotations
 import json
 import sys
 import time
+from dataclasses import dataclass, field
+
+import msgspec
 
 from controller.elastic import RankExit, due_reports
 from controller.state import ControllerState, GangRecord
 from controller.supervisor import EXIT_HOLD_S, RunSupervisor
 from controller.topology import NodeTopology
-from schemas.events import Event, RankExited, RestartCompleted, RestartFailed, RestartRequested
+from schemas.events import (
+    AgentReady,
+    BackendDeclaration,
+    Event,
+    RankExited,
+    RestartCompleted,
+    RestartFailed,
+    RestartRequested,
+)
 
 PY = sys.executable
 PRINT_ENV = (
@@ -184,3 +195,113 @@ def test_an_adopter_takes_one_agent_of_a_run_and_only_this_hosts(tmp_path, capsy
     _running_record(tmp_path / "b", "r", 0, "some-other-node")
     assert main(["controller", "--state-dir", str(tmp_path / "b")]) == 1
     assert "no running gang to adopt" in capsys.readouterr().err
+
+
+ELASTIC = BackendDeclaration(name="torch-ddp", reshardable_checkpoint=True, elastic_restart=True)
+
+
+@dataclass
+class HeardPeers:
+    """What the agent heard from its run on Kafka (`controller.loop.PeerWatch` does the reading)."""
+
+    ready_nodes: tuple[int, ...]
+    declared: BackendDeclaration | None = ELASTIC
+    asked: list[tuple[str, int, int, float]] = field(default_factory=list)
+
+    def backend(self, run_id: str) -> BackendDeclaration | None:
+        return self.declared
+
+    def await_ready(self, run_id, incarnation, nnodes, timeout_s):
+        self.asked.append((run_id, incarnation, nnodes, timeout_s))
+        return {
+            n: AgentReady(
+                run_id=run_id,
+                ts_ns=1,
+                command_id="c1",
+                incarnation=incarnation,
+                node_rank=n,
+                nnodes=nnodes,
+                host="10.0.0.1" if n == 0 else f"host{n}",
+            )
+            for n in self.ready_nodes
+        }
+
+
+def _restart_with(tmp_path, node: int, peers: HeardPeers, **topology):
+    sup, published, ends = _node(tmp_path, node, SLEEPER, **topology)
+    sup.peers = peers
+    sup.launch(None)
+    try:
+        _envs(sup)
+        sup.execute(
+            msgspec.structs.replace(COMMAND, world_size=None, cause_kind="hang"),
+            time.monotonic(),
+        )
+        envs = _envs(sup) if sup.record.status == "running" else []
+    finally:
+        sup.gang.stop(0.0, kill_now=True)
+    return sup, published, ends, envs
+
+
+def test_a_lost_node_1_leaves_node_0_alone_when_min_nnodes_allows(tmp_path):
+    peers = HeardPeers(ready_nodes=(0,))
+    sup, published, ends, envs = _restart_with(tmp_path, 0, peers, min_nnodes=1)
+    assert peers.asked == [("r", 1, 2, 60.0)]
+    (ready,) = [e for e in published if isinstance(e, AgentReady)]
+    assert (ready.incarnation, ready.node_rank, ready.nnodes) == (1, 0, 2)
+    (done,) = [e for e in published if isinstance(e, RestartCompleted)]
+    assert done.world_size == 2
+    assert ends == [(0, "stopped")]
+    rec = sup.record
+    assert (rec.incarnation, rec.world_size, rec.topology.nnodes, rec.topology.node_rank) == (
+        1,
+        2,
+        1,
+        0,
+    )
+    assert rec.backend == ELASTIC
+    assert [(e["RANK"], e["GROUP_RANK"], e["WORLD_SIZE"]) for e in envs] == [
+        ("0", "0", "2"),
+        ("1", "0", "2"),
+    ]
+    assert {(e["MASTER_ADDR"], e["MASTER_PORT"]) for e in envs} == {("10.0.0.1", "30001")}
+
+
+def test_node_1_becomes_node_0_and_serves_the_store_when_node_0_is_lost(tmp_path):
+    sup, published, ends, envs = _restart_with(tmp_path, 1, HeardPeers((1,)), min_nnodes=1)
+    assert [(e["RANK"], e["GROUP_RANK"], e["WORLD_SIZE"]) for e in envs] == [
+        ("0", "0", "2"),
+        ("1", "0", "2"),
+    ]
+    assert {e["MASTER_ADDR"] for e in envs} == {"host1"}
+    assert (sup.record.topology.node_rank, sup.record.topology.master_addr) == (0, "host1")
+    # It is node 0 now: it speaks for the gang.
+    assert [type(e).__name__ for e in published] == ["AgentReady", "RestartCompleted"]
+    assert ends == [(0, "stopped")]
+
+
+def test_a_lost_node_fails_the_run_by_default_saying_why(tmp_path):
+    sup, published, ends, envs = _restart_with(tmp_path, 0, HeardPeers((0,)), min_nnodes=2)
+    (failed,) = [e for e in published if isinstance(e, RestartFailed)]
+    assert failed.reason == (
+        "node 1 of 2 lost (no agent ready within 60s); --min-nnodes 2 (default: --nnodes) "
+        "forbids shrinking"
+    )
+    assert not any(isinstance(e, RestartCompleted) for e in published)
+    assert ends == [(0, "failed")] and sup.record.status == "failed"
+    assert sup.gang.running() == [] and envs == []
+
+
+def test_a_backend_that_cannot_reshard_is_not_shrunk(tmp_path):
+    peers = HeardPeers((0,), declared=BackendDeclaration(name="megatron"))
+    sup, published, _, _ = _restart_with(tmp_path, 0, peers, min_nnodes=1)
+    (failed,) = [e for e in published if isinstance(e, RestartFailed)]
+    assert failed.reason.endswith("backend megatron does not declare reshardable_checkpoint")
+    assert sup.record.status == "failed"
+
+
+def test_every_node_ready_restarts_at_full_size(tmp_path):
+    sup, published, ends, envs = _restart_with(tmp_path, 1, HeardPeers((0, 1)), min_nnodes=1)
+    assert sup.record.topology.nnodes == 2 and sup.record.world_size == 4
+    assert [e["RANK"] for e in envs] == ["2", "3"]
+    assert [type(e).__name__ for e in published] == ["AgentReady"] and ends == []

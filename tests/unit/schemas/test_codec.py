@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 from schemas import codec
 from schemas.events import (
     ALL_TYPES,
+    AgentReady,
     AnomalyDetected,
     CheckpointCommitted,
     CheckpointFailed,
@@ -104,6 +105,7 @@ ONE_OF_EACH = [
     CommandRejected(run_id="r1", ts_ns=8, command_id="cmd", reason="bad signature", source=SRC),
     DeadLetter(run_id="", ts_ns=9, source=SRC, reason="not JSON", key=b"r1", payload=b"\x00\xff"),
     RankExited(run_id="r1", ts_ns=10, rank=1, incarnation=2, host="node-a", pid=4242, signal=9),
+    AgentReady(run_id="r1", ts_ns=12, command_id="cmd", incarnation=3, node_rank=1, nnodes=2),
     EventPack(
         run_id="r1",
         ts_ns=11,

@@ -7,7 +7,7 @@ import msgspec
 import pytest
 
 from schemas import codec, generate
-from schemas.events import Heartbeat, RankExited, RunStarted, StepCompleted
+from schemas.events import BackendDeclaration, Heartbeat, RankExited, RunStarted, StepCompleted
 
 from .test_codec import ONE_OF_EACH
 
@@ -81,3 +81,29 @@ def test_rank_exited_v1_minimal_record_decodes_with_unknown_status():
     assert (event.incarnation, event.host, event.exit_code, event.signal) == (0, "", None, None)
     with pytest.raises(codec.DecodeError):
         codec.decode(b'{"type":"rank_exited.v1","run_id":"r","ts_ns":5,"rank":1,"signal":0}')
+
+
+def test_a_run_started_from_before_backend_declarations_decodes_with_none():
+    old = (
+        b'{"type":"run_started.v1","run_id":"r","ts_ns":1,"world_size":2,"incarnation":3,'
+        b'"tags":{"backend":"torch-ddp"}}'
+    )
+    event = codec.decode(old)
+    assert isinstance(event, RunStarted)
+    assert (event.incarnation, event.backend) == (3, None)
+
+
+def test_a_run_started_with_a_backend_declaration_round_trips():
+    declared = BackendDeclaration(
+        name="torch-ddp", reshardable_checkpoint=True, elastic_restart=True
+    )
+    event = RunStarted(run_id="r", ts_ns=1, world_size=2, backend=declared)
+    back = codec.decode(codec.encode(event))
+    assert isinstance(back, RunStarted) and back.backend == declared
+    # A declaration that names only the backend claims nothing.
+    bare = codec.decode(
+        b'{"type":"run_started.v1","run_id":"r","ts_ns":1,"world_size":2,'
+        b'"backend":{"name":"megatron"}}'
+    )
+    assert isinstance(bare, RunStarted) and bare.backend == BackendDeclaration(name="megatron")
+    assert not (bare.backend.reshardable_checkpoint or bare.backend.elastic_restart)
