@@ -91,7 +91,7 @@ from typing import Any, Final
 import faust
 from aiokafka.structs import ConsumerRecord
 
-from common.settings import faust_broker_settings
+from common.settings import faust_broker_settings, runwatch_home
 from processors import transport
 from processors.core.config import DetectorConfig
 from processors.core.state_codec import decode_state
@@ -420,6 +420,9 @@ def create_app(
         settings.app_id,
         broker=f"kafka://{settings.bootstrap}",
         store="memory://",
+        # faust makes a data dir even for in-memory tables; by default it is
+        # "<app id>-data" in the current directory, which littered checkouts.
+        datadir=str(runwatch_home() / "processors" / settings.app_id),
         topic_partitions=max(settings.partitions_of(role) for role in TABLES),
         topic_replication_factor=settings.replication_factor,
         topic_allow_declare=True,
