@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import signal
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from types import FrameType
 from typing import Any
 
@@ -36,6 +36,7 @@ from common.errors import RunwatchError
 from common.settings import kafka_client_config
 from controller.command_gate import OwnedGang, decide
 from controller.logwatch import LogWatch, emitter_for
+from controller.relay import RelayServer
 from controller.state import GangRecord
 from controller.supervisor import RunSupervisor
 from schemas.codec import DecodeError, decode, encode, encode_key
@@ -133,6 +134,8 @@ class Controller:
         bootstrap: Kafka bootstrap address.
         publisher: Where controller-side events go; the controller closes it.
         watches: The publisher's log watches by run id; observed after every poll.
+        relays: The node relays the runs' ranks write to (`controller.relay`); closed
+            last, after the gangs ended.
     """
 
     def __init__(
@@ -142,8 +145,10 @@ class Controller:
         bootstrap: str,
         publisher: EventPublisher,
         watches: Mapping[str, LogWatch],
+        relays: Sequence[RelayServer] = (),
     ) -> None:
         self.runs = {r.run_id: r for r in runs}
+        self.relays = list(relays)
         self.keys = dict(keys)
         self.publisher = publisher
         self.watches = dict(watches)
@@ -268,6 +273,8 @@ class Controller:
             watch.close()
         self.consumer.close()
         self.publisher.close()
+        for relay in self.relays:
+            relay.close()
 
 
 __all__ = ["Controller", "EventPublisher", "announce_end", "commands_end_offsets"]

@@ -83,6 +83,9 @@ class GangRecord(msgspec.Struct, frozen=True, kw_only=True):
         host: The agent's host name, where the ranks run ("" in older records); an
             adopting controller skips records of other hosts (a shared file system shows
             every node's state directories).
+        relay_socket: The Unix socket of this agent's relay (``runwatch launch
+            --relay``, `controller.relay`): the ranks hand it their events and the agent
+            owns the node's one Kafka producer; "" without a relay.
     """
 
     run_id: str
@@ -109,6 +112,7 @@ class GangRecord(msgspec.Struct, frozen=True, kw_only=True):
     exit_evidence: bool = True
     topology: NodeTopology = NodeTopology()
     host: str = ""
+    relay_socket: str = ""
 
     @property
     def node(self) -> NodeTopology:
