@@ -153,9 +153,13 @@ class RelayProducer:
         reader = FrameReader()
         reason = "the relay closed the connection"
         try:
-            sock.settimeout(None)
             while True:
-                data = sock.recv(65536)
+                try:
+                    data = sock.recv(65536)
+                except TimeoutError:  # the socket's timeout bounds writes; reads just idle
+                    if self._closed:
+                        break
+                    continue
                 if not data:
                     break
                 for frame in reader.feed(data):
@@ -167,10 +171,13 @@ class RelayProducer:
 
     def _settle(self, outcome: Outcome) -> None:
         with self._lock:
-            future = self._pending.pop(outcome.seq, None)
+            future = self._pending.get(outcome.seq)
+        if future is None:
+            return
+        future.resolve(None if outcome.ok else RelayFailed(outcome.reason))
+        with self._lock:  # a flush returns once the callbacks ran
+            self._pending.pop(outcome.seq, None)
             self._settled.notify_all()
-        if future is not None:
-            future.resolve(None if outcome.ok else RelayFailed(outcome.reason))
 
     def _broken(self, sock: socket.socket, reason: str) -> None:
         """Fail every record of a connection that ended (their outcome is unknown)."""
@@ -178,13 +185,16 @@ class RelayProducer:
             if self._sock is not sock:
                 return
             self._sock = None
-            lost, self._pending = self._pending, {}
-            self._settled.notify_all()
+            lost = dict(self._pending)
         sock.close()
         if lost and not self._closed:
             logger.warning("runwatch relay client: %s; %d record(s) failed", reason, len(lost))
         for future in lost.values():
             future.resolve(RelayFailed(reason))
+        with self._lock:
+            for seq in lost:
+                self._pending.pop(seq, None)
+            self._settled.notify_all()
 
     # ------------------------------------------------------------------ ProducerLike
 
@@ -210,9 +220,11 @@ class RelayProducer:
             try:
                 sock.sendall(frame)
             except OSError as exc:
+                # The reader thread still reads the answers already sent, then fails the rest.
                 with self._lock:
                     self._pending.pop(seq, None)
-                self._broken(sock, f"relay connection lost: {exc}")
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_WR)
                 raise RelayUnavailable(f"relay at {self._path} went away: {exc}") from None
         return future
 
@@ -227,8 +239,8 @@ class RelayProducer:
             try:
                 with self._write_lock:
                     sock.sendall(encode_flush())
-            except OSError as exc:
-                self._broken(sock, f"relay connection lost: {exc}")
+            except OSError:
+                pass  # the reader thread reads the answers already sent, then fails the rest
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
             while self._pending:
