@@ -154,7 +154,9 @@ def decode_body(body: bytes) -> Frame:
         if kind == ACK:
             return Outcome(_SEQ.unpack(rest)[0], True)
         if kind == NACK:
-            return Outcome(_SEQ.unpack_from(rest)[0], False, rest[_SEQ.size :].decode(errors="replace"))
+            return Outcome(
+                _SEQ.unpack_from(rest)[0], False, rest[_SEQ.size :].decode(errors="replace")
+            )
         if kind == FLUSH:
             return None
         if kind == HELLO:

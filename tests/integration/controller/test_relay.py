@@ -86,3 +86,21 @@ def test_a_relayed_gang_runs_without_kafka_clients_and_is_counted_exactly(loop, 
     )
     assert audit.returncode == 0, (audit.stdout, audit.stderr)
     assert "every verdict reproduced" in audit.stdout, audit.stdout
+
+
+def test_a_killed_relayed_rank_is_named_by_its_exit(loop, launch):
+    from schemas.events import AnomalyDetected, RestartCompleted
+
+    from .conftest import of_run, wait_events
+
+    anomalies = loop.reader(loop.topics.anomalies)
+    controller = loop.reader(loop.topics.controller)
+    args = ["--steps", "25", "--seed", "2", "--inject", "kill@14:rank=1"]
+    run = launch("relay-kill", args, extra=["--relay"])
+    assert run.launcher.wait() == 0, run.launcher.log() + run.rank_logs()
+    (dead,) = wait_events(anomalies, of_run("relay-kill", AnomalyDetected))
+    assert (dead.kind, dead.incarnation, dead.rank) == ("dead_rank", 0, 1)
+    assert "exited (signal 9 (SIGKILL)" in dead.detail
+    (done,) = wait_events(controller, of_run("relay-kill"))
+    assert isinstance(done, RestartCompleted)
+    assert run.gang_record()["status"] == "completed"
