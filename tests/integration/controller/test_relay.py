@@ -98,7 +98,10 @@ def test_a_killed_relayed_rank_is_named_by_its_exit(loop, launch):
     args = ["--steps", "25", "--seed", "2", "--inject", "kill@14:rank=1"]
     run = launch("relay-kill", args, extra=["--relay"])
     assert run.launcher.wait() == 0, run.launcher.log() + run.rank_logs()
-    (dead,) = wait_events(anomalies, of_run("relay-kill", AnomalyDetected))
+    found = wait_events(anomalies, of_run("relay-kill", AnomalyDetected))
+    dead_ranks = [a for a in found if a.kind == "dead_rank"]
+    assert len(dead_ranks) == 1, [(a.kind, a.rank, a.incarnation, a.detail) for a in found]
+    (dead,) = dead_ranks
     assert (dead.kind, dead.incarnation, dead.rank) == ("dead_rank", 0, 1)
     assert "exited (signal 9 (SIGKILL)" in dead.detail
     (done,) = wait_events(controller, of_run("relay-kill"))
