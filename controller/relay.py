@@ -109,6 +109,7 @@ class _FlushRequest:
     key: bytes
     read: threading.Event = field(default_factory=threading.Event)
     waiting: set[int] = field(default_factory=set)
+    """The run's records unacked when the request was served (done once none is left)."""
 
 
 ProducerFactory = Callable[..., Any]
@@ -204,8 +205,9 @@ class RelayServer:
         deadline = time.monotonic() + timeout_s
         if not request.read.wait(timeout_s) or not self._thread.is_alive():
             return False
+        run = self._runs.get(request.key)
         with self._lock:
-            while request.waiting:
+            while run is not None and request.waiting & run.outstanding:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False

@@ -39,6 +39,9 @@ def test_two_ranks_through_one_relay(
             for e in emitters:
                 e.heartbeat(step, step_time_s=0.01)
             emitters[0].step(step, loss=1.0 / step, step_time_s=0.01)
+        # The agent's own flush of the run: what the ranks wrote so far is acked (packs open
+        # and records in flight at the request included), well before any timeout.
+        assert relay.flush_run("relayed", timeout_s=60)
         emitters[0].run_ended("completed", final_step=20)
         assert all(e.flush(timeout_s=60) for e in emitters)  # acked by Kafka
         for e in emitters:
