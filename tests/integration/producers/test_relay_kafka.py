@@ -42,8 +42,11 @@ def test_two_ranks_through_one_relay(
         # The agent's own flush of the run: what the ranks wrote so far is acked (packs open
         # and records in flight at the request included), well before any timeout.
         assert relay.flush_run("relayed", timeout_s=60)
-        emitters[0].run_ended("completed", final_step=20)
+        # Ranks are separate connections: only a flush orders one rank's records before
+        # another's. After it, rank 1's heartbeats are in Kafka before rank 0's marker.
         assert all(e.flush(timeout_s=60) for e in emitters)  # acked by Kafka
+        emitters[0].run_ended("completed", final_step=20)
+        assert emitters[0].flush(timeout_s=60)
         for e in emitters:
             assert e.close(timeout_s=30)
             assert e.stats.delivered == e.stats.enqueued and e.stats.dropped == 0
