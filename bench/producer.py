@@ -14,7 +14,14 @@ Two measurements:
 Figures on a shared 2-core machine swing by 2x between runs: compare settings within one
 run, and prefer process CPU per event (less sensitive to other load) to events/s.
 
+3. With ``--relay`` (only this): the training process's cost per heartbeat when its emitter
+   hands records to a node relay (`controller.relay`, in a separate process as in
+   ``runwatch launch --relay``) vs producing to Kafka itself: process CPU per event (emit
+   loop + flush until acked), the calling thread's p99 and worst stall, and the relay
+   process's own CPU per event.
+
 Usage: python bench/producer.py [--bootstrap HOST:PORT] [--calls 200000] [--events 200000]
+       python bench/producer.py --relay [--events 50000]
 Without --bootstrap or RUNWATCH_BOOTSTRAP it starts the embedded broker in a temp dir.
 Prints human-readable figures, then one JSON line.
 """
@@ -213,6 +220,75 @@ def raw_kafka_python(bootstrap: str, prefix: str, events: int) -> dict[str, Any]
     }
 
 
+RELAY_CHILD = """
+import sys
+from pathlib import Path
+from controller.relay import RelayServer
+relay = RelayServer(Path(sys.argv[1]), sys.argv[2], sys.argv[3])
+print("ready", flush=True)
+sys.stdin.read()
+relay.close()
+"""
+
+
+def cpu_ticks_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def relay_vs_direct(bootstrap: str, prefix: str, events: int) -> dict[str, Any]:
+    """Heartbeats through a relay process vs straight to Kafka, in this (the training) process."""
+    import subprocess
+
+    out: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="runwatch-relay-bench-") as tmp:
+        path = Path(tmp) / "relay.sock"
+        child = subprocess.Popen(
+            [sys.executable, "-c", RELAY_CHILD, str(path), bootstrap, prefix],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            cwd=Path(__file__).resolve().parents[1],
+        )
+        try:
+            assert child.stdout is not None and child.stdout.readline().strip() == b"ready"
+            for mode in ("direct", "relay"):
+                em = RunEmitter(
+                    f"bench-{mode}-{uuid.uuid4().hex[:6]}",
+                    bootstrap=bootstrap,
+                    topic_prefix=prefix,
+                    max_buffered=events + 10,
+                    relay_socket=str(path) if mode == "relay" else None,
+                )
+                em.heartbeat(0)
+                em.flush(30.0)
+                gc.collect()
+                relay_cpu = cpu_ticks_s(child.pid)
+                cpu_started = time.process_time()
+                started = time.perf_counter()
+                samples = time_calls(lambda i, em=em: em.heartbeat(i, step_time_s=0.25), events)
+                flushed = em.flush(300.0)
+                elapsed_s = time.perf_counter() - started
+                cpu_s = time.process_time() - cpu_started
+                relay_cpu = cpu_ticks_s(child.pid) - relay_cpu
+                em.close(30.0)
+                out[mode] = {
+                    "events": events,
+                    "delivered_all": flushed and em.stats.delivered == events + 1,
+                    "process_cpu_us_per_event": round(cpu_s / events * 1e6, 1),
+                    "relay_process_cpu_us_per_event": (
+                        round(relay_cpu / events * 1e6, 1) if mode == "relay" else 0.0
+                    ),
+                    "events_per_s": round(events / elapsed_s),
+                    "heartbeat": percentiles_us(samples),
+                }
+        finally:
+            if child.stdin is not None:
+                child.stdin.close()
+            child.wait(60)
+    return out
+
+
 def configs() -> list[dict[str, Any]]:
     none = {"compression_type": None}
     out: list[dict[str, Any]] = [
@@ -235,7 +311,26 @@ def main() -> int:
     parser.add_argument("--calls", type=int, default=200_000, help="timed calls per method")
     parser.add_argument("--events", type=int, default=200_000, help="events per throughput run")
     parser.add_argument("--quick", action="store_true", help="20k calls and events, 2 configs")
+    parser.add_argument(
+        "--relay", action="store_true", help="only: heartbeats through a node relay vs direct"
+    )
     args = parser.parse_args()
+    if args.relay:
+        with broker(args.bootstrap) as bootstrap:
+            prefix = f"bench{uuid.uuid4().hex[:8]}"
+            create_catalogue(bootstrap, prefix=prefix)
+            result = relay_vs_direct(bootstrap, prefix, args.events)
+            for mode, r in result.items():
+                hb = r["heartbeat"]
+                print(
+                    f"{mode:7s} {r['process_cpu_us_per_event']:6.1f} us CPU/event in the "
+                    f"training process (+{r['relay_process_cpu_us_per_event']:.1f} in the "
+                    f"relay), heartbeat() p99 {hb['p99_us']:.1f} us, worst "
+                    f"{hb['max_us'] / 1000:.1f} ms, {r['events_per_s']} events/s"
+                    f"{'' if r['delivered_all'] else ', NOT ALL DELIVERED'}"
+                )
+            print(json.dumps({"bench": "producer-relay", "events": args.events, **result}))
+        return 0
     calls, events = (20_000, 20_000) if args.quick else (args.calls, args.events)
     matrix = configs()[1::2] if args.quick else configs()
 

@@ -38,6 +38,7 @@ ENV_INCARNATION = "RUNWATCH_INCARNATION"
 ENV_CHECKPOINT_DIR = "RUNWATCH_CHECKPOINT_DIR"
 ENV_RESTART_FROM = "RUNWATCH_RESTART_FROM"
 ENV_STACK_FILE = "RUNWATCH_STACK_FILE"
+ENV_RELAY_SOCKET = "RUNWATCH_RELAY_SOCKET"
 
 DEFAULT_MASTER_ADDR = "127.0.0.1"
 DEFAULT_MASTER_PORT = 29500
@@ -75,6 +76,9 @@ class LaunchEnv:
             0: start over, no checkpoint); None on a first launch.
         stack_file: Where the rank writes its Python stacks when its agent asks
             (``RUNWATCH_STACK_FILE``; `producers.stackdump`); None: not asked for.
+        relay_socket: The node agent's relay, where the rank's emitter hands its events
+            (``RUNWATCH_RELAY_SOCKET``; `producers.relay_client`); None: the emitter
+            talks to Kafka itself.
     """
 
     rank: int = 0
@@ -93,6 +97,7 @@ class LaunchEnv:
     checkpoint_dir: str | None = None
     restart_from: int | None = None
     stack_file: str | None = None
+    relay_socket: str | None = None
 
     def to_environ(self) -> dict[str, str]:
         """The variables, as a process environment (unset fields are left out).
@@ -115,6 +120,7 @@ class LaunchEnv:
             ENV_CHECKPOINT_DIR: self.checkpoint_dir or None,
             ENV_RESTART_FROM: self.restart_from,
             ENV_STACK_FILE: self.stack_file or None,
+            ENV_RELAY_SOCKET: self.relay_socket or None,
         }
         env.update({name: str(value) for name, value in optional.items() if value is not None})
         if self.run_id is not None or self.incarnation:
@@ -178,6 +184,7 @@ class LaunchEnv:
             checkpoint_dir=env.get(ENV_CHECKPOINT_DIR) or None,
             restart_from=number(ENV_RESTART_FROM),
             stack_file=env.get(ENV_STACK_FILE) or None,
+            relay_socket=env.get(ENV_RELAY_SOCKET) or None,
         )
 
 

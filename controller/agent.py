@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from pathlib import Path
 
 from common.errors import UsageError
 from controller.gang import Gang
 from controller.logwatch import LogWatch
 from controller.loop import Controller, EventPublisher, PeerWatch, announce_end
-from controller.state import ControllerState
-from controller.supervisor import RunSupervisor
+from controller.relay import RelayServer
+from controller.state import ControllerState, GangRecord
+from controller.supervisor import AnnounceEnd, Publish, RunSupervisor
+from schemas.events import Event
 from schemas.signing import CommandKey, load_key
 
 log = logging.getLogger("runwatch")
@@ -76,6 +79,11 @@ def build_controller(
         for record in records
         if (watch := LogWatch.for_record(record)) is not None
     }
+    relays = {
+        record.run_id: RelayServer(Path(record.relay_socket), bootstrap, prefix)
+        for record in records
+        if record.relay_socket
+    }
     publisher = EventPublisher(bootstrap, prefix, watches)
     several = [r.run_id for r in records if r.topology.nnodes > 1]
     try:
@@ -90,19 +98,54 @@ def build_controller(
             gang=Gang.adopt(
                 record.ranks, [state.exit_path(record.incarnation, p.rank) for p in record.ranks]
             ),
-            publish=publisher.publish,
-            announce_end=announce_end,
+            publish=after_relay(relays.get(record.run_id), publisher.publish),
+            announce_end=after_relay_end(relays.get(record.run_id), announce_end),
             peers=peers,
         )
         for state, record in zip(states, records, strict=True)
     ]
     try:
-        return Controller(runs, keys, bootstrap, publisher, watches, peers), runs
+        controller = Controller(
+            runs, keys, bootstrap, publisher, watches, peers, relays=list(relays.values())
+        )
+        return controller, runs
     except BaseException:
         publisher.close()
         if peers is not None:
             peers.close()
+        for relay in relays.values():
+            relay.close()
         raise
 
 
-__all__ = ["build_controller", "load_keys"]
+def after_relay(relay: RelayServer | None, publish: Publish) -> Publish:
+    """``publish``, preceded by a flush of the run's relayed records when there is a relay.
+
+    The controller's own events (exit evidence, restart reports) then never overtake what
+    the run's ranks handed the relay before (their last heartbeats).
+    """
+    if relay is None:
+        return publish
+
+    def publish_after(event: Event) -> None:
+        if not relay.flush_run(event.run_id):
+            log.warning("run %s: the relay did not flush in time", event.run_id)
+        publish(event)
+
+    return publish_after
+
+
+def after_relay_end(relay: RelayServer | None, announce: AnnounceEnd) -> AnnounceEnd:
+    """``announce`` (RunEnded), preceded by a flush of the run's relayed records."""
+    if relay is None:
+        return announce
+
+    def announce_after(record: GangRecord, status: str, reason: str) -> None:
+        if not relay.flush_run(record.run_id):
+            log.warning("run %s: the relay did not flush in time", record.run_id)
+        announce(record, status, reason)
+
+    return announce_after
+
+
+__all__ = ["after_relay", "after_relay_end", "build_controller", "load_keys"]

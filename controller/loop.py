@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 import signal
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from types import FrameType
 from typing import Any
 
@@ -39,6 +39,7 @@ from common.errors import RunwatchError
 from common.settings import kafka_client_config
 from controller.command_gate import OwnedGang, decide
 from controller.logwatch import LogWatch, emitter_for
+from controller.relay import RelayServer
 from controller.state import GangRecord
 from controller.supervisor import RunSupervisor
 from schemas.codec import DecodeError, decode, encode, encode_key
@@ -243,6 +244,8 @@ class Controller:
         publisher: Where controller-side events go; the controller closes it.
         watches: The publisher's log watches by run id; observed after every poll.
         peers: The supervisors' `PeerWatch` (multi-node gangs); the controller closes it.
+        relays: The node relays the runs' ranks write to (`controller.relay`); closed
+            last, after the gangs ended.
     """
 
     def __init__(
@@ -253,9 +256,11 @@ class Controller:
         publisher: EventPublisher,
         watches: Mapping[str, LogWatch],
         peers: PeerWatch | None = None,
+        relays: Sequence[RelayServer] = (),
     ) -> None:
         self.peers = peers
         self.runs = {r.run_id: r for r in runs}
+        self.relays = list(relays)
         self.keys = dict(keys)
         self.publisher = publisher
         self.watches = dict(watches)
@@ -382,6 +387,8 @@ class Controller:
         self.publisher.close()
         if self.peers is not None:
             self.peers.close()
+        for relay in self.relays:
+            relay.close()
 
 
 __all__ = ["Controller", "EventPublisher", "PeerWatch", "announce_end", "commands_end_offsets"]

@@ -89,6 +89,9 @@ class GangRecord(msgspec.Struct, frozen=True, kw_only=True):
             not heard from by then is lost (`controller.membership`).
         backend: What the run's training backend declared in its latest RunStarted, as
             last seen by this agent; None: nothing seen yet (the gang is never shrunk).
+        relay_socket: The Unix socket of this agent's relay (``runwatch launch
+            --relay``, `controller.relay`): the ranks hand it their events and the agent
+            owns the node's one Kafka producer; "" without a relay.
     """
 
     run_id: str
@@ -117,6 +120,7 @@ class GangRecord(msgspec.Struct, frozen=True, kw_only=True):
     host: str = ""
     node_timeout_s: float = 60.0
     backend: BackendDeclaration | None = None
+    relay_socket: str = ""
 
     @property
     def node(self) -> NodeTopology:

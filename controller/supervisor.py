@@ -162,6 +162,7 @@ def launch_env(
             bootstrap=record.bootstrap,
             prefix=record.prefix,
             checkpoint_dir=record.checkpoint_dir,
+            relay_socket=record.relay_socket or None,
         ),
         restart_from=None if resume is None else resume.env_value,
         stack_file=None if stack_file is None else str(stack_file),

@@ -188,6 +188,7 @@ class NodeTopology(msgspec.Struct, frozen=True, kw_only=True):
             checkpoint_dir=run.checkpoint_dir,
             restart_from=restart_from,
             stack_file=stack_file,
+            relay_socket=run.relay_socket,
         )
 
 
@@ -199,12 +200,15 @@ class RunBinding(msgspec.Struct, frozen=True, kw_only=True):
         bootstrap: Kafka bootstrap address.
         prefix: Topic name prefix.
         checkpoint_dir: The checkpoint root shared by all nodes; None: unknown.
+        relay_socket: This node's relay (``runwatch launch --relay``); None: the ranks
+            talk to Kafka themselves.
     """
 
     run_id: str
     bootstrap: str
     prefix: str
     checkpoint_dir: str | None = None
+    relay_socket: str | None = None
 
 
 # --------------------------------------------------------------------------- SLURM hostlists

@@ -217,6 +217,9 @@ class Trace:
     def close(self, **footer: Any) -> None:
         if self._samples:
             self._samples.close()
+        if self.root:  # which clients this rank ran (`runwatch launch --relay`: no Kafka)
+            loaded = {"kafka_loaded": "kafka" in sys.modules}
+            (self.root / f"process.rank{self.rank}.json").write_text(json.dumps(loaded))
         if self.root and self.rank == 0:
             self.metrics.update(footer)
             (self.root / "metrics.json").write_text(json.dumps(self.metrics, indent=1))

@@ -21,8 +21,6 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-from kafka.errors import KafkaTimeoutError
-
 from producers.buffer import EventBuffer
 from producers.packing import Outgoing, Packer, QueuedEvent
 from producers.ratelimit import RateLimitedLog
@@ -117,6 +115,7 @@ class DeliveryThread:
         log: RateLimitedLog | None = None,
         on_connect: Callable[[], None] | None = None,
         packer: Packer | None = None,
+        retriable: tuple[type[BaseException], ...] | None = None,
     ) -> None:
         """Prepare the thread; `start` runs it.
 
@@ -133,7 +132,16 @@ class DeliveryThread:
             on_connect: Called (on the thread) after the producer is created.
             packer: Packs events into records on their way to the producer; None: one
                 record per event.
+            retriable: Exceptions of ``send`` that keep the record for a later retry;
+                None: kafka-python's ``KafkaTimeoutError`` (no metadata for the topic
+                yet). The node relay's producer passes its own, so a rank that talks to
+                its agent never imports kafka-python.
         """
+        if retriable is None:
+            from kafka.errors import KafkaTimeoutError
+
+            retriable = (KafkaTimeoutError,)
+        self._retriable = retriable
         self._buffer = buffer
         self._factory = producer_factory
         self._config = dict(producer_config)
@@ -326,13 +334,19 @@ class DeliveryThread:
             topic = topics[sending.sent]
             try:
                 future = producer.send(topic, value=payload, key=key)
-            except KafkaTimeoutError as exc:
+            except self._retriable as exc:
+                hint = (
+                    " Does the topic exist (`runwatch topics create`)?"
+                    if type(exc).__name__ == "KafkaTimeoutError"
+                    else ""
+                )
                 self._log.warning(
-                    f"metadata:{topic}",
-                    "runwatch emitter: no metadata for topic %s yet (%s); does the topic "
-                    "exist (`runwatch topics create`)? Retrying; %d event(s) buffered",
+                    f"retriable:{topic}",
+                    "runwatch emitter: cannot send to %s yet (%s).%s Retrying; %d event(s) "
+                    "buffered",
                     topic,
-                    exc,
+                    describe(exc),
+                    hint,
                     len(self._buffer) + 1,
                 )
                 return False

@@ -18,6 +18,8 @@ Configuration comes from arguments or from the environment that ``torchrun`` or
     RANK, WORLD_SIZE       torchrun's; default 0 and 1
     RUNWATCH_TOPIC_PREFIX  default "runwatch"
     RUNWATCH_INCARNATION   restarts of the gang so far; default 0
+    RUNWATCH_RELAY_SOCKET  the node agent's relay (``runwatch launch --relay``): no
+                           Kafka client in this process; default unset
 
 Example::
 
@@ -88,6 +90,7 @@ class RunEmitter(RunEvents):
         pack_steps: bool = False,
         pack_max_events: int = 512,
         pack_linger_ms: float = 100.0,
+        relay_socket: str | None = None,
     ) -> None:
         """Configure the emitter and start its delivery thread; never waits for Kafka.
 
@@ -115,6 +118,9 @@ class RunEmitter(RunEvents):
             pack_max_events: Most events per packed record (2..4096).
             pack_linger_ms: Longest an event waits for others to share its record; what
                 the processors see that much later (a hang, a dead rank).
+            relay_socket: The node agent's relay (`producers.relay_client`); default
+                ``$RUNWATCH_RELAY_SOCKET`` (``runwatch launch --relay`` sets it), else
+                none: a Kafka producer of the emitter's own.
 
         Raises:
             ValueError: No run id or bootstrap, a negative rank, a rank outside the world,
@@ -136,6 +142,7 @@ class RunEmitter(RunEvents):
             pack_steps=pack_steps,
             pack_max_events=pack_max_events,
             pack_linger_ms=pack_linger_ms,
+            relay_socket=relay_socket,
         )
         super().__init__(config, producer_factory)
         install_stack_dump()  # the agent that launched us may ask where we are (SIGUSR1)

@@ -27,6 +27,8 @@ ENV_RANK: Final = "RANK"
 """torchrun's global rank."""
 ENV_WORLD_SIZE: Final = "WORLD_SIZE"
 """torchrun's world size."""
+ENV_RELAY_SOCKET: Final = "RUNWATCH_RELAY_SOCKET"
+"""The node agent's relay (``runwatch launch --relay``): events go there, not to Kafka."""
 
 PRODUCER_DEFAULTS: Final[Mapping[str, Any]] = {
     "acks": "all",
@@ -76,6 +78,9 @@ class EmitterConfig:
         client_config: Extra kafka-python producer settings, none of them fixed.
         packing: What the delivery thread packs into `schemas.events.EventPack` records
             (`producers.packing`); nothing by default.
+        relay_socket: The node agent's relay socket (`producers.relay_client`): the
+            delivery thread writes records there instead of running a Kafka producer;
+            None: straight to Kafka.
     """
 
     run_id: str
@@ -87,6 +92,7 @@ class EmitterConfig:
     max_buffered: int
     client_config: Mapping[str, Any]
     packing: PackPolicy = field(default_factory=PackPolicy)
+    relay_socket: str | None = None
 
     @property
     def thread_name(self) -> str:
@@ -123,11 +129,12 @@ def resolve_config(
     pack_steps: bool = False,
     pack_max_events: int = 512,
     pack_linger_ms: float = 100.0,
+    relay_socket: str | None = None,
 ) -> EmitterConfig:
     """Fill in `RunEmitter`'s arguments from the environment and check them.
 
     Args: as `RunEmitter`'s constructor; None means "from the environment, else the
-    default".
+    default" (``relay_socket``: ``$RUNWATCH_RELAY_SOCKET``, else straight to Kafka).
 
     Returns:
         The configuration.
@@ -175,6 +182,7 @@ def resolve_config(
     fixed = sorted(FIXED_SETTINGS & overrides.keys())
     if fixed:
         raise ValueError(f"client_config may not override {', '.join(fixed)}")
+    relay = relay_socket if relay_socket is not None else os.environ.get(ENV_RELAY_SOCKET)
     return EmitterConfig(
         run_id=run_id,
         bootstrap=bootstrap,
@@ -185,6 +193,7 @@ def resolve_config(
         max_buffered=max_buffered,
         client_config=overrides,
         packing=packing,
+        relay_socket=as_str("relay_socket", relay) if relay else None,
     )
 
 
@@ -230,6 +239,7 @@ def default_producer_factory(settings: Mapping[str, Any]) -> ProducerFactory:
 __all__ = [
     "ENV_INCARNATION",
     "ENV_RANK",
+    "ENV_RELAY_SOCKET",
     "ENV_RUN_ID",
     "ENV_WORLD_SIZE",
     "FIXED_SETTINGS",

@@ -28,6 +28,7 @@ from producers.emitter_config import EmitterConfig, default_producer_factory, pr
 from producers.lifecycle import ExitHook, stop_delivery
 from producers.packing import Packer
 from producers.ratelimit import RateLimitedLog
+from producers.relay_client import RelayUnavailable, relay_producer_factory
 from schemas.codec import encode, encode_key
 from schemas.events import Event
 from schemas.topics import names
@@ -73,6 +74,7 @@ class EmitterCore:
         world_size: Ranks in the gang.
         topic_prefix: Prefix of the topic names.
         incarnation: The gang's incarnation (restarts so far).
+        relay_socket: The node relay events go through; None: straight to Kafka.
     """
 
     def __init__(
@@ -94,6 +96,7 @@ class EmitterCore:
         self.world_size = config.world_size
         self.incarnation = config.incarnation
         self.topic_prefix = config.topic_prefix
+        self.relay_socket = config.relay_socket
         self._key = encode_key(self.run_id)
         topics = names(self.topic_prefix)
         self._run_topics = (topics.runs, topics.steps, topics.heartbeats)
@@ -116,7 +119,14 @@ class EmitterCore:
         self._buffer: EventBuffer[QueuedEvent] = EventBuffer(config.max_buffered)
 
         settings = producer_settings(config)
-        if producer_factory is None:
+        retriable: tuple[type[BaseException], ...] | None = None
+        if producer_factory is None and config.relay_socket is not None:
+            # The node agent owns the Kafka producer: no Kafka client in this process.
+            producer_factory = relay_producer_factory(
+                config.relay_socket, config.run_id, config.rank
+            )
+            retriable = (RelayUnavailable,)
+        elif producer_factory is None:
             producer_factory = default_producer_factory(settings)
         self._exit_hook = ExitHook(self)
         packing = config.packing
@@ -129,6 +139,7 @@ class EmitterCore:
             log=self._log,
             on_connect=self._exit_hook.register_last,
             packer=self._packer,
+            retriable=retriable,
         )
         self._exit_hook.register_last()
         self._delivery.start()

@@ -133,6 +133,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="do not publish rank exits (RankExited) to the heartbeats topic: the processors "
         "then learn of a dead rank only from its silence (dead_rank_timeout_s)",
     )
+    parser.add_argument(
+        "--relay",
+        action="store_true",
+        help="the ranks hand their events to this agent over a Unix socket in the state dir "
+        "(RUNWATCH_RELAY_SOCKET) instead of running Kafka clients; the agent packs each run's "
+        "heartbeats and produces with the node's one Kafka producer",
+    )
     parser.add_argument("argv", nargs=argparse.REMAINDER, help="-- COMMAND ARGS...")
 
 
@@ -253,6 +260,7 @@ def run(args: argparse.Namespace) -> int:
     from controller.agent import build_controller, load_keys
     from controller.gang import Gang
     from controller.loop import commands_end_offsets
+    from controller.relay import relay_socket_path
     from controller.state import (
         ControllerState,
         GangRecord,
@@ -306,6 +314,7 @@ def run(args: argparse.Namespace) -> int:
         topology=topology,
         host=HOST,
         node_timeout_s=args.node_timeout,
+        relay_socket=str(relay_socket_path(state_dir)) if args.relay else "",
     )
     state.save_gang(record)
     controller, (supervisor,) = build_controller([state], keys, bootstrap, prefix)
