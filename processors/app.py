@@ -86,6 +86,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any, Final
 
 import faust
@@ -402,6 +403,17 @@ def _unpin(events: list[Any]) -> None:
         event.message.decref()
 
 
+def _data_dir(app_id: str) -> Path:
+    """The faust data dir for ``app_id``, created: ``$RUNWATCH_HOME/processors/<app id>``.
+
+    faust makes one even for in-memory tables (with a non-recursive mkdir); its default,
+    ``<app id>-data`` in the current directory, littered checkouts with one per test.
+    """
+    path = runwatch_home() / "processors" / app_id
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
+
+
 def create_app(
     settings: ProcessorSettings, cfg: DetectorConfig, key: CommandKey | None
 ) -> faust.App:
@@ -420,9 +432,7 @@ def create_app(
         settings.app_id,
         broker=f"kafka://{settings.bootstrap}",
         store="memory://",
-        # faust makes a data dir even for in-memory tables; by default it is
-        # "<app id>-data" in the current directory, which littered checkouts.
-        datadir=str(runwatch_home() / "processors" / settings.app_id),
+        datadir=str(_data_dir(settings.app_id)),
         topic_partitions=max(settings.partitions_of(role) for role in TABLES),
         topic_replication_factor=settings.replication_factor,
         topic_allow_declare=True,
