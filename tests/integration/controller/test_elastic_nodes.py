@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import sys
 
 import pytest
 
@@ -33,7 +32,8 @@ from schemas.events import (
     RunStarted,
 )
 
-from .conftest import SCRIPT, Proc, of_run, rank_env, reference_losses, wait_events
+from .conftest import Proc, of_run, reference_losses, wait_events
+from .test_multinode import _agent as _node_agent
 from .test_multinode import _free_port_pair, _logs, _record
 
 pytestmark = [pytest.mark.integration, pytest.mark.torch]
@@ -43,45 +43,7 @@ SCRIPT_ARGS = ["--steps", str(STEPS), "--seed", "3", "--step-delay-s", "0.1"]
 
 
 def _agent(loop, base, run_id: str, node: int, port: int, extra: list[str]) -> Proc:
-    args = [
-        "launch",
-        "--bootstrap",
-        loop.bootstrap,
-        "--prefix",
-        loop.prefix,
-        "--nnodes",
-        "2",
-        "--node-rank",
-        str(node),
-        "--master-addr",
-        "127.0.0.1",
-        "--master-port",
-        str(port),
-        "--nproc-per-node",
-        "1",
-        "--run-id",
-        run_id,
-        "--checkpoint-dir",
-        str(base / "ckpt"),
-        "--state-dir",
-        str(base / f"node{node}"),
-        "--grace-s",
-        "5",
-        "--command-timeout",
-        "60",
-        "--node-timeout",
-        "5",
-        *extra,
-        "--",
-        sys.executable,
-        str(SCRIPT),
-        "--trace-dir",
-        str(base / "trace"),
-        "--checkpoint-every",
-        "5",
-        *SCRIPT_ARGS,
-    ]
-    return Proc(args, base / f"agent{node}.log", rank_env())
+    return _node_agent(loop, base, run_id, node, port, SCRIPT_ARGS, ["--node-timeout", "5", *extra])
 
 
 def _lose_node_1(loop, base, run_id: str, agents: list[Proc]) -> None:

@@ -17,6 +17,7 @@ import json
 import socket
 import sys
 import time
+from collections.abc import Sequence
 
 import pytest
 
@@ -69,7 +70,10 @@ def _liveness(loop, run_id: str, incarnation: int, timeout_s: float = WAIT_S):
         time.sleep(0.2)  # polling a changelog, not synchronising on time
 
 
-def _agent(loop, base, run_id: str, node: int, port: int, script_args) -> Proc:
+def _agent(
+    loop, base, run_id: str, node: int, port: int, script_args, extra: Sequence[str] = ()
+) -> Proc:
+    """`runwatch launch` as node ``node`` of 2 (one rank), ``extra`` launch flags added."""
     args = [
         "launch",
         "--bootstrap",
@@ -96,6 +100,7 @@ def _agent(loop, base, run_id: str, node: int, port: int, script_args) -> Proc:
         "5",
         "--command-timeout",
         "60",
+        *extra,
         "--",
         sys.executable,
         str(SCRIPT),
