@@ -383,14 +383,18 @@ class RunSupervisor:
         except Exception as exc:  # the run must hear about it, whatever went wrong
             reason = f"{type(exc).__name__}: {exc}".splitlines()[0]
             log.exception("run %s: command %s failed", self.run_id, command.command_id)
-            self.publish(
-                RestartFailed(
-                    run_id=self.run_id,
-                    ts_ns=time.time_ns(),
-                    command_id=command.command_id,
-                    reason=reason,
-                )
+            self._publish_failed(command, reason)
+
+    def _publish_failed(self, command: RestartRequested, reason: str) -> None:
+        """Tell the run its command was not carried out, and why (one line)."""
+        self.publish(
+            RestartFailed(
+                run_id=self.run_id,
+                ts_ns=time.time_ns(),
+                command_id=command.command_id,
+                reason=reason,
             )
+        )
 
     def _restart(self, command: RestartRequested, received_s: float) -> None:
         self.observe(time.monotonic())  # count the failure before the stop hides it
@@ -571,14 +575,7 @@ class RunSupervisor:
     def _give_up(self, command: RestartRequested, reason: str) -> None:
         """Refuse to restart: the run fails (its ranks are already stopped)."""
         log.warning("run %s failed: %s", self.run_id, reason)
-        self.publish(
-            RestartFailed(
-                run_id=self.run_id,
-                ts_ns=time.time_ns(),
-                command_id=command.command_id,
-                reason=reason,
-            )
-        )
+        self._publish_failed(command, reason)
         self.announce_end(self.record, "failed", reason)
         self._save(status="failed")
 
