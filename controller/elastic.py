@@ -105,7 +105,8 @@ def due_reports(
     Returns:
         ``(report now, in report order; keep holding)``.
     """
-    now, later = [], []
+    now: list[RankExit] = []
+    later: list[RankExit] = []
     for gone in pending:
         held = gone.abnormal and not gone.signalled and now_s - gone.seen_s < hold_s
         (later if held else now).append(gone)
