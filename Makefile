@@ -51,10 +51,10 @@ test-deploy: $(STAMP) kafka-jars  ## the compose stack run for real (3 brokers, 
 demo: $(STAMP) kafka-jars  ## the whole pipeline on the embedded broker with a real torch run; prints the web view address
 	$(VENV)/bin/runwatch demo
 
-lint: $(STAMP)  ## ruff (lint and format) and mypy (strict on schemas/, processors/core/ and common/)
+lint: $(STAMP)  ## ruff (lint and format) and mypy (strict on schemas/, processors/core/, common/ and controller/)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy schemas processors/core common
+	$(VENV)/bin/mypy schemas processors/core common controller
 
 bench: $(STAMP) kafka-jars  ## every benchmark in bench/ (prints figures and a JSON line each)
 	for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
