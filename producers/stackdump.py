@@ -38,7 +38,8 @@ _installed: tuple[Path, IO[str]] | None = None
 def install_stack_dump(path: str | os.PathLike[str] | None = None) -> Path | None:
     """Dump every thread's stack to ``path`` whenever this process gets ``SIGUSR1``.
 
-    Idempotent: the first call that names a file wins, later calls return it.
+    Idempotent: the first call that names a file wins, later calls return it. A program
+    that installed its own ``SIGUSR1`` handler keeps it (no stacks are taken then).
 
     Args:
         path: The file (appended to); None reads ``RUNWATCH_STACK_FILE``.
@@ -53,6 +54,8 @@ def install_stack_dump(path: str | os.PathLike[str] | None = None) -> Path | Non
             return _installed[0]
         target = path if path is not None else os.environ.get(ENV_STACK_FILE)
         if not target or sig is None:
+            return None
+        if callable(signal.getsignal(sig)):  # the program handles SIGUSR1 itself: leave it
             return None
         file_path = Path(target)
         file_path.parent.mkdir(parents=True, exist_ok=True)

@@ -109,3 +109,18 @@ def test_a_rank_that_is_gone_is_noted(tmp_path: Path) -> None:
 )
 def test_where_names_the_main_threads_innermost_frame(text: str, expected: str) -> None:
     assert where(text) == expected
+
+
+def test_a_program_with_its_own_sigusr1_handler_keeps_it(tmp_path: Path) -> None:
+    code = textwrap.dedent(
+        f"""
+        import signal, sys
+        sys.path.insert(0, {str(REPO)!r})
+        mine = lambda signum, frame: None
+        signal.signal(signal.SIGUSR1, mine)
+        from producers.stackdump import install_stack_dump
+        assert install_stack_dump({str(tmp_path / "s.txt")!r}) is None
+        assert signal.getsignal(signal.SIGUSR1) is mine
+        """
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
