@@ -5,8 +5,9 @@ dumps every thread's stack to its ``RUNWATCH_STACK_FILE`` on ``SIGUSR1``. Here:
 
 * `python_process` finds the process to ask: the rank slot's pid is the shell wrapper of
   `controller.gang`, the training process is a descendant that *catches* ``SIGUSR1``
-  (``SigCgt``); a process that does not catch it is never signalled (the default action
-  of ``SIGUSR1`` is to terminate).
+  (``SigCgt``), and it is asked only if it wrote its `producers.stackdump.installed_line`
+  to its stack file (the default action of ``SIGUSR1`` is to terminate, and a program's
+  own handler may do anything).
 * `capture` signals every such process at once, waits (with a deadline) until each file
   stops growing, and returns what each appended.
 * `where` reads faulthandler's text and names the innermost frame of the main thread:
@@ -27,7 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from producers.stackdump import STACK_SIGNAL_NAME
+from producers.stackdump import STACK_SIGNAL_NAME, installed_line
 
 _FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
 _THREAD = re.compile(r"^(Current thread|Thread) 0x[0-9a-f]+")
@@ -138,6 +139,15 @@ def python_process(slot_pid: int, signum: int) -> int | None:
     return None
 
 
+def _registered(path: Path, pid: int) -> bool:
+    """True if process ``pid`` wrote `producers.stackdump.installed_line` to ``path``."""
+    try:
+        with path.open(encoding="utf-8", errors="replace") as f:
+            return installed_line(pid) in f.read()
+    except OSError:
+        return False
+
+
 def _size(path: Path) -> int:
     try:
         return path.stat().st_size
@@ -167,6 +177,9 @@ def capture(
         pid = python_process(slot_pid, signum) if signum else None
         if pid is None:
             out[rank] = TakenStack(rank, None, "", "", "no process catching SIGUSR1")
+            continue
+        if not _registered(path, pid):
+            out[rank] = TakenStack(rank, pid, "", "", "no stack handler installed")
             continue
         before = _size(path)
         blocked_before = _blocking_tasks(pid, signum) or set()

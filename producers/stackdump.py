@@ -10,9 +10,12 @@ other side):
    instrumented script needs nothing more). faulthandler's handler is C code that runs at
    signal time: it answers while the main thread is stuck in a collective, in a C
    extension or holding the GIL elsewhere, which is exactly when a stack is wanted.
-3. Before it stops a hung or dead gang, the agent checks that the process catches
-   ``SIGUSR1`` (``SigCgt`` in ``/proc/PID/status``: a process that does not would be
-   killed by the signal), sends it, and reads what was appended.
+3. Having registered, the rank writes `installed_line` (its pid) to the file. Before it
+   stops a hung or dead gang, the agent looks for a descendant of the rank's slot that
+   catches ``SIGUSR1`` (``SigCgt`` in ``/proc/PID/status``) and whose line is in the
+   file, sends it the signal, and reads what was appended. A process without that line is
+   never signalled: the default action of ``SIGUSR1`` kills, and a program's own handler
+   may do anything.
 
 Stdlib only; a no-op where the variable is unset or the platform has no ``SIGUSR1``.
 """
@@ -32,6 +35,17 @@ STACK_SIGNAL_NAME = "SIGUSR1"
 """The signal an agent sends for a stack dump (the name: Windows has no such signal)."""
 
 _lock = threading.Lock()
+
+
+def installed_line(pid: int) -> str:
+    """The line a process writes to its stack file once faulthandler answers SIGUSR1 there.
+
+    The agent signals a process only when its line is in the file: a process that catches
+    ``SIGUSR1`` for reasons of its own is never sent it.
+    """
+    return f"# runwatch: stacks of pid {pid} on {STACK_SIGNAL_NAME}\n"
+
+
 _installed: tuple[Path, IO[str]] | None = None
 
 
@@ -61,8 +75,10 @@ def install_stack_dump(path: str | os.PathLike[str] | None = None) -> Path | Non
         file_path.parent.mkdir(parents=True, exist_ok=True)
         handle = file_path.open("a", encoding="utf-8")  # open for the process's lifetime
         faulthandler.register(sig, file=handle, all_threads=True, chain=False)
+        handle.write(installed_line(os.getpid()))
+        handle.flush()
         _installed = (file_path, handle)
         return file_path
 
 
-__all__ = ["STACK_SIGNAL_NAME", "install_stack_dump"]
+__all__ = ["STACK_SIGNAL_NAME", "install_stack_dump", "installed_line"]

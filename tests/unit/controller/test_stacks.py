@@ -66,7 +66,9 @@ def test_a_stuck_rank_says_where_it_is(tmp_path: Path) -> None:
     stuck_line = next(i + 1 for i, line in enumerate(lines) if "ready" in line)
     assert t.where.startswith("stuck_here (") and t.where.endswith(f"/train.py:{stuck_line})")
     assert "in background" in t.text  # every thread, the main one last
-    assert stack_file.read_text() == t.text  # the full text stays in the state dir
+    assert "# runwatch" not in t.text
+    assert stack_file.read_text().endswith(t.text)  # the full text stays in the state dir
+    assert stack_file.read_text().startswith(f"# runwatch: stacks of pid {t.pid} on SIGUSR1")
 
 
 def test_a_process_without_the_handler_is_never_signalled(tmp_path: Path) -> None:
@@ -124,3 +126,23 @@ def test_a_program_with_its_own_sigusr1_handler_keeps_it(tmp_path: Path) -> None
         """
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_a_process_catching_sigusr1_for_itself_is_never_signalled(tmp_path: Path) -> None:
+    """It catches SIGUSR1 (its own handler) but never registered for stacks: not asked."""
+    script = tmp_path / "own.py"
+    script.write_text(
+        "import signal, sys, time\n"
+        "signal.signal(signal.SIGUSR1, lambda s, f: sys.exit(42))\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
+        taken = capture({0: (proc.pid, tmp_path / "none.txt")}, timeout_s=0.5)
+        assert proc.poll() is None  # its handler would have exited 42
+        assert taken[0].note == "no stack handler installed" and taken[0].pid == proc.pid
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
