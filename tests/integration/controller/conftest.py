@@ -219,3 +219,29 @@ def reference_losses(root: Path, script_args: Sequence[str], nproc: int = 2) -> 
     assert codes == [0] * nproc, (root / "ref.rank0.log").read_text()
     metrics = json.loads((trace / "metrics.json").read_text())
     return {int(k): v for k, v in metrics["losses"].items()}
+
+
+def ended_liveness(loop: Loop, run_id: str, incarnation: int, timeout_s: float = WAIT_S) -> Any:
+    """The run's liveness state once the processors folded its ``incarnation``'s end."""
+    from processors.fleet import latest_states
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        view = latest_states(loop.bootstrap, loop.app_id).get(run_id)
+        state = view.liveness if view else None
+        if state and state.incarnation == incarnation and not state.live:
+            return state
+        assert time.monotonic() < deadline, f"no ended liveness state for {run_id}: {state}"
+        time.sleep(0.2)  # polling a changelog, not synchronising on time
+
+
+def audit_cli(loop: Loop, run_id: str) -> subprocess.CompletedProcess[str]:
+    """`runwatch audit --run RUN` of the loop's processors, with their settings."""
+    return subprocess.run(
+        [sys.executable, "-m", "runwatch.cli", "audit", "--bootstrap", loop.bootstrap]
+        + ["--prefix", loop.prefix, "--app-id", loop.app_id, "--run", run_id, "--wait", "120"]
+        + [arg for pair in SETS for arg in ("--set", pair)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )

@@ -21,7 +21,6 @@ from collections.abc import Sequence
 
 import pytest
 
-from processors.fleet import latest_states
 from schemas.events import (
     AgentReady,
     AnomalyDetected,
@@ -31,7 +30,16 @@ from schemas.events import (
     RestartRequested,
 )
 
-from .conftest import SCRIPT, WAIT_S, Proc, of_run, rank_env, reference_losses, wait_events
+from .conftest import (
+    SCRIPT,
+    WAIT_S,
+    Proc,
+    ended_liveness,
+    of_run,
+    rank_env,
+    reference_losses,
+    wait_events,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.torch]
 
@@ -56,18 +64,6 @@ def _free_port_pair() -> int:
                     continue
         return port
     raise AssertionError("no two consecutive free ports")
-
-
-def _liveness(loop, run_id: str, incarnation: int, timeout_s: float = WAIT_S):
-    """The run's liveness state once the processors folded its ``incarnation``'s end."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        view = latest_states(loop.bootstrap, loop.app_id).get(run_id)
-        state = view.liveness if view else None
-        if state and state.incarnation == incarnation and not state.live:
-            return state
-        assert time.monotonic() < deadline, f"no ended liveness state for {run_id}: {state}"
-        time.sleep(0.2)  # polling a changelog, not synchronising on time
 
 
 def _agent(
@@ -198,7 +194,7 @@ def test_a_rank_killed_on_node_1_restarts_both_nodes_from_the_checkpoint(loop, t
     assert sorted(resumed) == list(range(done.checkpoint_step + 1, STEPS + 1))
     assert resumed == {s: reference[s] for s in resumed}  # bit for bit, step for step
 
-    liveness = _liveness(loop, run_id, incarnation=1)
+    liveness = ended_liveness(loop, run_id, incarnation=1)
     assert liveness.anomaly_counts == {"dead_rank": 1}, liveness.anomaly_counts
 
 

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import math
 import socket
-import subprocess
-import sys
 import time
 
 import pytest
@@ -18,7 +16,7 @@ import pytest
 from processors.fleet import latest_states
 from schemas.events import AnomalyDetected, RankExited, RestartCompleted, RestartRequested
 
-from .conftest import SETS, WAIT_S, of_run, reference_losses, wait_events
+from .conftest import WAIT_S, audit_cli, ended_liveness, of_run, reference_losses, wait_events
 
 pytestmark = [pytest.mark.integration, pytest.mark.torch]
 
@@ -36,18 +34,6 @@ def _continuity(loop, run_id: str, timeout_s: float = WAIT_S):
         if restarts and restarts[-1].verdict != "pending":
             return view.steps, restarts[-1]
         assert time.monotonic() < deadline, f"no continuity verdict for {run_id}: {view}"
-        time.sleep(0.2)  # polling a changelog, not synchronising on time
-
-
-def _liveness(loop, run_id: str, incarnation: int, timeout_s: float = WAIT_S):
-    """The run's liveness state once the processors folded its ``incarnation``'s end."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        view = latest_states(loop.bootstrap, loop.app_id).get(run_id)
-        state = view.liveness if view else None
-        if state and state.incarnation == incarnation and not state.live:
-            return state
-        assert time.monotonic() < deadline, f"no ended liveness state for {run_id}: {state}"
         time.sleep(0.2)  # polling a changelog, not synchronising on time
 
 
@@ -90,17 +76,10 @@ def test_killed_rank_is_respawned_and_resumes_exactly(loop, launch, tmp_path):
     assert steps.anomaly_counts.get("restart_discontinuity", 0) == 0
     assert run.gang_record()["status"] == "completed"
     # Exactly one verdict for the kill: rank 0, blocked on its dead peer, is not reported.
-    liveness = _liveness(loop, "kill", incarnation=1)
+    liveness = ended_liveness(loop, "kill", incarnation=1)
     assert liveness.anomaly_counts == {"dead_rank": 1}, liveness.anomaly_counts
     # The exit verdict replays: `runwatch audit` folds the RankExited like any input record.
-    audit = subprocess.run(
-        [sys.executable, "-m", "runwatch.cli", "audit", "--bootstrap", loop.bootstrap]
-        + ["--prefix", loop.prefix, "--app-id", loop.app_id, "--run", "kill", "--wait", "120"]
-        + [arg for pair in SETS for arg in ("--set", pair)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    audit = audit_cli(loop, "kill")
     assert audit.returncode == 0, (audit.stdout, audit.stderr)
     assert "every verdict reproduced" in audit.stdout, audit.stdout
 

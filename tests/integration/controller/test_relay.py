@@ -9,8 +9,6 @@ verdict, and neither rank ever imported kafka-python.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 
 import pytest
@@ -20,7 +18,7 @@ from schemas.codec import decode
 from schemas.events import EventPack, Heartbeat, RunEnded, RunStarted
 from tests.integration.producers.conftest import consume_records
 
-from .conftest import SETS, WAIT_S
+from .conftest import WAIT_S, audit_cli
 
 pytestmark = [pytest.mark.integration, pytest.mark.torch]
 
@@ -92,14 +90,7 @@ def test_a_relayed_gang_runs_without_kafka_clients_and_is_counted_exactly(loop, 
     assert steps.steps_observed == sent["step"]
     assert live.anomaly_counts == {} and steps.anomaly_counts == {}
 
-    audit = subprocess.run(
-        [sys.executable, "-m", "runwatch.cli", "audit", "--bootstrap", loop.bootstrap]
-        + ["--prefix", loop.prefix, "--app-id", loop.app_id, "--run", "relayed", "--wait", "120"]
-        + [arg for pair in SETS for arg in ("--set", pair)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    audit = audit_cli(loop, "relayed")
     assert audit.returncode == 0, (audit.stdout, audit.stderr)
     assert "every verdict reproduced" in audit.stdout, audit.stdout
 
