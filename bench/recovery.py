@@ -85,6 +85,17 @@ def child_env() -> dict[str, str]:
     return env | {"RUNWATCH_COMMAND_KEY": KEY, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
 
 
+@contextlib.contextmanager
+def work_dir(keep: Path | None) -> Iterator[Path]:
+    """Where logs and state dirs go: ``keep`` (left behind), else a temporary dir."""
+    if keep is not None:
+        keep.mkdir(parents=True, exist_ok=True)
+        yield keep
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        yield Path(tmp)
+
+
 def runwatch(args: list[str], log: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [sys.executable, "-m", "runwatch.cli", *args],
@@ -244,6 +255,7 @@ def main() -> int:
     p.add_argument("--hang-timeout-s", type=float, default=6.0)
     p.add_argument("--tick-interval-s", type=float, default=0.5)
     p.add_argument("--timeout-s", type=float, default=300.0)
+    p.add_argument("--keep", type=Path, help="keep logs and state dirs here (default: a temp dir)")
     p.add_argument("--paths", choices=(*PATHS, "both"), default="both")
     p.add_argument(
         "--nnodes",
@@ -259,8 +271,7 @@ def main() -> int:
         "tick_interval_s": args.tick_interval_s,
         "nnodes": args.nnodes,
     }
-    with broker(args.bootstrap) as bootstrap, tempfile.TemporaryDirectory() as tmp:
-        work = Path(tmp)
+    with broker(args.bootstrap) as bootstrap, work_dir(args.keep) as work:
         prefix = f"bench{uuid.uuid4().hex[:8]}"
         admin.create_topics(bootstrap, admin.catalogue(prefix, 2))
         worker = runwatch(

@@ -190,24 +190,67 @@ def capture(
             continue
         asked[rank] = (pid, path, before, blocked_before)
     deadline = time.monotonic() + timeout_s
+    sizes = {rank: (before, 0) for rank, (_, _, before, _) in asked.items()}
     while asked:
         for rank, (pid, path, before, blocked_before) in list(asked.items()):
+            state = _state(pid)
             handling = _blocking_tasks(pid, signum)
             size = _size(path)  # after: a finished handler has written all of it
-            if size > before and handling is not None and handling <= blocked_before:
-                with path.open("rb") as f:
-                    f.seek(before)
-                    text = f.read(size - before).decode("utf-8", "replace")
+            last, still = sizes[rank]
+            sizes[rank] = (size, still + 1 if size == last else 0)
+            # Done when the handler has finished: the signal is no longer pending and no
+            # thread blocks it that did not before; or, where a thread started meanwhile
+            # (C++ libraries start threads with every signal blocked), when the file has
+            # stopped growing. A process that exits while asked answers with what it wrote.
+            settled = handling is not None and (
+                handling <= blocked_before or sizes[rank][1] >= _SETTLED_POLLS
+            )
+            if size > before and (settled or state in _ENDED):
+                text = _read_from(path, before, size)
                 out[rank] = TakenStack(rank, pid, text, where(text))
+                del asked[rank]
+            elif state in _ENDED:
+                out[rank] = TakenStack(rank, pid, "", "", "exited while asked")
                 del asked[rank]
         if not asked:
             break
         if time.monotonic() > deadline:
             for rank, (pid, _, _, _) in asked.items():
-                out[rank] = TakenStack(rank, pid, "", "", f"no answer within {timeout_s:g} s")
+                pending = _blocking_tasks(pid, signum) is None
+                out[rank] = TakenStack(
+                    rank,
+                    pid,
+                    "",
+                    "",
+                    f"no answer within {timeout_s:g} s (process state {_state(pid) or '?'}"
+                    f"{', signal still pending' if pending else ''})",
+                )
             break
         time.sleep(poll_s)  # polling files another process writes, with a deadline
     return dict(sorted(out.items()))
+
+
+_ENDED = ("", "Z", "X")
+"""Process states of a process that will never answer: gone, zombie, dead."""
+
+_SETTLED_POLLS = 3
+"""Polls with an unchanged file after which a dump counts as complete."""
+
+
+def _state(pid: int) -> str:
+    """The one-letter state of ``pid`` (``R``, ``S``, ``D``, ``Z``...), "" if it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return ""
+    fields = stat[stat.rfind(")") + 2 :].split()
+    return fields[0] if fields else ""
+
+
+def _read_from(path: Path, start: int, end: int) -> str:
+    with path.open("rb") as f:
+        f.seek(start)
+        return f.read(end - start).decode("utf-8", "replace")
 
 
 __all__ = ["TakenStack", "capture", "python_process", "where"]

@@ -68,7 +68,7 @@ HOST = socket.gethostname()
 
 STACK_KINDS = frozenset({"hang", "dead_rank"})
 """Causes of a restart for which the ranks still running are asked where they are."""
-STACK_TIMEOUT_S = 3.0
+STACK_TIMEOUT_S = 1.5
 """Longest a restart waits for the ranks' stacks."""
 
 Publish = Callable[[Event], None]
