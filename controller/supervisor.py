@@ -583,10 +583,11 @@ class RunSupervisor:
         if decision.verdict == "fail":
             self._give_up(command, decision.reason)
             return None, gang_stacks
-        self._save(node_failure_counts=decision.counts(failures))
         if node.node_rank not in decision.nodes:
+            self._save(node_failure_counts=failures)
             self._dropped(decision)
             return None, gang_stacks
+        self._save(node_failure_counts=decision.counts(failures))
         if decision.verdict == "full":
             if decision.reason:
                 log.warning("run %s: elastic by nodes: %s", self.run_id, decision.reason)

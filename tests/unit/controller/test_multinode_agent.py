@@ -350,6 +350,7 @@ def test_node_1_over_its_failure_budget_is_dropped_and_its_agent_stops(tmp_path)
     peers = HeardPeers((0, 1), verdict=_verdict(2))
     sup, published, ends, envs = _restart_failing(tmp_path, 1, peers, (0, 2), min_nnodes=1)
     assert sup.record.status == "dropped" and sup.finished
+    assert sup.record.node_failure_counts == (0, 3)  # its own view, not renumbered
     assert sup.record.incarnation == 0 and envs == [] and sup.gang.running() == []
     # It announced itself, then said nothing more: the run is not its to end or report.
     assert [type(e).__name__ for e in published] == ["AgentReady"] and ends == []
