@@ -189,6 +189,20 @@ class PeerWatch:
         except BaseException:
             self.consumer.close()
             raise
+        try:
+            # Connect and learn the anomalies topic's leaders now, not on the restart's clock.
+            warm = [
+                TopicPartition(self.anomalies_topic, p)
+                for p in sorted(self.lookup.partitions_for_topic(self.anomalies_topic) or ())
+            ]
+            self.lookup.assign(warm)
+            self.lookup.seek_to_end(*warm)
+            for tp in warm:
+                self.lookup.position(tp)
+        except BaseException:
+            self.consumer.close()
+            self.lookup.close()
+            raise
 
     def _fold(self, event: Event) -> None:
         if isinstance(event, EventPack):
