@@ -29,7 +29,9 @@ from schemas.events import BackendDeclaration
 GANG_FILE = "gang.json"
 PROCESSED_FILE = "processed.jsonl"
 
-GangStatus = Literal["running", "completed", "failed"]
+GangStatus = Literal["running", "completed", "failed", "dropped"]
+"""``dropped``: this node was left out of a multi-node run's next incarnation (it kept
+failing, `controller.membership`); the run goes on without it."""
 
 
 class RankProcess(msgspec.Struct, frozen=True, kw_only=True):
@@ -92,6 +94,11 @@ class GangRecord(msgspec.Struct, frozen=True, kw_only=True):
         relay_socket: The Unix socket of this agent's relay (``runwatch launch
             --relay``, `controller.relay`): the ranks hand it their events and the agent
             owns the node's one Kafka producer; "" without a relay.
+        node_failure_budget: ``--node-failure-budget``: failures a node of a multi-node
+            gang may cause; one more and it is dropped when ``--min-nnodes`` allows.
+        node_failure_counts: Failures charged per node of the current incarnation
+            (`controller.membership.charge_failure`); every agent of the gang keeps the
+            same counts, from the same verdicts.
     """
 
     run_id: str
@@ -121,6 +128,8 @@ class GangRecord(msgspec.Struct, frozen=True, kw_only=True):
     node_timeout_s: float = 60.0
     backend: BackendDeclaration | None = None
     relay_socket: str = ""
+    node_failure_budget: int = 2
+    node_failure_counts: tuple[int, ...] = ()
 
     @property
     def node(self) -> NodeTopology:
