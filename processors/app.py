@@ -85,7 +85,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
@@ -100,7 +100,7 @@ from processors.intake import RawRecord, split
 from processors.logread import partition_for
 from processors.pipeline import ROLE_STATE, fold_batch
 from processors.settings import ProcessorSettings, changelog_topic
-from processors.stores import RunTable, store_url
+from processors.stores import RunRocksStore, RunTable, store_url
 from schemas.codec import encode, encode_key
 from schemas.events import TICK_RUN_ID, DeadLetter, Event, RestartRequested, Tick
 from schemas.signing import CommandKey, sign
@@ -193,6 +193,11 @@ class _Agent:
         return None if raw is None else decode_state(self.kind, raw)  # type: ignore[arg-type]
 
     def runs_in_partition(self, partition: int) -> Iterable[str]:
+        if isinstance(self.table.data, RunRocksStore):  # one database per partition
+            return [key.decode() for key in self.table.data.partition_keys(partition)]
+        return self._scan_partition(partition)
+
+    def _scan_partition(self, partition: int) -> Iterator[str]:
         count = self.settings.partitions_of(self.role)
         for key in list(self.table.keys()):
             run_id = key.decode()
