@@ -61,6 +61,7 @@ import threading
 import time
 import uuid
 from contextlib import ExitStack
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -193,6 +194,21 @@ def wait_group_empty(bootstrap: str, group: str, timeout_s: float) -> None:
         admin.close()
 
 
+RESTORE_START = "Restoring state from changelog topics"
+RESTORE_DONE = "Done reading from changelog topics"
+
+
+def log_marks(log_path: Path, wall0: float) -> dict[str, float]:
+    """Seconds from the spawn to the first line with each of faust's recovery messages."""
+    out: dict[str, float] = {}
+    for line in log_path.read_text(errors="replace").splitlines():
+        for mark in (RESTORE_START, RESTORE_DONE):
+            if mark in line and mark not in out:
+                stamp = datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+                out[mark] = round(stamp - wall0, 2)
+    return out
+
+
 def dir_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
@@ -249,10 +265,11 @@ class Bench:
         self.probes = 0
         self.workers: list[ManagedProcess] = []
 
-    def start(self, app_id: str, store: str, data_dir: Path, name: str) -> ManagedProcess:
-        args = ["processors", "--bootstrap", self.bootstrap, "--prefix", self.prefix,
+    def start(self, app_id: str, store: str, data_dir: Path, name: str,
+              extra: tuple[str, ...] = ()) -> ManagedProcess:  # fmt: skip
+        args = [*extra, "processors", "--bootstrap", self.bootstrap, "--prefix", self.prefix,
                 "--app-id", app_id, "--store", store, "--data-dir", str(data_dir),
-                "--tick-interval", str(self.args.tick_interval)]  # fmt: skip
+                "--tick-interval", str(self.args.tick_interval), "--loglevel", "info"]  # fmt: skip
         for s in SETS:
             args += ["--set", s]
         env = {**os.environ, "RUNWATCH_COMMAND_KEY": COMMAND_KEY}
@@ -298,16 +315,19 @@ class Bench:
         out.send(self.topics.steps, key=encode_key(probe), value=encode(nan))
         out.flush()
         out.close()
-        t0 = time.monotonic()
+        t0, wall0 = time.monotonic(), time.time()
         worker = self.start(app_id, store, data_dir, f"{app_id}-{case}")
         t_verdict = watch.wait(probe, self.args.timeout_s)
         rss = peak_rss_mb(worker.proc.pid)
         worker.kill()
         watch.stop.set()
         watch.join(timeout=5)
+        marks = log_marks(worker.log_path, wall0)
         return {
             "case": case,
             "processing_again_s": round(t_verdict - t0, 2),
+            "restore_starts_s": marks.get(RESTORE_START),
+            "restore_done_s": marks.get(RESTORE_DONE),
             "successor_peak_rss_mb": round(rss, 1),
             "changelog_records_replayed": replayed,
             "changelog_bytes_replayed": replayed_bytes,
@@ -365,7 +385,8 @@ def main() -> int:
 
     print(f"recovery_state: {args.runs:,} runs x ({args.steps} steps, {args.world} ranks), "
           f"backlog {sum(backlog.values()):,} records written in {setup_s:.1f} s")  # fmt: skip
-    head = ("case", "first_worker_s", "processing_again_s", "successor_peak_rss_mb",
+    head = ("case", "first_worker_s", "restore_starts_s", "restore_done_s",
+            "processing_again_s", "successor_peak_rss_mb",
             "changelog_records_replayed", "changelog_bytes_replayed", "changelog_records_total",
             "state_keys", "state_bytes", "rocksdb_dir_bytes")  # fmt: skip
     print(" | ".join(head))
