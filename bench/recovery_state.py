@@ -31,8 +31,9 @@ holds), and the RocksDB data dir on disk.
 
 The worker's clock writes a Tick into every heartbeat partition every ``--tick-interval``
 seconds, and a Tick rewrites the liveness state of every run of its partition: the
-liveness changelog grows by ``--runs`` records per interval while a worker runs, so the
-replayed figures depend on how long the worker ran before it was killed (printed).
+liveness changelog grows by up to ``--runs`` records per interval while a worker runs
+(until Kafka compacts a rolled segment), so the replayed figures depend on how long the
+first worker ran: ``--hold-s`` keeps it running that long after its drain.
 
 Uses the broker of ``$RUNWATCH_BOOTSTRAP`` (or ``--bootstrap``); ``--own-broker`` starts
 one in a temporary directory. On this 2-core machine the defaults take a few minutes:
@@ -284,8 +285,13 @@ class Bench:
         worker = self.start(app_id, store, data_dir, f"{app_id}-first")
         wait_until_processed(self.bootstrap, app_id, self.inputs, timeout_s=self.args.timeout_s)
         drained_s = time.monotonic() - t0
+        if self.args.hold_s > 0:  # steady state: the clock's Ticks go on rewriting states
+            time.sleep(self.args.hold_s)  # the measured interval, not synchronisation
+            wait_until_processed(self.bootstrap, app_id, self.inputs,
+                                 timeout_s=self.args.timeout_s)  # fmt: skip
         worker.kill()
-        return {"first_worker_s": round(drained_s, 1)}
+        return {"first_worker_s": round(drained_s, 1),
+                "first_worker_total_s": round(time.monotonic() - t0, 1)}  # fmt: skip
 
     def successor(self, app_id: str, store: str, data_dir: Path, case: str,
                   start_at: dict[TP, int] | None) -> dict[str, Any]:  # fmt: skip
@@ -346,6 +352,8 @@ def main() -> int:
     parser.add_argument("--world", type=int, default=4, help="ranks per run (one pack a step)")
     parser.add_argument("--stores", default="memory,rocksdb", help="comma-separated")
     parser.add_argument("--tick-interval", type=float, default=1.0, help="the workers' clock")
+    parser.add_argument("--hold-s", type=float, default=0.0,
+                        help="keep the first worker running this long after its drain")  # fmt: skip
     parser.add_argument("--bootstrap", default=os.environ.get("RUNWATCH_BOOTSTRAP"))
     parser.add_argument("--own-broker", action="store_true", help="start a broker of its own")
     parser.add_argument("--timeout-s", type=float, default=900.0)
@@ -393,7 +401,7 @@ def main() -> int:
     for c in cases:
         print(" | ".join(str(c.get(h, "")) for h in head))
     result = {"bench": "recovery_state", "runs": args.runs, "steps": args.steps,
-              "world": args.world, "tick_interval_s": args.tick_interval,
+              "world": args.world, "tick_interval_s": args.tick_interval, "hold_s": args.hold_s,
               "backlog_records": sum(backlog.values()), "cases": cases}  # fmt: skip
     print(json.dumps(result))
     return 0
