@@ -14,6 +14,11 @@ Ingest = Literal["stream", "batch"]
 """How a worker takes its input records: faust's per-record stream, or whole batches."""
 INGEST_MODES: Final[tuple[str, ...]] = get_args(Ingest)
 DEFAULT_INGEST: Final[Ingest] = "batch"
+Store = Literal["memory", "rocksdb"]
+"""Where a worker keeps its tables (`processors.stores`): process memory, or RocksDB on
+local disk, which a successor on the same host reopens instead of replaying it all."""
+STORES: Final[tuple[str, ...]] = get_args(Store)
+DEFAULT_STORE: Final[Store] = "memory"
 BATCH_MAX: Final[dict[str, int]] = {"stream": 5000, "batch": 20_000}
 """Default `ProcessorSettings.batch_max` per ingest mode. A batch-path round costs a few
 fixed waits (a fetch handed across faust's consumer thread, the publish, the commit
@@ -36,6 +41,9 @@ class ProcessorSettings(msgspec.Struct, frozen=True, kw_only=True):
             Tick fan-out. A role not named has the catalogue's default.
         ingest: ``stream`` (faust agents, one record at a time through faust's stream)
             or ``batch`` (whole per-partition batches, `processors.transport.BatchIngest`).
+        store: ``memory`` or ``rocksdb`` (`processors.stores`).
+        data_dir: The worker's faust data dir (RocksDB databases live there); None:
+            ``$RUNWATCH_HOME/processors/<app id>``.
         batch_max: Most records an agent folds at once (on the batch path: most records
             of one fetched round, all partitions together).
         batch_within_s: Longest an agent waits to fill a batch.
@@ -56,6 +64,8 @@ class ProcessorSettings(msgspec.Struct, frozen=True, kw_only=True):
     app_id: str = DEFAULT_APP_ID
     partitions: dict[str, int] = {}
     ingest: Ingest = DEFAULT_INGEST
+    store: Store = DEFAULT_STORE
+    data_dir: str | None = None
     batch_max: int = 5000
     batch_within_s: float = 0.05
     tick_interval_s: float = 1.0

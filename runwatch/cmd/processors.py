@@ -79,6 +79,21 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "under faust's group, tables and commits (default: $RUNWATCH_INGEST, else batch)",
     )
     parser.add_argument(
+        "--store",
+        default=None,
+        metavar="{memory,rocksdb}",
+        help="where the tables live: memory (a successor replays the changelogs) or rocksdb "
+        "on local disk (a successor on the same host replays only their tail; needs "
+        "runwatch[rocksdb]) (default: $RUNWATCH_STORE, else memory)",
+    )
+    parser.add_argument(
+        "--data-dir",
+        default=None,
+        metavar="DIR",
+        help="the worker's data dir, where rocksdb keeps its tables; one per worker "
+        "(default: $RUNWATCH_HOME/processors/<app id>)",
+    )
+    parser.add_argument(
         "--session-timeout",
         type=float,
         default=10.0,
@@ -145,7 +160,15 @@ def run(args: argparse.Namespace) -> int:
     from common.settings import faust_broker_settings, replication_factor, topic_prefix
     from processors.app import create_app
     from processors.fleet import default_app_id
-    from processors.settings import BATCH_MAX, DEFAULT_INGEST, INGEST_MODES, ProcessorSettings
+    from processors.settings import (
+        BATCH_MAX,
+        DEFAULT_INGEST,
+        DEFAULT_STORE,
+        INGEST_MODES,
+        STORES,
+        ProcessorSettings,
+    )
+    from processors.stores import rocksdb_missing
     from runwatch.admin import cluster_replication, create_catalogue
     from runwatch.resolve import partition_counts, resolve_bootstrap
     from schemas.signing import load_key
@@ -153,6 +176,11 @@ def run(args: argparse.Namespace) -> int:
     ingest = args.ingest or os.environ.get("RUNWATCH_INGEST", "").strip() or DEFAULT_INGEST
     if ingest not in INGEST_MODES:
         raise UsageError(f"--ingest expects one of {', '.join(INGEST_MODES)}, got {ingest!r}")
+    store = args.store or os.environ.get("RUNWATCH_STORE", "").strip() or DEFAULT_STORE
+    if store not in STORES:
+        raise UsageError(f"--store expects one of {', '.join(STORES)}, got {store!r}")
+    if store == "rocksdb" and (why := rocksdb_missing()) is not None:
+        raise UsageError(why)
     batch_max = BATCH_MAX[ingest] if args.batch_max is None else args.batch_max
     if batch_max < 1 or min(args.tick_interval, args.session_timeout) <= 0:
         raise UsageError("--tick-interval, --batch-max and --session-timeout must be positive")
@@ -180,6 +208,8 @@ def run(args: argparse.Namespace) -> int:
         app_id=app_id,
         partitions=input_partitions(bootstrap, prefix, app_id),
         ingest=ingest,  # type: ignore[arg-type]
+        store=store,  # type: ignore[arg-type]
+        data_dir=args.data_dir,
         batch_max=batch_max,
         tick_interval_s=args.tick_interval,
         session_timeout_s=args.session_timeout,
