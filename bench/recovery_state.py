@@ -30,10 +30,12 @@ RocksDB). State size: the latest record of every key of the changelogs (what a s
 holds), and the RocksDB data dir on disk.
 
 The worker's clock writes a Tick into every heartbeat partition every ``--tick-interval``
-seconds, and a Tick rewrites the liveness state of every run of its partition: the
-liveness changelog grows by up to ``--runs`` records per interval while a worker runs
-(until Kafka compacts a rolled segment), so the replayed figures depend on how long the
-first worker ran: ``--hold-s`` keeps it running that long after its drain.
+seconds, and a Tick rewrites the liveness state of every *live* run of its partition (an
+ended run's is left alone): the liveness changelog grows by up to one record per live run
+per interval while a worker runs (until Kafka compacts a rolled segment, every 10 minutes
+or 64 MiB: `processors.app.CHANGELOG_COMPACTION`), so the replayed figures depend on how
+long the first worker ran (``--hold-s`` keeps it running that long after its drain) and on
+how many runs are live (``--ended-share`` ends the others).
 
 Uses the broker of ``$RUNWATCH_BOOTSTRAP`` (or ``--bootstrap``); ``--own-broker`` starts
 one in a temporary directory. On this 2-core machine the defaults take a few minutes:
@@ -74,7 +76,7 @@ from runwatch.admin import create_catalogue
 from runwatch.broker.lifecycle import EmbeddedBroker
 from runwatch.procs import ManagedProcess
 from schemas.codec import decode, encode, encode_key, encode_pack
-from schemas.events import AnomalyDetected, Heartbeat, RunStarted, StepCompleted
+from schemas.events import AnomalyDetected, Heartbeat, RunEnded, RunStarted, StepCompleted
 from schemas.topics import names
 
 SETS = ("hang_timeout_s=3600", "dead_rank_timeout_s=3600", "startup_timeout_s=3600")
@@ -89,8 +91,10 @@ def run_id(i: int) -> str:
     return f"run-{i:05d}"
 
 
-def setup(bootstrap: str, prefix: str, runs: int, steps: int, world: int) -> dict[str, int]:
-    """Write the backlog; returns records per input topic."""
+def setup(
+    bootstrap: str, prefix: str, runs: int, steps: int, world: int, ended: int = 0
+) -> dict[str, int]:
+    """Write the backlog (the last ``ended`` runs end after their steps); records per topic."""
     topics = names(prefix)
     out = KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=20,
                         batch_size=512 * 1024)  # fmt: skip
@@ -120,6 +124,10 @@ def setup(bootstrap: str, prefix: str, runs: int, steps: int, world: int) -> dic
                                   kind="straggler", step=steps, rank=0,
                                   detail="bench: a policy state per run")  # fmt: skip
         send(topics.anomalies, key, encode(verdict))
+        if i >= runs - ended:
+            end = encode(RunEnded(run_id=rid, ts_ns=ts + steps + 1, status="completed"))
+            send(topics.steps, key, end)
+            send(topics.heartbeats, key, end)
     out.flush()
     out.close()
     return counts
@@ -351,6 +359,13 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=2, help="steps per run in the backlog")
     parser.add_argument("--world", type=int, default=4, help="ranks per run (one pack a step)")
     parser.add_argument("--stores", default="memory,rocksdb", help="comma-separated")
+    parser.add_argument(
+        "--ended-share",
+        type=float,
+        default=0.0,
+        help="share of the runs that ended (RunEnded after their steps), as most of a "
+        "long-lived fleet's state is; the probes use the first, live, runs",
+    )
     parser.add_argument("--tick-interval", type=float, default=1.0, help="the workers' clock")
     parser.add_argument("--hold-s", type=float, default=0.0,
                         help="keep the first worker running this long after its drain")  # fmt: skip
@@ -375,7 +390,10 @@ def main() -> int:
         stack.callback(lambda: [w.stop() for w in bench.workers])
         create_catalogue(bootstrap, prefix=prefix)  # the catalogue's fleet-sized partitions
         t0 = time.monotonic()
-        backlog = setup(bootstrap, prefix, args.runs, args.steps, args.world)
+        backlog = setup(
+            bootstrap, prefix, args.runs, args.steps, args.world,
+            ended=int(args.runs * args.ended_share),
+        )  # fmt: skip
         setup_s = time.monotonic() - t0
         for store in stores:
             app_id = f"{prefix}-{store}"
@@ -402,6 +420,7 @@ def main() -> int:
         print(" | ".join(str(c.get(h, "")) for h in head))
     result = {"bench": "recovery_state", "runs": args.runs, "steps": args.steps,
               "world": args.world, "tick_interval_s": args.tick_interval, "hold_s": args.hold_s,
+              "ended_share": args.ended_share,
               "backlog_records": sum(backlog.values()), "cases": cases}  # fmt: skip
     print(json.dumps(result))
     return 0

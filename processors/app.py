@@ -108,6 +108,11 @@ from schemas.topics import TopicNames, names
 
 log = logging.getLogger(__name__)
 
+CHANGELOG_COMPACTION = {"segment.ms": str(10 * 60 * 1000), "segment.bytes": str(64 * 1024**2)}
+"""Changelog segments roll every 10 minutes or 64 MiB. Kafka compacts only rolled segments,
+and its defaults (7 days, 1 GiB) left a successor replaying every write since the topic was
+made; with these it replays about one record per run and table plus the last segment."""
+
 TABLES: dict[str, str] = {
     "steps": "step-health",
     "heartbeats": "liveness",
@@ -505,6 +510,7 @@ def create_app(
             extra_topic_configs={
                 "min.insync.replicas": str(settings.min_insync_replicas),
                 "unclean.leader.election.enable": "false",
+                **CHANGELOG_COMPACTION,
             },
         )
         source = app.topic(

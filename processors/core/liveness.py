@@ -191,11 +191,13 @@ def _on_heartbeat(
 def _on_tick(
     state: LivenessState, event: Tick, source: Provenance, cfg: DetectorConfig
 ) -> tuple[LivenessState, list[AnomalyDetected]]:
-    now_ns = max(state.log_time_ns, event.ts_ns)
     if not state.live:
-        return msgspec.structs.replace(
-            state, last_offset=source.offset, last_index=source.index, log_time_ns=now_ns
-        ), []
+        # An ended run has nothing to age: the Tick leaves its state as it is (the same
+        # object), so the table is not rewritten for it. A fleet's state is mostly ended
+        # runs; rewriting each of them on every Tick made the changelog, and a successor's
+        # replay, grow with uptime instead of with the fleet.
+        return state, []
+    now_ns = max(state.log_time_ns, event.ts_ns)
     out = Verdicts(state, event.ts_ns, source, cfg)
     hung = state.hung
     started = state.first_step >= 0

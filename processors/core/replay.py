@@ -196,11 +196,14 @@ class Replayer:
         fold: Callable[[S | None, Any, Provenance], tuple[S, Out]],
     ) -> Out | None:
         """Fold one record into one run's state, or dead-letter it and keep the state."""
+        before = store.get(run_id)
         try:
-            state, outputs = fold(store.get(run_id), event, source)
+            state, outputs = fold(before, event, source)
         except Exception as exc:
             self.dead_letters.append(stage_dead_letter(source, event, run_id, "fold", exc))
             return None
+        if state is before:  # the record changed nothing (a Tick of an ended run): no write
+            return outputs
         if self._in_pack:  # checked once, after the pack's last event (`_pack`)
             store[run_id] = state
             return outputs

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from processors.app import TABLES, partition_for
+from processors.app import CHANGELOG_COMPACTION, TABLES, partition_for
 from processors.audit import audit, load_run_log
 from processors.core.config import DetectorConfig, with_overrides
 from processors.fleet import RunView, latest_states
@@ -125,6 +125,9 @@ def test_broker_sigkill_mid_stream_loses_nothing_and_catches_up(
             assert {len(p["replica_nodes"]) for p in before.values()} == {3}, before
             for topic in (topics.steps, changelogs[0]):
                 assert _topic_config(bootstrap, topic, "min.insync.replicas") == "2", topic
+            # changelog segments roll, so compaction bounds a successor's replay
+            for name, value in CHANGELOG_COMPACTION.items():
+                assert _topic_config(bootstrap, changelogs[0], name) == value, name
 
             busy = (topics.steps, partition_for("run-a", PARTITIONS))
             victim = int(before[busy]["leader_id"])

@@ -7,7 +7,7 @@ import pytest
 from processors.core.config import DetectorConfig, with_overrides
 from processors.core.replay import REPLAY_ANOMALIES_TOPIC, Record, Replayer, replay
 from schemas.events import Provenance
-from tests.unit.core.factories import S, hb, started, step, tick
+from tests.unit.core.factories import S, ended, hb, started, step, tick
 
 CFG = with_overrides(DetectorConfig(), {"hang_timeout_s": 60, "dead_rank_timeout_s": 600})
 
@@ -82,3 +82,25 @@ def test_tick_skips_runs_listed_without_a_state() -> None:
     r.partition_runs[0] = {"ghost"}
     r.feed([rec("heartbeats", 0, tick(10 * S))])
     assert r.liveness == {} and r.recomputed == []
+
+
+def test_a_tick_writes_only_the_runs_it_changes() -> None:
+    # An ended run has nothing to age: a Tick must not rewrite its table entry (a fleet's
+    # state is mostly ended runs; rewriting them on every Tick grew the changelog with uptime).
+    r = Replayer(CFG)
+    r.feed(
+        [
+            rec("heartbeats", 0, started("live", world_size=1)),
+            rec("heartbeats", 1, started("done", world_size=1)),
+            rec("heartbeats", 2, ended("done", ts_ns=S)),
+        ]
+    )
+    done = r.liveness["done"]
+    r.encoded["liveness"].clear()
+    r.feed([rec("heartbeats", 3, tick(10 * S))])
+    assert r.liveness["done"] is done  # untouched, even its offset
+    assert set(r.encoded["liveness"]) == {"live"}
+    r.encoded["liveness"].clear()
+    r.feed([rec("heartbeats", 4, tick(20 * S)), rec("heartbeats", 3, tick(10 * S))])
+    assert set(r.encoded["liveness"]) == {"live"}
+    assert r.liveness["live"].last_offset == 4  # the redelivered Tick changed nothing

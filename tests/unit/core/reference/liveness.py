@@ -156,9 +156,9 @@ def _on_heartbeat(
 def _on_tick(
     state: LivenessState, event: Tick, source: Provenance, cfg: DetectorConfig
 ) -> tuple[LivenessState, list[AnomalyDetected]]:
+    if not state.live:  # as the live reducer: a Tick leaves an ended run untouched
+        return state, []
     now_ns = max(state.log_time_ns, event.ts_ns)
-    if not state.live:
-        return msgspec.structs.replace(state, last_offset=source.offset, log_time_ns=now_ns), []
     out = Verdicts(state, event.ts_ns, source, cfg)
     hung = state.hung
     started = state.first_step >= 0
