@@ -380,7 +380,9 @@ class Controller:
         return 0 if all(r.record.status == "completed" for r in self.runs.values()) else 1
 
     def close(self) -> None:
-        """Close the log watches' emitters, the commands consumer and the publisher."""
+        """Release warm spares, close the log watches, the consumer and the publisher."""
+        for run in self.runs.values():
+            run.close()
         for watch in self.watches.values():
             watch.close()
         self.consumer.close()
