@@ -265,7 +265,12 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--bootstrap", help="Kafka (default: RUNWATCH_BOOTSTRAP, else embedded)")
     p.add_argument("--runs", type=int, default=3)
-    p.add_argument("--steps", type=int, default=60)
+    p.add_argument(
+        "--steps",
+        type=int,
+        help="steps per run (default 60; 200 with --warm-spares, whose kill waits for the "
+        "spares to preload)",
+    )
     p.add_argument("--kill-at-step", type=int, default=22)
     p.add_argument("--step-delay-s", type=float, default=0.05)
     p.add_argument("--dead-rank-timeout-s", type=float, default=3.0)
@@ -292,6 +297,8 @@ def main() -> int:
         help="2: one agent per node on loopback (1 rank each), rank 1's node is killed",
     )
     args = p.parse_args()
+    if args.steps is None:
+        args.steps = 200 if args.warm_spares else 60
     settings = {
         "dead_rank_timeout_s": args.dead_rank_timeout_s,
         "hang_timeout_s": args.hang_timeout_s,

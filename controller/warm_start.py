@@ -96,10 +96,11 @@ def script_imports(source: str) -> list[str]:
             names += [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             names.append(node.module)
-        elif isinstance(node, ast.If | ast.Try):
-            todo[:0] = [*node.body, *node.orelse, *getattr(node, "finalbody", [])]
-            for handler in getattr(node, "handlers", []):
-                todo[:0] = handler.body
+        elif isinstance(node, ast.If):
+            todo[:0] = [*node.body, *node.orelse]
+        elif isinstance(node, ast.Try):
+            handlers = [stmt for handler in node.handlers for stmt in handler.body]
+            todo[:0] = [*node.body, *handlers, *node.orelse, *node.finalbody]
     return list(dict.fromkeys(names))
 
 
