@@ -18,7 +18,9 @@ A thin I/O loop over `controller.command_gate` (the decision) and `controller.su
   dead gang got no command in time) goes through a `RunEmitter`, like a rank's would;
 * a multi-node gang's agents get a `PeerWatch`: a consumer of the runs topic (the run's
   RunStarted says what its backend declares) and the controller topic (the other agents'
-  AgentReady on a restart), both read from their end when the agent starts;
+  AgentReady on a restart), both read from their end when the agent starts, and a
+  consumer that reads, on a restart, the one anomalies-topic record a command names as its
+  ``source`` (the verdict whose rank the node failure budget charges);
 * a run launched with ``--log-format`` gets a `controller.logwatch.LogWatch`, which turns
   rank 0's output into the run's events after every poll and hears of each
   RestartCompleted.
@@ -45,6 +47,7 @@ from controller.supervisor import RunSupervisor
 from schemas.codec import DecodeError, decode, encode, encode_key
 from schemas.events import (
     AgentReady,
+    AnomalyDetected,
     BackendDeclaration,
     CommandRejected,
     Event,
@@ -61,6 +64,10 @@ log = logging.getLogger(__name__)
 
 POLL_MS = 100
 """Longest wait for commands between two looks at the gangs (an exit is published within it)."""
+EXIT_DROPPED = 3
+"""`Controller.serve`'s status when this node was dropped from its run (the run goes on)."""
+CAUSE_TIMEOUT_S = 30.0
+"""Longest an agent tries to read the verdict a command names."""
 
 
 def commands_end_offsets(bootstrap: str, prefix: str) -> dict[int, int]:
@@ -142,8 +149,8 @@ class PeerWatch:
 
     Reads the runs topic (RunStarted: the backend's declaration) and the controller topic
     (AgentReady), every partition, from their end at construction (before the gang's
-    ranks start), and only when asked: on a restart. Implements
-    `controller.supervisor.Peers`.
+    ranks start), and only when asked: on a restart; and, with a consumer of its own, the
+    verdict a restart command names (`cause`). Implements `controller.supervisor.Peers`.
 
     Args:
         bootstrap: Kafka bootstrap address.
@@ -153,6 +160,7 @@ class PeerWatch:
 
     def __init__(self, bootstrap: str, prefix: str, run_ids: Collection[str]) -> None:
         topics = names(prefix)
+        self.anomalies_topic = topics.anomalies
         self.run_ids = frozenset(run_ids)
         self.backends: dict[str, tuple[int, BackendDeclaration]] = {}
         self.ready: dict[tuple[str, int], dict[int, AgentReady]] = {}
@@ -171,6 +179,30 @@ class PeerWatch:
         self.consumer.seek_to_end(*self.tps)
         for tp in self.tps:  # resolve the lazy seek now: later records are the ones wanted
             self.consumer.position(tp)
+        try:
+            self.lookup = KafkaConsumer(
+                bootstrap_servers=bootstrap,
+                group_id=None,
+                enable_auto_commit=False,
+                **kafka_client_config(),
+            )
+        except BaseException:
+            self.consumer.close()
+            raise
+        try:
+            # Connect and learn the anomalies topic's leaders now, not on the restart's clock.
+            warm = [
+                TopicPartition(self.anomalies_topic, p)
+                for p in sorted(self.lookup.partitions_for_topic(self.anomalies_topic) or ())
+            ]
+            self.lookup.assign(warm)
+            self.lookup.seek_to_end(*warm)
+            for tp in warm:
+                self.lookup.position(tp)
+        except BaseException:
+            self.consumer.close()
+            self.lookup.close()
+            raise
 
     def _fold(self, event: Event) -> None:
         if isinstance(event, EventPack):
@@ -228,9 +260,51 @@ class PeerWatch:
                 return dict(ready)
             self.poll(POLL_MS)
 
+    def cause(
+        self, command: RestartRequested, timeout_s: float = CAUSE_TIMEOUT_S
+    ) -> AnomalyDetected | None:
+        """The verdict ``command`` was issued for: the anomalies-topic record at its source.
+
+        Every agent reads the same record, so every agent charges the restart to the same
+        node (`controller.membership.charge_failure`).
+
+        Returns:
+            The record at ``command.source`` if it is an AnomalyDetected of the command's
+            run; None when the command names no anomalies-topic position or the record
+            could not be read within ``timeout_s`` (said in the log).
+        """
+        source = command.source
+        if source is None or source.topic != self.anomalies_topic:
+            return None
+        tp = TopicPartition(source.topic, source.partition)
+        self.lookup.assign([tp])
+        self.lookup.seek(tp, source.offset)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for records in self.lookup.poll(timeout_ms=POLL_MS, max_records=1).values():
+                for record in records:
+                    if record.offset != source.offset or record.value is None:
+                        return None  # the record is gone (retention): nobody to charge
+                    try:
+                        event = decode(record.value)
+                    except DecodeError:
+                        return None
+                    if isinstance(event, AnomalyDetected) and event.run_id == command.run_id:
+                        return event
+                    return None
+        log.warning(
+            "run %s: could not read the verdict of command %s at %s within %.0fs",
+            command.run_id,
+            command.command_id,
+            source,
+            timeout_s,
+        )
+        return None
+
     def close(self) -> None:
-        """Close the consumer."""
+        """Close the consumers."""
         self.consumer.close()
+        self.lookup.close()
 
 
 class Controller:
@@ -354,7 +428,12 @@ class Controller:
         self.stop_requested = signum
 
     def serve(self) -> int:
-        """Run until every supervised run ended; 0 if all completed, else 1 (or 128+signal)."""
+        """Run until every supervised run ended.
+
+        Returns:
+            0 if all completed, `EXIT_DROPPED` if this node was dropped from them all (they
+            go on without it), else 1 (or 128+signal).
+        """
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._on_signal)
         try:
@@ -377,7 +456,10 @@ class Controller:
                         watch.observe(run)
         finally:
             self.close()
-        return 0 if all(r.record.status == "completed" for r in self.runs.values()) else 1
+        statuses = {r.record.status for r in self.runs.values()}
+        if statuses == {"completed"}:
+            return 0
+        return EXIT_DROPPED if statuses == {"dropped"} else 1
 
     def close(self) -> None:
         """Release warm spares, close the log watches, the consumer and the publisher."""
@@ -393,4 +475,11 @@ class Controller:
             relay.close()
 
 
-__all__ = ["Controller", "EventPublisher", "PeerWatch", "announce_end", "commands_end_offsets"]
+__all__ = [
+    "EXIT_DROPPED",
+    "Controller",
+    "EventPublisher",
+    "PeerWatch",
+    "announce_end",
+    "commands_end_offsets",
+]

@@ -29,7 +29,9 @@ from schemas.events import BackendDeclaration
 GANG_FILE = "gang.json"
 PROCESSED_FILE = "processed.jsonl"
 
-GangStatus = Literal["running", "completed", "failed"]
+GangStatus = Literal["running", "completed", "failed", "dropped"]
+"""``dropped``: this node was left out of a multi-node run's next incarnation (it kept
+failing, `controller.membership`); the run goes on without it."""
 
 
 DEFAULT_SPARE_PRELOAD = (
@@ -108,6 +110,11 @@ class GangRecord(msgspec.Struct, frozen=True, kw_only=True):
             --warm-spares``, `controller.spares`): a restart's ranks start in processes
             that already imported `spare_preload`.
         spare_preload: The modules a warm spare imports while it waits.
+        node_failure_budget: ``--node-failure-budget``: failures a node of a multi-node
+            gang may cause; one more and it is dropped when ``--min-nnodes`` allows.
+        node_failure_counts: Failures charged per node of the current incarnation
+            (`controller.membership.charge_failure`); every agent of the gang keeps the
+            same counts, from the same verdicts.
     """
 
     run_id: str
@@ -139,6 +146,8 @@ class GangRecord(msgspec.Struct, frozen=True, kw_only=True):
     relay_socket: str = ""
     warm_spares: bool = False
     spare_preload: tuple[str, ...] = DEFAULT_SPARE_PRELOAD
+    node_failure_budget: int = 2
+    node_failure_counts: tuple[int, ...] = ()
 
     @property
     def node(self) -> NodeTopology:

@@ -25,7 +25,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -43,13 +43,14 @@ from controller.elastic import (
     next_world_size,
 )
 from controller.gang import RUNNING, Gang, free_port, node_environ, rank_environ
-from controller.membership import NodeDecision, decide_nodes
+from controller.membership import NodeDecision, charge_failure, decide_nodes
 from controller.spares import SparePool, split_python
 from controller.stacks import capture
 from controller.state import ControllerState, GangRecord, ProcessedCommand
 from controller.topology import NodeTopology, RunBinding
 from schemas.events import (
     AgentReady,
+    AnomalyDetected,
     BackendDeclaration,
     Event,
     RankExited,
@@ -96,6 +97,10 @@ class Peers(Protocol):
         Returns:
             All ``nnodes`` of them, or those heard from within ``timeout_s``.
         """
+        ...
+
+    def cause(self, command: RestartRequested) -> AnomalyDetected | None:
+        """The verdict ``command`` was issued for (the record at its ``source``); None: unread."""
         ...
 
 
@@ -168,6 +173,23 @@ def launch_env(
         restart_from=None if resume is None else resume.env_value,
         stack_file=None if stack_file is None else str(stack_file),
     )
+
+
+def merge_stacks(
+    local: tuple[RankStack, ...], announced: Iterable[AgentReady]
+) -> tuple[RankStack, ...]:
+    """Every node's rank stacks, by rank: this node's, then those the other agents announced.
+
+    Args:
+        local: This node's (`RunSupervisor._take_stacks`).
+        announced: The other nodes' AgentReady for the same restart.
+
+    Returns:
+        One entry per rank (this node's own entry wins over a repeated rank), in rank order.
+    """
+    by_rank = {s.rank: s for ready in announced for s in ready.stacks}
+    by_rank.update({s.rank: s for s in local})
+    return tuple(by_rank[r] for r in sorted(by_rank))
 
 
 @dataclass
@@ -461,9 +483,9 @@ class RunSupervisor:
         if limit is not None and old.incarnation >= limit:
             self._give_up(command, f"--max-restarts {limit} reached (after {old.incarnation})")
             return
-        topology = self._next_nodes(command)
+        topology, stacks = self._next_nodes(command, stacks)
         if topology is None:
-            return  # the node decision failed the run (said why)
+            return  # the node decision failed the run, or dropped this node (said why)
         speaks = topology.node_rank == 0  # node 0 of the next incarnation speaks for the gang
         if speaks:
             self.announce_end(
@@ -540,17 +562,29 @@ class RunSupervisor:
         )
         return tuple(out)
 
-    def _next_nodes(self, command: RestartRequested) -> NodeTopology | None:
-        """This node's topology in the next incarnation; None: the run failed instead.
+    def _next_nodes(
+        self, command: RestartRequested, stacks: tuple[RankStack, ...]
+    ) -> tuple[NodeTopology | None, tuple[RankStack, ...]]:
+        """This node's topology in the next incarnation, and the gang's stacks.
 
-        One node, or no peers to ask: the same. Several: announce this agent ready
-        (`schemas.events.AgentReady`), wait for the others (``node_timeout_s``), and
-        let `controller.membership.decide_nodes` say full size, fewer nodes, or fail.
+        One node, or no peers to ask: the same topology, this node's stacks. Several:
+        announce this agent ready (`schemas.events.AgentReady`, with this node's stacks),
+        wait for the others (``node_timeout_s``), charge the restart to the node of the
+        rank its verdict names (`controller.membership.charge_failure`), and let
+        `controller.membership.decide_nodes` say full size, fewer nodes, or fail.
+
+        Args:
+            command: The command being executed.
+            stacks: Where this node's ranks were before the stop (`_take_stacks`).
+
+        Returns:
+            ``(topology, stacks)``: the topology None when the run failed or this node was
+            dropped (said why); the stacks of every node heard from, by rank.
         """
         rec = self.record
         node = rec.topology
         if node.nnodes == 1 or self.peers is None:
-            return node
+            return node, stacks
         nxt = rec.incarnation + 1
         self.publish(
             AgentReady(
@@ -561,36 +595,86 @@ class RunSupervisor:
                 node_rank=node.node_rank,
                 nnodes=node.nnodes,
                 host=HOST,
+                stacks=stacks,
             )
         )
         ready = dict(self.peers.await_ready(self.run_id, nxt, node.nnodes, rec.node_timeout_s))
+        others = [r for n, r in ready.items() if n != node.node_rank]
+        gang_stacks = merge_stacks(stacks, others)
         backend = self.peers.backend(self.run_id) or rec.backend
         if backend != rec.backend:
             self._save(backend=backend)
+        heard = {*ready, node.node_rank}
+        failures = charge_failure(
+            rec.node_failure_counts,
+            nnodes=node.nnodes,
+            nproc_per_node=node.nproc_per_node,
+            command=command,
+            verdict=self.peers.cause(command),
+            ready=heard,
+        )
+        if failures != rec.node_failure_counts:
+            log.warning(
+                "run %s: failures per node %s (--node-failure-budget %d)",
+                self.run_id,
+                list(failures),
+                rec.node_failure_budget,
+            )
         decision: NodeDecision = decide_nodes(
             node.nnodes,
-            {*ready, node.node_rank},
+            heard,
             min_nnodes=node.min_nnodes,
             backend=backend,
             timeout_s=rec.node_timeout_s,
+            failures=failures,
+            failure_budget=rec.node_failure_budget,
         )
         if decision.verdict == "fail":
             self._give_up(command, decision.reason)
-            return None
+            return None, gang_stacks
+        if node.node_rank not in decision.nodes:
+            self._save(node_failure_counts=failures)
+            self._dropped(decision)
+            return None, gang_stacks
+        self._save(node_failure_counts=decision.counts(failures))
         if decision.verdict == "full":
-            return node
+            if decision.reason:
+                log.warning("run %s: elastic by nodes: %s", self.run_id, decision.reason)
+            return node, gang_stacks
         first = decision.nodes[0]
         addr = node.master_addr
         if first != 0:  # node 0 is lost: the first survivor serves the rendezvous store
             announced = ready.get(first)
             addr = announced.host if announced is not None and announced.host else HOST
         log.warning("run %s: elastic by nodes: %s", self.run_id, decision.reason)
-        return msgspec.structs.replace(
-            node,
-            nnodes=len(decision.nodes),
-            node_rank=decision.new_rank(node.node_rank),
-            master_addr=addr,
+        return (
+            msgspec.structs.replace(
+                node,
+                nnodes=len(decision.nodes),
+                node_rank=decision.new_rank(node.node_rank),
+                master_addr=addr,
+            ),
+            gang_stacks,
         )
+
+    def _dropped(self, decision: NodeDecision) -> None:
+        """This node is left out of the next incarnation: its agent ends, its ranks stay down.
+
+        The run goes on on the other nodes (the next node 0 speaks for it); this agent
+        publishes nothing more and `controller.loop.Controller.serve` exits
+        `controller.loop.EXIT_DROPPED`.
+        """
+        node = self.record.topology
+        log.warning(
+            "run %s: node %d of %d dropped from incarnation %d: %s; this agent stops "
+            "(its ranks stay down) and the run goes on without it",
+            self.run_id,
+            node.node_rank,
+            node.nnodes,
+            self.record.incarnation + 1,
+            decision.reason,
+        )
+        self._save(status="dropped")
 
     def _next_size(self, command: RestartRequested, topology: NodeTopology) -> SizeDecision:
         """The world size of the respawn: elastic by ranks on one node, by nodes on several."""
@@ -646,5 +730,6 @@ __all__ = [
     "Resume",
     "RunSupervisor",
     "launch_env",
+    "merge_stacks",
     "resolve_resume",
 ]

@@ -595,6 +595,10 @@ class AgentReady(Event, frozen=True, kw_only=True, tag="agent_ready.v1"):
         node_rank: The agent's node in the ending incarnation.
         nnodes: Nodes of the ending incarnation.
         host: The agent's host (the next node 0's host serves the rendezvous store).
+        stacks: For a restart caused by a hang or a dead rank: where each of this node's
+            ranks was before the stop (the next node 0's agent lists every node's in its
+            RestartCompleted); empty otherwise, and in announcements written before it
+            existed.
     """
 
     command_id: Id
@@ -602,6 +606,7 @@ class AgentReady(Event, frozen=True, kw_only=True, tag="agent_ready.v1"):
     node_rank: Small
     nnodes: Size
     host: Id = ""
+    stacks: Annotated[tuple[RankStack, ...], Meta(max_length=MAX_RANKS)] = ()
 
 
 class CommandRejected(Event, frozen=True, kw_only=True, tag="command_rejected.v1"):

@@ -72,6 +72,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "heard from is lost",
     )
     nodes.add_argument(
+        "--node-failure-budget",
+        type=int,
+        default=2,
+        metavar="N",
+        help="restarts a node may cause (its rank named by the dead_rank or hang verdict); "
+        "one more and it is dropped like a lost node, when --min-nnodes and the backend allow",
+    )
+    nodes.add_argument(
         "--max-restarts",
         type=int,
         help="restart commands to execute; one more fails the run (default: no limit)",
@@ -237,6 +245,8 @@ def _validate(args: argparse.Namespace) -> list[str]:
         raise UsageError("--min-nproc must be >= 1, --rank-failure-budget >= 0")
     if args.grace_s < 0 or args.command_timeout <= 0:
         raise UsageError("--grace-s must be >= 0 and --command-timeout > 0")
+    if args.node_failure_budget < 0:
+        raise UsageError(f"--node-failure-budget must be >= 0, got {args.node_failure_budget}")
     if not args.node_timeout > 0:
         raise UsageError(f"--node-timeout must be > 0, got {args.node_timeout}")
     for pair in args.env:
@@ -337,6 +347,7 @@ def run(args: argparse.Namespace) -> int:
         topology=topology,
         host=HOST,
         node_timeout_s=args.node_timeout,
+        node_failure_budget=args.node_failure_budget,
         relay_socket=str(relay_socket_path(state_dir)) if args.relay else "",
         warm_spares=args.warm_spares,
         spare_preload=tuple(m.strip() for m in args.spare_preload.split(",") if m.strip()),

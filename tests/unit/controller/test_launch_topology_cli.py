@@ -36,6 +36,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
         ([*MULTI, "--min-nnodes", "0"], "--min-nnodes must be in 1..2"),
         (["--nproc", "2", "--min-nnodes", "1"], "--nproc is the one-host form"),
         ([*MULTI, "--node-timeout", "0"], "--node-timeout must be > 0"),
+        ([*MULTI, "--node-failure-budget", "-1"], "--node-failure-budget must be >= 0, got -1"),
     ],
 )
 def test_bad_topologies_are_one_line_usage_errors(argv, message, capsys, tmp_path):

@@ -18,9 +18,11 @@ from controller.supervisor import EXIT_HOLD_S, RunSupervisor
 from controller.topology import NodeTopology
 from schemas.events import (
     AgentReady,
+    AnomalyDetected,
     BackendDeclaration,
     Event,
     RankExited,
+    RankStack,
     RestartCompleted,
     RestartFailed,
     RestartRequested,
@@ -207,9 +209,14 @@ class HeardPeers:
     ready_nodes: tuple[int, ...]
     declared: BackendDeclaration | None = ELASTIC
     asked: list[tuple[str, int, int, float]] = field(default_factory=list)
+    verdict: AnomalyDetected | None = None
+    stacks: dict[int, tuple[RankStack, ...]] = field(default_factory=dict)
 
     def backend(self, run_id: str) -> BackendDeclaration | None:
         return self.declared
+
+    def cause(self, command: RestartRequested) -> AnomalyDetected | None:
+        return self.verdict
 
     def await_ready(self, run_id, incarnation, nnodes, timeout_s):
         self.asked.append((run_id, incarnation, nnodes, timeout_s))
@@ -222,6 +229,7 @@ class HeardPeers:
                 node_rank=n,
                 nnodes=nnodes,
                 host="10.0.0.1" if n == 0 else f"host{n}",
+                stacks=self.stacks.get(n, ()),
             )
             for n in self.ready_nodes
         }
@@ -305,3 +313,82 @@ def test_every_node_ready_restarts_at_full_size(tmp_path):
     assert sup.record.topology.nnodes == 2 and sup.record.world_size == 4
     assert [e["RANK"] for e in envs] == ["2", "3"]
     assert [type(e).__name__ for e in published] == ["AgentReady"] and ends == []
+
+
+def _verdict(rank: int) -> AnomalyDetected:
+    return AnomalyDetected(
+        run_id="r", ts_ns=1, verdict_id="v1", kind="dead_rank", step=3, rank=rank
+    )
+
+
+def _restart_failing(tmp_path, node: int, peers: HeardPeers, counts, **topology):
+    """`_restart_with`, the gang record already holding per-node failure ``counts``."""
+    sup, published, ends = _node(tmp_path, node, SLEEPER, **topology)
+    sup.record = msgspec.structs.replace(
+        sup.record, node_failure_counts=counts, node_failure_budget=2
+    )
+    sup.peers = peers
+    sup.launch(None)
+    try:
+        _envs(sup)
+        sup.execute(msgspec.structs.replace(COMMAND, world_size=None), time.monotonic())
+        envs = _envs(sup) if sup.record.status == "running" else []
+    finally:
+        sup.gang.stop(0.0, kill_now=True)
+    return sup, published, ends, envs
+
+
+def test_a_failure_charged_to_node_1_within_budget_restarts_both_at_full_size(tmp_path):
+    peers = HeardPeers((0, 1), verdict=_verdict(3))  # rank 3: node 1 of 2 ranks per node
+    sup, _published, _ends, envs = _restart_failing(tmp_path, 1, peers, (0, 1), min_nnodes=1)
+    assert sup.record.node_failure_counts == (0, 2)  # persisted, the same on every agent
+    assert (sup.record.incarnation, sup.record.world_size) == (1, 4)
+    assert [e["RANK"] for e in envs] == ["2", "3"]
+
+
+def test_node_1_over_its_failure_budget_is_dropped_and_its_agent_stops(tmp_path):
+    peers = HeardPeers((0, 1), verdict=_verdict(2))
+    sup, published, ends, envs = _restart_failing(tmp_path, 1, peers, (0, 2), min_nnodes=1)
+    assert sup.record.status == "dropped" and sup.finished
+    assert sup.record.node_failure_counts == (0, 3)  # its own view, not renumbered
+    assert sup.record.incarnation == 0 and envs == [] and sup.gang.running() == []
+    # It announced itself, then said nothing more: the run is not its to end or report.
+    assert [type(e).__name__ for e in published] == ["AgentReady"] and ends == []
+
+
+def test_node_0_goes_on_alone_when_node_1_is_over_its_failure_budget(tmp_path):
+    peers = HeardPeers((0, 1), verdict=_verdict(2))
+    sup, published, ends, envs = _restart_failing(tmp_path, 0, peers, (0, 2), min_nnodes=1)
+    rec = sup.record
+    assert (rec.status, rec.incarnation, rec.world_size, rec.topology.nnodes) == (
+        "running",
+        1,
+        2,
+        1,
+    )
+    assert rec.node_failure_counts == (0,)
+    (done,) = [e for e in published if isinstance(e, RestartCompleted)]
+    assert done.world_size == 2 and ends == [(0, "stopped")]
+    assert [(e["RANK"], e["WORLD_SIZE"]) for e in envs] == [("0", "2"), ("1", "2")]
+
+
+def test_a_failing_node_that_may_not_be_dropped_is_kept_at_full_size(tmp_path):
+    peers = HeardPeers((0, 1), verdict=_verdict(2))
+    sup, _published, _ends, envs = _restart_failing(tmp_path, 1, peers, (0, 2), min_nnodes=2)
+    assert (sup.record.status, sup.record.incarnation, sup.record.world_size) == ("running", 1, 4)
+    assert sup.record.node_failure_counts == (0, 3)
+    assert [e["RANK"] for e in envs] == ["2", "3"]
+
+
+def test_node_0_lists_every_nodes_stacks_in_restart_completed(tmp_path):
+    theirs = (
+        RankStack(rank=2, host="host1", where="before_step (examples/faults.py:140)"),
+        RankStack(rank=3, host="host1", where="allreduce (x.py:1)"),
+    )
+    peers = HeardPeers((0, 1), stacks={1: theirs})
+    _sup, published, _, _ = _restart_with(tmp_path, 0, peers)
+    (ready,) = [e for e in published if isinstance(e, AgentReady)]
+    (done,) = [e for e in published if isinstance(e, RestartCompleted)]
+    assert [s.rank for s in ready.stacks] == [0, 1]  # this node's own, announced
+    assert [s.rank for s in done.stacks] == [0, 1, 2, 3]
+    assert done.stacks[2:] == theirs and done.stacks[:2] == ready.stacks

@@ -7,7 +7,15 @@ import msgspec
 import pytest
 
 from schemas import codec, generate
-from schemas.events import BackendDeclaration, Heartbeat, RankExited, RunStarted, StepCompleted
+from schemas.events import (
+    AgentReady,
+    BackendDeclaration,
+    Heartbeat,
+    RankExited,
+    RankStack,
+    RunStarted,
+    StepCompleted,
+)
 
 from .test_codec import ONE_OF_EACH
 
@@ -107,3 +115,18 @@ def test_a_run_started_with_a_backend_declaration_round_trips():
     )
     assert isinstance(bare, RunStarted) and bare.backend == BackendDeclaration(name="megatron")
     assert not (bare.backend.reshardable_checkpoint or bare.backend.elastic_restart)
+
+
+def test_an_agent_ready_without_stacks_decodes_and_one_with_stacks_round_trips():
+    # Written before AgentReady carried its node's stacks.
+    old = (
+        b'{"type":"agent_ready.v1","run_id":"r","ts_ns":1,"command_id":"c","incarnation":1,'
+        b'"node_rank":1,"nnodes":2,"host":"n1"}'
+    )
+    event = codec.decode(old)
+    assert isinstance(event, AgentReady) and event.stacks == ()
+    assert b"stacks" not in codec.encode(event)  # an empty one stays off the wire
+    stacks = (RankStack(rank=1, host="n1", where="before_step (faults.py:1)"),)
+    new = msgspec.structs.replace(event, stacks=stacks)
+    again = codec.decode(codec.encode(new))
+    assert isinstance(again, AgentReady) and again.stacks == stacks
