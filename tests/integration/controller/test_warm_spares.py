@@ -22,8 +22,8 @@ from .conftest import WAIT_S, of_run, reference_losses, wait_events
 
 pytestmark = [pytest.mark.integration, pytest.mark.torch]
 
-STEPS = 60
-ARGS = ["--steps", str(STEPS), "--seed", "3", "--step-delay-s", "0.2"]
+STEPS = 40
+ARGS = ["--steps", str(STEPS), "--seed", "3", "--step-delay-s", "0.5"]
 
 
 def _ready_spares(state_dir: Path, count: int, run_done, timeout_s: float = WAIT_S) -> set[str]:
