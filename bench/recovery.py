@@ -25,8 +25,12 @@ the goal is < 1 s) and ``silence`` (``runwatch launch --no-exit-evidence``: the 
 waits for ``--dead-rank-timeout-s`` of log time, and both ranks are reported). One JSON
 line per run follows the tables, then one with the medians per path.
 
+``--warm-spares`` launches with ``runwatch launch --warm-spares`` (`controller.spares`):
+the new incarnation's ranks start in processes that imported torch beforehand. The kill
+then waits until every agent's spares are preloaded, so the figure is that of a warm node.
+
     .venv/bin/python bench/recovery.py [--runs 3] [--paths both|exit_evidence|silence]
-        [--nnodes 1|2]
+        [--nnodes 1|2] [--warm-spares] [--keep DIR]
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ sys.path.insert(0, str(REPO))
 
 from kafka import KafkaConsumer, TopicPartition  # noqa: E402
 
+from controller.state import DEFAULT_SPARE_PRELOAD  # noqa: E402
 from runwatch import admin  # noqa: E402
 from schemas.codec import decode  # noqa: E402
 from schemas.events import (  # noqa: E402
@@ -148,6 +153,13 @@ def wait_worker(bootstrap: str, prefix: str, timeout_s: float = 180.0) -> None:
         tail.close()
 
 
+def spares_ready(states: list[Path], per_node: int, warm: bool) -> bool:
+    """With ``--warm-spares``: True once every agent has its spares preloaded (else True)."""
+    if not warm:
+        return True
+    return all(len(list((s / "spares").glob("*.ready"))) >= per_node for s in states)
+
+
 def one_run(
     bootstrap: str, prefix: str, work: Path, args: argparse.Namespace, path: str
 ) -> dict[str, Any]:
@@ -167,6 +179,7 @@ def one_run(
     common = [
         "launch", "--bootstrap", bootstrap, "--prefix", prefix, "--run-id", run_id,
         "--checkpoint-dir", str(work / run_id / "ckpt"), *evidence,
+        *(["--warm-spares", "--spare-preload", args.spare_preload] if args.warm_spares else []),
     ]  # fmt: skip
     if args.nnodes == 1:
         states = [work / run_id / "state"]
@@ -201,7 +214,11 @@ def one_run(
                     continue
                 stamp = (record.timestamp * 1_000_000, read_ns)
                 if isinstance(event, StepCompleted):
-                    if kill_ns is None and event.step >= args.kill_at_step:
+                    if (
+                        kill_ns is None
+                        and event.step >= args.kill_at_step
+                        and spares_ready(states, 2 // args.nnodes, args.warm_spares)
+                    ):
                         ranks = json.loads((state / "gang.json").read_text())["ranks"]
                         (pid,) = [r["pid"] for r in ranks if r["rank"] == 1]
                         os.killpg(pid, signal.SIGKILL)
@@ -248,13 +265,28 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--bootstrap", help="Kafka (default: RUNWATCH_BOOTSTRAP, else embedded)")
     p.add_argument("--runs", type=int, default=3)
-    p.add_argument("--steps", type=int, default=60)
+    p.add_argument(
+        "--steps",
+        type=int,
+        help="steps per run (default 60; 200 with --warm-spares, whose kill waits for the "
+        "spares to preload)",
+    )
     p.add_argument("--kill-at-step", type=int, default=22)
     p.add_argument("--step-delay-s", type=float, default=0.05)
     p.add_argument("--dead-rank-timeout-s", type=float, default=3.0)
     p.add_argument("--hang-timeout-s", type=float, default=6.0)
     p.add_argument("--tick-interval-s", type=float, default=0.5)
     p.add_argument("--timeout-s", type=float, default=300.0)
+    p.add_argument(
+        "--warm-spares",
+        action="store_true",
+        help="launch with --warm-spares (the kill waits until every spare is preloaded)",
+    )
+    p.add_argument(
+        "--spare-preload",
+        default=",".join(DEFAULT_SPARE_PRELOAD),
+        help="with --warm-spares: what the spares import (runwatch launch --spare-preload)",
+    )
     p.add_argument("--keep", type=Path, help="keep logs and state dirs here (default: a temp dir)")
     p.add_argument("--paths", choices=(*PATHS, "both"), default="both")
     p.add_argument(
@@ -265,11 +297,15 @@ def main() -> int:
         help="2: one agent per node on loopback (1 rank each), rank 1's node is killed",
     )
     args = p.parse_args()
+    if args.steps is None:
+        args.steps = 200 if args.warm_spares else 60
     settings = {
         "dead_rank_timeout_s": args.dead_rank_timeout_s,
         "hang_timeout_s": args.hang_timeout_s,
         "tick_interval_s": args.tick_interval_s,
         "nnodes": args.nnodes,
+        "warm_spares": args.warm_spares,
+        "spare_preload": args.spare_preload if args.warm_spares else "",
     }
     with broker(args.bootstrap) as bootstrap, work_dir(args.keep) as work:
         prefix = f"bench{uuid.uuid4().hex[:8]}"

@@ -21,9 +21,10 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 from common.launch_env import LaunchEnv
 from controller.state import RankProcess
@@ -43,6 +44,43 @@ SCRUBBED_ENV = ("RUNWATCH_COMMAND_KEY", "RUNWATCH_COMMAND_KEY_FILE", "RUNWATCH_R
 RUNNING = "running"
 
 
+WarmStart = Callable[
+    [Sequence[str], Mapping[str, str], Path, Path], "subprocess.Popen[bytes] | None"
+]
+"""``(argv, env, log_path, exit_file) -> process``: a rank started in a warm spare, or None."""
+
+
+def start_wrapped(
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    exit_file: Path,
+    *,
+    stdout: IO[bytes],
+    stdin: int = subprocess.DEVNULL,
+) -> subprocess.Popen[bytes]:
+    """Start ``argv`` under `WRAPPER` in a session of its own (its pid is its group's id).
+
+    Args:
+        argv: The command.
+        env: Its whole environment.
+        exit_file: Where the wrapper writes the exit status when the command ends.
+        stdout: Its output (stderr goes there too).
+        stdin: Its input: ``subprocess.DEVNULL`` for a rank, ``subprocess.PIPE`` for a
+            warm spare waiting for its assignment.
+
+    Returns:
+        The wrapper's process.
+    """
+    return subprocess.Popen(
+        ["/bin/sh", "-c", WRAPPER, str(exit_file), *argv],
+        env=dict(env),
+        stdin=stdin,
+        stdout=stdout,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago (the rendezvous port)."""
     with socket.socket() as s:
@@ -50,10 +88,24 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def node_environ(base: Mapping[str, str], extra: Mapping[str, str]) -> dict[str, str]:
+    """What every rank of this node shares: ``base`` without `SCRUBBED_ENV`, then ``extra``.
+
+    A warm spare starts with it (`controller.spares`); a rank adds its contract.
+
+    Args:
+        base: The controller's environment.
+        extra: Variables the gang record adds (``runwatch launch --env``).
+    """
+    env = {k: v for k, v in base.items() if k not in SCRUBBED_ENV}
+    env.update(extra)
+    return env
+
+
 def rank_environ(
     base: Mapping[str, str], extra: Mapping[str, str], launch: LaunchEnv
 ) -> dict[str, str]:
-    """The environment of one rank: ``base`` without `SCRUBBED_ENV`, ``extra``, the contract.
+    """The environment of one rank: `node_environ`, then the rank's contract.
 
     Args:
         base: The controller's environment.
@@ -63,8 +115,7 @@ def rank_environ(
     Returns:
         The environment.
     """
-    env = {k: v for k, v in base.items() if k not in SCRUBBED_ENV}
-    env.update(extra)
+    env = node_environ(base, extra)
     env.update(launch.to_environ())
     return env
 
@@ -120,6 +171,7 @@ class Gang:
         exit_files: Sequence[Path],
         *,
         ranks: Sequence[int] | None = None,
+        warm: WarmStart | None = None,
     ) -> Gang:
         """Start one wrapped process per rank, each in its own session.
 
@@ -130,6 +182,8 @@ class Gang:
             exit_files: Each rank's exit-status file (removed first if present).
             ranks: The global rank of each process (default ``0..len(envs)-1``; node I of
                 a multi-node gang of K ranks per node starts ``I*K .. I*K+K-1``).
+            warm: Starts a rank in a warm spare where one is left (`controller.spares`);
+                a rank it returns None for starts cold.
 
         Returns:
             The running gang.
@@ -140,15 +194,10 @@ class Gang:
             numbers, envs, log_paths, exit_files, strict=True
         ):
             exit_file.unlink(missing_ok=True)
-            with log_path.open("ab") as log:
-                proc = subprocess.Popen(
-                    ["/bin/sh", "-c", WRAPPER, str(exit_file), *argv],
-                    env=dict(env),
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
+            proc = warm(argv, env, log_path, exit_file) if warm is not None else None
+            if proc is None:
+                with log_path.open("ab") as log:
+                    proc = start_wrapped(argv, env, exit_file, stdout=log)
             children[rank] = proc
             started.append(RankProcess(rank=rank, pid=proc.pid, start_ticks=start_ticks(proc.pid)))
         return cls(tuple(started), tuple(exit_files), children)
@@ -215,4 +264,15 @@ class Gang:
         self.wait(30.0)
 
 
-__all__ = ["RUNNING", "SCRUBBED_ENV", "WRAPPER", "Gang", "free_port", "rank_environ", "start_ticks"]
+__all__ = [
+    "RUNNING",
+    "SCRUBBED_ENV",
+    "WRAPPER",
+    "Gang",
+    "WarmStart",
+    "free_port",
+    "node_environ",
+    "rank_environ",
+    "start_ticks",
+    "start_wrapped",
+]

@@ -462,7 +462,9 @@ class Controller:
         return EXIT_DROPPED if statuses == {"dropped"} else 1
 
     def close(self) -> None:
-        """Close the log watches' emitters, the commands consumer and the publisher."""
+        """Release warm spares, close the log watches, the consumer and the publisher."""
+        for run in self.runs.values():
+            run.close()
         for watch in self.watches.values():
             watch.close()
         self.consumer.close()

@@ -34,6 +34,18 @@ GangStatus = Literal["running", "completed", "failed", "dropped"]
 failing, `controller.membership`); the run goes on without it."""
 
 
+DEFAULT_SPARE_PRELOAD = (
+    "torch",
+    "torch.distributed",
+    "torch.distributed.checkpoint",
+    "torch._inductor.config",
+)
+"""What a warm spare imports while it waits (``runwatch launch --spare-preload``), besides
+the script's own top-level imports (`controller.warm_start`). DCP is imported lazily by
+most scripts (1.4 s here); ``torch._inductor.config`` by ``torch.compile`` and by
+``torch.use_deterministic_algorithms`` (1.2 s here): a spare pays both before it is needed."""
+
+
 class RankProcess(msgspec.Struct, frozen=True, kw_only=True):
     """One launched rank.
 
@@ -94,6 +106,10 @@ class GangRecord(msgspec.Struct, frozen=True, kw_only=True):
         relay_socket: The Unix socket of this agent's relay (``runwatch launch
             --relay``, `controller.relay`): the ranks hand it their events and the agent
             owns the node's one Kafka producer; "" without a relay.
+        warm_spares: Keep a warm spare per local rank slot (``runwatch launch
+            --warm-spares``, `controller.spares`): a restart's ranks start in processes
+            that already imported `spare_preload`.
+        spare_preload: The modules a warm spare imports while it waits.
         node_failure_budget: ``--node-failure-budget``: failures a node of a multi-node
             gang may cause; one more and it is dropped when ``--min-nnodes`` allows.
         node_failure_counts: Failures charged per node of the current incarnation
@@ -128,6 +144,8 @@ class GangRecord(msgspec.Struct, frozen=True, kw_only=True):
     node_timeout_s: float = 60.0
     backend: BackendDeclaration | None = None
     relay_socket: str = ""
+    warm_spares: bool = False
+    spare_preload: tuple[str, ...] = DEFAULT_SPARE_PRELOAD
     node_failure_budget: int = 2
     node_failure_counts: tuple[int, ...] = ()
 

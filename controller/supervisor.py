@@ -42,8 +42,9 @@ from controller.elastic import (
     due_reports,
     next_world_size,
 )
-from controller.gang import RUNNING, Gang, free_port, rank_environ
+from controller.gang import RUNNING, Gang, free_port, node_environ, rank_environ
 from controller.membership import NodeDecision, charge_failure, decide_nodes
+from controller.spares import SparePool, split_python
 from controller.stacks import capture
 from controller.state import ControllerState, GangRecord, ProcessedCommand
 from controller.topology import NodeTopology, RunBinding
@@ -206,6 +207,10 @@ class RunSupervisor:
         dead_since_s: When the whole gang was noticed dead (monotonic), None while alive.
         peers: The other agents of a multi-node gang (None: restart at full size without
             asking who is there, as on one node).
+        spares: The run's warm spares on this node (``--warm-spares``), made at the first
+            launch; None without.
+        launched_s: When this agent last launched the gang (monotonic; spares are
+            refilled `controller.spares.SparePool.delay_s` after it).
     """
 
     state: ControllerState
@@ -217,6 +222,8 @@ class RunSupervisor:
     exits: dict[int, RankExit] = field(default_factory=dict)
     unreported: dict[int, RankExit] = field(default_factory=dict)
     dead_since_s: float | None = None
+    spares: SparePool | None = None
+    launched_s: float | None = None
 
     @property
     def run_id(self) -> str:
@@ -261,26 +268,66 @@ class RunSupervisor:
             for local in node.local_ranks
         ]
         ranks = node.global_ranks
+        spares = self._spare_pool(len(ranks))
+        taken = spares.taken if spares is not None else 0
         self.gang = Gang.launch(
             rec.argv,
             envs,
             [self.state.log_path(rec.incarnation, r) for r in ranks],
             [self.state.exit_path(rec.incarnation, r) for r in ranks],
             ranks=ranks,
+            warm=spares.start_rank if spares is not None else None,
         )
+        self.launched_s = time.monotonic()
         self.exits, self.unreported, self.dead_since_s = {}, {}, None
         self._save(ranks=self.gang.ranks, master_port=port)
+        warm = (spares.taken - taken) if spares is not None else 0
         log.warning(
-            "run %s incarnation %d: node %d/%d started ranks %s (pids %s), rendezvous port %s:%d",
+            "run %s incarnation %d: node %d/%d started ranks %s (pids %s%s), rendezvous port %s:%d",
             rec.run_id,
             rec.incarnation,
             node.node_rank,
             node.nnodes,
             list(ranks),
             [p.pid for p in self.gang.ranks],
+            f"; {warm} in warm spares" if warm else "",
             node.master_addr,
             port,
         )
+
+    def _spare_pool(self, size: int) -> SparePool | None:
+        """The run's warm spares, sized for this node's ranks (made on first use)."""
+        rec = self.record
+        if not rec.warm_spares:
+            return None
+        if self.spares is None:
+            split = split_python(rec.argv)
+            if split is None:  # `runwatch launch` refuses this; an edited record may not
+                log.warning(
+                    "run %s: warm spares need a Python command; ranks start cold", rec.run_id
+                )
+                return None
+            self.spares = SparePool(
+                root=self.state.root / "spares",
+                interpreter=tuple(split[0]),
+                target=tuple(split[1]),
+                env=node_environ(os.environ, rec.env),
+                preload=rec.spare_preload,
+            )
+        self.spares.size = size
+        return self.spares
+
+    def _refill_spares(self, now_s: float) -> None:
+        pool = self.spares
+        if pool is None or self.launched_s is None or now_s - self.launched_s < pool.delay_s:
+            return
+        if len(pool.spares) < pool.size:
+            pool.fill()
+
+    def close(self) -> None:
+        """Release this run's warm spares (the gang itself is left as it is)."""
+        if self.spares is not None:
+            self.spares.close()
 
     # ------------------------------------------------------------------ watching
 
@@ -295,7 +342,9 @@ class RunSupervisor:
         Ranks the controller stops itself are never observed (a restart resets ``exits``).
         """
         if self.finished:
+            self.close()
             return
+        self._refill_spares(now_s)
         noticed = []
         for proc in self.record.ranks:
             if proc.rank in self.exits:
@@ -670,6 +719,7 @@ class RunSupervisor:
     def stop(self) -> None:
         """Stop the gang for good (the controller itself was asked to stop)."""
         self.gang.stop(self.record.grace_s)
+        self.close()
         self._save(status="failed")
 
 

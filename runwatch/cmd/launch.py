@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common.errors import UsageError
+from controller.state import DEFAULT_SPARE_PRELOAD
 from controller.topology import NodeTopology, TopologyError, resolve_topology
 from producers.logtail import FORMATS
 from runwatch.cmd._supervision import add_supervision_args
@@ -148,6 +149,20 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "(RUNWATCH_RELAY_SOCKET) instead of running Kafka clients; the agent packs each run's "
         "heartbeats and produces with the node's one Kafka producer",
     )
+    parser.add_argument(
+        "--warm-spares",
+        action="store_true",
+        help="keep one process per local rank slot with torch imported, waiting to become a "
+        "rank of the next incarnation: a restart skips the ranks' interpreter start and "
+        "imports (the command must be `python [flags] script.py ...` or `python -m module`)",
+    )
+    parser.add_argument(
+        "--spare-preload",
+        default=",".join(DEFAULT_SPARE_PRELOAD),
+        metavar="MODULES",
+        help="with --warm-spares: comma-separated modules a spare imports while it waits "
+        "(default %(default)s; add the script's own heavy imports)",
+    )
     parser.add_argument("argv", nargs=argparse.REMAINDER, help="-- COMMAND ARGS...")
 
 
@@ -237,6 +252,14 @@ def _validate(args: argparse.Namespace) -> list[str]:
     for pair in args.env:
         if "=" not in pair:
             raise UsageError(f"--env expects NAME=VALUE, got {pair!r}")
+    if args.warm_spares:
+        from controller.spares import split_python
+
+        if split_python(argv) is None:
+            raise UsageError(
+                "--warm-spares needs a Python command (`python [flags] script.py ...` or "
+                f"`python -m module ...`), got {' '.join(argv[:3])!r}"
+            )
     if args.log_format is None:
         if args.log_regex is not None or args.tokens_per_step:
             raise UsageError("--log-regex and --tokens-per-step go with --log-format")
@@ -326,6 +349,8 @@ def run(args: argparse.Namespace) -> int:
         node_timeout_s=args.node_timeout,
         node_failure_budget=args.node_failure_budget,
         relay_socket=str(relay_socket_path(state_dir)) if args.relay else "",
+        warm_spares=args.warm_spares,
+        spare_preload=tuple(m.strip() for m in args.spare_preload.split(",") if m.strip()),
     )
     state.save_gang(record)
     controller, (supervisor,) = build_controller([state], keys, bootstrap, prefix)
