@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import threading
 from typing import Any
 
 from common.errors import UsageError
@@ -101,6 +102,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="failover time: a worker silent this long loses its partitions to the others",
     )
     parser.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=SHUTDOWN_TIMEOUT_S,
+        metavar="SECONDS",
+        help="longest a stop (SIGTERM/SIGINT) may take, e.g. with Kafka gone, before the "
+        "worker exits 1 without finishing it (nothing is lost: outputs precede offsets)",
+    )
+    parser.add_argument(
         "--replication-factor",
         type=int,
         default=None,
@@ -123,20 +132,50 @@ _LIBRARY_LOGGERS = ("faust", "mode", "aiokafka")
 _LOGLEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warn": logging.WARNING}
 
 
-def make_worker(app: Any) -> Any:
+SHUTDOWN_TIMEOUT_S = 30.0
+"""Longest a stop (SIGTERM, SIGINT) may take before the worker exits without finishing it."""
+
+
+def make_worker(app: Any, shutdown_timeout_s: float = SHUTDOWN_TIMEOUT_S) -> Any:
     """A faust worker that leaves logging and the terminal to the runwatch command line.
 
     faust's own worker replaces the logging set up by `runwatch.cli` (root at DEBUG with a
     handler on stdout) and draws a progress spinner whose cursor codes (``ESC[?25l``,
     ``ESC[?25h``) it writes even when stdout is a file or a pipe. This one keeps our
     logging (``override_logging=False``) and draws no spinner.
+
+    Its stop is bounded: faust's stop waits on the broker (commits, the producer's flush,
+    leaving the group), and with the broker gone it waited for ever, so SIGTERM did
+    nothing and only SIGKILL ended the worker. After ``shutdown_timeout_s`` the worker
+    exits with status 1 without finishing. That loses nothing: every output is published
+    before the state and the offset that record it (docs/processors.md), which is what
+    makes a SIGKILL safe, and a stop cut short is no worse than one.
     """
     from faust.worker import Worker
+
+    log = logging.getLogger("runwatch")
+
+    def give_up() -> None:
+        log.error(
+            "the worker did not stop within %g s (is Kafka reachable?); exiting without "
+            "finishing the stop: the next worker resumes from the last committed offsets",
+            shutdown_timeout_s,
+        )
+        logging.shutdown()
+        os._exit(1)
 
     class _Worker(Worker):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self.spinner = None  # faust creates it unconditionally; we never draw one
+
+        def _schedule_shutdown(self, signal: Any) -> None:
+            if not self._signal_stop_time:
+                log.info("stopping on %s (at most %g s)", signal.name, shutdown_timeout_s)
+                timer = threading.Timer(shutdown_timeout_s, give_up)
+                timer.daemon = True
+                timer.start()
+            super()._schedule_shutdown(signal)
 
         async def on_startup_finished(self) -> None:
             await super().on_startup_finished()
@@ -182,8 +221,11 @@ def run(args: argparse.Namespace) -> int:
     if store == "rocksdb" and (why := rocksdb_missing()) is not None:
         raise UsageError(why)
     batch_max = BATCH_MAX[ingest] if args.batch_max is None else args.batch_max
-    if batch_max < 1 or min(args.tick_interval, args.session_timeout) <= 0:
-        raise UsageError("--tick-interval, --batch-max and --session-timeout must be positive")
+    if batch_max < 1 or min(args.tick_interval, args.session_timeout, args.shutdown_timeout) <= 0:
+        raise UsageError(
+            "--tick-interval, --batch-max, --session-timeout and --shutdown-timeout must be "
+            "positive"
+        )
     partitions = partition_counts(args.partitions)
     overrides = parse_overrides(args.overrides)
     cfg = detector_config(overrides)
@@ -224,7 +266,7 @@ def run(args: argparse.Namespace) -> int:
     watch = watch_broker(bootstrap)
     try:
         app = create_app(settings, cfg, key)  # type: ignore[arg-type]
-        make_worker(app).execute_from_commandline()
+        make_worker(app, args.shutdown_timeout).execute_from_commandline()
     finally:
         logging.getLogger("aiokafka").removeHandler(watch)
         watch.close()

@@ -104,3 +104,26 @@ def test_broker_outage_costs_a_few_lines_and_loses_nothing(tmp_path):
         # line bound above is what an outage must keep)
     finally:
         broker.stop()
+
+
+def test_a_worker_stops_on_sigterm_even_with_the_broker_gone(tmp_path):
+    # Before the bound, faust's stop waited on the vanished broker for ever (2.5 hours seen):
+    # SIGTERM did nothing and only SIGKILL ended the worker.
+    import signal
+
+    broker = EmbeddedBroker(tmp_path / "kafka")
+    bootstrap = broker.start().bootstrap
+    try:
+        admin.create_catalogue(bootstrap, prefix="gone", partitions=2)
+        with workers(bootstrap, "gone", tmp_path, partitions=2) as start:
+            worker = start(extra=["--shutdown-timeout", "5"])
+            _wait_line(worker.log_path, "processors ready")
+            broker.kill()
+            _wait_line(worker.log_path, "does not answer")
+            worker.proc.send_signal(signal.SIGTERM)
+            assert worker.wait(WAIT_S) == 1, worker.log_tail(40)
+        log = worker.log_path.read_text(errors="replace")
+        assert "stopping on SIGTERM (at most 5 s)" in log
+        assert "did not stop within 5 s" in log
+    finally:
+        broker.stop()
