@@ -351,6 +351,12 @@ class _BatchSink:
         self.app = app
         self.roles = roles  # input topic name -> the role's body (table, writes, publish)
 
+    @property
+    def stats(self) -> transport.RoundStats:
+        """The batch path's timing summary (`processors.transport.RoundStats`)."""
+        ingest = self.app.batch_ingest if isinstance(self.app, transport.App) else None
+        return ingest.stats if ingest is not None else transport.RoundStats()
+
     async def __call__(self, batches: Mapping[Any, Sequence[ConsumerRecord]]) -> None:
         by_topic: dict[str, list[RawRecord]] = {}
         for tp, recs in batches.items():
@@ -378,6 +384,8 @@ class _BatchSink:
         agents = [self.roles[topic] for topic in by_topic]
         for agent in agents:
             await agent.wait_for_metadata()
+        stats = self.stats
+        t0 = time.perf_counter()
         outputs: list[Event] = []
         writes: list[tuple[_Agent, dict[str, bytes]]] = []
         for agent, records in zip(agents, by_topic.values(), strict=True):
@@ -385,10 +393,15 @@ class _BatchSink:
             result = fold_batch(agent.role, good, agent.load, agent.runs_in_partition, agent.cfg)
             outputs += [*dead, *result.dead, *(agent.finish(o) for o in result.outputs)]
             writes.append((agent, result.encoded))
+        t1 = time.perf_counter()
         if outputs:
             await agents[0].publish(outputs)
+        t2 = time.perf_counter()
         for agent, encoded in writes:
             await agent.write_states(encoded)
+        stats.note("fold_ms", 1000 * (t1 - t0))
+        stats.note("publish_ms", 1000 * (t2 - t1))
+        stats.note("write_ms", 1000 * (time.perf_counter() - t2))
 
 
 def _pin(events: list[Any]) -> None:

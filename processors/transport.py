@@ -29,7 +29,9 @@ second while cutting the outage loop five-fold; the log lines are summarised on 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any, Final
@@ -156,9 +158,11 @@ class Consumer(driver.Consumer):
             async for item in super().getmany(timeout):
                 yield item
             return
+        t_wait = time.perf_counter()
         records, active = await self._wait_next_records(timeout)
         if records is None or self.should_stop:
             return
+        ingest.stats.note("wait_ms", 1000 * (time.perf_counter() - t_wait))
         if not self.flow_active:  # as faust's: back to the committed offsets
             try:
                 await self.perform_seek()
@@ -274,6 +278,58 @@ REVOKE_WAIT_S: Final = 30.0
 """Longest a revocation waits for the batch in flight to be applied and acknowledged."""
 
 
+class RoundStats:
+    """Where the batch path's time goes: one summary line every ``interval_s``, or nothing.
+
+    Enabled by `ENV` (seconds between lines; unset or 0: off, and `note` costs one
+    attribute test). Each line is ``batch path stats: {json}`` with, per quantity, the
+    count, p50, p99, max and sum over the interval; ``bench/latency.py`` reads them.
+    Quantities: ``wait_ms`` (the fetch: `Consumer.getmany` waiting for records across
+    faust's consumer thread), ``records`` (records per round), ``age_ms`` (the round's
+    oldest record's age, from its Kafka timestamp, when the fold starts), ``fold_ms``
+    (decode + `fold_batch`, all roles), ``publish_ms`` (outputs sent and acknowledged),
+    ``write_ms`` (table writes), ``ack_ms`` (offset ranges acknowledged, and the commit
+    when one is due), ``round_ms`` (the whole round).
+    """
+
+    ENV = "RUNWATCH_BATCH_STATS_S"
+
+    def __init__(self, interval_s: float = 0.0) -> None:
+        """Summarise every ``interval_s`` seconds (0: never, and keep nothing)."""
+        self.interval_s = interval_s
+        self.samples: dict[str, list[float]] = {}
+        self.since = time.monotonic()
+
+    @classmethod
+    def from_env(cls) -> RoundStats:
+        """The stats the environment asks for."""
+        raw = os.environ.get(cls.ENV, "").strip()
+        return cls(float(raw) if raw else 0.0)
+
+    def note(self, name: str, value: float) -> None:
+        """Record one sample of ``name``."""
+        if self.interval_s:
+            self.samples.setdefault(name, []).append(value)
+
+    def maybe_report(self) -> None:
+        """Log the summary line when an interval has passed, and start the next."""
+        now = time.monotonic()
+        if not self.interval_s or now - self.since < self.interval_s:
+            return
+        summary: dict[str, Any] = {"t": round(time.time(), 3), "interval_s": now - self.since}
+        for name, values in self.samples.items():
+            values.sort()
+            summary[name] = {
+                "n": len(values),
+                "p50": round(values[len(values) // 2], 2),
+                "p99": round(values[min(len(values) - 1, int(0.99 * len(values)))], 2),
+                "max": round(values[-1], 2),
+                "sum": round(sum(values), 1),
+            }
+        log.info("batch path stats: %s", json.dumps(summary))
+        self.samples, self.since = {}, now
+
+
 class _Cursor:
     """Where one partition stands on the batch path.
 
@@ -325,6 +381,7 @@ class BatchIngest:
         self.cursors: dict[TP, _Cursor] = {}
         self.idle = asyncio.Event()
         self.idle.set()
+        self.stats = RoundStats.from_env()
 
     def forget(self, tps: Iterable[TP] | None = None) -> None:
         """Drop the cursors of ``tps`` (all when None): their next batch starts from the commit."""
@@ -393,7 +450,14 @@ class BatchIngest:
             take[tp] = (start, recs)
         if not take or not consumer.flow_active or app.consumer_generation_id != generation:
             return
+        stats = self.stats
+        if stats.interval_s:
+            stats.note("records", sum(len(recs) for _, recs in take.values()))
+            oldest_ms = min(recs[0].timestamp or 0 for _, recs in take.values())
+            stats.note("age_ms", time.time() * 1000 - oldest_ms)
+        t_sink = time.perf_counter()
         await self.sink({tp: recs for tp, (_, recs) in take.items()})
+        t_ack = time.perf_counter()
         if app.consumer_generation_id != generation:
             log.info("batch path: rebalanced while applying a round; not acknowledging it")
             return
@@ -410,6 +474,11 @@ class BatchIngest:
         if commit_every is not None and consumer._n_acked >= commit_every:
             consumer._n_acked = 0
             await consumer.commit()
+        if stats.interval_s:
+            now_s = time.perf_counter()
+            stats.note("ack_ms", 1000 * (now_s - t_ack))
+            stats.note("round_ms", 1000 * (now_s - t_sink))
+            stats.maybe_report()
 
     async def _cursor(self, consumer: Consumer, tp: TP) -> _Cursor:
         cursor = self.cursors.get(tp)
