@@ -63,7 +63,6 @@ import aiokafka
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
 from processors.fleet import committed_offsets
-from processors.logread import partition_for
 from runwatch.admin import create_catalogue
 from runwatch.procs import ManagedProcess
 from schemas.codec import decode, encode, encode_key, encode_pack
@@ -273,6 +272,50 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def thread_cpu(pid: int) -> dict[str, tuple[float, float]]:
+    """Per thread of ``pid``: (CPU seconds, seconds runnable but waiting for a CPU) so far.
+
+    From ``/proc/PID/task/TID/schedstat`` (run time ns, run-queue wait ns); threads are
+    named ``main`` (the thread group leader, the worker's event loop and fold) and
+    ``other`` (summed: faust's consumer thread, aiokafka's, the GC's...).
+    """
+    out = {"main": (0.0, 0.0), "other": (0.0, 0.0)}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            run_ns, wait_ns, _ = (int(x) for x in (task / "schedstat").read_text().split())
+        except (OSError, ValueError):
+            continue
+        name = "main" if task.name == str(pid) else "other"
+        run, wait = out[name]
+        out[name] = (run + run_ns / 1e9, wait + wait_ns / 1e9)
+    return out
+
+
+def box_busy() -> tuple[float, float]:
+    """(busy CPU seconds of the whole machine, elapsed CPU seconds) so far, from /proc/stat."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    idle = fields[3] + fields[4]
+    total = sum(fields[:8])
+    tick = os.sysconf("SC_CLK_TCK")
+    return (total - idle) / tick, total / tick
+
+
+def broker_pid(bootstrap: str) -> int | None:
+    """The pid listening on the bootstrap port (``ss``), if this machine runs the broker."""
+    import re
+    import subprocess
+
+    port = bootstrap.rsplit(":", 1)[-1]
+    try:
+        out = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True, timeout=5).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    for line in out.splitlines():
+        if f":{port} " in line and (m := re.search(r"pid=(\d+)", line)):
+            return int(m.group(1))
+    return None
+
+
 def end_offsets(bootstrap: str, topics: list[str]) -> dict[tuple[str, int], int]:
     consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False)
     tps = [TopicPartition(t, p) for t in topics for p in consumer.partitions_for_topic(t) or ()]
@@ -286,55 +329,52 @@ def behind(bootstrap: str, group: str, target: dict[tuple[str, int], int]) -> in
     return sum(max(0, n - done.get(tp, 0)) for tp, n in target.items())
 
 
-def capacity(bootstrap: str, group: str, heartbeats: str, inputs: list[str], world: int,
-             started: list[str], worker: ManagedProcess) -> dict[str, float]:  # fmt: skip
-    """Events/s of the drain, from the first commit to the last (start-up not counted).
+def stats_lines(log: Path) -> list[dict[str, Any]]:
+    """The worker's `RoundStats` lines, in order."""
+    out = []
+    for line in log.read_text(errors="replace").splitlines():
+        if "batch path stats: " in line:
+            out.append(json.loads(line.split("batch path stats: ", 1)[1]))
+    return out
 
-    A committed offset is turned into events per partition: the heartbeat partitions begin
-    with their runs' `RunStarted` records (one event each), every later record there is a
-    pack of ``world`` events; a step record is one event.
+
+def capacity(bootstrap: str, group: str, inputs: list[str], events: int,
+             worker: ManagedProcess, stats_s: float) -> dict[str, float]:  # fmt: skip
+    """Events/s of the backlog's drain: from its first round's start to its last round's end.
+
+    The rounds come from the worker's `RoundStats` lines (every record is counted, so the
+    line in which the rounds' records reach the backlog's holds the drain's last round);
+    the drain is over when the group's committed offsets reach the end of the backlog.
     """
     target = end_offsets(bootstrap, inputs)
-    hb_parts = sum(1 for t, _ in target if t == heartbeats)
-    first_records: dict[tuple[str, int], int] = {}
-    for run in started:
-        tp = (heartbeats, partition_for(run, hb_parts))
-        first_records[tp] = first_records.get(tp, 0) + 1
-
-    def events_of(offsets: dict[tuple[str, int], int]) -> int:
-        total = 0
-        for tp, n in offsets.items():
-            n = min(n, target.get(tp, 0))
-            if tp[0] == heartbeats:
-                s = first_records.get(tp, 0)
-                total += min(n, s) + world * max(0, n - s)
-            elif tp in target:
-                total += n
-        return total
-
-    goal = events_of(target)
-    samples: list[tuple[float, int, float]] = []
-    deadline = time.monotonic() + 600
-    while True:
-        done = events_of(committed_offsets(bootstrap, group))
-        samples.append((time.monotonic(), done, cpu_s(worker.proc.pid)))
-        if done >= goal:
-            break
+    records = sum(target.values())
+    deadline = time.monotonic() + 900
+    cpu = [(time.time(), cpu_s(worker.proc.pid))]
+    while behind(bootstrap, group, target):
         if time.monotonic() > deadline or worker.returncode is not None:
             raise SystemExit(f"the worker did not drain the backlog; see {worker.log_path}")
-        time.sleep(0.1)  # the sampling interval of a measurement
-    first = next(i for i, (_, n, _) in enumerate(samples) if n > 0)
-    t_first, e_first, cpu_first = samples[first]
-    t_last, e_last, cpu_last = samples[-1]
-    span_s = t_last - t_first
-    if span_s < 3:
-        print(f"warning: the drain spanned {span_s:.1f} s of commits; use a larger backlog")
-    events = max(1, e_last - e_first)
+        cpu.append((time.time(), cpu_s(worker.proc.pid)))
+        time.sleep(0.2)  # the sampling interval of a measurement
+    time.sleep(stats_s + 1.5)  # the last drain round's stats line (a tick round writes it)
+    lines = [s for s in stats_lines(worker.log_path) if "first_start" in s]
+    done = 0
+    start_s = lines[0]["first_start"]
+    end_s = start_s
+    for line in lines:
+        done += int(line["records"]["sum"])
+        end_s = line["last_end"]
+        if done >= records:
+            break
+    else:
+        raise SystemExit(f"the worker's stats lines count {done} of {records} records")
+    span_s = max(end_s - start_s, 1e-9)
+    inside = [c for t, c in cpu if start_s <= t <= end_s]
+    cpu_us = 1e6 * (inside[-1] - inside[0]) / events if len(inside) > 1 else float("nan")
     return {
-        "capacity_events_per_s": events / max(span_s, 1e-9),
-        "capacity_events": events,
+        "capacity_events_per_s": events / span_s,
+        "capacity_records_per_s": records / span_s,
         "drain_s": span_s,
-        "drain_cpu_us_per_event": 1e6 * (cpu_last - cpu_first) / events,
+        "drain_cpu_us_per_event": cpu_us,
     }
 
 
@@ -362,12 +402,11 @@ def figures(sent_ms: dict[tuple[str, int], int], seen: dict[tuple[str, int], tup
 
 def round_stats(log: Path, window: tuple[float, float]) -> dict[str, dict[str, float]]:
     """The worker's `RoundStats` lines inside ``window``, merged (p50 as the median of p50s)."""
-    lines = []
-    for line in log.read_text(errors="replace").splitlines():
-        if "batch path stats: " in line:
-            stats = json.loads(line.split("batch path stats: ", 1)[1])
-            if window[0] <= stats["t"] - stats["interval_s"] and stats["t"] <= window[1] + 0.5:
-                lines.append(stats)
+    lines = [
+        s
+        for s in stats_lines(log)
+        if window[0] <= s["t"] - s["interval_s"] and s["t"] <= window[1] + 0.5
+    ]
     merged: dict[str, dict[str, float]] = {}
     for name in ("records", "wait_ms", "age_ms", "fold_ms", "publish_ms", "write_ms", "ack_ms",
                  "round_ms"):  # fmt: skip
@@ -397,7 +436,7 @@ def main() -> int:
     parser.add_argument("--probes", type=int, default=20)
     parser.add_argument("--probe-period-s", type=float, default=0.05)
     parser.add_argument("--batch-max", type=int, default=None, help="the worker's --batch-max")
-    parser.add_argument("--stats-s", type=float, default=2.0, help="RoundStats interval")
+    parser.add_argument("--stats-s", type=float, default=1.0, help="RoundStats interval")
     parser.add_argument("--keep-log", type=Path, default=None, help="copy the worker log here")
     args = parser.parse_args()
     ctx = mp.get_context("spawn")
@@ -423,7 +462,7 @@ def main() -> int:
         log = tmp / "worker.log"
         worker = start_worker(bootstrap, prefix, args.partitions, log, args.batch_max, args.stats_s)
         stack.callback(worker.stop)
-        cap = capacity(bootstrap, group, topics.heartbeats, inputs, args.world, runs, worker)
+        cap = capacity(bootstrap, group, inputs, backlog_events, worker, args.stats_s)
 
         # 2. Idle, then 3. loaded, with the probes and the watcher throughout.
         ready, stop = ctx.Event(), ctx.Event()
@@ -444,6 +483,11 @@ def main() -> int:
         gen = ctx.Process(target=load_process, args=(bootstrap, prefix, runs, args.world,
                           args.backlog_steps + 1, rate, args.load_s, load_tx))  # fmt: skip
         cpu_w0 = cpu_s(worker.proc.pid)
+        threads0 = thread_cpu(worker.proc.pid)
+        bpid = broker_pid(bootstrap)
+        cpu_b0 = cpu_s(bpid) if bpid else 0.0
+        box0 = box_busy()
+        me0 = time.process_time() + cpu_s(watcher.pid)
         load0 = os.getloadavg()[0]
         t_load = time.time()
         gen.start()
@@ -451,6 +495,10 @@ def main() -> int:
         report = load_rx.recv() if load_rx.poll(args.load_s + 120) else None
         t_end = time.time()
         cpu_w1 = cpu_s(worker.proc.pid)
+        threads1 = thread_cpu(worker.proc.pid)
+        cpu_b1 = cpu_s(bpid) if bpid else 0.0
+        box1 = box_busy()
+        me1 = time.process_time() + cpu_s(watcher.pid)
         load1 = os.getloadavg()[0]
         gen.join(10)
         if report is None:
@@ -498,6 +546,17 @@ def main() -> int:
         "generator_behind_max_s": round(report["behind_max_s"], 3),
         "generator_cpu_share": round(report["cpu_s"] / report["elapsed_s"], 3),
         "worker_cpu_share": round((cpu_w1 - cpu_w0) / (t_end - t_load), 3),
+        **{
+            f"worker_{name}_thread_{what}_share": round(
+                (threads1[name][i] - threads0[name][i]) / (t_end - t_load), 3
+            )
+            for name in ("main", "other")
+            for i, what in enumerate(("cpu", "runqueue_wait"))
+        },
+        "broker_cpu_share": round((cpu_b1 - cpu_b0) / (t_end - t_load), 3) if bpid else None,
+        "bench_cpu_share": round((me1 - me0) / (t_end - t_load), 3),
+        "box_busy_cores": round((box1[0] - box0[0]) / (t_end - t_load), 2),
+        "box_cores": os.cpu_count(),
         "worker_lag_records_at_end": lag_records,
         "loadavg_1m": [round(load0, 2), round(load1, 2)],
         **{f"idle_{k}": v for k, v in idle.items()},
@@ -516,8 +575,8 @@ def main() -> int:
     )
     print(
         f"capacity (backlog drain): {cap['capacity_events_per_s']:,.0f} events/s "
-        f"({cap['capacity_events']:,.0f} events between the first commit and the last, "
-        f"{cap['drain_s']:.1f} s, "
+        f"({backlog_events:,} events, {cap['capacity_records_per_s']:,.0f} records/s, drained "
+        f"in {cap['drain_s']:.1f} s, "
         f"{cap['drain_cpu_us_per_event']:.1f} us CPU per event)"
     )
     print(
@@ -526,6 +585,21 @@ def main() -> int:
         f"capacity{'  GENERATOR SHORT of the pace' if short else ''}; generator "
         f"{result['generator_cpu_share']:.0%} of a core, worker {result['worker_cpu_share']:.0%}, "
         f"load average {load0:.1f} -> {load1:.1f}; worker behind by {lag_records} records at end"
+    )
+    others = result["box_busy_cores"] - sum(
+        result[k] or 0
+        for k in ("worker_cpu_share", "broker_cpu_share", "generator_cpu_share", "bench_cpu_share")
+    )
+    result["others_cpu_share"] = round(others, 2)
+    print(
+        f"CPU under load (cores): worker {result['worker_cpu_share']:.2f} (main thread "
+        f"{result['worker_main_thread_cpu_share']:.2f}, waiting for a CPU "
+        f"{result['worker_main_thread_runqueue_wait_share']:.2f}; other threads "
+        f"{result['worker_other_thread_cpu_share']:.2f}), broker "
+        f"{result['broker_cpu_share'] or float('nan'):.2f}, generator "
+        f"{result['generator_cpu_share']:.2f}, probes + watcher {result['bench_cpu_share']:.2f}, "
+        f"everything else {others:.2f}; busy {result['box_busy_cores']:.2f} of "
+        f"{result['box_cores']}"
     )
     print(f"{'':<8}{'spikes':>8}{'judged':>8}{'p50 ms':>9}{'p99 ms':>9}{'max ms':>9}"
           f"{'sent p50':>10}{'sent p99':>10}{'sent max':>10}")  # fmt: skip

@@ -122,12 +122,39 @@ class Producer(driver.Producer):
         return _BackoffProducer
 
 
+FETCH_MAX_WAIT_MS: Final = 50
+"""How long the broker may hold a fetch of the worker's consumer for data (faust: 1,500).
+
+aiokafka keeps one fetch in flight per broker, and leaves the partitions that still hold
+unconsumed records out of it. Under load that fetch often names only the quiet partitions
+(checkpoints, anomalies, partitions of the others just fetched), which the broker holds
+for the whole wait: for up to 1.5 s no record of the busy partitions was fetched, while
+they filled (``bench/latency.py``: rounds that waited 1.0 s, faust's ``getmany`` timeout,
+then folded records 1.7 s old). 50 ms bounds that stall; idle, it costs 20 empty fetches
+a second."""
+
+
+def set_fetch_max_wait(consumer: aiokafka.AIOKafkaConsumer, wait_ms: int) -> None:
+    """Give a consumer that has not started yet ``wait_ms`` as its ``fetch_max_wait_ms``.
+
+    Raises:
+        RuntimeError: aiokafka's consumer no longer has the attribute this sets.
+    """
+    if not hasattr(consumer, "_fetch_max_wait_ms"):
+        raise RuntimeError(
+            f"aiokafka {aiokafka.__version__}: AIOKafkaConsumer has no _fetch_max_wait_ms; "
+            "processors.transport needs updating"
+        )
+    consumer._fetch_max_wait_ms = wait_ms  # read by start() for the fetcher
+
+
 class _ConsumerThread(driver.AIOKafkaConsumerThread):
     logger = FAUST_LOGGER
 
     def _create_consumer(self, loop: asyncio.AbstractEventLoop) -> aiokafka.AIOKafkaConsumer:
         consumer = super()._create_consumer(loop)
         set_retry_backoff(consumer, RETRY_BACKOFF_MS)
+        set_fetch_max_wait(consumer, FETCH_MAX_WAIT_MS)
         return consumer
 
 
@@ -287,9 +314,11 @@ class RoundStats:
     Quantities: ``wait_ms`` (the fetch: `Consumer.getmany` waiting for records across
     faust's consumer thread), ``records`` (records per round), ``age_ms`` (the round's
     oldest record's age, from its Kafka timestamp, when the fold starts), ``fold_ms``
-    (decode + `fold_batch`, all roles), ``publish_ms`` (outputs sent and acknowledged),
-    ``write_ms`` (table writes), ``ack_ms`` (offset ranges acknowledged, and the commit
-    when one is due), ``round_ms`` (the whole round).
+    (decode + `fold_batch`, all roles, outputs handed to the producer chunk by chunk),
+    ``publish_ms`` (then waiting for their acknowledgements), ``write_ms`` (table writes),
+    ``ack_ms`` (offset ranges acknowledged), ``round_ms`` (the whole round);
+    ``first_start`` / ``last_end``: when the interval's first round began and its last
+    ended (epoch seconds).
     """
 
     ENV = "RUNWATCH_BATCH_STATS_S"
@@ -299,6 +328,7 @@ class RoundStats:
         self.interval_s = interval_s
         self.samples: dict[str, list[float]] = {}
         self.since = time.monotonic()
+        self.span: tuple[float, float] | None = None  # (first start, last end) of rounds, epoch s
 
     @classmethod
     def from_env(cls) -> RoundStats:
@@ -311,12 +341,19 @@ class RoundStats:
         if self.interval_s:
             self.samples.setdefault(name, []).append(value)
 
+    def round_span(self, start_s: float, end_s: float) -> None:
+        """Record that a round ran from ``start_s`` to ``end_s`` (epoch seconds)."""
+        if self.interval_s:
+            self.span = (start_s if self.span is None else self.span[0], end_s)
+
     def maybe_report(self) -> None:
         """Log the summary line when an interval has passed, and start the next."""
         now = time.monotonic()
         if not self.interval_s or now - self.since < self.interval_s:
             return
         summary: dict[str, Any] = {"t": round(time.time(), 3), "interval_s": now - self.since}
+        if self.span is not None:
+            summary["first_start"], summary["last_end"] = self.span
         for name, values in self.samples.items():
             values.sort()
             summary[name] = {
@@ -327,7 +364,7 @@ class RoundStats:
                 "sum": round(sum(values), 1),
             }
         log.info("batch path stats: %s", json.dumps(summary))
-        self.samples, self.since = {}, now
+        self.samples, self.since, self.span = {}, now, None
 
 
 class _Cursor:
@@ -470,14 +507,17 @@ class BatchIngest:
             cursor.expected, cursor.gap = last + 1, None
             if inbound is not None:
                 inbound[tp] = now  # faust's livelock detector reads this
-        commit_every = app.conf.broker_commit_every
-        if commit_every is not None and consumer._n_acked >= commit_every:
-            consumer._n_acked = 0
-            await consumer.commit()
+        # No commit here: faust's commit (every ``broker_commit_interval``, a task of its
+        # own) commits these ranges. One awaited in the round (it flushes the producer,
+        # then commits through the consumer thread: 20-280 ms under load) held up the
+        # next round, hence every verdict behind it.
+        consumer._n_acked = 0
         if stats.interval_s:
             now_s = time.perf_counter()
             stats.note("ack_ms", 1000 * (now_s - t_ack))
             stats.note("round_ms", 1000 * (now_s - t_sink))
+            wall_s = time.time()
+            stats.round_span(wall_s - (now_s - t_sink), wall_s)
             stats.maybe_report()
 
     async def _cursor(self, consumer: Consumer, tp: TP) -> _Cursor:
