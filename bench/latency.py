@@ -146,9 +146,13 @@ def produce_backlog(bootstrap: str, prefix: str, runs: list[str], world: int, st
 
 
 async def _load(bootstrap: str, prefix: str, runs: list[str], world: int, first_step: int,
-                rate: float, duration_s: float) -> dict[str, float]:  # fmt: skip
+                rate: float, duration_s: float, ready: Any, go: Any,
+                ) -> dict[str, float]:  # fmt: skip
     topics = names(prefix)
     out = await _aio_producer(bootstrap, 5)
+    ready.set()  # started, imported and connected: its start-up is not part of the load
+    while not go.is_set():
+        await asyncio.sleep(0.002)  # waiting for the go of the measurement
     rng = random.Random(1)
     keys = {run: encode_key(run) for run in runs}
     events = 0
@@ -191,9 +195,12 @@ async def _load(bootstrap: str, prefix: str, runs: list[str], world: int, first_
 
 
 def load_process(bootstrap: str, prefix: str, runs: list[str], world: int, first_step: int,
-                 rate: float, duration_s: float, conn: Any) -> None:  # fmt: skip
+                 rate: float, duration_s: float, ready: Any, go: Any,
+                 conn: Any) -> None:  # fmt: skip
     """The load generator (a process of its own): paced steps of ``runs``, then its report."""
-    conn.send(asyncio.run(_load(bootstrap, prefix, runs, world, first_step, rate, duration_s)))
+    conn.send(
+        asyncio.run(_load(bootstrap, prefix, runs, world, first_step, rate, duration_s, ready, go))
+    )
 
 
 def watch_process(bootstrap: str, topic: str, ready: Any, stop: Any, conn: Any) -> None:
@@ -433,6 +440,12 @@ def main() -> int:
     parser.add_argument("--load", type=float, default=0.8, help="share of the measured capacity")
     parser.add_argument("--load-s", type=float, default=40.0)
     parser.add_argument("--idle-s", type=float, default=12.0)
+    parser.add_argument(
+        "--warmup-s",
+        type=float,
+        default=5.0,
+        help="also report the loaded spikes sent this long after the load began",
+    )
     parser.add_argument("--probes", type=int, default=20)
     parser.add_argument("--probe-period-s", type=float, default=0.05)
     parser.add_argument("--batch-max", type=int, default=None, help="the worker's --batch-max")
@@ -477,11 +490,17 @@ def main() -> int:
         probe = Probes(bootstrap, prefix, probes, args.probe_period_s)
         t_idle = time.time()
         probe.start()
-        time.sleep(args.idle_s)  # the measured idle window
         rate = args.load * cap["capacity_events_per_s"]
         load_rx, load_tx = ctx.Pipe(duplex=False)
-        gen = ctx.Process(target=load_process, args=(bootstrap, prefix, runs, args.world,
-                          args.backlog_steps + 1, rate, args.load_s, load_tx))  # fmt: skip
+        gen_ready, go = ctx.Event(), ctx.Event()
+        gen_args = (bootstrap, prefix, runs, args.world, args.backlog_steps + 1, rate,
+                    args.load_s, gen_ready, go, load_tx)  # fmt: skip
+        gen = ctx.Process(target=load_process, args=gen_args)
+        gen.start()  # now: its interpreter's start-up falls in the idle window, not the load
+        stack.callback(gen.kill)
+        time.sleep(args.idle_s)  # the measured idle window
+        if not gen_ready.wait(60):
+            raise SystemExit("the load generator did not start")
         cpu_w0 = cpu_s(worker.proc.pid)
         threads0 = thread_cpu(worker.proc.pid)
         bpid = broker_pid(bootstrap)
@@ -490,8 +509,7 @@ def main() -> int:
         me0 = time.process_time() + cpu_s(watcher.pid)
         load0 = os.getloadavg()[0]
         t_load = time.time()
-        gen.start()
-        stack.callback(gen.kill)
+        go.set()
         report = load_rx.recv() if load_rx.poll(args.load_s + 120) else None
         t_end = time.time()
         cpu_w1 = cpu_s(worker.proc.pid)
@@ -525,6 +543,7 @@ def main() -> int:
 
     idle = figures(probe.sent_ms, seen, (t_idle, t_load))
     loaded = figures(probe.sent_ms, seen, (t_load, t_end))
+    steady = figures(probe.sent_ms, seen, (t_load + args.warmup_s, t_end))
     offered = report["offered_events_per_s"]
     short = offered < (1 - SHORT_TOLERANCE) * rate
     probe_events_per_s = args.probes / args.probe_period_s
@@ -561,6 +580,8 @@ def main() -> int:
         "loadavg_1m": [round(load0, 2), round(load1, 2)],
         **{f"idle_{k}": v for k, v in idle.items()},
         **{f"loaded_{k}": v for k, v in loaded.items()},
+        "warmup_s": args.warmup_s,
+        **{f"steady_{k}": v for k, v in steady.items()},
         "ratio_p99_loaded_idle": (
             round(loaded["read_p99_ms"] / idle["read_p99_ms"], 2)
             if loaded["read_p99_ms"] and idle["read_p99_ms"]
@@ -591,8 +612,14 @@ def main() -> int:
         for k in ("worker_cpu_share", "broker_cpu_share", "generator_cpu_share", "bench_cpu_share")
     )
     result["others_cpu_share"] = round(others, 2)
+    # What the worker needed to keep the pace at the CPU per event of its drain.
+    result["worker_cpu_needed_share"] = round(
+        (offered + probe_events_per_s) * cap["drain_cpu_us_per_event"] / 1e6, 3
+    )
     print(
-        f"CPU under load (cores): worker {result['worker_cpu_share']:.2f} (main thread "
+        f"CPU under load (cores): worker {result['worker_cpu_share']:.2f} of the "
+        f"{result['worker_cpu_needed_share']:.2f} the pace needs at the drain's CPU per event "
+        f"(main thread "
         f"{result['worker_main_thread_cpu_share']:.2f}, waiting for a CPU "
         f"{result['worker_main_thread_runqueue_wait_share']:.2f}; other threads "
         f"{result['worker_other_thread_cpu_share']:.2f}), broker "
@@ -603,7 +630,7 @@ def main() -> int:
     )
     print(f"{'':<8}{'spikes':>8}{'judged':>8}{'p50 ms':>9}{'p99 ms':>9}{'max ms':>9}"
           f"{'sent p50':>10}{'sent p99':>10}{'sent max':>10}")  # fmt: skip
-    for name, f in (("idle", idle), ("loaded", loaded)):
+    for name, f in (("idle", idle), ("loaded", loaded), (f"> {args.warmup_s:g} s", steady)):
         print(
             f"{name:<8}{f['spikes']:>8}{f['judged']:>8}{f['read_p50_ms'] or 0:>9.1f}"
             f"{f['read_p99_ms'] or 0:>9.1f}{f['read_max_ms'] or 0:>9.1f}"
