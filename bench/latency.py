@@ -510,7 +510,13 @@ def main() -> int:
         load0 = os.getloadavg()[0]
         t_load = time.time()
         go.set()
-        report = load_rx.recv() if load_rx.poll(args.load_s + 120) else None
+        commit_lag: list[tuple[float, int]] = []  # (s into the load, records not committed)
+        deadline = time.monotonic() + args.load_s + 120
+        while not load_rx.poll(2.0) and time.monotonic() < deadline:
+            commit_lag.append(
+                (time.time() - t_load, behind(bootstrap, group, end_offsets(bootstrap, inputs)))
+            )
+        report = load_rx.recv() if load_rx.poll(0) else None
         t_end = time.time()
         cpu_w1 = cpu_s(worker.proc.pid)
         threads1 = thread_cpu(worker.proc.pid)
@@ -577,6 +583,7 @@ def main() -> int:
         "box_busy_cores": round((box1[0] - box0[0]) / (t_end - t_load), 2),
         "box_cores": os.cpu_count(),
         "worker_lag_records_at_end": lag_records,
+        "commit_lag_records": [(round(t, 1), n) for t, n in commit_lag],
         "loadavg_1m": [round(load0, 2), round(load1, 2)],
         **{f"idle_{k}": v for k, v in idle.items()},
         **{f"loaded_{k}": v for k, v in loaded.items()},
@@ -638,6 +645,10 @@ def main() -> int:
             f"{f['sent_max_ms'] or 0:>10.1f}"
         )
     print(f"loaded / idle p99 (read): {result['ratio_p99_loaded_idle']}")
+    print(
+        "records not yet committed during the load (s: records): "
+        + ", ".join(f"{t:.0f}: {n}" for t, n in commit_lag)
+    )
     print("worker rounds under load (RoundStats):")
     for name, s in stats.items():
         if name != "_intervals":
