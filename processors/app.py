@@ -417,6 +417,9 @@ class _BatchSink:
         if sent:
             await asyncio.gather(*sent)  # acknowledged, all of them, before any state write
         t2 = time.perf_counter()
+        ingest = self.app.batch_ingest if isinstance(self.app, transport.App) else None
+        if ingest is not None:
+            await ingest.before_writes()  # the commit started after the last round
         for agent, encoded in writes:
             await agent.write_states(encoded)
         stats.note("fold_ms", 1000 * (t1 - t0))

@@ -84,7 +84,13 @@ class Sink:
 
 
 def run_round(ingest: BatchIngest, consumer: StandInConsumer, round_: dict[TP, list[Rec]]) -> None:
-    asyncio.run(ingest.round(consumer, round_))  # type: ignore[arg-type]
+    async def round_and_commit() -> None:
+        try:
+            await ingest.round(consumer, round_)  # type: ignore[arg-type]
+        finally:
+            await ingest.before_writes()  # the commit it started, if any
+
+    asyncio.run(round_and_commit())
 
 
 def setup(committed: int | None = 0, earliest: int = 0):
