@@ -13,13 +13,13 @@ outputs and dead letters first, then writes exactly these bytes (ARCHITECTURE ru
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Final, NamedTuple
 
 from processors.core.config import DetectorConfig
 from processors.core.replay import Replayer
 from processors.intake import Decoded
-from schemas.events import TICK_RUN_ID, DeadLetter, Event, Tick
+from schemas.events import TICK_RUN_ID, DeadLetter, Event, EventPack, Tick
 
 ROLE_STATE: Final[dict[str, str]] = {
     "steps": "steps",
@@ -83,6 +83,72 @@ def fold_batch(
     outputs.extend(replayer.commands)
     kind = ROLE_STATE[role]
     return BatchResult(store, outputs, list(replayer.dead_letters), replayer.encoded[kind])
+
+
+def fold_chunks(
+    role: str,
+    items: Sequence[Decoded],
+    load: Callable[[str], Any],
+    runs_in_partition: Callable[[int], Iterable[str]],
+    cfg: DetectorConfig,
+    chunk_events: int,
+) -> Iterator[BatchResult]:
+    """`fold_batch` of ``items`` in consecutive chunks of about ``chunk_events`` events.
+
+    Each chunk's result is yielded as soon as it is folded, so a caller can send a chunk's
+    outputs before the next chunk is folded. The states of the earlier chunks are carried
+    to the next in memory (as one fold carries them from record to record), and a Tick
+    fans out to the runs ``runs_in_partition`` names plus those the earlier chunks'
+    heartbeats named, as in one fold: the concatenated outputs and dead letters, and the
+    last ``encoded``, are those of ``fold_batch(role, items, ...)`` (a unit test holds
+    them to that).
+
+    Args:
+        role: As for `fold_batch`.
+        items: As for `fold_batch`.
+        load: As for `fold_batch` (asked only for runs no earlier chunk touched).
+        runs_in_partition: As for `fold_batch`.
+        cfg: Detector configuration.
+        chunk_events: Events per chunk (a pack weighs its events; a chunk ends after the
+            record that reaches the budget).
+
+    Yields:
+        One `BatchResult` per chunk: its own outputs and dead letters; ``states`` and
+        ``encoded`` are the same two dicts every time, holding everything up to this
+        chunk (the last one yielded is the whole batch's).
+    """
+    states: dict[str, Any] = {}
+    encoded: dict[str, bytes] = {}
+    seen: dict[int, set[str]] = {}
+
+    def carried_load(run_id: str) -> Any:
+        return states[run_id] if run_id in states else load(run_id)
+
+    def runs_in(partition: int) -> Iterable[str]:
+        runs = seen.get(partition)
+        return [*runs_in_partition(partition), *runs] if runs else runs_in_partition(partition)
+
+    for chunk in _chunks(items, chunk_events):
+        result = fold_batch(role, chunk, carried_load, runs_in, cfg)
+        states.update(result.states)
+        encoded.update(result.encoded)
+        if role == "heartbeats":
+            for source, event in chunk:
+                if not (isinstance(event, Tick) and event.run_id == TICK_RUN_ID):
+                    seen.setdefault(source.partition, set()).add(event.run_id)
+        yield BatchResult(states, result.outputs, result.dead, encoded)
+
+
+def _chunks(items: Sequence[Decoded], budget: int) -> Iterator[Sequence[Decoded]]:
+    """``items`` in consecutive slices of about ``budget`` events (a pack weighs its events)."""
+    start = weight = 0
+    for i, (_, event) in enumerate(items):
+        weight += len(event.events) if isinstance(event, EventPack) else 1
+        if weight >= budget:
+            yield items[start : i + 1]
+            start, weight = i + 1, 0
+    if start < len(items):
+        yield items[start:]
 
 
 def _preload(store: dict[str, Any], run_id: str, load: Callable[[str], Any]) -> None:

@@ -29,7 +29,9 @@ second while cutting the outage loop five-fold; the log lines are summarised on 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any, Final
@@ -120,12 +122,39 @@ class Producer(driver.Producer):
         return _BackoffProducer
 
 
+FETCH_MAX_WAIT_MS: Final = 50
+"""How long the broker may hold a fetch of the worker's consumer for data (faust: 1,500).
+
+aiokafka keeps one fetch in flight per broker, and leaves the partitions that still hold
+unconsumed records out of it. Under load that fetch often names only the quiet partitions
+(checkpoints, anomalies, partitions of the others just fetched), which the broker holds
+for the whole wait: for up to 1.5 s no record of the busy partitions was fetched, while
+they filled (``bench/latency.py``: rounds that waited 1.0 s, faust's ``getmany`` timeout,
+then folded records 1.7 s old). 50 ms bounds that stall; idle, it costs 20 empty fetches
+a second."""
+
+
+def set_fetch_max_wait(consumer: aiokafka.AIOKafkaConsumer, wait_ms: int) -> None:
+    """Give a consumer that has not started yet ``wait_ms`` as its ``fetch_max_wait_ms``.
+
+    Raises:
+        RuntimeError: aiokafka's consumer no longer has the attribute this sets.
+    """
+    if not hasattr(consumer, "_fetch_max_wait_ms"):
+        raise RuntimeError(
+            f"aiokafka {aiokafka.__version__}: AIOKafkaConsumer has no _fetch_max_wait_ms; "
+            "processors.transport needs updating"
+        )
+    consumer._fetch_max_wait_ms = wait_ms  # read by start() for the fetcher
+
+
 class _ConsumerThread(driver.AIOKafkaConsumerThread):
     logger = FAUST_LOGGER
 
     def _create_consumer(self, loop: asyncio.AbstractEventLoop) -> aiokafka.AIOKafkaConsumer:
         consumer = super()._create_consumer(loop)
         set_retry_backoff(consumer, RETRY_BACKOFF_MS)
+        set_fetch_max_wait(consumer, FETCH_MAX_WAIT_MS)
         return consumer
 
 
@@ -156,9 +185,11 @@ class Consumer(driver.Consumer):
             async for item in super().getmany(timeout):
                 yield item
             return
+        t_wait = time.perf_counter()
         records, active = await self._wait_next_records(timeout)
         if records is None or self.should_stop:
             return
+        ingest.stats.note("wait_ms", 1000 * (time.perf_counter() - t_wait))
         if not self.flow_active:  # as faust's: back to the committed offsets
             try:
                 await self.perform_seek()
@@ -274,6 +305,68 @@ REVOKE_WAIT_S: Final = 30.0
 """Longest a revocation waits for the batch in flight to be applied and acknowledged."""
 
 
+class RoundStats:
+    """Where the batch path's time goes: one summary line every ``interval_s``, or nothing.
+
+    Enabled by `ENV` (seconds between lines; unset or 0: off, and `note` costs one
+    attribute test). Each line is ``batch path stats: {json}`` with, per quantity, the
+    count, p50, p99, max and sum over the interval; ``bench/latency.py`` reads them.
+    Quantities: ``wait_ms`` (the fetch: `Consumer.getmany` waiting for records across
+    faust's consumer thread), ``records`` (records per round), ``age_ms`` (the round's
+    oldest record's age, from its Kafka timestamp, when the fold starts), ``fold_ms``
+    (decode + `fold_batch`, all roles, outputs handed to the producer chunk by chunk),
+    ``publish_ms`` (then waiting for their acknowledgements), ``write_ms`` (table writes),
+    ``ack_ms`` (offset ranges acknowledged), ``round_ms`` (the whole round);
+    ``first_start`` / ``last_end``: when the interval's first round began and its last
+    ended (epoch seconds).
+    """
+
+    ENV = "RUNWATCH_BATCH_STATS_S"
+
+    def __init__(self, interval_s: float = 0.0) -> None:
+        """Summarise every ``interval_s`` seconds (0: never, and keep nothing)."""
+        self.interval_s = interval_s
+        self.samples: dict[str, list[float]] = {}
+        self.since = time.monotonic()
+        self.span: tuple[float, float] | None = None  # (first start, last end) of rounds, epoch s
+
+    @classmethod
+    def from_env(cls) -> RoundStats:
+        """The stats the environment asks for."""
+        raw = os.environ.get(cls.ENV, "").strip()
+        return cls(float(raw) if raw else 0.0)
+
+    def note(self, name: str, value: float) -> None:
+        """Record one sample of ``name``."""
+        if self.interval_s:
+            self.samples.setdefault(name, []).append(value)
+
+    def round_span(self, start_s: float, end_s: float) -> None:
+        """Record that a round ran from ``start_s`` to ``end_s`` (epoch seconds)."""
+        if self.interval_s:
+            self.span = (start_s if self.span is None else self.span[0], end_s)
+
+    def maybe_report(self) -> None:
+        """Log the summary line when an interval has passed, and start the next."""
+        now = time.monotonic()
+        if not self.interval_s or now - self.since < self.interval_s:
+            return
+        summary: dict[str, Any] = {"t": round(time.time(), 3), "interval_s": now - self.since}
+        if self.span is not None:
+            summary["first_start"], summary["last_end"] = self.span
+        for name, values in self.samples.items():
+            values.sort()
+            summary[name] = {
+                "n": len(values),
+                "p50": round(values[len(values) // 2], 2),
+                "p99": round(values[min(len(values) - 1, int(0.99 * len(values)))], 2),
+                "max": round(values[-1], 2),
+                "sum": round(sum(values), 1),
+            }
+        log.info("batch path stats: %s", json.dumps(summary))
+        self.samples, self.since, self.span = {}, now, None
+
+
 class _Cursor:
     """Where one partition stands on the batch path.
 
@@ -325,6 +418,9 @@ class BatchIngest:
         self.cursors: dict[TP, _Cursor] = {}
         self.idle = asyncio.Event()
         self.idle.set()
+        self.stats = RoundStats.from_env()
+        self.last_commit_s = time.monotonic()
+        self.committing: asyncio.Future[Any] | None = None  # the commit started after a round
 
     def forget(self, tps: Iterable[TP] | None = None) -> None:
         """Drop the cursors of ``tps`` (all when None): their next batch starts from the commit."""
@@ -335,12 +431,37 @@ class BatchIngest:
                 self.cursors.pop(_tp(tp), None)
 
     async def wait_idle(self, timeout_s: float) -> bool:
-        """Wait until no round is in flight; False when one still is after ``timeout_s``."""
+        """Wait until no round, nor its commit, is in flight.
+
+        Returns:
+            False when one still is after ``timeout_s``.
+        """
         try:
             await asyncio.wait_for(self.idle.wait(), timeout_s)
+            await asyncio.wait_for(self.before_writes(), timeout_s)
         except TimeoutError:
             return False
+        except Exception as exc:  # the commit's; the caller commits again
+            log.warning("batch path: the commit after the last round failed: %r", exc)
         return True
+
+    def commit_done(self) -> bool:
+        """Whether no commit started after a round is still running."""
+        return self.committing is None or self.committing.done()
+
+    async def before_writes(self) -> None:
+        """Return once the commit started after the last round is done.
+
+        The sink calls it before it writes states: faust's commit flushes its producer
+        buffer until it is empty, which writes would keep from happening.
+
+        Raises:
+            Exception: The commit's own error (the round then is not applied whole).
+        """
+        committing = self.committing
+        if committing is not None:
+            await asyncio.shield(committing)
+            self.committing = None
 
     async def round(self, consumer: Consumer, records: Mapping[Any, Sequence[Any]]) -> None:
         """Apply one fetched round of records of this path's topics, then acknowledge it."""
@@ -393,7 +514,14 @@ class BatchIngest:
             take[tp] = (start, recs)
         if not take or not consumer.flow_active or app.consumer_generation_id != generation:
             return
+        stats = self.stats
+        if stats.interval_s:
+            stats.note("records", sum(len(recs) for _, recs in take.values()))
+            oldest_ms = min(recs[0].timestamp or 0 for _, recs in take.values())
+            stats.note("age_ms", time.time() * 1000 - oldest_ms)
+        t_sink = time.perf_counter()
         await self.sink({tp: recs for tp, (_, recs) in take.items()})
+        t_ack = time.perf_counter()
         if app.consumer_generation_id != generation:
             log.info("batch path: rebalanced while applying a round; not acknowledging it")
             return
@@ -406,10 +534,27 @@ class BatchIngest:
             cursor.expected, cursor.gap = last + 1, None
             if inbound is not None:
                 inbound[tp] = now  # faust's livelock detector reads this
-        commit_every = app.conf.broker_commit_every
-        if commit_every is not None and consumer._n_acked >= commit_every:
-            consumer._n_acked = 0
-            await consumer.commit()
+        # A commit starts here, after a round, once per ``broker_commit_interval``, and runs
+        # beside the next round's fetch, fold and publish; that round's table writes wait
+        # for it (`before_writes`). faust's own commit task cannot be relied on under
+        # load: it flushes faust's producer buffer first, which returns only once the
+        # buffer is empty, and the rounds' table writes kept it from ever emptying
+        # (bench/latency.py: nothing committed during a 20 s load); with no write until
+        # the commit is done, the flush ends. Awaited here, the commit (a flush, then an
+        # offset commit through the consumer thread, up to 280 ms under load) held up
+        # every verdict behind it; it used to be every ``broker_commit_every`` (10,000)
+        # acks, which under a backlog was every round.
+        consumer._n_acked = 0
+        if now - self.last_commit_s >= app.conf.broker_commit_interval and self.commit_done():
+            self.last_commit_s = now
+            self.committing = asyncio.ensure_future(consumer.commit())
+        if stats.interval_s:
+            now_s = time.perf_counter()
+            stats.note("ack_ms", 1000 * (now_s - t_ack))
+            stats.note("round_ms", 1000 * (now_s - t_sink))
+            wall_s = time.time()
+            stats.round_span(wall_s - (now_s - t_sink), wall_s)
+            stats.maybe_report()
 
     async def _cursor(self, consumer: Consumer, tp: TP) -> _Cursor:
         cursor = self.cursors.get(tp)

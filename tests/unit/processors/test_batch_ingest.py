@@ -39,7 +39,7 @@ class StandInConsumer:
         self.app = SimpleNamespace(
             consumer_generation_id=1,
             monitor=SimpleNamespace(stream_inbound_time={}),
-            conf=SimpleNamespace(broker_commit_every=None),
+            conf=SimpleNamespace(broker_commit_every=None, broker_commit_interval=3600.0),
         )
         self.flow_active = True
         self.active = {IN, OTHER}
@@ -48,6 +48,7 @@ class StandInConsumer:
         self.acked: list[tuple[TP, int, int]] = []
         self.seeks: list[dict[TP, int]] = []
         self._n_acked = 0
+        self.commits = 0
 
     def _get_active_partitions(self) -> set[TP]:
         return self.active
@@ -65,7 +66,7 @@ class StandInConsumer:
         return {tp: self.earliest for tp in tps}
 
     async def commit(self) -> None:
-        pass
+        self.commits += 1
 
 
 class Sink:
@@ -83,7 +84,13 @@ class Sink:
 
 
 def run_round(ingest: BatchIngest, consumer: StandInConsumer, round_: dict[TP, list[Rec]]) -> None:
-    asyncio.run(ingest.round(consumer, round_))  # type: ignore[arg-type]
+    async def round_and_commit() -> None:
+        try:
+            await ingest.round(consumer, round_)  # type: ignore[arg-type]
+        finally:
+            await ingest.before_writes()  # the commit it started, if any
+
+    asyncio.run(round_and_commit())
 
 
 def setup(committed: int | None = 0, earliest: int = 0):
@@ -101,6 +108,22 @@ def test_consecutive_batches_are_applied_and_acknowledged_as_ranges() -> None:
     ]
     assert consumer.acked == [(IN, 10, 19), (OTHER, 10, 12), (IN, 20, 24)]
     assert consumer.seeks == []
+
+
+def test_a_commit_comes_between_rounds_once_per_commit_interval() -> None:
+    ingest, consumer, sink = setup(committed=0)
+    run_round(ingest, consumer, {IN: recs(0, 9)})
+    assert consumer.commits == 0  # the interval (3,600 s here) has not passed
+    consumer.app.conf.broker_commit_interval = 0.0
+    at_apply: list[int] = []
+    sink.on_call = lambda: at_apply.append(consumer.commits)
+    run_round(ingest, consumer, {IN: recs(10, 14)})
+    assert at_apply == [0]  # after the round was applied, not before
+    assert consumer.commits == 1 and consumer.acked[-1] == (IN, 10, 14)
+    sink.fail = RuntimeError("state write failed")
+    with pytest.raises(RuntimeError):
+        run_round(ingest, consumer, {IN: recs(15, 19)})
+    assert consumer.commits == 1  # a round not applied is neither acknowledged nor committed
 
 
 def test_records_below_the_next_offset_are_already_applied_and_dropped() -> None:

@@ -1,0 +1,662 @@
+"""Detection latency of one worker, idle and under sustained load at a share of its capacity.
+
+One run, one broker, one `runwatch processors` worker (batch path), in this order:
+
+1. **Capacity**: a backlog of ``--runs`` runs x ``--backlog-steps`` steps is produced, then
+   the worker starts and drains it. Every step of a run is one `StepCompleted` record and
+   one packed record (`EventPack`) with every rank's heartbeat (``--world`` ranks), the mix
+   the load of phase 3 repeats. Capacity = events / (last commit - the look before the
+   first commit), from the group's committed offsets (durably processed).
+2. **Idle latency**: ``--probes`` probe runs (one rank, steps only) step every
+   ``--probe-period-s``, a loss spike every 20th step from step 40, for ``--idle-s``.
+3. **Loaded latency**: the probes go on while a load generator (its own process, packed
+   records, so a Python producer offers tens of thousands of events/s for a fraction of a
+   core) steps the backlog's runs on at ``--load`` x the capacity for ``--load-s``. The
+   generator reports what it offered; if it fell short of the pace (more than 3 %) the
+   output says ``GENERATOR SHORT`` instead of passing a lighter load off as the target.
+   Whether the worker kept up is printed too (its committed offsets against the log's end
+   when the load stops).
+
+Latency of a spike, two ways (every clock is this machine's):
+
+* ``read``: the spike record's Kafka CreateTime (set by the probe at `send`) to the moment
+  a consumer of the anomalies topic, in a process of its own, reads the verdict: what a
+  pager would see. The headline.
+* ``sent``: the same CreateTime to the verdict record's CreateTime (set by the worker's
+  producer when it sends the verdict): the worker's part, without the verdict's own
+  delivery.
+
+The worker runs with `processors.transport.RoundStats` on (``RUNWATCH_BATCH_STATS_S``), and
+the summary of its lines from the loaded window is printed: records per round, fetch wait,
+fold, publish, table writes, acks and commits, per round.
+
+Prints a table and one JSON line. Defaults take about two minutes on this 2-core box:
+
+    .venv/bin/python bench/latency.py [--load 0.8] [--load-s 40] [--runs 100] [--world 32]
+"""
+
+from __future__ import annotations
+
+import sys
+
+# Run as a script, this file's directory comes first on sys.path and its name would
+# shadow the `processors` package it measures.
+if sys.path and sys.path[0] == __import__("os").path.dirname(__file__):
+    sys.path.pop(0)
+
+import argparse
+import asyncio
+import json
+import multiprocessing as mp
+import os
+import random
+import statistics
+import tempfile
+import threading
+import time
+import uuid
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import aiokafka
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+
+from processors.fleet import committed_offsets
+from runwatch.admin import create_catalogue
+from runwatch.procs import ManagedProcess
+from schemas.codec import decode, encode, encode_key, encode_pack
+from schemas.events import AnomalyDetected, Heartbeat, RunStarted, StepCompleted
+from schemas.topics import names
+
+SETS = ("hang_timeout_s=3600", "dead_rank_timeout_s=3600", "rank_heartbeat_threshold=100000")
+COMMAND_KEY = "latency-command-key-0123456789abcdef"
+SPIKE_EVERY = 20
+SPIKE_FROM = 40
+SHORT_TOLERANCE = 0.03
+
+
+def producer(bootstrap: str, linger_ms: int) -> KafkaProducer:
+    return KafkaProducer(
+        bootstrap_servers=bootstrap, acks=1, linger_ms=linger_ms, batch_size=512 * 1024,
+        max_request_size=8 * 1024 * 1024,
+    )  # fmt: skip
+
+
+def step_records(run: str, world: int, step: int, rng: random.Random) -> list[tuple[str, bytes]]:
+    """(role, value) of one step of a load run: its step and one pack of every rank's beat."""
+    ts = time.time_ns()
+    ev = StepCompleted(
+        run_id=run, ts_ns=ts, seq=step, step=step, loss=3.0 - 0.0001 * step + rng.gauss(0, 0.02),
+        step_time_s=1.0, grad_norm=1.0 + rng.gauss(0, 0.01), tokens=4096 * world,
+    )  # fmt: skip
+    beats = [
+        encode(Heartbeat(run_id=run, ts_ns=ts, seq=step, rank=r, step=step, step_time_s=1.0))
+        for r in range(world)
+    ]
+    return [("steps", encode(ev)), ("heartbeats", encode_pack(run, ts, beats))]
+
+
+def load_runs(count: int) -> list[str]:
+    return [f"load-{i:04d}" for i in range(count)]
+
+
+async def _aio_producer(bootstrap: str, linger_ms: int) -> aiokafka.AIOKafkaProducer:
+    # aiokafka, not kafka-python: its record batches and CRC32C are C; kafka-python's
+    # pure-Python CRC costs ~320 us of CPU per 4 KB packed record here (aiokafka: ~11 us).
+    out = aiokafka.AIOKafkaProducer(
+        bootstrap_servers=bootstrap, acks=1, linger_ms=linger_ms,
+        max_batch_size=512 * 1024, max_request_size=8 * 1024 * 1024,
+    )  # fmt: skip
+    await out.start()
+    return out
+
+
+async def _produce_backlog(bootstrap: str, prefix: str, runs: list[str], world: int,
+                           steps: int, probes: list[str]) -> int:  # fmt: skip
+    topics = names(prefix)
+    out = await _aio_producer(bootstrap, 20)
+    rng = random.Random(0)
+    events = 0
+    try:
+        for run in runs:
+            started = encode(RunStarted(run_id=run, ts_ns=time.time_ns(), world_size=world))
+            for topic in (topics.steps, topics.heartbeats):
+                await out.send(topic, key=encode_key(run), value=started)
+                events += 1
+        for run in probes:
+            started = encode(RunStarted(run_id=run, ts_ns=time.time_ns(), world_size=1))
+            await out.send(topics.steps, key=encode_key(run), value=started)
+            events += 1
+        for step in range(1, steps + 1):
+            for run in runs:
+                for role, value in step_records(run, world, step, rng):
+                    await out.send(getattr(topics, role), key=encode_key(run), value=value)
+                events += 1 + world
+        await out.flush()
+    finally:
+        await out.stop()
+    return events
+
+
+def produce_backlog(bootstrap: str, prefix: str, runs: list[str], world: int, steps: int,
+                    probes: list[str]) -> int:  # fmt: skip
+    """The backlog of phase 1; returns the events it carries (a pack counts its events)."""
+    return asyncio.run(_produce_backlog(bootstrap, prefix, runs, world, steps, probes))
+
+
+async def _load(bootstrap: str, prefix: str, runs: list[str], world: int, first_step: int,
+                rate: float, duration_s: float, ready: Any, go: Any,
+                ) -> dict[str, float]:  # fmt: skip
+    topics = names(prefix)
+    out = await _aio_producer(bootstrap, 5)
+    ready.set()  # started, imported and connected: its start-up is not part of the load
+    while not go.is_set():
+        await asyncio.sleep(0.002)  # waiting for the go of the measurement
+    rng = random.Random(1)
+    keys = {run: encode_key(run) for run in runs}
+    events = 0
+    behind_max_s = 0.0
+    step = first_step
+    cpu0 = time.process_time()
+    t0 = time.monotonic()
+    end = t0 + duration_s
+    done = False
+    try:
+        while not done:
+            for run in runs:
+                for role, value in step_records(run, world, step, rng):
+                    await out.send(getattr(topics, role), key=keys[run], value=value)
+                events += 1 + world
+                now = time.monotonic()
+                ahead_s = t0 + events / rate - now
+                if ahead_s > 0.002:
+                    await asyncio.sleep(ahead_s)  # pacing the load, not synchronisation
+                else:
+                    behind_max_s = max(behind_max_s, -ahead_s)
+                    if events % 1024 < world + 1:
+                        await asyncio.sleep(0)  # let the sender run now and then
+                if now >= end:
+                    done = True
+                    break
+            step += 1
+        elapsed_s = time.monotonic() - t0
+        await out.flush()
+    finally:
+        await out.stop()
+    return {
+        "events": events,
+        "elapsed_s": elapsed_s,
+        "offered_events_per_s": events / elapsed_s,
+        "behind_max_s": behind_max_s,
+        "cpu_s": time.process_time() - cpu0,
+        "last_step": step,
+    }
+
+
+def load_process(bootstrap: str, prefix: str, runs: list[str], world: int, first_step: int,
+                 rate: float, duration_s: float, ready: Any, go: Any,
+                 conn: Any) -> None:  # fmt: skip
+    """The load generator (a process of its own): paced steps of ``runs``, then its report."""
+    conn.send(
+        asyncio.run(_load(bootstrap, prefix, runs, world, first_step, rate, duration_s, ready, go))
+    )
+
+
+def watch_process(bootstrap: str, topic: str, ready: Any, stop: Any, conn: Any) -> None:
+    """Reads the anomalies topic (a process of its own): (run, step) -> (read ms, CreateTime ms)."""
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
+                             fetch_max_wait_ms=100)  # fmt: skip
+    tps = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic)]
+    consumer.assign(tps)
+    consumer.seek_to_end(*tps)
+    for tp in tps:
+        consumer.position(tp)
+    ready.set()
+    seen: dict[tuple[str, int], tuple[float, int]] = {}
+    while not stop.is_set():
+        for batch in consumer.poll(timeout_ms=50).values():
+            now_ms = time.time() * 1000
+            for rec in batch:
+                ev = decode(rec.value)
+                if isinstance(ev, AnomalyDetected) and ev.kind == "loss_spike":
+                    seen.setdefault((ev.run_id, ev.step), (now_ms, rec.timestamp))
+    consumer.close()
+    conn.send(seen)
+
+
+class Probes(threading.Thread):
+    """Probe runs stepping every ``period_s``, a loss spike every 20th step from step 40."""
+
+    def __init__(self, bootstrap: str, prefix: str, runs: list[str], period_s: float) -> None:
+        super().__init__(daemon=True)
+        self.bootstrap, self.topic, self.runs = bootstrap, names(prefix).steps, runs
+        self.period_s = period_s
+        self.stop = threading.Event()
+        self.sent_ms: dict[tuple[str, int], int] = {}
+
+    def run(self) -> None:
+        out = producer(self.bootstrap, 0)
+        rng = random.Random(2)
+        keys = {run: encode_key(run) for run in self.runs}
+        step = 0
+        next_s = time.monotonic()
+        while not self.stop.is_set():
+            step += 1
+            spike = step >= SPIKE_FROM and step % SPIKE_EVERY == 0
+            for run in self.runs:
+                loss = 9.0 if spike else 3.0 + rng.gauss(0, 0.02)
+                now_ms = int(time.time() * 1000)
+                ev = StepCompleted(run_id=run, ts_ns=time.time_ns(), seq=step, step=step,
+                                   loss=loss, step_time_s=self.period_s)  # fmt: skip
+                if spike:
+                    self.sent_ms[(run, step)] = now_ms
+                out.send(self.topic, key=keys[run], value=encode(ev), timestamp_ms=now_ms)
+            out.flush()
+            next_s += self.period_s
+            self.stop.wait(max(0.0, next_s - time.monotonic()))  # pacing the probes
+        out.close()
+
+
+def start_worker(bootstrap: str, prefix: str, partitions: int, log: Path,
+                 batch_max: int | None, stats_s: float) -> ManagedProcess:  # fmt: skip
+    args = ["processors", "--bootstrap", bootstrap, "--prefix", prefix, "--app-id",
+            f"{prefix}-app", "--partitions", str(partitions),
+            *(["--batch-max", str(batch_max)] if batch_max is not None else [])]  # fmt: skip
+    for s in SETS:
+        args += ["--set", s]
+    env = {
+        **os.environ,
+        "RUNWATCH_COMMAND_KEY": COMMAND_KEY,
+        "RUNWATCH_BATCH_STATS_S": str(stats_s),
+    }
+    return ManagedProcess.runwatch("processors", args, log, env=env)
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` (every thread) so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def thread_cpu(pid: int) -> dict[str, tuple[float, float]]:
+    """Per thread of ``pid``: (CPU seconds, seconds runnable but waiting for a CPU) so far.
+
+    From ``/proc/PID/task/TID/schedstat`` (run time ns, run-queue wait ns); threads are
+    named ``main`` (the thread group leader, the worker's event loop and fold) and
+    ``other`` (summed: faust's consumer thread, aiokafka's, the GC's...).
+    """
+    out = {"main": (0.0, 0.0), "other": (0.0, 0.0)}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            run_ns, wait_ns, _ = (int(x) for x in (task / "schedstat").read_text().split())
+        except (OSError, ValueError):
+            continue
+        name = "main" if task.name == str(pid) else "other"
+        run, wait = out[name]
+        out[name] = (run + run_ns / 1e9, wait + wait_ns / 1e9)
+    return out
+
+
+def box_busy() -> tuple[float, float]:
+    """(busy CPU seconds of the whole machine, elapsed CPU seconds) so far, from /proc/stat."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    idle = fields[3] + fields[4]
+    total = sum(fields[:8])
+    tick = os.sysconf("SC_CLK_TCK")
+    return (total - idle) / tick, total / tick
+
+
+def broker_pid(bootstrap: str) -> int | None:
+    """The pid listening on the bootstrap port (``ss``), if this machine runs the broker."""
+    import re
+    import subprocess
+
+    port = bootstrap.rsplit(":", 1)[-1]
+    try:
+        out = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True, timeout=5).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    for line in out.splitlines():
+        if f":{port} " in line and (m := re.search(r"pid=(\d+)", line)):
+            return int(m.group(1))
+    return None
+
+
+def end_offsets(bootstrap: str, topics: list[str]) -> dict[tuple[str, int], int]:
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False)
+    tps = [TopicPartition(t, p) for t in topics for p in consumer.partitions_for_topic(t) or ()]
+    out = {(tp.topic, tp.partition): n for tp, n in consumer.end_offsets(tps).items()}
+    consumer.close()
+    return out
+
+
+def behind(bootstrap: str, group: str, target: dict[tuple[str, int], int]) -> int:
+    done = committed_offsets(bootstrap, group)
+    return sum(max(0, n - done.get(tp, 0)) for tp, n in target.items())
+
+
+def stats_lines(log: Path) -> list[dict[str, Any]]:
+    """The worker's `RoundStats` lines, in order."""
+    out = []
+    for line in log.read_text(errors="replace").splitlines():
+        if "batch path stats: " in line:
+            out.append(json.loads(line.split("batch path stats: ", 1)[1]))
+    return out
+
+
+def capacity(bootstrap: str, group: str, inputs: list[str], events: int,
+             worker: ManagedProcess, stats_s: float) -> dict[str, float]:  # fmt: skip
+    """Events/s of the backlog's drain: from its first round's start to its last round's end.
+
+    The rounds come from the worker's `RoundStats` lines (every record is counted, so the
+    line in which the rounds' records reach the backlog's holds the drain's last round);
+    the drain is over when the group's committed offsets reach the end of the backlog.
+    """
+    target = end_offsets(bootstrap, inputs)
+    records = sum(target.values())
+    deadline = time.monotonic() + 900
+    cpu = [(time.time(), cpu_s(worker.proc.pid))]
+    while behind(bootstrap, group, target):
+        if time.monotonic() > deadline or worker.returncode is not None:
+            raise SystemExit(f"the worker did not drain the backlog; see {worker.log_path}")
+        cpu.append((time.time(), cpu_s(worker.proc.pid)))
+        time.sleep(0.2)  # the sampling interval of a measurement
+    time.sleep(stats_s + 1.5)  # the last drain round's stats line (a tick round writes it)
+    lines = [s for s in stats_lines(worker.log_path) if "first_start" in s]
+    done = 0
+    start_s = lines[0]["first_start"]
+    end_s = start_s
+    for line in lines:
+        done += int(line["records"]["sum"])
+        end_s = line["last_end"]
+        if done >= records:
+            break
+    else:
+        raise SystemExit(f"the worker's stats lines count {done} of {records} records")
+    span_s = max(end_s - start_s, 1e-9)
+    inside = [c for t, c in cpu if start_s <= t <= end_s]
+    cpu_us = 1e6 * (inside[-1] - inside[0]) / events if len(inside) > 1 else float("nan")
+    return {
+        "capacity_events_per_s": events / span_s,
+        "capacity_records_per_s": records / span_s,
+        "drain_s": span_s,
+        "drain_cpu_us_per_event": cpu_us,
+    }
+
+
+def figures(sent_ms: dict[tuple[str, int], int], seen: dict[tuple[str, int], tuple[float, int]],
+            window: tuple[float, float]) -> dict[str, Any]:  # fmt: skip
+    lo, hi = window
+    keys = [k for k, t in sent_ms.items() if lo <= t / 1000 < hi]
+    read = sorted(seen[k][0] - sent_ms[k] for k in keys if k in seen)
+    sent = sorted(seen[k][1] - sent_ms[k] for k in keys if k in seen)
+
+    def pct(values: list[float], q: float) -> float | None:
+        return round(values[min(len(values) - 1, int(q * len(values)))], 1) if values else None
+
+    return {
+        "spikes": len(keys),
+        "judged": len(read),
+        "read_p50_ms": round(statistics.median(read), 1) if read else None,
+        "read_p99_ms": pct(read, 0.99),
+        "read_max_ms": round(read[-1], 1) if read else None,
+        "sent_p50_ms": round(statistics.median(sent), 1) if sent else None,
+        "sent_p99_ms": pct(sent, 0.99),
+        "sent_max_ms": round(sent[-1], 1) if sent else None,
+    }
+
+
+def round_stats(log: Path, window: tuple[float, float]) -> dict[str, dict[str, float]]:
+    """The worker's `RoundStats` lines inside ``window``, merged (p50 as the median of p50s)."""
+    lines = [
+        s
+        for s in stats_lines(log)
+        if window[0] <= s["t"] - s["interval_s"] and s["t"] <= window[1] + 0.5
+    ]
+    merged: dict[str, dict[str, float]] = {}
+    for name in ("records", "wait_ms", "age_ms", "fold_ms", "publish_ms", "write_ms", "ack_ms",
+                 "round_ms"):  # fmt: skip
+        parts = [s[name] for s in lines if name in s]
+        if parts:
+            merged[name] = {
+                "n": sum(p["n"] for p in parts),
+                "p50": statistics.median(p["p50"] for p in parts),
+                "p99": max(p["p99"] for p in parts),
+                "max": max(p["max"] for p in parts),
+                "mean": sum(p["sum"] for p in parts) / max(1, sum(p["n"] for p in parts)),
+            }
+    merged["_intervals"] = {"n": len(lines)}
+    return merged
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--bootstrap", default=os.environ.get("RUNWATCH_BOOTSTRAP"))
+    parser.add_argument("--runs", type=int, default=100, help="load runs")
+    parser.add_argument("--world", type=int, default=32, help="ranks per load run (packed)")
+    parser.add_argument("--backlog-steps", type=int, default=200)
+    parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--load", type=float, default=0.8, help="share of the measured capacity")
+    parser.add_argument("--load-s", type=float, default=40.0)
+    parser.add_argument("--idle-s", type=float, default=12.0)
+    parser.add_argument(
+        "--warmup-s",
+        type=float,
+        default=5.0,
+        help="also report the loaded spikes sent this long after the load began",
+    )
+    parser.add_argument("--probes", type=int, default=20)
+    parser.add_argument("--probe-period-s", type=float, default=0.05)
+    parser.add_argument("--batch-max", type=int, default=None, help="the worker's --batch-max")
+    parser.add_argument("--stats-s", type=float, default=1.0, help="RoundStats interval")
+    parser.add_argument("--keep-log", type=Path, default=None, help="copy the worker log here")
+    args = parser.parse_args()
+    ctx = mp.get_context("spawn")
+    with ExitStack() as stack:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        bootstrap = args.bootstrap
+        if not bootstrap:
+            from runwatch.broker import ephemeral_broker
+
+            bootstrap = stack.enter_context(ephemeral_broker(tmp / "kafka")).bootstrap
+        prefix = f"lat{uuid.uuid4().hex[:6]}"
+        group = f"{prefix}-app"
+        topics = names(prefix)
+        inputs = [topics.steps, topics.heartbeats]
+        create_catalogue(bootstrap, prefix=prefix, partitions=args.partitions)
+        runs = load_runs(args.runs)
+        probes = [f"probe-{i:02d}-{uuid.uuid4().hex[:4]}" for i in range(args.probes)]
+        backlog_events = produce_backlog(
+            bootstrap, prefix, runs, args.world, args.backlog_steps, probes
+        )
+
+        # 1. Capacity.
+        log = tmp / "worker.log"
+        worker = start_worker(bootstrap, prefix, args.partitions, log, args.batch_max, args.stats_s)
+        stack.callback(worker.stop)
+        cap = capacity(bootstrap, group, inputs, backlog_events, worker, args.stats_s)
+
+        # 2. Idle, then 3. loaded, with the probes and the watcher throughout.
+        ready, stop = ctx.Event(), ctx.Event()
+        watch_rx, watch_tx = ctx.Pipe(duplex=False)
+        watcher = ctx.Process(
+            target=watch_process, args=(bootstrap, topics.anomalies, ready, stop, watch_tx)
+        )
+        watcher.start()
+        stack.callback(watcher.kill)
+        if not ready.wait(60):
+            raise SystemExit("the anomalies watcher did not start")
+        probe = Probes(bootstrap, prefix, probes, args.probe_period_s)
+        t_idle = time.time()
+        probe.start()
+        rate = args.load * cap["capacity_events_per_s"]
+        load_rx, load_tx = ctx.Pipe(duplex=False)
+        gen_ready, go = ctx.Event(), ctx.Event()
+        gen_args = (bootstrap, prefix, runs, args.world, args.backlog_steps + 1, rate,
+                    args.load_s, gen_ready, go, load_tx)  # fmt: skip
+        gen = ctx.Process(target=load_process, args=gen_args)
+        gen.start()  # now: its interpreter's start-up falls in the idle window, not the load
+        stack.callback(gen.kill)
+        time.sleep(args.idle_s)  # the measured idle window
+        if not gen_ready.wait(60):
+            raise SystemExit("the load generator did not start")
+        cpu_w0 = cpu_s(worker.proc.pid)
+        threads0 = thread_cpu(worker.proc.pid)
+        bpid = broker_pid(bootstrap)
+        cpu_b0 = cpu_s(bpid) if bpid else 0.0
+        box0 = box_busy()
+        me0 = time.process_time() + cpu_s(watcher.pid)
+        load0 = os.getloadavg()[0]
+        t_load = time.time()
+        go.set()
+        commit_lag: list[tuple[float, int]] = []  # (s into the load, records not committed)
+        deadline = time.monotonic() + args.load_s + 120
+        while not load_rx.poll(2.0) and time.monotonic() < deadline:
+            commit_lag.append(
+                (time.time() - t_load, behind(bootstrap, group, end_offsets(bootstrap, inputs)))
+            )
+        report = load_rx.recv() if load_rx.poll(0) else None
+        t_end = time.time()
+        cpu_w1 = cpu_s(worker.proc.pid)
+        threads1 = thread_cpu(worker.proc.pid)
+        cpu_b1 = cpu_s(bpid) if bpid else 0.0
+        box1 = box_busy()
+        me1 = time.process_time() + cpu_s(watcher.pid)
+        load1 = os.getloadavg()[0]
+        gen.join(10)
+        if report is None:
+            raise SystemExit("the load generator sent no report")
+        lag_records = behind(bootstrap, group, end_offsets(bootstrap, inputs))
+        time.sleep(1.0)  # the probes go on a moment past the load
+        probe.stop.set()
+        probe.join()
+        # The last spikes' verdicts: wait for them, bounded (a verdict not seen is reported).
+        deadline = time.monotonic() + 10
+        time.sleep(1.0)
+        while time.monotonic() < deadline and behind(
+            bootstrap, group, end_offsets(bootstrap, inputs)
+        ):
+            time.sleep(0.25)  # polling the commits of a measurement
+        time.sleep(0.5)
+        stop.set()
+        seen = watch_rx.recv() if watch_rx.poll(30) else {}
+        watcher.join(10)
+        stats = round_stats(log, (t_load, t_end))
+        idle_stats = round_stats(log, (t_idle, t_load))
+        if args.keep_log:
+            args.keep_log.write_bytes(log.read_bytes())
+
+    idle = figures(probe.sent_ms, seen, (t_idle, t_load))
+    loaded = figures(probe.sent_ms, seen, (t_load, t_end))
+    steady = figures(probe.sent_ms, seen, (t_load + args.warmup_s, t_end))
+    offered = report["offered_events_per_s"]
+    short = offered < (1 - SHORT_TOLERANCE) * rate
+    probe_events_per_s = args.probes / args.probe_period_s
+    result: dict[str, Any] = {
+        "bench": "latency",
+        "runs": args.runs,
+        "world": args.world,
+        "partitions": args.partitions,
+        "batch_max": args.batch_max,
+        "backlog_events": backlog_events,
+        **{k: round(v, 2) for k, v in cap.items()},
+        "load": args.load,
+        "load_target_events_per_s": round(rate),
+        "load_offered_events_per_s": round(offered),
+        "load_offered_share": round(
+            (offered + probe_events_per_s) / cap["capacity_events_per_s"], 3
+        ),
+        "generator_short": short,
+        "generator_behind_max_s": round(report["behind_max_s"], 3),
+        "generator_cpu_share": round(report["cpu_s"] / report["elapsed_s"], 3),
+        "worker_cpu_share": round((cpu_w1 - cpu_w0) / (t_end - t_load), 3),
+        **{
+            f"worker_{name}_thread_{what}_share": round(
+                (threads1[name][i] - threads0[name][i]) / (t_end - t_load), 3
+            )
+            for name in ("main", "other")
+            for i, what in enumerate(("cpu", "runqueue_wait"))
+        },
+        "broker_cpu_share": round((cpu_b1 - cpu_b0) / (t_end - t_load), 3) if bpid else None,
+        "bench_cpu_share": round((me1 - me0) / (t_end - t_load), 3),
+        "box_busy_cores": round((box1[0] - box0[0]) / (t_end - t_load), 2),
+        "box_cores": os.cpu_count(),
+        "worker_lag_records_at_end": lag_records,
+        "commit_lag_records": [(round(t, 1), n) for t, n in commit_lag],
+        "loadavg_1m": [round(load0, 2), round(load1, 2)],
+        **{f"idle_{k}": v for k, v in idle.items()},
+        **{f"loaded_{k}": v for k, v in loaded.items()},
+        "warmup_s": args.warmup_s,
+        **{f"steady_{k}": v for k, v in steady.items()},
+        "ratio_p99_loaded_idle": (
+            round(loaded["read_p99_ms"] / idle["read_p99_ms"], 2)
+            if loaded["read_p99_ms"] and idle["read_p99_ms"]
+            else None
+        ),
+        "rounds_loaded": stats,
+        "rounds_idle": idle_stats,
+    }
+    print(
+        f"one worker, {args.partitions} partitions; {args.runs} load runs x {args.world} ranks "
+        f"(a step = 1 step record + 1 pack of {args.world} heartbeats), {args.probes} probe runs"
+    )
+    print(
+        f"capacity (backlog drain): {cap['capacity_events_per_s']:,.0f} events/s "
+        f"({backlog_events:,} events, {cap['capacity_records_per_s']:,.0f} records/s, drained "
+        f"in {cap['drain_s']:.1f} s, "
+        f"{cap['drain_cpu_us_per_event']:.1f} us CPU per event)"
+    )
+    print(
+        f"load: target {rate:,.0f} events/s ({args.load:.0%}), offered {offered:,.0f} "
+        f"(+{probe_events_per_s:,.0f} probe steps/s) = {result['load_offered_share']:.0%} of "
+        f"capacity{'  GENERATOR SHORT of the pace' if short else ''}; generator "
+        f"{result['generator_cpu_share']:.0%} of a core, worker {result['worker_cpu_share']:.0%}, "
+        f"load average {load0:.1f} -> {load1:.1f}; worker behind by {lag_records} records at end"
+    )
+    others = result["box_busy_cores"] - sum(
+        result[k] or 0
+        for k in ("worker_cpu_share", "broker_cpu_share", "generator_cpu_share", "bench_cpu_share")
+    )
+    result["others_cpu_share"] = round(others, 2)
+    # What the worker needed to keep the pace at the CPU per event of its drain.
+    result["worker_cpu_needed_share"] = round(
+        (offered + probe_events_per_s) * cap["drain_cpu_us_per_event"] / 1e6, 3
+    )
+    print(
+        f"CPU under load (cores): worker {result['worker_cpu_share']:.2f} of the "
+        f"{result['worker_cpu_needed_share']:.2f} the pace needs at the drain's CPU per event "
+        f"(main thread "
+        f"{result['worker_main_thread_cpu_share']:.2f}, waiting for a CPU "
+        f"{result['worker_main_thread_runqueue_wait_share']:.2f}; other threads "
+        f"{result['worker_other_thread_cpu_share']:.2f}), broker "
+        f"{result['broker_cpu_share'] or float('nan'):.2f}, generator "
+        f"{result['generator_cpu_share']:.2f}, probes + watcher {result['bench_cpu_share']:.2f}, "
+        f"everything else {others:.2f}; busy {result['box_busy_cores']:.2f} of "
+        f"{result['box_cores']}"
+    )
+    print(f"{'':<8}{'spikes':>8}{'judged':>8}{'p50 ms':>9}{'p99 ms':>9}{'max ms':>9}"
+          f"{'sent p50':>10}{'sent p99':>10}{'sent max':>10}")  # fmt: skip
+    for name, f in (("idle", idle), ("loaded", loaded), (f"> {args.warmup_s:g} s", steady)):
+        print(
+            f"{name:<8}{f['spikes']:>8}{f['judged']:>8}{f['read_p50_ms'] or 0:>9.1f}"
+            f"{f['read_p99_ms'] or 0:>9.1f}{f['read_max_ms'] or 0:>9.1f}"
+            f"{f['sent_p50_ms'] or 0:>10.1f}{f['sent_p99_ms'] or 0:>10.1f}"
+            f"{f['sent_max_ms'] or 0:>10.1f}"
+        )
+    print(f"loaded / idle p99 (read): {result['ratio_p99_loaded_idle']}")
+    print(
+        "records not yet committed during the load (s: records): "
+        + ", ".join(f"{t:.0f}: {n}" for t, n in commit_lag)
+    )
+    print("worker rounds under load (RoundStats):")
+    for name, s in stats.items():
+        if name != "_intervals":
+            print(f"  {name:<11} n {s['n']:>6}  mean {s['mean']:8.1f}  p50 {s['p50']:8.1f}  "
+                  f"p99 {s['p99']:8.1f}  max {s['max']:8.1f}")  # fmt: skip
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
