@@ -44,6 +44,7 @@ from processors.intake import RawRecord
 from processors.logread import partition_for, read_history
 from producers import RunEmitter
 from runwatch.admin import create_catalogue
+from runwatch.procs import exit_on_sigterm
 from schemas.codec import encode, encode_key
 from schemas.events import TICK_RUN_ID, Heartbeat, RunStarted, StepCompleted, Tick
 from schemas.topics import TopicNames, names
@@ -178,6 +179,7 @@ def main() -> int:
         help="measure the old full scan only up to this size (it grows with the topics)",
     )
     args = parser.parse_args()
+    exit_on_sigterm()  # stop the children it started when it is stopped itself
     sizes = [int(s) for s in args.sizes.split(",")]
     cfg = DetectorConfig()
     rows = []

@@ -58,7 +58,7 @@ from processors.fleet import committed_offsets
 from processors.settings import changelog_topic
 from runwatch.admin import create_catalogue
 from runwatch.broker.lifecycle import EmbeddedBroker
-from runwatch.procs import ManagedProcess
+from runwatch.procs import ManagedProcess, exit_on_sigterm
 from schemas.codec import decode, encode, encode_key, encode_pack
 from schemas.events import AnomalyDetected, Heartbeat, RunStarted, StepCompleted
 from schemas.topics import names
@@ -294,6 +294,7 @@ def main() -> int:
     parser.add_argument("--probes", type=int, default=10, help="fast runs that carry spikes")
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
     args = parser.parse_args()
+    exit_on_sigterm()  # stop the children it started when it is stopped itself
     runs = fleet(args.runs, args.pack_above)
     root = Path(tempfile.mkdtemp(prefix="runwatch-fleet-"))
     prefix, group = "fleet", "fleet-app"

@@ -64,7 +64,7 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
 from processors.fleet import committed_offsets
 from runwatch.admin import create_catalogue
-from runwatch.procs import ManagedProcess
+from runwatch.procs import ManagedProcess, exit_on_sigterm
 from schemas.codec import decode, encode, encode_key, encode_pack
 from schemas.events import AnomalyDetected, Heartbeat, RunStarted, StepCompleted
 from schemas.topics import names
@@ -452,6 +452,7 @@ def main() -> int:
     parser.add_argument("--stats-s", type=float, default=1.0, help="RoundStats interval")
     parser.add_argument("--keep-log", type=Path, default=None, help="copy the worker log here")
     args = parser.parse_args()
+    exit_on_sigterm()  # stop the children it started when it is stopped itself
     ctx = mp.get_context("spawn")
     with ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))

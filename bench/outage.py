@@ -40,7 +40,7 @@ from processors.fleet import latest_states  # noqa: E402
 from producers import RunEmitter  # noqa: E402
 from runwatch import admin  # noqa: E402
 from runwatch.broker.lifecycle import EmbeddedBroker  # noqa: E402
-from runwatch.procs import ManagedProcess  # noqa: E402
+from runwatch.procs import ManagedProcess, exit_on_sigterm  # noqa: E402
 
 
 def cpu_s(pid: int) -> float:
@@ -117,6 +117,7 @@ def main() -> None:
     parser.add_argument("--loglevel", default="error", choices=["error", "none"])
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
     args = parser.parse_args()
+    exit_on_sigterm()  # stop the children it started when it is stopped itself
     root = Path(tempfile.mkdtemp(prefix="runwatch-outage-"))
     broker = EmbeddedBroker(root / "broker")
     info = broker.start()

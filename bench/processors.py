@@ -57,7 +57,7 @@ from processors.intake import RawRecord, split
 from processors.pipeline import fold_batch
 from processors.settings import BATCH_MAX
 from runwatch.admin import create_catalogue
-from runwatch.procs import ManagedProcess
+from runwatch.procs import ManagedProcess, exit_on_sigterm
 from schemas.codec import decode, encode, encode_key
 from schemas.events import AnomalyDetected, Heartbeat, RunStarted, StepCompleted
 from schemas.topics import names
@@ -336,6 +336,7 @@ def main() -> int:
         "the worker's default for its --ingest, processors.settings.BATCH_MAX)",
     )
     args = parser.parse_args()
+    exit_on_sigterm()  # stop the children it started when it is stopped itself
     modes = [m.strip() for m in args.ingest.split(",") if m.strip()]
     with ExitStack() as stack:
         bootstrap = args.bootstrap

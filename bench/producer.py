@@ -49,6 +49,7 @@ from kafka import codec
 from producers import RunEmitter
 from producers.emitter import PRODUCER_DEFAULTS
 from runwatch.admin import create_catalogue
+from runwatch.procs import exit_on_sigterm
 
 
 @contextmanager
@@ -315,6 +316,7 @@ def main() -> int:
         "--relay", action="store_true", help="only: heartbeats through a node relay vs direct"
     )
     args = parser.parse_args()
+    exit_on_sigterm()  # stop the children it started when it is stopped itself
     if args.relay:
         with broker(args.bootstrap) as bootstrap:
             prefix = f"bench{uuid.uuid4().hex[:8]}"

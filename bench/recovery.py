@@ -57,6 +57,7 @@ from kafka import KafkaConsumer, TopicPartition  # noqa: E402
 
 from controller.state import DEFAULT_SPARE_PRELOAD  # noqa: E402
 from runwatch import admin  # noqa: E402
+from runwatch.procs import exit_on_sigterm  # noqa: E402
 from schemas.codec import decode  # noqa: E402
 from schemas.events import (  # noqa: E402
     AnomalyDetected,
@@ -297,6 +298,7 @@ def main() -> int:
         help="2: one agent per node on loopback (1 rank each), rank 1's node is killed",
     )
     args = p.parse_args()
+    exit_on_sigterm()  # stop the children it started when it is stopped itself
     if args.steps is None:
         args.steps = 200 if args.warm_spares else 60
     settings = {

@@ -74,7 +74,7 @@ from processors.fleet import wait_until_processed
 from processors.settings import changelog_topic
 from runwatch.admin import create_catalogue
 from runwatch.broker.lifecycle import EmbeddedBroker
-from runwatch.procs import ManagedProcess
+from runwatch.procs import ManagedProcess, exit_on_sigterm
 from schemas.codec import decode, encode, encode_key, encode_pack
 from schemas.events import AnomalyDetected, Heartbeat, RunEnded, RunStarted, StepCompleted
 from schemas.topics import names
@@ -374,6 +374,7 @@ def main() -> int:
     parser.add_argument("--timeout-s", type=float, default=900.0)
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
     args = parser.parse_args()
+    exit_on_sigterm()  # stop the children it started when it is stopped itself
     stores = [s.strip() for s in args.stores.split(",") if s.strip()]
     root = Path(tempfile.mkdtemp(prefix="runwatch-recovery-state-"))
     prefix = f"rstate{uuid.uuid4().hex[:8]}"

@@ -60,7 +60,7 @@ from processors.core.config import DetectorConfig, with_overrides
 from processors.fleet import latest_states, wait_until_processed
 from runwatch.admin import create_catalogue
 from runwatch.broker.lifecycle import EmbeddedBroker
-from runwatch.procs import ManagedProcess
+from runwatch.procs import ManagedProcess, exit_on_sigterm
 from schemas.codec import decode, encode, encode_key
 from schemas.events import AnomalyDetected, Heartbeat, RunStarted, StepCompleted
 from schemas.topics import names
@@ -215,6 +215,7 @@ def main() -> int:
     parser.add_argument("--settle-s", type=float, default=15.0)
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
     args = parser.parse_args()
+    exit_on_sigterm()  # stop the children it started when it is stopped itself
 
     root = Path(tempfile.mkdtemp(prefix="runwatch-soak-"))
     prefix = "soak"

@@ -11,6 +11,21 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 
+def exit_on_sigterm() -> None:
+    """Make SIGTERM raise ``SystemExit(143)`` in the main thread, as Ctrl-C raises.
+
+    A script that starts children in ``with`` blocks (a broker, workers, launchers) stops
+    them on the way out only if its ``finally`` and ``__exit__`` run, which the default
+    SIGTERM action (terminate at once) never lets them: ``timeout`` or a scheduler that
+    stops a benchmark left its children running.
+    """
+
+    def handler(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, handler)
+
+
 class ManagedProcess:
     """A child in its own session with its output in a log file.
 
