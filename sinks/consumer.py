@@ -157,9 +157,26 @@ class SinkLoop:
         self._read_upto: dict[TopicPartitionKey, int] = {}
         self._previous_ends: dict[TopicPartitionKey, int] = {}
         self._waiting_since: float | None = None
+        self.fresh_consumer_after_s = 3 * session_timeout_s
 
     def run(self) -> None:
         """Consume until stopped; an exception is kept in `error` and stops the loop."""
+        while self._run_one_consumer():
+            self.notify(
+                f"{self.sink.name}: no partitions after {self.fresh_consumer_after_s:g} s; "
+                "starting a fresh consumer (its first metadata has the topics)"
+            )
+
+    def _run_one_consumer(self) -> bool:
+        """One consumer's life; True when it gave up waiting and a fresh one should start.
+
+        kafka-python sometimes keeps the empty assignment of a group that formed before
+        the brokers' metadata had its (just created) topics, however often it is told to
+        refresh, until the metadata ages out (5 minutes): a first deployment's sink then
+        read nothing for that long. A consumer that has had no partition for
+        `fresh_consumer_after_s` (three session timeouts: a dead member's partitions are
+        free after one) is closed, which leaves the group, and a new one joins.
+        """
         from kafka import KafkaConsumer
 
         session_ms = int(self.session_timeout_s * 1000)
@@ -179,12 +196,13 @@ class SinkLoop:
             # The caller reports it in one line (an unreachable broker is no traceback).
             self.error = exc
             logger.debug("sink %s could not start", self.sink.name, exc_info=True)
-            return
+            return False
         self.connected = True
+        fresh = False
         try:
             consumer.subscribe(self.topics, listener=_listener(self, consumer))
             self._waiting_since = self.clock()
-            self._loop(consumer)
+            fresh = self._loop(consumer)
         except BaseException as exc:
             self.error = exc
             logger.debug("sink %s stopped", self.sink.name, exc_info=True)
@@ -198,10 +216,13 @@ class SinkLoop:
                 logger.warning("sink %s: final commit failed: %s", self.sink.name, exc)
             finally:
                 consumer.close(autocommit=False)
+        return fresh and self.error is None and not self.stop.is_set()
 
-    def _loop(self, consumer: Any) -> None:
+    def _loop(self, consumer: Any) -> bool:
+        """Poll until stopped (False) or until a fresh consumer is due (True)."""
         next_lag = 0.0
         next_note = 0.0
+        assigned_once = False
         while not self.stop.is_set():
             batch = consumer.poll(timeout_ms=int(self.poll_timeout_s * 1000))
             records = [
@@ -216,6 +237,7 @@ class SinkLoop:
                 self.sink.handle(records, now)
             self.sink.tick(now)
             if consumer.assignment():
+                assigned_once = True
                 if self._waiting_since is not None:
                     self._now_reading(consumer)
                 if now >= next_lag:
@@ -224,11 +246,14 @@ class SinkLoop:
                 self._commit(consumer)
             elif self._waiting_since is not None and now >= next_note:
                 waited = now - self._waiting_since
+                if not assigned_once and waited >= self.fresh_consumer_after_s:
+                    return True
                 if waited >= 2.0:
-                    # Fresh metadata of the subscribed topics: a first join that saw no
-                    # partitions (topics just created) rejoins once the metadata has them.
-                    for topic in self.topics:
-                        consumer.partitions_for_topic(topic)
+                    # Fresh metadata from the cluster (topics() always asks the broker): a
+                    # first join that saw no partitions (topics just created) rejoins once
+                    # the metadata has them. When even that does not bring them, a fresh
+                    # consumer is started (`_run_one_consumer`).
+                    consumer.topics()
                     self.notify(
                         f"{self.sink.name}: waiting {waited:.0f} s for group {self.group_id} "
                         "to assign partitions (rebalance in progress; partitions of a member "
@@ -236,6 +261,7 @@ class SinkLoop:
                         f"{self.session_timeout_s:g} s for ours)"
                     )
                     next_note = now + 5.0
+        return False
 
     def _assigned(self, consumer: Any, assigned: Sequence[Any]) -> None:
         from kafka import TopicPartition
