@@ -198,7 +198,7 @@ class _Agent:
         self.kind = ROLE_STATE[role]
         self.changelog = changelog_topic(settings.app_id, TABLES[role])
         self.needs_metadata = [self.changelog, topics.anomalies, topics.commands, topics.deadletter]
-        self.key_partitions: dict[bytes, int] = {}  # table key -> its partition (memory store)
+        self.key_partitions: dict[bytes, tuple[int, str]] = {}  # key -> (partition, run id)
 
     def load(self, run_id: str) -> Any:
         raw = self.table.get(encode_key(run_id))
@@ -216,11 +216,12 @@ class _Agent:
         count = self.settings.partitions_of(self.role)
         memo = self.key_partitions
         for key in list(self.table.keys()):
-            part = memo.get(key)
-            if part is None:
-                part = memo[key] = partition_for(key.decode(), count)
-            if part == partition:
-                yield key.decode()
+            known = memo.get(key)
+            if known is None:
+                run_id = key.decode()
+                known = memo[key] = (partition_for(run_id, count), run_id)
+            if known[0] == partition:
+                yield known[1]
 
     async def __call__(self, stream: Any) -> None:
         async for events in stream.take_events(

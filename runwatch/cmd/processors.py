@@ -6,6 +6,7 @@ import argparse
 import logging
 import os
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 from common.errors import UsageError
@@ -194,6 +195,16 @@ def detector_config(overrides: dict[str, str]) -> object:
         raise UsageError(str(exc)) from None
 
 
+def _choose(
+    option: str, given: str | None, env_name: str, default: str, choices: Sequence[str]
+) -> str:
+    """The flag's value, else the environment variable's, else the default; checked."""
+    value = given or os.environ.get(env_name, "").strip() or default
+    if value not in choices:
+        raise UsageError(f"{option} expects one of {', '.join(choices)}, got {value!r}")
+    return value
+
+
 def run(args: argparse.Namespace) -> int:
     """Create the topics if needed, then run a faust worker until stopped."""
     from common.settings import faust_broker_settings, replication_factor, topic_prefix
@@ -212,12 +223,8 @@ def run(args: argparse.Namespace) -> int:
     from runwatch.resolve import partition_counts, resolve_bootstrap
     from schemas.signing import load_key
 
-    ingest = args.ingest or os.environ.get("RUNWATCH_INGEST", "").strip() or DEFAULT_INGEST
-    if ingest not in INGEST_MODES:
-        raise UsageError(f"--ingest expects one of {', '.join(INGEST_MODES)}, got {ingest!r}")
-    store = args.store or os.environ.get("RUNWATCH_STORE", "").strip() or DEFAULT_STORE
-    if store not in STORES:
-        raise UsageError(f"--store expects one of {', '.join(STORES)}, got {store!r}")
+    ingest = _choose("--ingest", args.ingest, "RUNWATCH_INGEST", DEFAULT_INGEST, INGEST_MODES)
+    store = _choose("--store", args.store, "RUNWATCH_STORE", DEFAULT_STORE, STORES)
     if store == "rocksdb" and (why := rocksdb_missing()) is not None:
         raise UsageError(why)
     batch_max = BATCH_MAX[ingest] if args.batch_max is None else args.batch_max

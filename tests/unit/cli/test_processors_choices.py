@@ -1,0 +1,37 @@
+"""`runwatch processors --ingest/--store`: a value it does not know is one line and exit 2.
+
+Each is read from its flag, else its environment variable (`RUNWATCH_INGEST`,
+`RUNWATCH_STORE`); both ways are checked.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+CASES = [
+    ("--ingest", "RUNWATCH_INGEST", "foo", "--ingest expects one of stream, batch, got 'foo'"),
+    ("--store", "RUNWATCH_STORE", "redis", "--store expects one of memory, rocksdb, got 'redis'"),
+]
+
+
+@pytest.mark.parametrize("via", ["flag", "env"])
+@pytest.mark.parametrize(("option", "env_name", "bad", "message"), CASES, ids=["ingest", "store"])
+def test_an_unknown_value_is_a_usage_error(
+    option: str, env_name: str, bad: str, message: str, via: str
+) -> None:
+    args = [option, bad] if via == "flag" else []
+    env = {env_name: bad} if via == "env" else {}
+    out = subprocess.run(
+        [sys.executable, "-m", "runwatch.cli", "processors", "--bootstrap", "127.0.0.1:1", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+        timeout=60,
+    )
+    assert out.returncode == 2
+    lines = (out.stdout + out.stderr).strip().splitlines()
+    assert lines == [f"runwatch processors: {message}"]
