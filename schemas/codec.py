@@ -15,10 +15,10 @@ Decoding never raises anything but `DecodeError`, whatever the bytes. Before any
 bounds the record's size (`schemas.events.MAX_RECORD_BYTES`) and its nesting depth
 (`schemas.events.MAX_NESTING`): msgspec recurses into nested arrays and objects, even
 into an unknown field it only skips, so a 100,000-deep array would otherwise end in a
-`RecursionError`. Counting brackets is one C-speed pass; only a record with more brackets
-than the bound (a checkpoint with many loader states, or a hostile one) takes the exact
-depth scan. The field bounds themselves (int64, non-negative steps, lengths) are on the
-structs in `schemas.events`.
+`RecursionError`. A small record counts its brackets first (C-speed scans); a larger one,
+or one with more brackets than the bound, takes the exact depth (C-speed passes, one per
+level of nesting, linear once that is past any valid depth). The field bounds themselves
+(int64, non-negative steps, lengths) are on the structs in `schemas.events`.
 """
 
 from __future__ import annotations
@@ -186,8 +186,15 @@ def _restore_float(value: Any, *, null_is_nan: bool) -> Any:
 
 _JSON_STRING: Final = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
 _NOT_BRACKETS: Final = bytes(b for b in range(256) if b not in b"[]{}")
+_NOT_MARKS: Final = bytes(b for b in range(256) if b not in b'[]{}"')
 _DEPTH_STEP: Final = bytes(2 if b in b"[{" else 0 if b in b"]}" else 1 for b in range(256))
 """An opening bracket as 2, a closing one as 0: the running sum less the count is the depth."""
+_PAIRS: Final = bytes(ord("<") if b in b"[{" else ord(">") if b in b"]}" else b for b in range(256))
+_COUNT_BRACKETS_BYTES: Final = 1024
+"""Records up to this size count their brackets first (two scans, cheaper than the depth
+when that count cannot exceed the bound); larger ones, packs, go to the depth at once."""
+_PEEL_PASSES: Final = 64
+"""Most passes `_peeled_depth` makes before the linear scan takes over (hostile depths)."""
 
 
 def nesting_depth(data: bytes) -> int:
@@ -197,21 +204,46 @@ def nesting_depth(data: bytes) -> int:
     before it fails (brackets after an unterminated string are inside that string for
     the parser too), and may count more, which only rejects bytes that would not decode
     anyway. C-speed throughout (a pack of thousands of events pays it on every decode):
-    without a backslash in the record, strings are exactly what lies between two quotes.
+    without a backslash in the record, strings are exactly what lies between two quotes,
+    so only the quotes and brackets are kept, and two adjacent quotes, which enclose no
+    bracket, are dropped as a pair (which keeps every bracket's side of the string
+    boundaries). What is left is a few bytes: usually brackets alone.
     """
-    quotes_only = b"\\" not in data  # then no quote is escaped
-    outside = b"".join(data.split(b'"')[::2]) if quotes_only else _JSON_STRING.sub(b"", data)
-    brackets = outside.translate(None, _NOT_BRACKETS).translate(_DEPTH_STEP)
+    if b"\\" in data:
+        brackets = _JSON_STRING.sub(b"", data).translate(None, _NOT_BRACKETS)
+    else:
+        marks = data.translate(None, _NOT_MARKS).replace(b'""', b"")
+        brackets = b"".join(marks.split(b'"')[::2]) if b'"' in marks else marks
     if not brackets:
         return 0
-    depths: Iterator[int] = map(operator.sub, accumulate(brackets), count(1))
+    peeled = _peeled_depth(brackets)
+    if peeled is not None:
+        return peeled
+    depths: Iterator[int] = map(operator.sub, accumulate(brackets.translate(_DEPTH_STEP)), count(1))
     return max(0, max(depths))
+
+
+def _peeled_depth(brackets: bytes) -> int | None:
+    """The depth of balanced ``brackets`` by peeling innermost pairs, a C pass a level.
+
+    Returns:
+        None when they are not balanced, or nest deeper than `_PEEL_PASSES`.
+    """
+    marks = brackets.translate(_PAIRS)
+    for depth in range(1, _PEEL_PASSES + 1):
+        inner = marks.replace(b"<>", b"")
+        if not inner:
+            return depth
+        if len(inner) == len(marks):
+            return None  # a close before its open, or an open never closed
+        marks = inner
+    return None
 
 
 def _check_bounds(data: bytes) -> None:
     if len(data) > MAX_RECORD_BYTES:
         raise MalformedEvent(f"record of {len(data)} bytes exceeds {MAX_RECORD_BYTES} bytes")
-    if data.count(b"[") + data.count(b"{") <= MAX_NESTING:
+    if len(data) <= _COUNT_BRACKETS_BYTES and data.count(b"[") + data.count(b"{") <= MAX_NESTING:
         return  # cannot nest deeper than it has brackets
     depth = nesting_depth(data)
     if depth > MAX_NESTING:

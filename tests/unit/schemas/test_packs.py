@@ -2,6 +2,7 @@
 
 import json
 import math
+import re
 
 import jsonschema
 import msgspec
@@ -199,3 +200,26 @@ def test_nesting_depth_is_exact_with_and_without_escapes(value: object) -> None:
     # skips strings by pattern: both must see exactly the JSON's nesting.
     data = json.dumps(value).encode()
     assert codec.nesting_depth(data) == _depth(value)
+
+
+def _linear_depth(data: bytes) -> int:
+    """The depth as the codec scanned it before it peeled pairs: one running count."""
+    strings = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+    outside = b"".join(data.split(b'"')[::2]) if b"\\" not in data else strings.sub(b"", data)
+    depth = deepest = 0
+    for byte in outside:
+        if byte in b"[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif byte in b"]}":
+            depth -= 1
+    return deepest
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(st.sampled_from([b"[", b"]", b"{", b"}", b'"', b"\\", b"a", b":"]), max_size=80))
+def test_nesting_depth_of_any_bytes_is_the_running_count(parts: list[bytes]) -> None:
+    # Broken JSON included (a close before its open, an unterminated string or array):
+    # peeling pairs level by level must say what one running count of brackets says.
+    data = b"".join(parts)
+    assert codec.nesting_depth(data) == _linear_depth(data)
