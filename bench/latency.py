@@ -28,7 +28,7 @@ Latency of a spike, two ways (every clock is this machine's):
 
 The worker runs with `processors.transport.RoundStats` on (``RUNWATCH_BATCH_STATS_S``), and
 the summary of its lines from the loaded window is printed: records per round, fetch wait,
-fold, publish, table writes, acks and commits, per round.
+fold per round; publish, table writes and acks per flush.
 
 Prints a table and one JSON line. Defaults take about two minutes on this 2-core box:
 
@@ -415,8 +415,8 @@ def round_stats(log: Path, window: tuple[float, float]) -> dict[str, dict[str, f
         if window[0] <= s["t"] - s["interval_s"] and s["t"] <= window[1] + 0.5
     ]
     merged: dict[str, dict[str, float]] = {}
-    for name in ("records", "wait_ms", "age_ms", "fold_ms", "publish_ms", "write_ms", "ack_ms",
-                 "round_ms"):  # fmt: skip
+    for name in ("records", "wait_ms", "age_ms", "fold_ms", "round_ms", "publish_ms", "write_ms",
+                 "flush_ms"):  # fmt: skip
         parts = [s[name] for s in lines if name in s]
         if parts:
             merged[name] = {

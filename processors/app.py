@@ -12,7 +12,10 @@
   the commits and the worker. The rules are the same as the agents': one decode per
   record, `fold_batch` per role, outputs published and acknowledged by Kafka before the
   states are written (retried in place), nothing acknowledged before its states are
-  written, and a round that cannot be applied whole stops the worker. None of faust's
+  written, and a round that cannot be applied whole stops the worker. Only the timing
+  differs: states are written by a flush every few rounds
+  (`processors.transport.STATE_FLUSH_INTERVAL_S`), each run's newest state once, and
+  the rounds since the last flush are acknowledged after it. None of faust's
   per-message machinery (Message objects, increfs, the ack-on-close of ``take_events``)
   is on that path, so what follows about pinning concerns the stream path only.
 
@@ -85,7 +88,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
@@ -95,7 +98,7 @@ from aiokafka.structs import ConsumerRecord
 from common.settings import faust_broker_settings, runwatch_home
 from processors import transport
 from processors.core.config import DetectorConfig
-from processors.core.state_codec import decode_state
+from processors.core.state_codec import DecodedStates, decode_state
 from processors.intake import RawRecord, split
 from processors.logread import partition_for
 from processors.pipeline import ROLE_STATE, fold_batch, fold_chunks
@@ -129,6 +132,9 @@ TABLES: dict[str, str] = {
 
 METADATA_TIMEOUT_S: Final = 120.0
 """Longest an agent waits for its producer to know the topics it writes to."""
+STATE_CACHE_RUNS: Final = 4096
+"""Runs per table whose decoded state a worker keeps (`DecodedStates`): ~16 KB a step
+state, ~4 KB a 32-rank liveness state, so tens of MB at most per table."""
 STATE_WRITE_ATTEMPTS: Final = 5
 """Attempts at writing a batch's states before the worker stops (backoff 0.1 s, doubling)."""
 
@@ -199,29 +205,94 @@ class _Agent:
         self.changelog = changelog_topic(settings.app_id, TABLES[role])
         self.needs_metadata = [self.changelog, topics.anomalies, topics.commands, topics.deadletter]
         self.key_partitions: dict[bytes, tuple[int, str]] = {}  # key -> (partition, run id)
+        self.decoded = DecodedStates(self.kind, STATE_CACHE_RUNS)  # type: ignore[arg-type]
+        self.dirty: dict[str, tuple[bytes, Any]] = {}  # run -> (bytes, state) folded, unwritten
+        # run -> (key, bytes, whether from `dirty`) of each state a fold is using. Not the
+        # state itself: a reference held while folding pins every version the fold makes
+        # of a liveness state's RankTable (`DecodedStates`).
+        self.lent: dict[str, tuple[bytes, bytes, bool]] = {}
 
     def load(self, run_id: str) -> Any:
-        raw = self.table.get(encode_key(run_id))
-        return None if raw is None else decode_state(self.kind, raw)  # type: ignore[arg-type]
+        """The newest state of ``run_id`` (None: none yet): folded and not written, or stored.
+
+        The state is handed to the fold (`DecodedStates.take`); `absorb` takes it back.
+        """
+        key = encode_key(run_id)
+        kept = self.dirty.pop(run_id, None)
+        if kept is not None:
+            self.lent[run_id] = (key, kept[0], True)
+            return kept[1]
+        raw = self.table.get(key)
+        if raw is None:
+            return None
+        state = self.decoded.take(key, raw)
+        self.lent[run_id] = (key, raw, False)
+        return state
+
+    def absorb(self, encoded: Mapping[str, bytes], states: Mapping[str, Any]) -> None:
+        """Keep a fold's new states until they are written; take back those it only read.
+
+        Args:
+            encoded: Run -> the bytes of its new state, for every run the fold changed.
+            states: Run -> its state after the fold, for every run it touched. A run not
+                in ``encoded`` holds the state `load` gave (`processors.pipeline.BatchResult`).
+        """
+        for run_id, data in encoded.items():
+            self.dirty[run_id] = (data, states[run_id])
+        for run_id, (key, raw, unwritten) in self.lent.items():
+            if run_id in encoded:
+                continue
+            state = states.get(run_id)
+            if unwritten:  # never lose a state not yet written
+                if state is None:
+                    state = decode_state(self.kind, raw)  # type: ignore[arg-type]
+                self.dirty[run_id] = (raw, state)
+            elif state is not None:
+                self.decoded.put(key, raw, state)
+        self.lent.clear()
+
+    def discard(self) -> None:
+        """Drop the states not written (their records are read again)."""
+        self.dirty.clear()
+        self.lent.clear()
 
     def runs_in_partition(self, partition: int) -> Iterable[str]:
-        if isinstance(self.table.data, RunRocksStore):  # one database per partition
-            return [key.decode() for key in self.table.data.partition_keys(partition)]
-        return self._scan_partition(partition)
+        """Runs with a state in ``partition``: stored, or folded and not yet written.
 
-    def _scan_partition(self, partition: int) -> Iterator[str]:
+        The ones not written include those a fold is using (`lent`): a Tick in a later
+        chunk of the round must reach them as the audit's one fold would.
+        """
+        if isinstance(self.table.data, RunRocksStore):  # one database per partition
+            stored = [key.decode() for key in self.table.data.partition_keys(partition)]
+        else:
+            stored = []
+            for key in list(self.table.keys()):
+                where, run_id = self._partition_of(key)
+                if where == partition:
+                    stored.append(run_id)
+        if not self.dirty and not self.lent:
+            return stored
+        known = set(stored)
+        unwritten = [*self.dirty, *(run for run, lent in self.lent.items() if lent[2])]
+        return [
+            *stored,
+            *(
+                run_id
+                for run_id in unwritten
+                if run_id not in known and self._partition_of(encode_key(run_id))[0] == partition
+            ),
+        ]
+
+    def _partition_of(self, key: bytes) -> tuple[int, str]:
         # A round carries a Tick per heartbeat partition, each scanning every key: with the
         # partitioner (murmur2 in Python) per key, 10,000 runs and 64 partitions cost
         # seconds per round, so each key's partition is computed once.
-        count = self.settings.partitions_of(self.role)
-        memo = self.key_partitions
-        for key in list(self.table.keys()):
-            known = memo.get(key)
-            if known is None:
-                run_id = key.decode()
-                known = memo[key] = (partition_for(run_id, count), run_id)
-            if known[0] == partition:
-                yield known[1]
+        known = self.key_partitions.get(key)
+        if known is None:
+            run_id = key.decode()
+            count = self.settings.partitions_of(self.role)
+            known = self.key_partitions[key] = (partition_for(run_id, count), run_id)
+        return known
 
     async def __call__(self, stream: Any) -> None:
         async for events in stream.take_events(
@@ -261,8 +332,9 @@ class _Agent:
         ]
         good, dead = split(records, self.role)
         result = fold_batch(self.role, good, self.load, self.runs_in_partition, self.cfg)
+        self.absorb(result.encoded, result.states)
         await self.publish([*dead, *result.dead, *(self.finish(o) for o in result.outputs)])
-        await self.write_states(result.encoded)
+        await self.write_dirty()
 
     async def wait_for_metadata(self) -> None:
         """Return once the producer knows every topic this agent writes to.
@@ -293,23 +365,26 @@ class _Agent:
             await asyncio.sleep(delay_s)
             delay_s = min(1.0, delay_s * 2)
 
-    async def write_states(self, encoded: dict[str, bytes]) -> None:
-        """Write every state of a batch, retrying the ones that failed.
+    async def write_dirty(self) -> None:
+        """Write every state folded and not yet written, retrying the ones that failed.
 
         Raises:
             StateWriteError: Some state still not written after `STATE_WRITE_ATTEMPTS`.
         """
-        pending = {encode_key(run_id): value for run_id, value in encoded.items()}
+        pending = {encode_key(run_id): (run_id, kept) for run_id, kept in self.dirty.items()}
         delay_s = 0.1
         for attempt in range(1, STATE_WRITE_ATTEMPTS + 1):
-            failed: dict[bytes, bytes] = {}
+            failed: dict[bytes, tuple[str, tuple[bytes, Any]]] = {}
             error: Exception | None = None
-            for key, value in pending.items():
+            for key, (run_id, (value, state)) in pending.items():
                 try:
                     self.faults.check(self.changelog)
                     self.table[key] = value
                 except Exception as exc:
-                    failed[key], error = value, exc
+                    failed[key], error = (run_id, (value, state)), exc
+                else:
+                    del self.dirty[run_id]
+                    self.decoded.put(key, value, state)
             if not failed:
                 return
             log.warning(
@@ -364,20 +439,24 @@ class _Agent:
 
 
 class _BatchSink:
-    """The batch path's body (`processors.transport.BatchIngest`): a round in, applied whole.
+    """The batch path's body (`processors.transport.BatchSink`): rounds folded, then flushed.
 
     A round holds, per assigned input partition, consecutive records in offset order.
     The rules are the agents': decode each record once, fold each role's records through
     `fold_batch` (the audit's replay), publish every output and dead letter and wait for
-    Kafka's acknowledgement, then write the states (retried in place), and only then
-    return, which is when `BatchIngest` acknowledges the round's offsets. A round that
-    cannot be applied whole stops the worker without returning (nothing after it is
-    processed, nothing of it acknowledged).
+    Kafka's acknowledgement, then write the states (retried in place). The write waits for
+    the flush `BatchIngest` asks for every `processors.transport.STATE_FLUSH_INTERVAL_S`:
+    until then a run's newest state is kept in its role's body (`_Agent.dirty`) and the
+    next round folds from it, and only after the flush are the rounds' offsets
+    acknowledged. A round or a flush that cannot be applied whole stops the worker
+    without returning (nothing after it is processed, nothing since the last flush
+    acknowledged).
     """
 
     def __init__(self, app: faust.App, roles: dict[str, _Agent]) -> None:
         self.app = app
         self.roles = roles  # input topic name -> the role's body (table, writes, publish)
+        self.sent: list[Any] = []  # the producer's futures of every output since the last flush
 
     @property
     def stats(self) -> transport.RoundStats:
@@ -386,65 +465,95 @@ class _BatchSink:
         return ingest.stats if ingest is not None else transport.RoundStats()
 
     async def __call__(self, batches: Mapping[Any, Sequence[ConsumerRecord]]) -> None:
-        by_topic: dict[str, list[RawRecord]] = {}
+        grouped: dict[str, list[RawRecord]] = {}
         for tp, recs in batches.items():
-            by_topic.setdefault(tp.topic, []).extend(
+            grouped.setdefault(tp.topic, []).extend(
                 RawRecord(r.topic, r.partition, r.offset, r.key, r.value, r.timestamp or 0)
                 for r in recs
             )
+        # In `FOLD_ORDER` (the roles' order in ``self.roles``), whatever order the fetch had.
+        by_topic = {topic: grouped[topic] for topic in self.roles if topic in grouped}
         try:
-            await self.apply(by_topic)
+            await self.fold(by_topic)
         except asyncio.CancelledError:
             raise  # stopping: the round is not acknowledged, a restart reads it again
         except Exception as exc:
-            count = sum(len(v) for v in by_topic.values())
-            log.error(
-                "a round of %d records could not be applied whole (%r); stopping the worker "
-                "without committing it, a restart applies it again",
-                count,
-                exc,
-            )
-            await self.app.crash(exc)
-            await asyncio.Event().wait()  # never return: the round is never acknowledged
+            await self._stop(f"a round of {sum(map(len, by_topic.values()))} records", exc)
 
-    async def apply(self, by_topic: dict[str, list[RawRecord]]) -> None:
-        """Fold every role's records, publish all outputs, then write all states.
+    async def fold(self, by_topic: dict[str, list[RawRecord]]) -> None:
+        """Fold every role's records and hand their outputs to the producer.
 
         The fold goes in chunks of about `FOLD_CHUNK_EVENTS` events, and each chunk's
         outputs are handed to the producer as soon as the chunk is folded: a verdict
         waits for the fold of its chunk, not of the whole round. Every output is still
-        acknowledged by Kafka before the first state of the round is written (rule 3).
+        acknowledged by Kafka before any state folded with it is written (`flush`).
         """
         agents = [self.roles[topic] for topic in by_topic]
         for agent in agents:
             await agent.wait_for_metadata()
-        stats = self.stats
         t0 = time.perf_counter()
-        sent: list[Any] = []  # the producer's futures of every output of the round
-        writes: list[tuple[_Agent, dict[str, bytes]]] = []
+        sent = self.sent
         for agent, records in zip(agents, by_topic.values(), strict=True):
             good, dead = split(records, agent.role)
             sent += await agent.send(dead)
             encoded: dict[str, bytes] = {}
+            states: dict[str, Any] = {}
             for result in fold_chunks(
                 agent.role, good, agent.load, agent.runs_in_partition, agent.cfg, FOLD_CHUNK_EVENTS
             ):
                 sent += await agent.send([*result.dead, *(agent.finish(o) for o in result.outputs)])
-                encoded = result.encoded
-            writes.append((agent, encoded))
-        t1 = time.perf_counter()
-        if sent:
-            await asyncio.gather(*sent)  # acknowledged, all of them, before any state write
-        t2 = time.perf_counter()
-        ingest = self.app.batch_ingest if isinstance(self.app, transport.App) else None
-        if ingest is not None:
-            await ingest.before_writes()  # the commit started after the last round
-        for agent, encoded in writes:
-            await agent.write_states(encoded)
-        stats.note("fold_ms", 1000 * (t1 - t0))
+                encoded, states = result.encoded, result.states
+            agent.absorb(encoded, states)
+        self.stats.note("fold_ms", 1000 * (time.perf_counter() - t0))
+
+    async def flush(self) -> None:
+        """Wait until Kafka acknowledged every output since the last flush, then write states."""
+        try:
+            t1 = time.perf_counter()
+            sent, self.sent = self.sent, []
+            if sent:
+                await asyncio.gather(*sent)  # acknowledged, all of them, before any state write
+            t2 = time.perf_counter()
+            ingest = self.app.batch_ingest if isinstance(self.app, transport.App) else None
+            if ingest is not None:
+                await ingest.before_writes()  # the commit started after the last flush
+            for agent in self.roles.values():
+                if agent.dirty:
+                    await agent.write_dirty()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            await self._stop("the states of the last rounds", exc)
+        stats = self.stats
         stats.note("publish_ms", 1000 * (t2 - t1))
         stats.note("write_ms", 1000 * (time.perf_counter() - t2))
 
+    def discard(self) -> None:
+        """Drop every state not written and the futures of outputs not waited for."""
+        self.sent = []
+        for agent in self.roles.values():
+            agent.discard()
+
+    async def _stop(self, what: str, exc: Exception) -> None:
+        """Stop the worker over ``what``, which could not be applied whole; never return."""
+        log.error(
+            "%s could not be applied whole (%r); stopping the worker without committing "
+            "them, a restart applies them again",
+            what,
+            exc,
+        )
+        await self.app.crash(exc)
+        await asyncio.Event().wait()  # never return: nothing since the last flush is acknowledged
+
+
+FOLD_ORDER: Final = ("anomalies", "steps", "checkpoints", "heartbeats")
+"""The order the batch path folds a round's roles in: the few records whose outputs restart
+a gang or page a human first, the bulk last. Under load a round holds thousands of packed
+heartbeats (tens of milliseconds to fold, hundreds after a stall) beside a few hundred
+steps: folded in the fetch's order, a loss spike waited behind them about half the time.
+The roles' states and outputs are independent (the policy reads verdicts from the
+anomalies topic, not from this round), so the order changes when outputs go out, not what
+they are; within a role, records keep their partition order."""
 
 FOLD_CHUNK_EVENTS: Final = 4096
 """Events the batch path folds before handing their outputs to the producer (a pack
@@ -543,8 +652,9 @@ def create_app(
         "anomalies": topics.anomalies,
     }
     sources: list[Any] = []
-    bodies: dict[str, _Agent] = {}
-    for role, topic_name in role_topic.items():
+    bodies: dict[str, _Agent] = {}  # in FOLD_ORDER, which the batch path folds a round in
+    for role in FOLD_ORDER:
+        topic_name = role_topic[role]
         table = app.Table(
             TABLES[role],
             default=None,

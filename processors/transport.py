@@ -33,8 +33,8 @@ import json
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
-from typing import Any, Final
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from typing import Any, Final, Protocol
 
 import aiokafka
 import faust
@@ -208,6 +208,8 @@ class Consumer(driver.Consumer):
                     yield tp, self._to_message(tp, record)
         if batch:
             await ingest.round(self, batch)
+        else:
+            await ingest.maybe_flush(self)  # a quiet fetch: the last rounds' states may be due
 
     def ack_range(self, tp: TP, first: int, last: int) -> None:
         """Acknowledge offsets ``first..last`` of ``tp`` (applied whole) for faust's commits."""
@@ -234,6 +236,7 @@ class Consumer(driver.Consumer):
         if ingest is not None and not self.app.should_stop:
             self.stop_flow()  # faust's revocation stops it too; no new round from here
             if await ingest.wait_idle(REVOKE_WAIT_S):
+                await ingest.flush(self)  # states written, ranges acknowledged
                 await self.commit()
             else:
                 log.warning(
@@ -294,12 +297,40 @@ class App(faust.App):
 # --------------------------------------------------------------------------------------
 # The batch ingestion path.
 
-BatchSink = Callable[[Mapping[TP, Sequence[ConsumerRecord]]], Awaitable[None]]
-"""Applies whole per-partition batches of raw records; returns once every one is applied.
 
-It gets, per assigned partition, consecutive records in offset order, and returns only
-when all of them are applied (outputs published, states written). Raising, or never
-returning, leaves the whole round unacknowledged."""
+class BatchSink(Protocol):
+    """Applies whole per-partition batches of raw records, in two steps: fold, then flush.
+
+    A call gets, per assigned partition, consecutive records in offset order: it folds
+    them, hands their outputs to the producer and keeps their new states. `flush` waits
+    until Kafka acknowledged every output handed over since the last flush, then writes
+    every kept state; only then are the rounds before it applied. `discard` drops the kept
+    states (the rounds they came from are read again). Raising, or never returning, leaves
+    every round since the last flush unacknowledged.
+    """
+
+    async def __call__(self, batches: Mapping[TP, Sequence[ConsumerRecord]]) -> None:
+        """Fold one round and hand its outputs to the producer; keep its states."""
+
+    async def flush(self) -> None:
+        """Wait for the outputs handed over so far, then write every kept state."""
+
+    def discard(self) -> None:
+        """Drop the kept states and outputs' futures: their rounds are read again."""
+
+
+STATE_FLUSH_INTERVAL_S: Final = 0.2
+"""Longest a folded round waits for its states to be written (and its offsets acknowledged).
+
+Under a paced load a round is a few hundred records, every few tens of milliseconds, and
+touches most runs: writing every touched run's state after every round wrote more bytes to
+the changelogs than the input carried (a 7 KB step state for one step's change) and took
+more of the worker's CPU than any part of the fold but the reducers. Written at most every
+0.2 s, each run's state goes out once for several rounds; a backlog's rounds take longer
+than that, so each of them is still flushed when it ends. Verdicts do not wait for it:
+they go out as each chunk is folded. What it costs is a crash's redo: at most this much
+more of the log is folded again (with the same verdict ids) by the worker that takes over.
+"""
 
 REVOKE_WAIT_S: Final = 30.0
 """Longest a revocation waits for the batch in flight to be applied and acknowledged."""
@@ -315,8 +346,9 @@ class RoundStats:
     faust's consumer thread), ``records`` (records per round), ``age_ms`` (the round's
     oldest record's age, from its Kafka timestamp, when the fold starts), ``fold_ms``
     (decode + `fold_batch`, all roles, outputs handed to the producer chunk by chunk),
-    ``publish_ms`` (then waiting for their acknowledgements), ``write_ms`` (table writes),
-    ``ack_ms`` (offset ranges acknowledged), ``round_ms`` (the whole round);
+    ``round_ms`` (the whole round); per flush: ``publish_ms`` (waiting for the outputs'
+    acknowledgements), ``write_ms`` (table writes), ``flush_ms`` (the whole flush, offset
+    ranges acknowledged);
     ``first_start`` / ``last_end``: when the interval's first round began and its last
     ended (epoch seconds).
     """
@@ -403,32 +435,57 @@ class BatchIngest:
        back to the expected offset and the miss is logged. Only when the same gap comes
        back after that seek are the offsets taken to hold no record and passed over
        (logged);
-    4. awaits the sink with the round's batches and, once it returned, acknowledges each
-       batch as a range in faust's offset tracking (`Consumer.ack_range`), so faust's
-       commit machinery commits it; nothing is acknowledged past a record not applied.
+    4. awaits the sink with the round's batches (fold, outputs handed to the producer),
+       moves each partition's next offset past its batch, and keeps the batch's range;
+    5. once ``flush_interval_s`` has passed since the oldest range kept (checked after
+       each round, and after each fetch that brought none), flushes the sink (outputs
+       acknowledged by Kafka, then states written) and only then acknowledges the kept
+       ranges in faust's offset tracking (`Consumer.ack_range`), so faust's commit
+       machinery commits them; nothing is acknowledged past a record whose state is not
+       written. A revocation flushes before it commits.
 
     A round whose rebalance generation changed while it was applied is not acknowledged
     (its records are read again; the states skip what they applied, by offset).
     """
 
-    def __init__(self, topics: Iterable[str], sink: BatchSink) -> None:
-        """Deliver the records of ``topics`` to ``sink``."""
+    def __init__(
+        self,
+        topics: Iterable[str],
+        sink: BatchSink,
+        flush_interval_s: float = STATE_FLUSH_INTERVAL_S,
+    ) -> None:
+        """Deliver the records of ``topics`` to ``sink``, flushing every ``flush_interval_s``."""
         self.topics = frozenset(topics)
         self.sink = sink
+        self.flush_interval_s = flush_interval_s
         self.cursors: dict[TP, _Cursor] = {}
         self.idle = asyncio.Event()
         self.idle.set()
         self.stats = RoundStats.from_env()
         self.last_commit_s = time.monotonic()
-        self.committing: asyncio.Future[Any] | None = None  # the commit started after a round
+        self.committing: asyncio.Future[Any] | None = None  # the commit started after a flush
+        self.unflushed: list[tuple[TP, int, int, int]] = []  # (tp, first, last, generation)
+        self.unflushed_since: float | None = None  # when the oldest of them was folded
 
-    def forget(self, tps: Iterable[TP] | None = None) -> None:
-        """Drop the cursors of ``tps`` (all when None): their next batch starts from the commit."""
-        if tps is None:
-            self.cursors.clear()
-        else:
-            for tp in tps:
-                self.cursors.pop(_tp(tp), None)
+    def forget(self) -> None:
+        """Drop every cursor: each partition's next batch starts from the group's commit.
+
+        Rounds folded and not flushed (a revocation that could not wait for them) are
+        dropped with the sink's kept states: they are read again from the commit.
+        """
+        self.cursors.clear()
+        if self.unflushed_since is not None:
+            log.warning(
+                "batch path: %d folded batches not flushed; dropping their states, they are "
+                "read again from the committed offsets",
+                len(self.unflushed),
+            )
+        self._drop_unflushed()
+
+    def _drop_unflushed(self) -> None:
+        self.sink.discard()
+        self.unflushed.clear()
+        self.unflushed_since = None
 
     async def wait_idle(self, timeout_s: float) -> bool:
         """Wait until no round, nor its commit, is in flight.
@@ -464,12 +521,67 @@ class BatchIngest:
             self.committing = None
 
     async def round(self, consumer: Consumer, records: Mapping[Any, Sequence[Any]]) -> None:
-        """Apply one fetched round of records of this path's topics, then acknowledge it."""
+        """Fold one fetched round of records of this path's topics; flush when one is due."""
         self.idle.clear()
         try:
             await self._round(consumer, records)
+            await self._flush_if_due(consumer)
         finally:
             self.idle.set()
+
+    async def maybe_flush(self, consumer: Consumer) -> None:
+        """Flush if the oldest round not flushed is ``flush_interval_s`` old (a quiet fetch)."""
+        if self.unflushed_since is None:
+            return
+        self.idle.clear()
+        try:
+            await self._flush_if_due(consumer)
+        finally:
+            self.idle.set()
+
+    async def _flush_if_due(self, consumer: Consumer) -> None:
+        since = self.unflushed_since
+        if since is None or not consumer.flow_active:  # a revocation flushes for itself
+            return
+        if time.monotonic() - since >= self.flush_interval_s:
+            await self.flush(consumer)
+
+    async def flush(self, consumer: Consumer) -> None:
+        """Flush the sink, then acknowledge every range folded before it.
+
+        Ranges folded in an older rebalance generation are not acknowledged (read again).
+        Raises what the sink's flush raised, acknowledging nothing.
+        """
+        if self.unflushed_since is None:
+            return
+        stats = self.stats
+        t_flush = time.perf_counter()
+        await self.sink.flush()
+        generation = consumer.app.consumer_generation_id
+        for tp, first, last, folded_in in self.unflushed:
+            if folded_in == generation:
+                consumer.ack_range(tp, first, last)
+        self.unflushed.clear()
+        self.unflushed_since = None
+        # A commit starts here, after a flush, once per ``broker_commit_interval``, and runs
+        # beside the next rounds' fetch, fold and publish; the next flush's table writes
+        # wait for it (`before_writes`). faust's own commit task cannot be relied on under
+        # load: it flushes faust's producer buffer first, which returns only once the
+        # buffer is empty, and the table writes kept it from ever emptying
+        # (bench/latency.py: nothing committed during a 20 s load); with no write until
+        # the commit is done, the flush ends. Awaited here, the commit (a flush, then an
+        # offset commit through the consumer thread, up to 280 ms under load) held up
+        # every verdict behind it; it used to be every ``broker_commit_every`` (10,000)
+        # acks, which under a backlog was every round.
+        consumer._n_acked = 0
+        now = time.monotonic()
+        if now - self.last_commit_s >= consumer.app.conf.broker_commit_interval and (
+            self.commit_done()
+        ):
+            self.last_commit_s = now
+            self.committing = asyncio.ensure_future(consumer.commit())
+        if stats.interval_s:
+            stats.note("flush_ms", 1000 * (time.perf_counter() - t_flush))
 
     async def _round(self, consumer: Consumer, records: Mapping[Any, Sequence[Any]]) -> None:
         app = consumer.app
@@ -521,36 +633,25 @@ class BatchIngest:
             stats.note("age_ms", time.time() * 1000 - oldest_ms)
         t_sink = time.perf_counter()
         await self.sink({tp: recs for tp, (_, recs) in take.items()})
-        t_ack = time.perf_counter()
         if app.consumer_generation_id != generation:
+            # The revocation did not wait for this round: its states and those of every
+            # round not flushed may belong to partitions this worker no longer holds.
             log.info("batch path: rebalanced while applying a round; not acknowledging it")
+            self._drop_unflushed()
             return
         inbound = getattr(app.monitor, "stream_inbound_time", None)
         now = time.monotonic()
+        if self.unflushed_since is None:
+            self.unflushed_since = now
         for tp, (start, recs) in take.items():
             last = recs[-1].offset
-            consumer.ack_range(tp, start, last)
+            self.unflushed.append((tp, start, last, generation))
             cursor = self.cursors[tp]
             cursor.expected, cursor.gap = last + 1, None
             if inbound is not None:
                 inbound[tp] = now  # faust's livelock detector reads this
-        # A commit starts here, after a round, once per ``broker_commit_interval``, and runs
-        # beside the next round's fetch, fold and publish; that round's table writes wait
-        # for it (`before_writes`). faust's own commit task cannot be relied on under
-        # load: it flushes faust's producer buffer first, which returns only once the
-        # buffer is empty, and the rounds' table writes kept it from ever emptying
-        # (bench/latency.py: nothing committed during a 20 s load); with no write until
-        # the commit is done, the flush ends. Awaited here, the commit (a flush, then an
-        # offset commit through the consumer thread, up to 280 ms under load) held up
-        # every verdict behind it; it used to be every ``broker_commit_every`` (10,000)
-        # acks, which under a backlog was every round.
-        consumer._n_acked = 0
-        if now - self.last_commit_s >= app.conf.broker_commit_interval and self.commit_done():
-            self.last_commit_s = now
-            self.committing = asyncio.ensure_future(consumer.commit())
         if stats.interval_s:
             now_s = time.perf_counter()
-            stats.note("ack_ms", 1000 * (now_s - t_ack))
             stats.note("round_ms", 1000 * (now_s - t_sink))
             wall_s = time.time()
             stats.round_span(wall_s - (now_s - t_sink), wall_s)

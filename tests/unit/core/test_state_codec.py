@@ -1,12 +1,15 @@
-"""States as bytes for table values."""
+"""States as bytes for table values, and the decoded states a worker keeps beside them."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import pytest
 
 from processors.core.replay import replay
-from processors.core.state_codec import STATE_TYPES, decode_state, encode_state
+from processors.core.state_codec import STATE_TYPES, DecodedStates, decode_state, encode_state
 from processors.core.steps import StepHealthState
+from tests.unit.core.factories import fold_heartbeats, lockstep, started
 from tests.unit.core.test_properties import CFG, records_for
 
 
@@ -31,3 +34,70 @@ def test_decode_by_class_and_unknown_kind() -> None:
     assert decode_state(StepHealthState, encode_state(state)) == state
     with pytest.raises(ValueError):
         decode_state("nope", b"")  # type: ignore[arg-type]
+
+
+def _liveness_rounds(world: int, rounds: int, per_round: int) -> list[list[Any]]:
+    """A run's heartbeats cut into rounds, as a worker under a paced load folds them."""
+    beats: list[Any] = [
+        started(world_size=world),
+        *lockstep(world, range(1, rounds * per_round + 1)),
+    ]
+    size = len(beats) // rounds
+    return [beats[i : i + size] for i in range(0, len(beats), size)]
+
+
+def test_decoded_states_hands_over_the_state_while_the_table_holds_its_bytes() -> None:
+    cache = DecodedStates("steps", capacity=8)
+    state = StepHealthState(run_id="r")
+    data = encode_state(state)
+    cache.put(b"r", data, state)
+    assert cache.take(b"r", data) is state
+    assert len(cache) == 0  # handed over: the taker owns it until it is put back
+    assert cache.take(b"r", data) is not state  # decoded anew
+    cache.put(b"r", data, state)
+    assert cache.take(b"r", bytes(bytearray(data))) is state  # equal bytes, another object
+    cache.put(b"r", data, state)
+    other = StepHealthState(run_id="r", last_offset=41)  # a write the cache never saw
+    again = cache.take(b"r", encode_state(other))
+    assert again == other and again is not state
+
+
+def test_decoded_states_keeps_the_most_recently_put_up_to_its_capacity() -> None:
+    cache = DecodedStates("steps", capacity=2)
+    states = {key: StepHealthState(run_id=key.decode()) for key in (b"a", b"b", b"c")}
+    data = {key: encode_state(s) for key, s in states.items()}
+    cache.put(b"a", data[b"a"], states[b"a"])
+    cache.put(b"b", data[b"b"], states[b"b"])
+    cache.put(b"a", data[b"a"], states[b"a"])  # a is now the most recent
+    cache.put(b"c", data[b"c"], states[b"c"])  # b goes
+    assert len(cache) == 2
+    assert cache.take(b"a", data[b"a"]) is states[b"a"]
+    assert cache.take(b"b", data[b"b"]) is not states[b"b"]  # decoded anew
+
+
+def test_folding_through_decoded_states_writes_what_decoding_every_round_writes() -> None:
+    # The worker's loop: take (cache), fold a round, write the bytes and put the state.
+    # A round folded and dropped (not applied: a failed write, a rebalance) leaves the
+    # version it started from behind a newer one; put back, the next fold from it must
+    # reroot and give what a fresh decode gives.
+    rounds = _liveness_rounds(world=8, rounds=12, per_round=3)
+    table: dict[bytes, bytes] = {}
+    cache = DecodedStates("liveness", capacity=4)
+    fresh: bytes | None = None
+    offset = 0
+    for i, events in enumerate(rounds):
+        raw = table.get(b"r")
+        before = None if raw is None else cache.take(b"r", raw)
+        if i % 4 == 3 and raw is not None and before is not None:
+            fold_heartbeats(events, CFG, before, offset)  # folded, never written
+            cache.put(b"r", raw, before)
+            before = cache.take(b"r", raw)
+        state, _ = fold_heartbeats(events, CFG, before, offset)
+        assert state is not None
+        table[b"r"] = encode_state(state)
+        cache.put(b"r", table[b"r"], state)
+        decoded = None if fresh is None else decode_state("liveness", fresh)
+        reference, _ = fold_heartbeats(events, CFG, decoded, offset)  # type: ignore[arg-type]
+        fresh = encode_state(reference)  # type: ignore[arg-type]
+        assert table[b"r"] == fresh, f"round {i}"
+        offset += len(events)

@@ -1,7 +1,7 @@
 """The batch path's bookkeeping (`processors.transport.BatchIngest`), decision by decision.
 
 What is tested here is this module's own logic: which records of a fetched round it
-applies, which it refuses, where it seeks, what it acknowledges. The consumer below is a
+applies, which it refuses, where it seeks, when it flushes and what it acknowledges. The consumer below is a
 stand-in that records the calls BatchIngest makes on faust's consumer (seek, ack of a
 range, the committed offset); it claims nothing about Kafka or faust. That the path works
 against a real broker and real faust workers is shown by the integration tests in
@@ -73,7 +73,10 @@ class Sink:
     def __init__(self) -> None:
         self.rounds: list[dict[TP, list[int]]] = []
         self.fail: Exception | None = None
+        self.fail_flush: Exception | None = None
         self.on_call: Any = None
+        self.flushes = 0
+        self.discards = 0
 
     async def __call__(self, batches: Mapping[TP, Sequence[Rec]]) -> None:
         self.rounds.append({tp: [r.offset for r in rs] for tp, rs in batches.items()})
@@ -81,6 +84,14 @@ class Sink:
             self.on_call()
         if self.fail is not None:
             raise self.fail
+
+    async def flush(self) -> None:
+        if self.fail_flush is not None:
+            raise self.fail_flush
+        self.flushes += 1
+
+    def discard(self) -> None:
+        self.discards += 1
 
 
 def run_round(ingest: BatchIngest, consumer: StandInConsumer, round_: dict[TP, list[Rec]]) -> None:
@@ -93,9 +104,11 @@ def run_round(ingest: BatchIngest, consumer: StandInConsumer, round_: dict[TP, l
     asyncio.run(round_and_commit())
 
 
-def setup(committed: int | None = 0, earliest: int = 0):
+def setup(committed: int | None = 0, earliest: int = 0, flush_interval_s: float = 0.0):
+    """A BatchIngest that flushes after every round unless ``flush_interval_s`` says otherwise."""
     sink = Sink()
-    return BatchIngest({"in"}, sink), StandInConsumer(committed, earliest), sink
+    ingest = BatchIngest({"in"}, sink, flush_interval_s=flush_interval_s)
+    return ingest, StandInConsumer(committed, earliest), sink
 
 
 def test_consecutive_batches_are_applied_and_acknowledged_as_ranges() -> None:
@@ -201,6 +214,55 @@ def test_a_round_applied_across_a_rebalance_is_not_acknowledged() -> None:
     run_round(ingest, consumer, {IN: recs(0, 4)})
     assert len(sink.rounds) == 1
     assert consumer.acked == []
+    assert sink.discards == 1 and sink.flushes == 0  # its states may not be this worker's
+
+
+def test_rounds_are_acknowledged_only_once_a_flush_wrote_their_states() -> None:
+    ingest, consumer, sink = setup(committed=0, flush_interval_s=3600.0)
+    run_round(ingest, consumer, {IN: recs(0, 4)})
+    run_round(ingest, consumer, {IN: recs(5, 9), OTHER: recs(0, 2)})
+    assert len(sink.rounds) == 2  # folded, the next offsets moved on...
+    assert consumer.acked == [] and sink.flushes == 0  # ...but nothing acknowledged
+    asyncio.run(ingest.maybe_flush(consumer))  # a quiet fetch: not due yet
+    assert sink.flushes == 0
+    ingest.flush_interval_s = 0.0
+    asyncio.run(ingest.maybe_flush(consumer))
+    assert sink.flushes == 1
+    assert consumer.acked == [(IN, 0, 4), (IN, 5, 9), (OTHER, 0, 2)]
+    asyncio.run(ingest.maybe_flush(consumer))  # nothing left to flush
+    assert sink.flushes == 1
+
+
+def test_a_flush_that_fails_acknowledges_nothing() -> None:
+    ingest, consumer, sink = setup(committed=0, flush_interval_s=3600.0)
+    run_round(ingest, consumer, {IN: recs(0, 4)})
+    sink.fail_flush = RuntimeError("state write failed")
+    with pytest.raises(RuntimeError):
+        asyncio.run(ingest.flush(consumer))  # type: ignore[arg-type]
+    assert consumer.acked == [] and consumer.commits == 0
+
+
+def test_a_commit_starts_after_a_flush_not_after_a_round() -> None:
+    ingest, consumer, _sink = setup(committed=0, flush_interval_s=3600.0)
+    consumer.app.conf.broker_commit_interval = 0.0
+    run_round(ingest, consumer, {IN: recs(0, 4)})
+    assert consumer.commits == 0
+    asyncio.run(ingest.flush(consumer))  # type: ignore[arg-type]
+    asyncio.run(ingest.before_writes())
+    assert consumer.commits == 1 and consumer.acked == [(IN, 0, 4)]
+
+
+def test_forgetting_with_rounds_not_flushed_drops_their_states() -> None:
+    # A revocation that could not wait for the rounds in flight: their states are dropped
+    # and they are read again from the commit (nothing of them was acknowledged).
+    ingest, consumer, sink = setup(committed=0, flush_interval_s=3600.0)
+    run_round(ingest, consumer, {IN: recs(0, 4)})
+    ingest.forget()
+    assert sink.discards == 1 and consumer.acked == []
+    ingest.flush_interval_s = 0.0
+    run_round(ingest, consumer, {IN: recs(0, 4)})  # due from the commit again
+    assert sink.rounds[-1] == {IN: [0, 1, 2, 3, 4]}
+    assert consumer.acked == [(IN, 0, 4)]
 
 
 def test_records_of_an_inactive_partition_are_not_applied() -> None:

@@ -15,10 +15,11 @@ from collections.abc import Callable, Iterable
 import pytest
 
 from processors.core.config import DetectorConfig, with_overrides
+from processors.core.state_codec import decode_state, encode_state
 from processors.intake import Decoded
 from processors.pipeline import BatchResult, fold_batch, fold_chunks
-from schemas.events import Event, EventPack, Provenance
-from tests.unit.core.factories import S, hb, healthy_losses, started, step, tick
+from schemas.events import Event, EventPack, Provenance, RunStarted
+from tests.unit.core.factories import S, ended, hb, healthy_losses, started, step, tick
 
 CFG = with_overrides(DetectorConfig(), {"rank_heartbeat_threshold": 3, "dead_rank_timeout_s": 2})
 
@@ -109,3 +110,39 @@ def _slices(items: list[Decoded], budget: int) -> list[list[Decoded]]:
     from processors.pipeline import _chunks
 
     return [list(c) for c in _chunks(items, budget)]
+
+
+def test_a_run_left_out_of_encoded_holds_the_very_state_load_gave() -> None:
+    # The worker relies on it (`_Agent.absorb`): a run the fold touched but did not change
+    # (an ended run a Tick reached; a run whose only record was dead-lettered) keeps the
+    # state object it was loaded with, so that object still stands for the stored bytes.
+    hostile = RunStarted(
+        run_id="r", ts_ns=5, world_size=2, thresholds={"rank_heartbeat_threshold": 1e300}
+    )
+    earlier: list[Event] = [
+        started("r", ts_ns=1, world_size=2),
+        hb(0, 1, 2, run="r"),
+        hostile,
+        started("e", ts_ns=1, world_size=2),
+        ended("e", ts_ns=3),
+    ]
+    stored = fold_batch(
+        "heartbeats", items_of(earlier, "runwatch.heartbeats"), lambda _: None, lambda _: (), CFG
+    )
+    table = {run: encode_state(state) for run, state in stored.states.items()}
+    loaded: dict[str, object] = {}
+
+    def load(run_id: str) -> object:
+        state = loaded[run_id] = decode_state("liveness", table[run_id])
+        return state
+
+    now = [
+        *items_of([hb(1, 1, 6, run="r")], "runwatch.heartbeats", first=100),
+        Decoded(Provenance(topic="runwatch.heartbeats", partition=1, offset=7), tick(4 * S, 1)),
+    ]
+    result = fold_batch("heartbeats", now, load, lambda p: ["e"] if p == 1 else ["r"], CFG)
+    assert [d.stage for d in result.dead] and {d.run_id for d in result.dead} == {"r"}
+    unchanged = set(result.states) - set(result.encoded)
+    assert unchanged == {"r", "e"}
+    for run_id in unchanged:
+        assert result.states[run_id] is loaded[run_id]
