@@ -14,7 +14,7 @@
   states are written (retried in place), nothing acknowledged before its states are
   written, and a round that cannot be applied whole stops the worker. Only the timing
   differs: states are written by a flush every few rounds
-  (`processors.transport.STATE_FLUSH_INTERVAL_S`), each run's newest state once, and
+  (`processors.settings.DEFAULT_STATE_FLUSH_S`), each run's newest state once, and
   the rounds since the last flush are acknowledged after it. None of faust's
   per-message machinery (Message objects, increfs, the ack-on-close of ``take_events``)
   is on that path, so what follows about pinning concerns the stream path only.
@@ -445,7 +445,7 @@ class _BatchSink:
     The rules are the agents': decode each record once, fold each role's records through
     `fold_batch` (the audit's replay), publish every output and dead letter and wait for
     Kafka's acknowledgement, then write the states (retried in place). The write waits for
-    the flush `BatchIngest` asks for every `processors.transport.STATE_FLUSH_INTERVAL_S`:
+    the flush `BatchIngest` asks for every `processors.settings.DEFAULT_STATE_FLUSH_S`:
     until then a run's newest state is kept in its role's body (`_Agent.dirty`) and the
     next round folds from it, and only after the flush are the rounds' offsets
     acknowledged. A round or a flush that cannot be applied whole stops the worker
@@ -682,7 +682,7 @@ def create_app(
         else:
             app.agent(source, name=f"runwatch.{role}")(body.__call__)
     if settings.ingest == "batch":
-        app.ingest_batches(sources, _BatchSink(app, bodies))
+        app.ingest_batches(sources, _BatchSink(app, bodies), settings.state_flush_s)
     log.info("ingest: %s, store: %s", settings.ingest, settings.store)
 
     @app.timer(settings.tick_interval_s, on_leader=True, name="runwatch.clock")  # type: ignore[untyped-decorator]

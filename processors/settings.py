@@ -25,6 +25,19 @@ fixed waits (a fetch handed across faust's consumer thread, the publish, the com
 bookkeeping) whatever its size, so larger rounds drain a backlog faster; without a
 backlog a round is only what one fetch brought, so the bound does not add latency then."""
 
+DEFAULT_STATE_FLUSH_S: Final = 0.2
+"""Longest a folded round waits for its states to be written (and its offsets acknowledged).
+
+Under a paced load a round is a few hundred records, every few tens of milliseconds, and
+touches most runs: writing every touched run's state after every round wrote more bytes to
+the changelogs than the input carried (a 7 KB step state for one step's change) and took
+more of the worker's CPU than any part of the fold but the reducers. Written at most every
+0.2 s, each run's state goes out once for several rounds; a backlog's rounds take longer
+than that, so each of them is still flushed when it ends. Verdicts do not wait for it:
+they go out as each chunk is folded. What it costs is a crash's redo: at most this much
+more of the log is folded again (with the same verdict ids) by the worker that takes over.
+"""
+
 
 class ProcessorSettings(msgspec.Struct, frozen=True, kw_only=True):
     """How a processor worker connects and batches.
@@ -47,6 +60,10 @@ class ProcessorSettings(msgspec.Struct, frozen=True, kw_only=True):
         batch_max: Most records an agent folds at once (on the batch path: most records
             of one fetched round, all partitions together).
         batch_within_s: Longest an agent waits to fill a batch.
+        state_flush_s: On the batch path, longest a folded round waits for its states to
+            be written and its offsets acknowledged (`processors.transport.BatchIngest`):
+            longer writes each run's state once for more rounds, and leaves a crash more
+            to fold again.
         tick_interval_s: How often the clock writes a Tick into every heartbeat partition.
         session_timeout_s: A worker silent this long leaves the group and its partitions
             move to the others: the failover time after a crash.
@@ -68,6 +85,7 @@ class ProcessorSettings(msgspec.Struct, frozen=True, kw_only=True):
     data_dir: str | None = None
     batch_max: int = 5000
     batch_within_s: float = 0.05
+    state_flush_s: float = DEFAULT_STATE_FLUSH_S
     tick_interval_s: float = 1.0
     session_timeout_s: float = 10.0
     web_port: int | None = None

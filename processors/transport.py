@@ -33,7 +33,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Iterable, Mapping, Sequence
 from typing import Any, Final, Protocol
 
 import aiokafka
@@ -42,6 +42,8 @@ from aiokafka.client import AIOKafkaClient
 from aiokafka.structs import ConsumerRecord
 from faust.transport.drivers import aiokafka as driver
 from faust.types import TP
+
+from processors.settings import DEFAULT_STATE_FLUSH_S
 
 FAUST_LOGGER: Final = logging.getLogger("faust.transport.runwatch")
 """The logger of these faust services: under ``faust``, so faust's levels apply (mode names
@@ -206,10 +208,12 @@ class Consumer(driver.Consumer):
                 if active is None or tp in active or tp in self._buffered_partitions:
                     self.app.monitor.track_tp_end_offset(tp, self.highwater(tp))
                     yield tp, self._to_message(tp, record)
+        # Whole or not at all: a stop cancels the fetcher, and a round or flush cut off
+        # half-way could not be flushed by the stop (`BatchIngest.flush_at_stop`).
         if batch:
-            await ingest.round(self, batch)
-        else:
-            await ingest.maybe_flush(self)  # a quiet fetch: the last rounds' states may be due
+            await _to_the_end(ingest.round(self, batch))
+        elif ingest.unflushed_since is not None:  # a quiet fetch: the last rounds may be due
+            await _to_the_end(ingest.maybe_flush(self))
 
     def ack_range(self, tp: TP, first: int, last: int) -> None:
         """Acknowledge offsets ``first..last`` of ``tp`` (applied whole) for faust's commits."""
@@ -246,12 +250,24 @@ class Consumer(driver.Consumer):
             ingest.forget()
         await super().on_partitions_revoked(revoked)
 
+    async def on_stop(self) -> None:
+        """Flush the batch path's last rounds, then stop as faust does (its stop commits)."""
+        ingest = self.batch_ingest
+        if ingest is not None:
+            await ingest.flush_at_stop(self, STOP_FLUSH_WAIT_S)
+        await super().on_stop()
+
     async def on_partitions_assigned(self, assigned: set[TP], generation_id: int = 0) -> None:
         """A new assignment: every partition's next batch starts from the group's commit."""
         ingest = self.batch_ingest
         if ingest is not None:
             ingest.forget()
         await super().on_partitions_assigned(assigned, generation_id)
+
+
+async def _to_the_end(step: Awaitable[None]) -> None:
+    """Await ``step``, which runs to its end even if the caller is cancelled meanwhile."""
+    await asyncio.shield(asyncio.ensure_future(step))
 
 
 class Transport(driver.Transport):
@@ -272,11 +288,17 @@ class App(faust.App):
         """The batch path `ingest_batches` set up, or None (records go to agents)."""
         return self._batch_ingest
 
-    def ingest_batches(self, topics: Sequence[Any], sink: BatchSink) -> None:
+    def ingest_batches(
+        self,
+        topics: Sequence[Any],
+        sink: BatchSink,
+        flush_interval_s: float = DEFAULT_STATE_FLUSH_S,
+    ) -> None:
         """Consume ``topics`` in whole per-partition batches through ``sink``, not agents.
 
         The topics are subscribed like an agent's (so the assignor co-partitions them
-        with the tables), but their records reach only ``sink`` (`BatchIngest`).
+        with the tables), but their records reach only ``sink`` (`BatchIngest`), flushed
+        every ``flush_interval_s``.
 
         Raises:
             RuntimeError: Called twice.
@@ -285,7 +307,9 @@ class App(faust.App):
             raise RuntimeError("ingest_batches: the app already has a batch path")
         for topic in topics:
             self.topics.add(topic)
-        self._batch_ingest = BatchIngest({name for t in topics for name in t.topics}, sink)
+        self._batch_ingest = BatchIngest(
+            {name for t in topics for name in t.topics}, sink, flush_interval_s
+        )
 
     def _new_transport(self) -> Transport:
         return Transport(self.conf.broker_consumer, self)
@@ -319,21 +343,10 @@ class BatchSink(Protocol):
         """Drop the kept states and outputs' futures: their rounds are read again."""
 
 
-STATE_FLUSH_INTERVAL_S: Final = 0.2
-"""Longest a folded round waits for its states to be written (and its offsets acknowledged).
-
-Under a paced load a round is a few hundred records, every few tens of milliseconds, and
-touches most runs: writing every touched run's state after every round wrote more bytes to
-the changelogs than the input carried (a 7 KB step state for one step's change) and took
-more of the worker's CPU than any part of the fold but the reducers. Written at most every
-0.2 s, each run's state goes out once for several rounds; a backlog's rounds take longer
-than that, so each of them is still flushed when it ends. Verdicts do not wait for it:
-they go out as each chunk is folded. What it costs is a crash's redo: at most this much
-more of the log is folded again (with the same verdict ids) by the worker that takes over.
-"""
-
 REVOKE_WAIT_S: Final = 30.0
 """Longest a revocation waits for the batch in flight to be applied and acknowledged."""
+STOP_FLUSH_WAIT_S: Final = 10.0
+"""Longest a stopping worker waits to flush its last rounds (it then stops without)."""
 
 
 class RoundStats:
@@ -452,7 +465,7 @@ class BatchIngest:
         self,
         topics: Iterable[str],
         sink: BatchSink,
-        flush_interval_s: float = STATE_FLUSH_INTERVAL_S,
+        flush_interval_s: float = DEFAULT_STATE_FLUSH_S,
     ) -> None:
         """Deliver the records of ``topics`` to ``sink``, flushing every ``flush_interval_s``."""
         self.topics = frozenset(topics)
@@ -466,6 +479,7 @@ class BatchIngest:
         self.committing: asyncio.Future[Any] | None = None  # the commit started after a flush
         self.unflushed: list[tuple[TP, int, int, int]] = []  # (tp, first, last, generation)
         self.unflushed_since: float | None = None  # when the oldest of them was folded
+        self.interrupted = False  # a round or flush was cancelled half-way: never flush again
 
     def forget(self) -> None:
         """Drop every cursor: each partition's next batch starts from the group's commit.
@@ -526,6 +540,9 @@ class BatchIngest:
         try:
             await self._round(consumer, records)
             await self._flush_if_due(consumer)
+        except asyncio.CancelledError:
+            self.interrupted = True
+            raise
         finally:
             self.idle.set()
 
@@ -536,8 +553,34 @@ class BatchIngest:
         self.idle.clear()
         try:
             await self._flush_if_due(consumer)
+        except asyncio.CancelledError:
+            self.interrupted = True
+            raise
         finally:
             self.idle.set()
+
+    async def flush_at_stop(self, consumer: Consumer, timeout_s: float) -> None:
+        """Flush the rounds not yet flushed of a stopping worker, if that is still safe.
+
+        Rounds and flushes run to their end when the fetcher is cancelled (`getmany`);
+        one cancelled all the same (the event loop closing) may have left states half taken
+        and outputs not waited for, and then the rounds are left to be read again, as after
+        a crash. Waits at most ``timeout_s``.
+        """
+        if self.unflushed_since is None:
+            return
+        try:
+            if not await self.wait_idle(timeout_s):
+                log.warning("stopping: a round still in flight; its rounds are read again")
+                return
+            if self.interrupted:
+                log.info("stopping: a round was interrupted; the rounds since the last flush "
+                         "are read again")  # fmt: skip
+                return
+            await asyncio.wait_for(self.flush(consumer), timeout_s)
+            log.info("stopping: the last rounds' states written and their offsets acknowledged")
+        except Exception as exc:  # the stop goes on; the rounds are read again
+            log.warning("stopping: the last rounds could not be flushed (%r)", exc)
 
     async def _flush_if_due(self, consumer: Consumer) -> None:
         since = self.unflushed_since

@@ -74,6 +74,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "fetched round (default: 5000 stream, 20000 batch)",
     )
     parser.add_argument(
+        "--state-flush-interval",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="batch path: longest a folded round waits for its states to be written and its "
+        "offsets committed; longer writes each run's state once for more rounds, and leaves "
+        "more for a crash to fold again (default: 0.2)",
+    )
+    parser.add_argument(
         "--ingest",
         default=None,
         metavar="{stream,batch}",
@@ -213,6 +222,7 @@ def run(args: argparse.Namespace) -> int:
     from processors.settings import (
         BATCH_MAX,
         DEFAULT_INGEST,
+        DEFAULT_STATE_FLUSH_S,
         DEFAULT_STORE,
         INGEST_MODES,
         STORES,
@@ -233,6 +243,11 @@ def run(args: argparse.Namespace) -> int:
             "--tick-interval, --batch-max, --session-timeout and --shutdown-timeout must be "
             "positive"
         )
+    flush_s = (
+        DEFAULT_STATE_FLUSH_S if args.state_flush_interval is None else args.state_flush_interval
+    )
+    if not 0 <= flush_s <= 3600:
+        raise UsageError("--state-flush-interval must be between 0 and 3600 seconds")
     partitions = partition_counts(args.partitions)
     overrides = parse_overrides(args.overrides)
     cfg = detector_config(overrides)
@@ -260,6 +275,7 @@ def run(args: argparse.Namespace) -> int:
         store=store,  # type: ignore[arg-type]
         data_dir=args.data_dir,
         batch_max=batch_max,
+        state_flush_s=flush_s,
         tick_interval_s=args.tick_interval,
         session_timeout_s=args.session_timeout,
         web_port=args.web_port,
