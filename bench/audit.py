@@ -10,7 +10,9 @@ emitted by a real `RunEmitter`. Measured:
 * ``full_scan_s``: the previous way, every partition of the five topics from offset 0,
   filtered by key (`read_history` + `records_of_run` + `audit`), for comparison;
 * replay speed, in process (no Kafka): records/s of the pure fold (`replay`) and of
-  decode + fold (`records_of_run` + `audit`) over a 200k-record run.
+  decode + fold (`records_of_run` + `audit`) over a 200k-record run, first with CPython's
+  garbage collector as it comes, then set as `runwatch audit` sets it
+  (`common.gc_tuning`).
 
 Prints a table and one JSON line. Usage:
 python bench/audit.py [--bootstrap HOST:PORT] [--sizes 10000,100000,1000000]
@@ -37,6 +39,7 @@ from pathlib import Path
 
 from kafka import KafkaProducer
 
+from common.gc_tuning import tune_for_throughput
 from processors.audit import AuditReceipt, audit, load_run_log, records_of_run
 from processors.core.config import DetectorConfig
 from processors.core.replay import replay
@@ -245,11 +248,15 @@ def main() -> int:
                 f"(full scan {scan}), run of {receipt.input_records} records",
                 flush=True,
             )
-    speed = replay_speed()
+    default_gc = replay_speed()  # CPython's collector as it comes
+    tune_for_throughput()  # as `runwatch audit` and `runwatch replay` run
+    speed = {**replay_speed(), **{f"default_gc_{k}": v for k, v in default_gc.items()}}
     print(
         f"replay of {speed['replay_records']} records: "
         f"fold {speed['fold_records_per_s']:,} records/s, "
-        f"decode + fold {speed['decode_fold_records_per_s']:,} records/s"
+        f"decode + fold {speed['decode_fold_records_per_s']:,} records/s "
+        f"(with CPython's default GC: fold {speed['default_gc_fold_records_per_s']:,}, "
+        f"decode + fold {speed['default_gc_decode_fold_records_per_s']:,})"
     )
     print(json.dumps({"bench": "audit", "partitions": PARTITIONS, "sizes": rows, **speed}))
     return 0

@@ -234,11 +234,13 @@ def _as_json(receipt: AuditReceipt) -> dict[str, object]:
 
 def run(args: argparse.Namespace) -> int:
     """Load the run's log (or every run's), audit it, print the receipt(s)."""
+    from common.gc_tuning import tune_for_throughput
     from common.settings import topic_prefix
     from processors.audit import audit, audit_all, load_run_log
     from processors.fleet import default_app_id
     from runwatch.resolve import resolve_bootstrap
 
+    tune_for_throughput()  # a bulk decode and fold of the run's whole log
     cfg = detector_config(parse_overrides(args.overrides))
     group = args.app_id or default_app_id(topic_prefix(args.prefix))
     if args.wait < 0 or args.timeout <= 0:

@@ -216,6 +216,7 @@ def _choose(
 
 def run(args: argparse.Namespace) -> int:
     """Create the topics if needed, then run a faust worker until stopped."""
+    from common.gc_tuning import tune_for_throughput
     from common.settings import faust_broker_settings, replication_factor, topic_prefix
     from processors.app import create_app
     from processors.fleet import default_app_id
@@ -289,6 +290,7 @@ def run(args: argparse.Namespace) -> int:
     watch = watch_broker(bootstrap)
     try:
         app = create_app(settings, cfg, key)  # type: ignore[arg-type]
+        tune_for_throughput()  # after start-up: faust and the app frozen out of the GC's walks
         make_worker(app, args.shutdown_timeout).execute_from_commandline()
     finally:
         logging.getLogger("aiokafka").removeHandler(watch)

@@ -32,6 +32,7 @@ def run(args: argparse.Namespace) -> int:
     """Replay and print the verdicts, marking those the live run did not raise."""
     from kafka import KafkaProducer
 
+    from common.gc_tuning import tune_for_throughput
     from common.settings import kafka_client_config, topic_prefix
     from processors.audit import load_run_log, what_if
     from runwatch.resolve import resolve_bootstrap
@@ -39,6 +40,7 @@ def run(args: argparse.Namespace) -> int:
     from schemas.events import AnomalyDetected
     from schemas.topics import catalogue
 
+    tune_for_throughput()  # a bulk decode and fold of the run's whole log
     cfg = detector_config(parse_overrides(args.overrides))
     prefix = topic_prefix(args.prefix)
     if args.output_topic and args.output_topic in {s.name for s in catalogue(prefix)}:
