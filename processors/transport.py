@@ -536,28 +536,29 @@ class BatchIngest:
 
     async def round(self, consumer: Consumer, records: Mapping[Any, Sequence[Any]]) -> None:
         """Fold one fetched round of records of this path's topics; flush when one is due."""
+        await self._busy(self._round_then_flush(consumer, records))
+
+    async def maybe_flush(self, consumer: Consumer) -> None:
+        """Flush if the oldest round not flushed is ``flush_interval_s`` old (a quiet fetch)."""
+        if self.unflushed_since is not None:
+            await self._busy(self._flush_if_due(consumer))
+
+    async def _busy(self, work: Awaitable[None]) -> None:
+        """Await ``work`` with `idle` cleared; a cancellation marks the path interrupted."""
         self.idle.clear()
         try:
-            await self._round(consumer, records)
-            await self._flush_if_due(consumer)
+            await work
         except asyncio.CancelledError:
             self.interrupted = True
             raise
         finally:
             self.idle.set()
 
-    async def maybe_flush(self, consumer: Consumer) -> None:
-        """Flush if the oldest round not flushed is ``flush_interval_s`` old (a quiet fetch)."""
-        if self.unflushed_since is None:
-            return
-        self.idle.clear()
-        try:
-            await self._flush_if_due(consumer)
-        except asyncio.CancelledError:
-            self.interrupted = True
-            raise
-        finally:
-            self.idle.set()
+    async def _round_then_flush(
+        self, consumer: Consumer, records: Mapping[Any, Sequence[Any]]
+    ) -> None:
+        await self._round(consumer, records)
+        await self._flush_if_due(consumer)
 
     async def flush_at_stop(self, consumer: Consumer, timeout_s: float) -> None:
         """Flush the rounds not yet flushed of a stopping worker, if that is still safe.
