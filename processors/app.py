@@ -205,6 +205,7 @@ class _Agent:
         self.changelog = changelog_topic(settings.app_id, TABLES[role])
         self.needs_metadata = [self.changelog, topics.anomalies, topics.commands, topics.deadletter]
         self.key_partitions: dict[bytes, tuple[int, str]] = {}  # key -> (partition, run id)
+        self.run_partitions: dict[str, int] = {}  # run id -> partition (states not written)
         self.decoded = DecodedStates(self.kind, STATE_CACHE_RUNS)  # type: ignore[arg-type]
         self.dirty: dict[str, tuple[bytes, Any]] = {}  # run -> (bytes, state) folded, unwritten
         # run -> (key, bytes, whether from `dirty`) of each state a fold is using. Not the
@@ -279,9 +280,15 @@ class _Agent:
             *(
                 run_id
                 for run_id in unwritten
-                if run_id not in known and self._partition_of(encode_key(run_id))[0] == partition
+                if run_id not in known and self._run_partition(run_id) == partition
             ),
         ]
+
+    def _run_partition(self, run_id: str) -> int:
+        where = self.run_partitions.get(run_id)
+        if where is None:
+            where = self.run_partitions[run_id] = self._partition_of(encode_key(run_id))[0]
+        return where
 
     def _partition_of(self, key: bytes) -> tuple[int, str]:
         # A round carries a Tick per heartbeat partition, each scanning every key: with the
