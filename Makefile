@@ -54,7 +54,7 @@ demo: $(STAMP) kafka-jars  ## the whole pipeline on the embedded broker with a r
 lint: $(STAMP)  ## ruff (lint and format) and mypy (strict on schemas/, processors/core/, common/ and controller/)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy schemas processors/core common controller
+	$(VENV)/bin/mypy -p runwatch.schemas -p runwatch.processors.core -p runwatch.common -p runwatch.controller
 
 bench: $(STAMP) kafka-jars  ## every benchmark in bench/ (prints figures and a JSON line each)
 	for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done

@@ -39,18 +39,18 @@ from pathlib import Path
 
 from kafka import KafkaProducer
 
-from common.gc_tuning import tune_for_throughput
-from processors.audit import AuditReceipt, audit, load_run_log, records_of_run
-from processors.core.config import DetectorConfig
-from processors.core.replay import replay
-from processors.intake import RawRecord
-from processors.logread import partition_for, read_history
-from producers import RunEmitter
 from runwatch.admin import create_catalogue
+from runwatch.common.gc_tuning import tune_for_throughput
+from runwatch.processors.audit import AuditReceipt, audit, load_run_log, records_of_run
+from runwatch.processors.core.config import DetectorConfig
+from runwatch.processors.core.replay import replay
+from runwatch.processors.intake import RawRecord
+from runwatch.processors.logread import partition_for, read_history
 from runwatch.procs import exit_on_sigterm
-from schemas.codec import encode, encode_key
-from schemas.events import TICK_RUN_ID, Heartbeat, RunStarted, StepCompleted, Tick
-from schemas.topics import TopicNames, names
+from runwatch.producers import RunEmitter
+from runwatch.schemas.codec import encode, encode_key
+from runwatch.schemas.events import TICK_RUN_ID, Heartbeat, RunStarted, StepCompleted, Tick
+from runwatch.schemas.topics import TopicNames, names
 
 PARTITIONS = 4
 RUN = "bench-run"

@@ -42,15 +42,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np
 
-from processors.core.baseline import RollingBaseline
-from processors.core.config import DetectorConfig, with_overrides
-from processors.core.liveness import LivenessState, fold_liveness
-from processors.core.state_codec import decode_state, encode_state
-from processors.core.steps import fold_step
-from processors.intake import RawRecord, split
-from processors.pipeline import fold_batch
-from schemas.codec import encode, encode_key
-from schemas.events import (
+from runwatch.processors.core.baseline import RollingBaseline
+from runwatch.processors.core.config import DetectorConfig, with_overrides
+from runwatch.processors.core.liveness import LivenessState, fold_liveness
+from runwatch.processors.core.state_codec import decode_state, encode_state
+from runwatch.processors.core.steps import fold_step
+from runwatch.processors.intake import RawRecord, split
+from runwatch.processors.pipeline import fold_batch
+from runwatch.schemas.codec import encode, encode_key
+from runwatch.schemas.events import (
     EventPack,
     Heartbeat,
     ModelFlopConfig,

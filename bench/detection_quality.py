@@ -39,9 +39,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from real_quality import CORPUS, evaluate, real_target_met, severity_of, summarize
 
-from processors.core.config import DetectorConfig
-from processors.core.replay import Record, replay
-from schemas.events import (
+from runwatch.processors.core.config import DetectorConfig
+from runwatch.processors.core.replay import Record, replay
+from runwatch.schemas.events import (
     AnomalyDetected,
     Event,
     Heartbeat,

@@ -54,14 +54,14 @@ from pathlib import Path
 
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
-from processors.fleet import committed_offsets
-from processors.settings import changelog_topic
 from runwatch.admin import create_catalogue
 from runwatch.broker.lifecycle import EmbeddedBroker
+from runwatch.processors.fleet import committed_offsets
+from runwatch.processors.settings import changelog_topic
 from runwatch.procs import ManagedProcess, exit_on_sigterm
-from schemas.codec import decode, encode, encode_key, encode_pack
-from schemas.events import AnomalyDetected, Heartbeat, RunStarted, StepCompleted
-from schemas.topics import names
+from runwatch.schemas.codec import decode, encode, encode_key, encode_pack
+from runwatch.schemas.events import AnomalyDetected, Heartbeat, RunStarted, StepCompleted
+from runwatch.schemas.topics import names
 
 SETS = ("hang_timeout_s=3600", "dead_rank_timeout_s=3600", "rank_heartbeat_threshold=100000")
 SMALL_WORLDS = (1, 2, 4, 8, 16, 32, 64)

@@ -62,12 +62,12 @@ from typing import Any
 import aiokafka
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
-from processors.fleet import committed_offsets
 from runwatch.admin import create_catalogue
+from runwatch.processors.fleet import committed_offsets
 from runwatch.procs import ManagedProcess, exit_on_sigterm
-from schemas.codec import decode, encode, encode_key, encode_pack
-from schemas.events import AnomalyDetected, Heartbeat, RunStarted, StepCompleted
-from schemas.topics import names
+from runwatch.schemas.codec import decode, encode, encode_key, encode_pack
+from runwatch.schemas.events import AnomalyDetected, Heartbeat, RunStarted, StepCompleted
+from runwatch.schemas.topics import names
 
 SETS = ("hang_timeout_s=3600", "dead_rank_timeout_s=3600", "rank_heartbeat_threshold=100000")
 COMMAND_KEY = "latency-command-key-0123456789abcdef"

@@ -36,11 +36,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from processors.fleet import latest_states  # noqa: E402
-from producers import RunEmitter  # noqa: E402
 from runwatch import admin  # noqa: E402
 from runwatch.broker.lifecycle import EmbeddedBroker  # noqa: E402
+from runwatch.processors.fleet import latest_states  # noqa: E402
 from runwatch.procs import ManagedProcess, exit_on_sigterm  # noqa: E402
+from runwatch.producers import RunEmitter  # noqa: E402
 
 
 def cpu_s(pid: int) -> float:

@@ -46,10 +46,10 @@ from typing import Any
 import kafka
 from kafka import codec
 
-from producers import RunEmitter
-from producers.emitter import PRODUCER_DEFAULTS
 from runwatch.admin import create_catalogue
 from runwatch.procs import exit_on_sigterm
+from runwatch.producers import RunEmitter
+from runwatch.producers.emitter import PRODUCER_DEFAULTS
 
 
 @contextmanager
@@ -185,8 +185,8 @@ def raw_kafka_python(bootstrap: str, prefix: str, events: int) -> dict[str, Any]
     """The ceiling: kafka-python alone sending pre-encoded records with the same settings."""
     from kafka import KafkaProducer
 
-    from schemas.codec import encode
-    from schemas.events import StepCompleted
+    from runwatch.schemas.codec import encode
+    from runwatch.schemas.events import StepCompleted
 
     value = encode(
         StepCompleted(
@@ -224,7 +224,7 @@ def raw_kafka_python(bootstrap: str, prefix: str, events: int) -> dict[str, Any]
 RELAY_CHILD = """
 import sys
 from pathlib import Path
-from controller.relay import RelayServer
+from runwatch.controller.relay import RelayServer
 relay = RelayServer(Path(sys.argv[1]), sys.argv[2], sys.argv[3])
 print("ready", flush=True)
 sys.stdin.read()

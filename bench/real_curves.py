@@ -56,7 +56,7 @@ from torch.nn import functional as F  # noqa: N812
 
 from examples.data import VOCAB_SIZE, WindowDataset, generate_corpus
 from examples.tinylm import TinyLM, TinyLMConfig
-from producers.torch_helpers import grad_norm
+from runwatch.producers.torch_helpers import grad_norm
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "data" / "real_curves"
 RESUME_CRASH_AFTER = 40

@@ -33,9 +33,9 @@ from typing import Any
 
 import numpy as np
 
-from processors.core.config import DetectorConfig
-from processors.core.replay import Record, replay
-from schemas.events import AnomalyDetected, Provenance, RunEnded, RunStarted, StepCompleted
+from runwatch.processors.core.config import DetectorConfig
+from runwatch.processors.core.replay import Record, replay
+from runwatch.schemas.events import AnomalyDetected, Provenance, RunEnded, RunStarted, StepCompleted
 
 CORPUS = Path(__file__).resolve().parent / "data" / "real_curves"
 S = 1_000_000_000

@@ -55,11 +55,11 @@ sys.path.insert(0, str(REPO))
 
 from kafka import KafkaConsumer, TopicPartition  # noqa: E402
 
-from controller.state import DEFAULT_SPARE_PRELOAD  # noqa: E402
 from runwatch import admin  # noqa: E402
+from runwatch.controller.state import DEFAULT_SPARE_PRELOAD  # noqa: E402
 from runwatch.procs import exit_on_sigterm  # noqa: E402
-from schemas.codec import decode  # noqa: E402
-from schemas.events import (  # noqa: E402
+from runwatch.schemas.codec import decode  # noqa: E402
+from runwatch.schemas.events import (  # noqa: E402
     AnomalyDetected,
     RankExited,
     RestartCompleted,
@@ -67,7 +67,7 @@ from schemas.events import (  # noqa: E402
     StepCompleted,
     Tick,
 )
-from schemas.topics import names  # noqa: E402
+from runwatch.schemas.topics import names  # noqa: E402
 
 KEY = "bench-recovery-command-key-0123"
 PHASES = ("rank_exited", "dead_rank", "command", "restart_completed", "first_step")

@@ -70,14 +70,14 @@ from typing import Any
 
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
-from processors.fleet import wait_until_processed
-from processors.settings import changelog_topic
 from runwatch.admin import create_catalogue
 from runwatch.broker.lifecycle import EmbeddedBroker
+from runwatch.processors.fleet import wait_until_processed
+from runwatch.processors.settings import changelog_topic
 from runwatch.procs import ManagedProcess, exit_on_sigterm
-from schemas.codec import decode, encode, encode_key, encode_pack
-from schemas.events import AnomalyDetected, Heartbeat, RunEnded, RunStarted, StepCompleted
-from schemas.topics import names
+from runwatch.schemas.codec import decode, encode, encode_key, encode_pack
+from runwatch.schemas.events import AnomalyDetected, Heartbeat, RunEnded, RunStarted, StepCompleted
+from runwatch.schemas.topics import names
 
 SETS = ("hang_timeout_s=3600", "dead_rank_timeout_s=3600", "startup_timeout_s=3600")
 TABLES = ("step-health", "liveness", "policy", "checkpoints")

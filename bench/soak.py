@@ -55,15 +55,15 @@ from pathlib import Path
 
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
-from processors.audit import audit_all
-from processors.core.config import DetectorConfig, with_overrides
-from processors.fleet import latest_states, wait_until_processed
 from runwatch.admin import create_catalogue
 from runwatch.broker.lifecycle import EmbeddedBroker
+from runwatch.processors.audit import audit_all
+from runwatch.processors.core.config import DetectorConfig, with_overrides
+from runwatch.processors.fleet import latest_states, wait_until_processed
 from runwatch.procs import ManagedProcess, exit_on_sigterm
-from schemas.codec import decode, encode, encode_key
-from schemas.events import AnomalyDetected, Heartbeat, RunStarted, StepCompleted
-from schemas.topics import names
+from runwatch.schemas.codec import decode, encode, encode_key
+from runwatch.schemas.events import AnomalyDetected, Heartbeat, RunStarted, StepCompleted
+from runwatch.schemas.topics import names
 
 SETS = ("hang_timeout_s=3600", "dead_rank_timeout_s=3600", "rank_heartbeat_threshold=10")
 SPIKE_EVERY = 50  # a loss spike at every 50th step of a run, from step 100 on

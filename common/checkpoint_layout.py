@@ -23,7 +23,7 @@ import re
 import shutil
 from pathlib import Path
 
-from common.durable import fsync_dir
+from runwatch.common.durable import fsync_dir
 
 METADATA_FILE = ".metadata"
 """The file DCP writes last; its presence is half of completeness."""

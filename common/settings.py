@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from common.errors import UsageError
+from runwatch.common.errors import UsageError
 
 ENV_BOOTSTRAP = "RUNWATCH_BOOTSTRAP"
 ENV_HOME = "RUNWATCH_HOME"

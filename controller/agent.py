@@ -13,15 +13,15 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
-from common.errors import UsageError
-from controller.gang import Gang
-from controller.logwatch import LogWatch
-from controller.loop import Controller, EventPublisher, PeerWatch, announce_end
-from controller.relay import RelayServer
-from controller.state import ControllerState, GangRecord
-from controller.supervisor import AnnounceEnd, Publish, RunSupervisor
-from schemas.events import Event
-from schemas.signing import CommandKey, load_key
+from runwatch.common.errors import UsageError
+from runwatch.controller.gang import Gang
+from runwatch.controller.logwatch import LogWatch
+from runwatch.controller.loop import Controller, EventPublisher, PeerWatch, announce_end
+from runwatch.controller.relay import RelayServer
+from runwatch.controller.state import ControllerState, GangRecord
+from runwatch.controller.supervisor import AnnounceEnd, Publish, RunSupervisor
+from runwatch.schemas.events import Event
+from runwatch.schemas.signing import CommandKey, load_key
 
 log = logging.getLogger("runwatch")
 

@@ -27,8 +27,8 @@ from collections.abc import Container, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from schemas.events import Provenance, RestartRequested
-from schemas.signing import CommandKey, SignatureError, verify
+from runwatch.schemas.events import Provenance, RestartRequested
+from runwatch.schemas.signing import CommandKey, SignatureError, verify
 
 Verdict = Literal["execute", "reject", "ignore"]
 

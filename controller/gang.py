@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from common.launch_env import LaunchEnv
-from controller.state import RankProcess
+from runwatch.common.launch_env import LaunchEnv
+from runwatch.controller.state import RankProcess
 
 WRAPPER = (
     "trap : TERM INT HUP\n"

@@ -29,12 +29,12 @@ import socket
 import time
 from pathlib import Path
 
-from controller.state import GangRecord
-from controller.supervisor import RunSupervisor
-from producers.emitter import RunEmitter
-from producers.logtail import LineParser, make_parser
-from schemas.events import Event, Heartbeat, RestartCompleted
-from schemas.topics import names
+from runwatch.controller.state import GangRecord
+from runwatch.controller.supervisor import RunSupervisor
+from runwatch.producers.emitter import RunEmitter
+from runwatch.producers.logtail import LineParser, make_parser
+from runwatch.schemas.events import Event, Heartbeat, RestartCompleted
+from runwatch.schemas.topics import names
 
 log = logging.getLogger(__name__)
 

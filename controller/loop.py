@@ -37,15 +37,15 @@ from typing import Any
 
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
-from common.errors import RunwatchError
-from common.settings import kafka_client_config
-from controller.command_gate import OwnedGang, decide
-from controller.logwatch import LogWatch, emitter_for
-from controller.relay import RelayServer
-from controller.state import GangRecord
-from controller.supervisor import RunSupervisor
-from schemas.codec import DecodeError, decode, encode, encode_key
-from schemas.events import (
+from runwatch.common.errors import RunwatchError
+from runwatch.common.settings import kafka_client_config
+from runwatch.controller.command_gate import OwnedGang, decide
+from runwatch.controller.logwatch import LogWatch, emitter_for
+from runwatch.controller.relay import RelayServer
+from runwatch.controller.state import GangRecord
+from runwatch.controller.supervisor import RunSupervisor
+from runwatch.schemas.codec import DecodeError, decode, encode, encode_key
+from runwatch.schemas.events import (
     AgentReady,
     AnomalyDetected,
     BackendDeclaration,
@@ -57,8 +57,8 @@ from schemas.events import (
     RestartRequested,
     RunStarted,
 )
-from schemas.signing import CommandKey
-from schemas.topics import names
+from runwatch.schemas.signing import CommandKey
+from runwatch.schemas.topics import names
 
 log = logging.getLogger(__name__)
 

@@ -58,7 +58,12 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Final, Literal
 
-from schemas.events import AnomalyDetected, AnomalyKind, BackendDeclaration, RestartRequested
+from runwatch.schemas.events import (
+    AnomalyDetected,
+    AnomalyKind,
+    BackendDeclaration,
+    RestartRequested,
+)
 
 NodeVerdict = Literal["full", "shrink", "fail"]
 

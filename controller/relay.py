@@ -41,10 +41,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from common.settings import kafka_client_config
-from producers.emitter_config import PRODUCER_DEFAULTS
-from producers.packing import Packer, PackPolicy
-from producers.relay_wire import (
+from runwatch.common.settings import kafka_client_config
+from runwatch.producers.emitter_config import PRODUCER_DEFAULTS
+from runwatch.producers.packing import Packer, PackPolicy
+from runwatch.producers.relay_wire import (
     EventFrame,
     FrameError,
     FrameReader,
@@ -52,8 +52,8 @@ from producers.relay_wire import (
     Outcome,
     encode_outcome,
 )
-from schemas.codec import DecodeError, decode
-from schemas.topics import names
+from runwatch.schemas.codec import DecodeError, decode
+from runwatch.schemas.topics import names
 
 log = logging.getLogger(__name__)
 
@@ -197,7 +197,7 @@ class RelayServer:
         waits (at most ``timeout_s``) until Kafka acknowledged every record of the run
         sent so far.
         """
-        from schemas.codec import encode_key
+        from runwatch.schemas.codec import encode_key
 
         request = _FlushRequest(encode_key(run_id))
         self._flushes.put(request)
@@ -372,7 +372,7 @@ class RelayServer:
                 queue_ = run.origins[topic]
                 origins = [queue_.popleft() for _ in range(out.count)]
                 if not isinstance(value, bytes):  # a lone event the packer did not pack
-                    from schemas.codec import encode
+                    from runwatch.schemas.codec import encode
 
                     value = encode(value)
                 self._retry.append((topic, key, value, origins))

@@ -38,9 +38,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from controller import warm_start
-from controller.gang import start_wrapped
-from controller.state import DEFAULT_SPARE_PRELOAD
+from runwatch.controller import warm_start
+from runwatch.controller.gang import start_wrapped
+from runwatch.controller.state import DEFAULT_SPARE_PRELOAD
 
 log = logging.getLogger(__name__)
 

@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from producers.stackdump import STACK_SIGNAL_NAME, installed_line
+from runwatch.producers.stackdump import STACK_SIGNAL_NAME, installed_line
 
 _FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
 _THREAD = re.compile(r"^(Current thread|Thread) 0x[0-9a-f]+")

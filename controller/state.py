@@ -22,9 +22,9 @@ from typing import Literal
 
 import msgspec
 
-from common.durable import append_durably, atomic_write
-from controller.topology import NodeTopology
-from schemas.events import BackendDeclaration
+from runwatch.common.durable import append_durably, atomic_write
+from runwatch.controller.topology import NodeTopology
+from runwatch.schemas.events import BackendDeclaration
 
 GANG_FILE = "gang.json"
 PROCESSED_FILE = "processed.jsonl"
@@ -271,7 +271,7 @@ def lock_state_dir(root: str | os.PathLike[str]) -> int:
 
 def default_state_dir(run_id: str) -> Path:
     """``$RUNWATCH_HOME/controller/<run_id>`` (``~/.runwatch`` without RUNWATCH_HOME)."""
-    from common.settings import runwatch_home
+    from runwatch.common.settings import runwatch_home
 
     return runwatch_home() / "controller" / run_id
 

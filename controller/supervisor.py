@@ -32,9 +32,9 @@ from typing import Protocol
 
 import msgspec
 
-from common.checkpoint_layout import latest_complete_checkpoint
-from common.launch_env import LaunchEnv
-from controller.elastic import (
+from runwatch.common.checkpoint_layout import latest_complete_checkpoint
+from runwatch.common.launch_env import LaunchEnv
+from runwatch.controller.elastic import (
     RankExit,
     SizeDecision,
     count_failures,
@@ -42,13 +42,13 @@ from controller.elastic import (
     due_reports,
     next_world_size,
 )
-from controller.gang import RUNNING, Gang, free_port, node_environ, rank_environ
-from controller.membership import NodeDecision, charge_failure, decide_nodes
-from controller.spares import SparePool, split_python
-from controller.stacks import capture
-from controller.state import ControllerState, GangRecord, ProcessedCommand
-from controller.topology import NodeTopology, RunBinding
-from schemas.events import (
+from runwatch.controller.gang import RUNNING, Gang, free_port, node_environ, rank_environ
+from runwatch.controller.membership import NodeDecision, charge_failure, decide_nodes
+from runwatch.controller.spares import SparePool, split_python
+from runwatch.controller.stacks import capture
+from runwatch.controller.state import ControllerState, GangRecord, ProcessedCommand
+from runwatch.controller.topology import NodeTopology, RunBinding
+from runwatch.schemas.events import (
     AgentReady,
     AnomalyDetected,
     BackendDeclaration,

@@ -41,7 +41,7 @@ from typing import Literal, TypeVar
 
 import msgspec
 
-from common.launch_env import LaunchEnv
+from runwatch.common.launch_env import LaunchEnv
 
 PORT_SPAN = 16
 """Incarnations cycle through this many consecutive rendezvous ports."""

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from schemas.events import LoaderState
+from runwatch.schemas.events import LoaderState
 
 VOCAB_SIZE = 256
 """Byte-level vocabulary: every byte value is a token."""

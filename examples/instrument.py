@@ -142,7 +142,7 @@ def make_emitter(
     """
     inner: Emitter = NullEmitter()
     if enabled:
-        from producers.emitter import RunEmitter
+        from runwatch.producers.emitter import RunEmitter
 
         inner = cast(Emitter, RunEmitter(run_id, rank=rank, world_size=world_size))
     return TraceEmitter(trace_path, inner) if trace_path is not None else inner

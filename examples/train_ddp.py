@@ -37,20 +37,20 @@ import torch
 import torch.distributed as dist
 from torch.nn import functional as F  # noqa: N812
 
-from common.checkpoint_layout import (
+from examples.data import VOCAB_SIZE, WindowDataset, generate_corpus
+from examples.faults import GARBAGE_TOKEN, FaultPlan, parse_faults
+from examples.instrument import Emitter, make_emitter
+from examples.tinylm import TinyLM, TinyLMConfig
+from runwatch.common.checkpoint_layout import (
     discard_checkpoints_after,
     is_complete_checkpoint,
     latest_complete_checkpoint,
     remove_staging_dirs,
 )
-from common.launch_env import LaunchEnv
-from examples.data import VOCAB_SIZE, WindowDataset, generate_corpus
-from examples.faults import GARBAGE_TOKEN, FaultPlan, parse_faults
-from examples.instrument import Emitter, make_emitter
-from examples.tinylm import TinyLM, TinyLMConfig
-from producers.backend import get_training_backend
-from producers.checkpoint import AsyncCheckpointer, CheckpointResult, load_checkpoint
-from producers.torch_helpers import StepTimer, flop_config_from_causal_lm, grad_norm
+from runwatch.common.launch_env import LaunchEnv
+from runwatch.producers.backend import get_training_backend
+from runwatch.producers.checkpoint import AsyncCheckpointer, CheckpointResult, load_checkpoint
+from runwatch.producers.torch_helpers import StepTimer, flop_config_from_causal_lm, grad_norm
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

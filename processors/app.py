@@ -95,25 +95,25 @@ from typing import Any, Final
 import faust
 from aiokafka.structs import ConsumerRecord
 
-from common.settings import faust_broker_settings, runwatch_home
-from processors import transport
-from processors.core.config import DetectorConfig
-from processors.core.state_codec import DecodedStates, decode_state
-from processors.intake import RawRecord, split
-from processors.logread import partition_for
-from processors.pipeline import ROLE_STATE, fold_batch, fold_chunks
-from processors.settings import ProcessorSettings, changelog_topic
-from processors.stores import RunRocksStore, RunTable, store_url
-from schemas.codec import encode, encode_key
-from schemas.events import (
+from runwatch.common.settings import faust_broker_settings, runwatch_home
+from runwatch.processors import transport
+from runwatch.processors.core.config import DetectorConfig
+from runwatch.processors.core.state_codec import DecodedStates, decode_state
+from runwatch.processors.intake import RawRecord, split
+from runwatch.processors.logread import partition_for
+from runwatch.processors.pipeline import ROLE_STATE, fold_batch, fold_chunks
+from runwatch.processors.settings import ProcessorSettings, changelog_topic
+from runwatch.processors.stores import RunRocksStore, RunTable, store_url
+from runwatch.schemas.codec import encode, encode_key
+from runwatch.schemas.events import (
     TICK_RUN_ID,
     DeadLetter,
     Event,
     RestartRequested,
     Tick,
 )
-from schemas.signing import CommandKey, sign
-from schemas.topics import TopicNames, names
+from runwatch.schemas.signing import CommandKey, sign
+from runwatch.schemas.topics import TopicNames, names
 
 log = logging.getLogger(__name__)
 

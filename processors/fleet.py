@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import msgspec
 
-from processors.core.liveness import LivenessState
-from processors.core.policy import PolicyState
-from processors.core.state_codec import decode_state
-from processors.core.steps import StepHealthState
-from processors.logread import read_history
-from processors.settings import changelog_topic
-from schemas.codec import DecodeError, decode
-from schemas.events import RankStack, RestartCompleted
+from runwatch.processors.core.liveness import LivenessState
+from runwatch.processors.core.policy import PolicyState
+from runwatch.processors.core.state_codec import decode_state
+from runwatch.processors.core.steps import StepHealthState
+from runwatch.processors.logread import read_history
+from runwatch.processors.settings import changelog_topic
+from runwatch.schemas.codec import DecodeError, decode
+from runwatch.schemas.events import RankStack, RestartCompleted
 
 
 def default_app_id(prefix: str) -> str:
@@ -144,7 +144,7 @@ def committed_offsets(bootstrap: str, group: str) -> dict[tuple[str, int], int]:
     from kafka import KafkaAdminClient
     from kafka.errors import KafkaError
 
-    from common.settings import kafka_client_config
+    from runwatch.common.settings import kafka_client_config
 
     admin = KafkaAdminClient(bootstrap_servers=bootstrap, **kafka_client_config())
     try:
@@ -171,7 +171,7 @@ def wait_until_processed(
 
     from kafka import KafkaConsumer, TopicPartition
 
-    from common.settings import kafka_client_config
+    from runwatch.common.settings import kafka_client_config
 
     consumer = KafkaConsumer(
         bootstrap_servers=bootstrap,

@@ -18,8 +18,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Final, NamedTuple
 
-from schemas.codec import DecodeError, decode
-from schemas.events import (
+from runwatch.schemas.codec import DecodeError, decode
+from runwatch.schemas.events import (
     MAX_DEADLETTER_PAYLOAD_BYTES,
     MAX_ID_CHARS,
     MAX_TEXT_CHARS,

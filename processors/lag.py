@@ -23,7 +23,7 @@ import msgspec
 from kafka import KafkaAdminClient, TopicPartition
 from kafka.errors import KafkaError
 
-from common.settings import kafka_client_config
+from runwatch.common.settings import kafka_client_config
 
 POLL_S = 0.25
 """How often `await_processed` asks for the committed offsets (faust commits every 1 s)."""

@@ -18,9 +18,9 @@ from typing import Any, NamedTuple
 from kafka import KafkaConsumer, TopicPartition
 from kafka.partitioner.default import murmur2
 
-from common.errors import RunwatchError
-from common.settings import kafka_client_config
-from processors.intake import RawRecord
+from runwatch.common.errors import RunwatchError
+from runwatch.common.settings import kafka_client_config
+from runwatch.processors.intake import RawRecord
 
 KeyFilter = Callable[[bytes | None], bool]
 

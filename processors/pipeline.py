@@ -16,10 +16,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Final, NamedTuple
 
-from processors.core.config import DetectorConfig
-from processors.core.replay import Replayer
-from processors.intake import Decoded
-from schemas.events import TICK_RUN_ID, DeadLetter, Event, EventPack, Tick
+from runwatch.processors.core.config import DetectorConfig
+from runwatch.processors.core.replay import Replayer
+from runwatch.processors.intake import Decoded
+from runwatch.schemas.events import TICK_RUN_ID, DeadLetter, Event, EventPack, Tick
 
 ROLE_STATE: Final[dict[str, str]] = {
     "steps": "steps",

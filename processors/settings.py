@@ -6,7 +6,7 @@ from typing import Final, Literal, get_args
 
 import msgspec
 
-from schemas.topics import default_partitions
+from runwatch.schemas.topics import default_partitions
 
 DEFAULT_APP_ID = "runwatch-processors"
 

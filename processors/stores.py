@@ -28,8 +28,8 @@ import faust
 from faust.stores.rocksdb import Store as FaustRocksStore
 from yarl import URL
 
-from processors.logread import partition_for
-from processors.settings import Store
+from runwatch.processors.logread import partition_for
+from runwatch.processors.settings import Store
 
 
 def rocksdb_missing() -> str | None:

@@ -43,7 +43,7 @@ from aiokafka.structs import ConsumerRecord
 from faust.transport.drivers import aiokafka as driver
 from faust.types import TP
 
-from processors.settings import DEFAULT_STATE_FLUSH_S
+from runwatch.processors.settings import DEFAULT_STATE_FLUSH_S
 
 FAUST_LOGGER: Final = logging.getLogger("faust.transport.runwatch")
 """The logger of these faust services: under ``faust``, so faust's levels apply (mode names

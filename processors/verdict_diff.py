@@ -13,8 +13,8 @@ from typing import TypeVar
 
 import msgspec
 
-from schemas.codec import encode
-from schemas.events import AnomalyDetected, Event, RestartRequested
+from runwatch.schemas.codec import encode
+from runwatch.schemas.events import AnomalyDetected, Event, RestartRequested
 
 E = TypeVar("E", bound=Event)
 

@@ -4,6 +4,6 @@
 lines of scripts that only print into the same events (``runwatch tail-log``).
 """
 
-from producers.emitter import EmitterStats, RunEmitter
+from runwatch.producers.emitter import EmitterStats, RunEmitter
 
 __all__ = ["EmitterStats", "RunEmitter"]

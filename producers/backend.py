@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from common.launch_env import LaunchEnv
-from schemas.events import BackendDeclaration, ParallelPlan
+from runwatch.common.launch_env import LaunchEnv
+from runwatch.schemas.events import BackendDeclaration, ParallelPlan
 
 if TYPE_CHECKING:
     import torch

@@ -50,14 +50,14 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import async_save
 
-from common.checkpoint_layout import (
+from runwatch.common.checkpoint_layout import (
     commit_checkpoint,
     directory_size_bytes,
     latest_complete_checkpoint,
     prune_checkpoints,
     staging_dir,
 )
-from schemas.events import LoaderState
+from runwatch.schemas.events import LoaderState
 
 __all__ = [
     "AsyncCheckpointer",

@@ -21,10 +21,10 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-from producers.buffer import EventBuffer
-from producers.packing import Outgoing, Packer, QueuedEvent
-from producers.ratelimit import RateLimitedLog
-from schemas.codec import encode
+from runwatch.producers.buffer import EventBuffer
+from runwatch.producers.packing import Outgoing, Packer, QueuedEvent
+from runwatch.producers.ratelimit import RateLimitedLog
+from runwatch.schemas.codec import encode
 
 logger = logging.getLogger(__name__)
 

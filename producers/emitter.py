@@ -43,8 +43,8 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from producers.delivery import ProducerFactory
-from producers.emitter_config import (
+from runwatch.producers.delivery import ProducerFactory
+from runwatch.producers.emitter_config import (
     ENV_INCARNATION,
     ENV_RANK,
     ENV_RUN_ID,
@@ -52,12 +52,12 @@ from producers.emitter_config import (
     PRODUCER_DEFAULTS,
     resolve_config,
 )
-from producers.emitter_core import EmitterStats
-from producers.lifecycle import EXIT_FLUSH_TIMEOUT_S
-from producers.run_events import RUN_STATUSES, RunEvents
-from producers.stackdump import install_stack_dump
-from producers.validation import as_bool, as_duration_s, as_float, as_positive, as_step
-from schemas.events import Heartbeat, StepCompleted
+from runwatch.producers.emitter_core import EmitterStats
+from runwatch.producers.lifecycle import EXIT_FLUSH_TIMEOUT_S
+from runwatch.producers.run_events import RUN_STATUSES, RunEvents
+from runwatch.producers.stackdump import install_stack_dump
+from runwatch.producers.validation import as_bool, as_duration_s, as_float, as_positive, as_step
+from runwatch.schemas.events import Heartbeat, StepCompleted
 
 
 class RunEmitter(RunEvents):

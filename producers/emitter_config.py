@@ -13,11 +13,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from common.settings import ENV_BOOTSTRAP, ENV_TOPIC_PREFIX, kafka_client_config
-from producers.delivery import ProducerFactory
-from producers.packing import PackPolicy
-from producers.ratelimit import quiet_library_loggers
-from producers.validation import as_bool, as_float, as_int, as_step, as_str
+from runwatch.common.settings import ENV_BOOTSTRAP, ENV_TOPIC_PREFIX, kafka_client_config
+from runwatch.producers.delivery import ProducerFactory
+from runwatch.producers.packing import PackPolicy
+from runwatch.producers.ratelimit import quiet_library_loggers
+from runwatch.producers.validation import as_bool, as_float, as_int, as_step, as_str
 
 ENV_RUN_ID: Final = "RUNWATCH_RUN_ID"
 """The run's id, set by ``runwatch launch`` for every rank of the gang."""

@@ -22,18 +22,22 @@ from typing import Self
 
 import msgspec
 
-from producers.buffer import EventBuffer
-from producers.delivery import DeliveryThread, ProducerFactory, QueuedEvent
-from producers.emitter_config import EmitterConfig, default_producer_factory, producer_settings
-from producers.lifecycle import ExitHook, stop_delivery
-from producers.packing import Packer
-from producers.ratelimit import RateLimitedLog
-from producers.relay_client import RelayUnavailable, relay_producer_factory
-from schemas.codec import encode, encode_key
-from schemas.events import Event
-from schemas.topics import names
+from runwatch.producers.buffer import EventBuffer
+from runwatch.producers.delivery import DeliveryThread, ProducerFactory, QueuedEvent
+from runwatch.producers.emitter_config import (
+    EmitterConfig,
+    default_producer_factory,
+    producer_settings,
+)
+from runwatch.producers.lifecycle import ExitHook, stop_delivery
+from runwatch.producers.packing import Packer
+from runwatch.producers.ratelimit import RateLimitedLog
+from runwatch.producers.relay_client import RelayUnavailable, relay_producer_factory
+from runwatch.schemas.codec import encode, encode_key
+from runwatch.schemas.events import Event
+from runwatch.schemas.topics import names
 
-logger = logging.getLogger("producers.emitter")
+logger = logging.getLogger("runwatch.producers.emitter")
 """The emitter's logger; named after the public module, as before the split."""
 
 

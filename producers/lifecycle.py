@@ -12,7 +12,7 @@ import time
 import weakref
 from typing import Final, Protocol
 
-from producers.delivery import DeliveryThread
+from runwatch.producers.delivery import DeliveryThread
 
 EXIT_FLUSH_TIMEOUT_S: Final = 5.0
 """How long an emitter that was never closed may delay interpreter exit to deliver."""

@@ -29,8 +29,8 @@ from typing import Final
 
 import msgspec
 
-from schemas.codec import encode, encode_pack
-from schemas.events import MAX_PACK_EVENTS, Event, Heartbeat, StepCompleted
+from runwatch.schemas.codec import encode, encode_pack
+from runwatch.schemas.events import MAX_PACK_EVENTS, Event, Heartbeat, StepCompleted
 
 QueuedEvent = tuple[tuple[str, ...], bytes, "bytes | Event"]
 """What the emitter's buffer holds (as `producers.delivery.QueuedEvent`)."""

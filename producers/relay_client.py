@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from producers.relay_wire import (
+from runwatch.producers.relay_wire import (
     EventFrame,
     FrameError,
     FrameReader,

@@ -11,8 +11,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Final
 
-from producers.emitter_core import EmitterCore
-from producers.validation import (
+from runwatch.producers.emitter_core import EmitterCore
+from runwatch.producers.validation import (
     as_duration_s,
     as_float,
     as_int,
@@ -22,8 +22,8 @@ from producers.validation import (
     as_str,
     one_line,
 )
-from schemas.codec import encode_key
-from schemas.events import (
+from runwatch.schemas.codec import encode_key
+from runwatch.schemas.events import (
     BackendDeclaration,
     CheckpointCommitted,
     CheckpointFailed,

@@ -29,7 +29,7 @@ import threading
 from pathlib import Path
 from typing import IO
 
-from common.launch_env import ENV_STACK_FILE
+from runwatch.common.launch_env import ENV_STACK_FILE
 
 STACK_SIGNAL_NAME = "SIGUSR1"
 """The signal an agent sends for a stack dump (the name: Windows has no such signal)."""

@@ -12,7 +12,7 @@ from types import TracebackType
 import torch
 from torch import nn
 
-from schemas.events import ModelFlopConfig
+from runwatch.schemas.events import ModelFlopConfig
 
 _LAYER_NAMES = ("n_layer", "num_hidden_layers", "num_layers", "n_layers")
 _HEAD_NAMES = ("n_head", "num_attention_heads", "num_heads", "n_heads")

@@ -11,13 +11,13 @@ import logging
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from common.errors import RunwatchError
-from common.settings import kafka_client_config
+from runwatch.common.errors import RunwatchError
+from runwatch.common.settings import kafka_client_config
 
 if TYPE_CHECKING:
     from kafka import KafkaAdminClient
 
-    from schemas.topics import Replication, TopicSpec
+    from runwatch.schemas.topics import Replication, TopicSpec
 
 logger = logging.getLogger(__name__)
 
@@ -104,7 +104,7 @@ def _broker_count(admin: KafkaAdminClient) -> int:
 
 
 def _replication(brokers: int, factor: int | None) -> Replication:
-    from schemas.topics import replication_for
+    from runwatch.schemas.topics import replication_for
 
     try:
         return replication_for(brokers, factor)
@@ -240,7 +240,7 @@ def catalogue(
         RunwatchError: when the catalogue cannot be imported or a count is invalid.
     """
     try:
-        from schemas import topics
+        from runwatch.schemas import topics
     except ImportError as exc:
         raise RunwatchError(f"the topic catalogue schemas.topics is unavailable: {exc}") from None
     try:

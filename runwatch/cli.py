@@ -24,16 +24,15 @@ from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
 
-from common.errors import RunwatchError, kafka_error
-from common.version import __version__
+from runwatch.common.errors import RunwatchError, kafka_error
+from runwatch.common.version import __version__
 
-# Subcommand name -> module. A module that does not exist yet is simply not offered.
+# Subcommand name -> module. Every one must import: a missing module is a broken install.
 COMMANDS: dict[str, str] = {
     "broker": "runwatch.cmd.broker",
     "topics": "runwatch.cmd.topics",
     "tail-log": "runwatch.cmd.tail_log",
     "processors": "runwatch.cmd.processors",
-    "clock": "runwatch.cmd.clock",
     "status": "runwatch.cmd.status",
     "audit": "runwatch.cmd.audit",
     "replay": "runwatch.cmd.replay",
@@ -44,8 +43,9 @@ COMMANDS: dict[str, str] = {
     "ui": "runwatch.cmd.ui",
 }
 
-OWN_LOGGERS: tuple[str, ...] = ("runwatch", "processors", "producers", "sinks", "schemas")
-"""runwatch's own logger hierarchies."""
+OWN_LOGGERS: tuple[str, ...] = ("runwatch",)
+"""runwatch's own logger hierarchy: every package of ours is under the ``runwatch`` namespace
+(``controller.supervisor``, ``sinks.alerts``, ...)."""
 
 KAFKA_CLIENT_LOGGERS: tuple[str, ...] = ("kafka", "aiokafka")
 """The Kafka clients: silent by default. They log every failed connection attempt as an
@@ -148,13 +148,9 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"runwatch: {message}\n")
 
 
-def _load(module_name: str) -> ModuleType | None:
-    try:
-        return importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name == module_name:
-            return None
-        raise
+def _load(module_name: str) -> ModuleType:
+    """The module of one subcommand; an ImportError propagates (a broken install)."""
+    return importlib.import_module(module_name)
 
 
 _VERBOSE_HELP = "-v: runwatch's debug logs and the Kafka clients' info; -vv: everything"
@@ -168,8 +164,6 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name, module_name in COMMANDS.items():
         module = _load(module_name)
-        if module is None:
-            continue
         child = sub.add_parser(name, help=module.HELP, description=module.HELP)
         # also after the command (`runwatch status -v`); SUPPRESS keeps a -v given before it
         child.add_argument(
@@ -182,7 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _bootstrap_hint(args: argparse.Namespace) -> str | None:
     """The address a command was pointed at, for messages (it may have resolved another)."""
-    from common.settings import ENV_BOOTSTRAP
+    from runwatch.common.settings import ENV_BOOTSTRAP
 
     return getattr(args, "bootstrap", None) or os.environ.get(ENV_BOOTSTRAP) or None
 

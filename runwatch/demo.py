@@ -22,21 +22,21 @@ from typing import Any, TextIO
 
 import msgspec
 
-from common.errors import RunwatchError
-from processors.audit import audit, load_run_log
-from processors.core.config import DetectorConfig, with_overrides
-from processors.core.replay import replay
-from processors.core.report import health_report
-from processors.fleet import latest_states, summarize, wait_until_processed
-from processors.intake import split
-from processors.logread import TopicTail
 from runwatch.admin import create_catalogue
+from runwatch.common.errors import RunwatchError
 from runwatch.liveview import describe, render
+from runwatch.processors.audit import audit, load_run_log
+from runwatch.processors.core.config import DetectorConfig, with_overrides
+from runwatch.processors.core.replay import replay
+from runwatch.processors.core.report import health_report
+from runwatch.processors.fleet import latest_states, summarize, wait_until_processed
+from runwatch.processors.intake import split
+from runwatch.processors.logread import TopicTail
 from runwatch.procs import ManagedProcess
+from runwatch.schemas.events import Event
+from runwatch.schemas.topics import names
+from runwatch.sinks.webview_data import AuditNote, WebviewData
 from runwatch.ui.server import UiServer
-from schemas.events import Event
-from schemas.topics import names
-from sinks.webview_data import AuditNote, WebviewData
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "train_ddp.py"
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from processors.fleet import RunSummary
-from schemas.events import (
+from runwatch.processors.fleet import RunSummary
+from runwatch.schemas.events import (
     AnomalyDetected,
     CommandRejected,
     Event,

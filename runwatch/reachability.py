@@ -14,7 +14,7 @@ import os
 import socket
 import struct
 
-from common.errors import BrokerUnreachable, UsageError
+from runwatch.common.errors import BrokerUnreachable, UsageError
 
 ENV_CONNECT_TIMEOUT = "RUNWATCH_CONNECT_TIMEOUT_S"
 DEFAULT_CONNECT_TIMEOUT_S = 5.0

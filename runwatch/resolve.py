@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import os
 
-from common.errors import UsageError
-from common.settings import ENV_BOOTSTRAP, ENV_PARTITIONS
-from schemas.topics import parse_partitions
+from runwatch.common.errors import UsageError
+from runwatch.common.settings import ENV_BOOTSTRAP, ENV_PARTITIONS
+from runwatch.schemas.topics import parse_partitions
 
 
 def partition_counts(explicit: str | None = None) -> dict[str, int] | None:

@@ -1,7 +1,7 @@
 """Event schemas, the wire codec and the topic catalogue of runwatch."""
 
-from schemas.codec import DecodeError, MalformedEvent, UnknownEventType, decode, encode
-from schemas.events import (
+from runwatch.schemas.codec import DecodeError, MalformedEvent, UnknownEventType, decode, encode
+from runwatch.schemas.events import (
     AgentReady,
     AnomalyDetected,
     AnomalyKind,

@@ -33,7 +33,7 @@ from typing import Any, Final
 
 import msgspec
 
-from schemas.events import (
+from runwatch.schemas.events import (
     ALL_TYPES,
     MAX_NESTING,
     MAX_PACK_EVENTS,

@@ -21,8 +21,8 @@ from typing import Final
 
 import msgspec
 
-from schemas.codec import encode
-from schemas.events import RestartRequested
+from runwatch.schemas.codec import encode
+from runwatch.schemas.events import RestartRequested
 
 ENV_KEY: Final = "RUNWATCH_COMMAND_KEY"
 ENV_KEY_FILE: Final = "RUNWATCH_COMMAND_KEY_FILE"

@@ -14,7 +14,7 @@ from typing import Any, Final
 
 import msgspec
 
-from schemas.events import (
+from runwatch.schemas.events import (
     AnomalyDetected,
     CommandRejected,
     Event,

@@ -33,8 +33,8 @@ from typing import Any, Final, NamedTuple
 
 import msgspec
 
-from common.durable import replace_file
-from sinks.alert_format import AlertGroup
+from runwatch.common.durable import replace_file
+from runwatch.sinks.alert_format import AlertGroup
 
 SUPPRESSED: Final = "_suppressed"
 REPORTED: Final = "_reported"

@@ -25,8 +25,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import NamedTuple, get_args
 
-from schemas.events import Severity
-from sinks.alert_format import Alert, AlertGroup
+from runwatch.schemas.events import Severity
+from runwatch.sinks.alert_format import Alert, AlertGroup
 
 SEVERITY_ORDER: tuple[Severity, ...] = get_args(Severity)
 """Severities, least first (the order `schemas.events.Severity` declares them in)."""

@@ -27,20 +27,20 @@ from urllib.parse import urlsplit
 import msgspec
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from processors.intake import Decoded, RawRecord, check
-from schemas.events import AnomalyDetected, Severity
-from schemas.topics import TopicNames
-from sinks.alert_format import (
+from runwatch.processors.intake import Decoded, RawRecord, check
+from runwatch.schemas.events import AnomalyDetected, Severity
+from runwatch.schemas.topics import TopicNames
+from runwatch.sinks.alert_format import (
     AlertGroup,
     alert_of,
     alertmanager_payload,
     console_lines,
     runwatch_payload,
 )
-from sinks.alert_log import DeliveryLog, Pending
-from sinks.alert_policy import Grouper, Release, pages
-from sinks.consumer import TopicPartitionKey
-from sinks.webhook import PostResult, RetryPolicy, post_json
+from runwatch.sinks.alert_log import DeliveryLog, Pending
+from runwatch.sinks.alert_policy import Grouper, Release, pages
+from runwatch.sinks.consumer import TopicPartitionKey
+from runwatch.sinks.webhook import PostResult, RetryPolicy, post_json
 
 logger = logging.getLogger(__name__)
 

@@ -23,10 +23,10 @@ from typing import Final
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from common.durable import replace_file
-from processors.intake import RawRecord
-from sinks.archive_compact import compact
-from sinks.archive_layout import (
+from runwatch.common.durable import replace_file
+from runwatch.processors.intake import RawRecord
+from runwatch.sinks.archive_compact import compact
+from runwatch.sinks.archive_layout import (
     SUFFIX,
     Stream,
     high_water_marks,
@@ -35,7 +35,7 @@ from sinks.archive_layout import (
     row_of,
     stream_of,
 )
-from sinks.consumer import TopicPartitionKey
+from runwatch.sinks.consumer import TopicPartitionKey
 
 logger = logging.getLogger(__name__)
 

@@ -25,8 +25,8 @@ from typing import NamedTuple
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from common.durable import fsync_dir, replace_file
-from sinks.archive_layout import SUFFIX, FileSpan, Stream, parse_path, relative_path
+from runwatch.common.durable import fsync_dir, replace_file
+from runwatch.sinks.archive_layout import SUFFIX, FileSpan, Stream, parse_path, relative_path
 
 logger = logging.getLogger(__name__)
 

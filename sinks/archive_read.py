@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from processors.audit import RunLog, records_of_run
-from processors.intake import RawRecord
-from schemas.topics import names
-from sinks.archive_layout import (
+from runwatch.processors.audit import RunLog, records_of_run
+from runwatch.processors.intake import RawRecord
+from runwatch.schemas.topics import names
+from runwatch.sinks.archive_layout import (
     SUFFIX,
     TICKS_DIR,
     FileSpan,

@@ -37,10 +37,10 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from processors.intake import Decoded, RawRecord, check
-from schemas.topics import TopicNames
-from sinks.consumer import TopicPartitionKey
-from sinks.metrics_state import FleetFigures, MetricsPolicy, RunFigures
+from runwatch.processors.intake import Decoded, RawRecord, check
+from runwatch.schemas.topics import TopicNames
+from runwatch.sinks.consumer import TopicPartitionKey
+from runwatch.sinks.metrics_state import FleetFigures, MetricsPolicy, RunFigures
 
 logger = logging.getLogger(__name__)
 

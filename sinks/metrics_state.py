@@ -19,10 +19,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from processors.core.config import DetectorConfig
-from processors.core.mfu import mfu
-from processors.core.runinfo import RunInfo
-from schemas.events import (
+from runwatch.processors.core.config import DetectorConfig
+from runwatch.processors.core.mfu import mfu
+from runwatch.processors.core.runinfo import RunInfo
+from runwatch.schemas.events import (
     AnomalyDetected,
     CommandRejected,
     Event,

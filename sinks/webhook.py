@@ -16,7 +16,7 @@ import urllib.request
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from common.version import __version__
+from runwatch.common.version import __version__
 
 
 class RetryPolicy(NamedTuple):

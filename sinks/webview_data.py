@@ -25,15 +25,15 @@ from typing import Any, Final
 
 import msgspec
 
-from processors.core.config import DetectorConfig
-from processors.core.report import health_report
-from processors.core.runinfo import RunInfo
-from processors.core.state_codec import decode_state
-from processors.core.step_checks import step_accounting
-from processors.fleet import RunSummary, RunView, summarize
-from processors.intake import RawRecord, split
-from processors.settings import changelog_topic
-from schemas.events import (
+from runwatch.processors.core.config import DetectorConfig
+from runwatch.processors.core.report import health_report
+from runwatch.processors.core.runinfo import RunInfo
+from runwatch.processors.core.state_codec import decode_state
+from runwatch.processors.core.step_checks import step_accounting
+from runwatch.processors.fleet import RunSummary, RunView, summarize
+from runwatch.processors.intake import RawRecord, split
+from runwatch.processors.settings import changelog_topic
+from runwatch.schemas.events import (
     AnomalyDetected,
     CommandRejected,
     Event,
@@ -44,7 +44,7 @@ from schemas.events import (
     RunStarted,
     StepCompleted,
 )
-from schemas.topics import names
+from runwatch.schemas.topics import names
 
 log = logging.getLogger(__name__)
 
@@ -262,8 +262,8 @@ class WebviewData:
         from kafka import KafkaConsumer
         from kafka.errors import KafkaError
 
-        from common.errors import RunwatchError
-        from common.settings import kafka_client_config
+        from runwatch.common.errors import RunwatchError
+        from runwatch.common.settings import kafka_client_config
 
         extra = self._client_config if self._client_config is not None else kafka_client_config()
         try:
@@ -529,7 +529,7 @@ class WebviewData:
 
     def audit_run(self, run_id: str, *, timeout_s: float = 60.0) -> AuditNote:
         """Audit one run from the log with `processors.audit` and remember the outcome."""
-        from processors.audit import audit, load_run_log
+        from runwatch.processors.audit import audit, load_run_log
 
         try:
             run_log = load_run_log(self.bootstrap, self.prefix, run_id, timeout_s=timeout_s)

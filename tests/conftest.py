@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
-    from schemas.topics import TopicSpec
+    from runwatch.schemas.topics import TopicSpec
 
 TEST_KAFKA_IMAGE = os.environ.get("RUNWATCH_TEST_KAFKA_IMAGE", "runwatch/kafka:local")
 KAFKA_STARTED = "Kafka Server started"  # KRaft logs it once the node is registered, unfenced

@@ -6,22 +6,22 @@ functions, so a verdict is the same live, in replay and in process. Design notes
 difference from the seeds: ``docs/core.md``.
 """
 
-from processors.core.baseline import RollingBaseline
-from processors.core.checkpoints import (
+from runwatch.processors.core.baseline import RollingBaseline
+from runwatch.processors.core.checkpoints import (
     CheckpointCatalogue,
     fold_checkpoint,
     latest_checkpoint,
 )
-from processors.core.config import DetectorConfig, config_hash, with_overrides
-from processors.core.liveness import LivenessState, advance_step, fold_liveness
-from processors.core.mfu import flops_per_token, mfu, theoretical_flops_per_iter
-from processors.core.monitor import TrainingHealthMonitor
-from processors.core.policy import PolicyState, fold_policy
-from processors.core.replay import Replayer, ReplayResult, replay
-from processors.core.report import health_report
-from processors.core.state_codec import decode_state, encode_state
-from processors.core.steps import StepHealthState, fold_step
-from processors.core.verdicts import command_id, verdict_id
+from runwatch.processors.core.config import DetectorConfig, config_hash, with_overrides
+from runwatch.processors.core.liveness import LivenessState, advance_step, fold_liveness
+from runwatch.processors.core.mfu import flops_per_token, mfu, theoretical_flops_per_iter
+from runwatch.processors.core.monitor import TrainingHealthMonitor
+from runwatch.processors.core.policy import PolicyState, fold_policy
+from runwatch.processors.core.replay import Replayer, ReplayResult, replay
+from runwatch.processors.core.report import health_report
+from runwatch.processors.core.state_codec import decode_state, encode_state
+from runwatch.processors.core.steps import StepHealthState, fold_step
+from runwatch.processors.core.verdicts import command_id, verdict_id
 
 __all__ = [
     "CheckpointCatalogue",

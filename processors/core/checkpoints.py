@@ -13,7 +13,13 @@ from typing import Final
 
 import msgspec
 
-from schemas.events import CheckpointCommitted, CheckpointFailed, Provenance, RunEnded, RunStarted
+from runwatch.schemas.events import (
+    CheckpointCommitted,
+    CheckpointFailed,
+    Provenance,
+    RunEnded,
+    RunStarted,
+)
 
 MAX_CATALOGUE: Final = 256
 """Committed checkpoints remembered per run (the newest ones)."""

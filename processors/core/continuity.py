@@ -33,7 +33,7 @@ from typing import Final, Literal
 
 import msgspec
 
-from processors.core.baseline import RollingBaseline, median_of_sorted, robust_scale
+from runwatch.processors.core.baseline import RollingBaseline, median_of_sorted, robust_scale
 
 ContinuityVerdict = Literal["pending", "ok", "broken", "unchecked"]
 

@@ -13,8 +13,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from processors.core.mfu import achieved_flops_per_s, mfu
-from schemas.events import AnomalyDetected, AnomalyKind
+from runwatch.processors.core.mfu import achieved_flops_per_s, mfu
+from runwatch.schemas.events import AnomalyDetected, AnomalyKind
 
 
 def _json_num(value: float | None) -> float | str | None:

@@ -43,12 +43,12 @@ from typing import Final
 
 import msgspec
 
-from processors.core.config import DetectorConfig, effective_config
-from processors.core.liveness_scans import Gang, Verdicts, step_scan, time_scan
-from processors.core.liveness_state import NEVER, LivenessState
-from processors.core.rank_table import RankTable
-from processors.core.stragglers import observe
-from schemas.events import (
+from runwatch.processors.core.config import DetectorConfig, effective_config
+from runwatch.processors.core.liveness_scans import Gang, Verdicts, step_scan, time_scan
+from runwatch.processors.core.liveness_state import NEVER, LivenessState
+from runwatch.processors.core.rank_table import RankTable
+from runwatch.processors.core.stragglers import observe
+from runwatch.schemas.events import (
     AnomalyDetected,
     Heartbeat,
     Provenance,

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import msgspec
 
-from processors.core.config import DetectorConfig, config_hash
-from processors.core.liveness_state import LivenessState
-from processors.core.rank_table import NEVER, Journal, TableData
-from processors.core.verdicts import make_anomaly
-from schemas.events import AnomalyDetected, AnomalyKind, Provenance
+from runwatch.processors.core.config import DetectorConfig, config_hash
+from runwatch.processors.core.liveness_state import LivenessState
+from runwatch.processors.core.rank_table import NEVER, Journal, TableData
+from runwatch.processors.core.verdicts import make_anomaly
+from runwatch.schemas.events import AnomalyDetected, AnomalyKind, Provenance
 
 
 class Verdicts:

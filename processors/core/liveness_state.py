@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import msgspec
 
-from processors.core.rank_table import NEVER, RankTable
-from processors.core.runinfo import RunStatus
-from processors.core.stragglers import StragglerState
+from runwatch.processors.core.rank_table import NEVER, RankTable
+from runwatch.processors.core.runinfo import RunStatus
+from runwatch.processors.core.stragglers import StragglerState
 
 
 class LivenessState(msgspec.Struct, frozen=True, gc=False):

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from typing import Final
 
-from processors.core.config import MfuConvention
-from schemas.events import ModelFlopConfig
+from runwatch.processors.core.config import MfuConvention
+from runwatch.schemas.events import ModelFlopConfig
 
 CONVENTION_6N: Final[MfuConvention] = "6N"
 CONVENTION_6N_ATTN: Final[MfuConvention] = "6N+attn"

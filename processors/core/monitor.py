@@ -18,13 +18,13 @@ from __future__ import annotations
 from collections import deque
 from typing import Any, Final
 
-from processors.core.config import DetectorConfig, with_overrides
-from processors.core.health_records import Anomaly, MFUSample, StepRecord
-from processors.core.liveness import LivenessState, advance_step, fold_liveness
-from processors.core.policy import PolicyState, fold_policy
-from processors.core.report import health_report
-from processors.core.steps import StepHealthState, fold_step
-from schemas.events import (
+from runwatch.processors.core.config import DetectorConfig, with_overrides
+from runwatch.processors.core.health_records import Anomaly, MFUSample, StepRecord
+from runwatch.processors.core.liveness import LivenessState, advance_step, fold_liveness
+from runwatch.processors.core.policy import PolicyState, fold_policy
+from runwatch.processors.core.report import health_report
+from runwatch.processors.core.steps import StepHealthState, fold_step
+from runwatch.schemas.events import (
     AnomalyDetected,
     Heartbeat,
     ModelFlopConfig,

@@ -24,9 +24,15 @@ from typing import Final
 
 import msgspec
 
-from processors.core.config import DetectorConfig
-from processors.core.verdicts import command_id
-from schemas.events import AnomalyDetected, AnomalyKind, Provenance, RestartAction, RestartRequested
+from runwatch.processors.core.config import DetectorConfig
+from runwatch.processors.core.verdicts import command_id
+from runwatch.schemas.events import (
+    AnomalyDetected,
+    AnomalyKind,
+    Provenance,
+    RestartAction,
+    RestartRequested,
+)
 
 RESPAWN_KINDS: Final[frozenset[AnomalyKind]] = frozenset({"dead_rank", "hang"})
 ROLLBACK_KINDS: Final[frozenset[AnomalyKind]] = frozenset(

@@ -37,14 +37,14 @@ from typing import Any, Final, Literal, TypeAlias, TypeVar
 
 import msgspec
 
-from processors.core.checkpoints import CheckpointCatalogue, fold_checkpoint
-from processors.core.config import DetectorConfig, config_hash
-from processors.core.liveness import LivenessState, fold_liveness
-from processors.core.policy import PolicyState, fold_policy
-from processors.core.state_codec import encode_state
-from processors.core.steps import StepHealthState, fold_step
-from schemas.codec import encode
-from schemas.events import (
+from runwatch.processors.core.checkpoints import CheckpointCatalogue, fold_checkpoint
+from runwatch.processors.core.config import DetectorConfig, config_hash
+from runwatch.processors.core.liveness import LivenessState, fold_liveness
+from runwatch.processors.core.policy import PolicyState, fold_policy
+from runwatch.processors.core.state_codec import encode_state
+from runwatch.processors.core.steps import StepHealthState, fold_step
+from runwatch.schemas.codec import encode
+from runwatch.schemas.events import (
     AnomalyDetected,
     CheckpointCommitted,
     CheckpointFailed,

@@ -10,12 +10,12 @@ import math
 from collections.abc import Iterable
 from typing import Any, Final
 
-from processors.core.checkpoints import CheckpointCatalogue
-from processors.core.config import DetectorConfig, config_hash
-from processors.core.liveness import LivenessState
-from processors.core.policy import PolicyState
-from processors.core.steps import StepHealthState
-from schemas.events import AnomalyDetected, RestartRequested
+from runwatch.processors.core.checkpoints import CheckpointCatalogue
+from runwatch.processors.core.config import DetectorConfig, config_hash
+from runwatch.processors.core.liveness import LivenessState
+from runwatch.processors.core.policy import PolicyState
+from runwatch.processors.core.steps import StepHealthState
+from runwatch.schemas.events import AnomalyDetected, RestartRequested
 
 MAX_LISTED: Final = 100
 """Anomalies listed one by one in a report (the newest); all are counted by kind."""

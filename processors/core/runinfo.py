@@ -7,9 +7,9 @@ from typing import Literal
 
 import msgspec
 
-from processors.core.config import DetectorConfig, effective_config
-from processors.core.mfu import CONVENTION_6N, CONVENTION_6N_ATTN, flops_per_token
-from schemas.events import ModelFlopConfig, RunEnded, RunStarted
+from runwatch.processors.core.config import DetectorConfig, effective_config
+from runwatch.processors.core.mfu import CONVENTION_6N, CONVENTION_6N_ATTN, flops_per_token
+from runwatch.schemas.events import ModelFlopConfig, RunEnded, RunStarted
 
 RunStatus = Literal["running", "completed", "failed", "stopped"]
 

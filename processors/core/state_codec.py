@@ -13,11 +13,11 @@ from typing import Any, Final, Literal, TypeAlias
 
 import msgspec
 
-from processors.core.checkpoints import CheckpointCatalogue
-from processors.core.liveness import LivenessState
-from processors.core.policy import PolicyState
-from processors.core.rank_table import RankTable
-from processors.core.steps import StepHealthState
+from runwatch.processors.core.checkpoints import CheckpointCatalogue
+from runwatch.processors.core.liveness import LivenessState
+from runwatch.processors.core.policy import PolicyState
+from runwatch.processors.core.rank_table import RankTable
+from runwatch.processors.core.steps import StepHealthState
 
 State: TypeAlias = StepHealthState | LivenessState | PolicyState | CheckpointCatalogue
 StateKind = Literal["steps", "liveness", "policy", "checkpoints"]

@@ -6,19 +6,19 @@ import math
 from collections.abc import Iterable
 from typing import Final
 
-from processors.core.baseline import (
+from runwatch.processors.core.baseline import (
     MAD_TO_SIGMA,
     RollingBaseline,
     mad_lower_bound,
     median_of_sorted,
     robust_scale,
 )
-from processors.core.config import DetectorConfig, config_hash
-from processors.core.mfu import mfu
-from processors.core.runinfo import RunInfo
-from processors.core.step_state import StepHealthState
-from processors.core.verdicts import make_anomaly
-from schemas.events import AnomalyDetected, AnomalyKind, Provenance, StepCompleted
+from runwatch.processors.core.config import DetectorConfig, config_hash
+from runwatch.processors.core.mfu import mfu
+from runwatch.processors.core.runinfo import RunInfo
+from runwatch.processors.core.step_state import StepHealthState
+from runwatch.processors.core.verdicts import make_anomaly
+from runwatch.schemas.events import AnomalyDetected, AnomalyKind, Provenance, StepCompleted
 
 _SAFE: Final = 1.0 - 1e-12
 """Keeps the spike shortcut strictly inside the exact test despite rounding."""

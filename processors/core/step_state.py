@@ -6,11 +6,11 @@ import math
 
 import msgspec
 
-from processors.core.baseline import RollingBaseline
-from processors.core.config import DetectorConfig
-from processors.core.continuity import RestartCheck, RestartRecord
-from processors.core.ledger import StepLedger, Totals
-from processors.core.runinfo import RunInfo
+from runwatch.processors.core.baseline import RollingBaseline
+from runwatch.processors.core.config import DetectorConfig
+from runwatch.processors.core.continuity import RestartCheck, RestartRecord
+from runwatch.processors.core.ledger import StepLedger, Totals
+from runwatch.processors.core.runinfo import RunInfo
 
 
 class StepHealthState(msgspec.Struct, frozen=True, gc=False):

@@ -23,20 +23,20 @@ from typing import Final
 
 import msgspec
 
-from processors.core.baseline import (
+from runwatch.processors.core.baseline import (
     RollingBaseline,
 )
-from processors.core.config import DetectorConfig
-from processors.core.continuity import (
+from runwatch.processors.core.config import DetectorConfig
+from runwatch.processors.core.continuity import (
     RestartRecord,
     close_record,
     judge,
     record_outcome,
     start_check,
 )
-from processors.core.ledger import COL_GRAD, COL_LOSS, StepLedger
-from processors.core.runinfo import RunInfo
-from processors.core.step_checks import (
+from runwatch.processors.core.ledger import COL_GRAD, COL_LOSS, StepLedger
+from runwatch.processors.core.runinfo import RunInfo
+from runwatch.processors.core.step_checks import (
     Emitter,
     count_kinds,
     grad_spike_episode,
@@ -45,8 +45,8 @@ from processors.core.step_checks import (
     spike_episode,
     step_accounting,
 )
-from processors.core.step_state import StepHealthState, new_step_state
-from schemas.events import (
+from runwatch.processors.core.step_state import StepHealthState, new_step_state
+from runwatch.schemas.events import (
     AnomalyDetected,
     Provenance,
     RunEnded,

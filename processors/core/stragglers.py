@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import msgspec
 
-from processors.core.baseline import median_of_sorted
-from processors.core.rank_table import ABSENT, Journal, TableData
+from runwatch.processors.core.baseline import median_of_sorted
+from runwatch.processors.core.rank_table import ABSENT, Journal, TableData
 
 
 class StragglerState(msgspec.Struct, frozen=True, gc=False):

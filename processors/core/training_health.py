@@ -2,7 +2,7 @@
 
 Everything seed 000 documents is importable from here, under its name and signature::
 
-    from processors.core.training_health import (
+    from runwatch.processors.core.training_health import (
         Anomaly, MFUSample, ModelFlopConfig, RollingBaseline, StepRecord,
         TrainingHealthMonitor, flop_config_from_causal_lm, theoretical_flops_per_iter,
     )
@@ -25,11 +25,11 @@ import importlib
 from collections.abc import Callable
 from typing import Any, cast
 
-from processors.core.baseline import RollingBaseline as BaselineValue
-from processors.core.health_records import Anomaly, MFUSample, StepRecord
-from processors.core.mfu import theoretical_flops_per_iter
-from processors.core.monitor import TrainingHealthMonitor
-from schemas.events import ModelFlopConfig
+from runwatch.processors.core.baseline import RollingBaseline as BaselineValue
+from runwatch.processors.core.health_records import Anomaly, MFUSample, StepRecord
+from runwatch.processors.core.mfu import theoretical_flops_per_iter
+from runwatch.processors.core.monitor import TrainingHealthMonitor
+from runwatch.schemas.events import ModelFlopConfig
 
 
 class RollingBaseline:
@@ -168,7 +168,7 @@ def flop_config_from_causal_lm(model: Any, seq_len: int) -> ModelFlopConfig:
     Raises:
         ValueError: A shape attribute cannot be found.
     """
-    helpers = importlib.import_module("producers.torch_helpers")
+    helpers = importlib.import_module("runwatch.producers.torch_helpers")
     derive = cast(Callable[[Any, int], ModelFlopConfig], helpers.flop_config_from_causal_lm)
     return derive(model, seq_len)
 

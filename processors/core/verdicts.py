@@ -13,7 +13,13 @@ import hashlib
 from collections.abc import Mapping
 from typing import Final
 
-from schemas.events import AnomalyDetected, AnomalyKind, Provenance, RestartAction, Severity
+from runwatch.schemas.events import (
+    AnomalyDetected,
+    AnomalyKind,
+    Provenance,
+    RestartAction,
+    Severity,
+)
 
 _SEP = "\x1f"
 

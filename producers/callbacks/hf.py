@@ -35,8 +35,8 @@ from typing import Any
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-from producers.callbacks.reporter import TrainerReporter, flop_config_for, make_emitter
-from producers.emitter import RunEmitter
+from runwatch.producers.callbacks.reporter import TrainerReporter, flop_config_for, make_emitter
+from runwatch.producers.emitter import RunEmitter
 
 PREFIX_CHECKPOINT_DIR = "checkpoint"
 """The Trainer's checkpoint folder prefix (``transformers.trainer_utils``)."""

@@ -36,9 +36,9 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
-from producers.callbacks.reporter import TrainerReporter, flop_config_for, make_emitter
-from producers.emitter import RunEmitter
-from producers.torch_helpers import grad_norm as measure_grad_norm
+from runwatch.producers.callbacks.reporter import TrainerReporter, flop_config_for, make_emitter
+from runwatch.producers.emitter import RunEmitter
+from runwatch.producers.torch_helpers import grad_norm as measure_grad_norm
 
 
 def _dtype(precision: object) -> str:

@@ -25,9 +25,9 @@ from pathlib import Path
 
 from torch import nn
 
-from producers.emitter import RunEmitter
-from producers.torch_helpers import flop_config_from_causal_lm
-from schemas.events import ModelFlopConfig
+from runwatch.producers.emitter import RunEmitter
+from runwatch.producers.torch_helpers import flop_config_from_causal_lm
+from runwatch.schemas.events import ModelFlopConfig
 
 log = logging.getLogger(__name__)
 

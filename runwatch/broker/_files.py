@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from common.durable import atomic_write
+from runwatch.common.durable import atomic_write
 
 
 def _write_json(path: Path, payload: dict[str, Any]) -> None:

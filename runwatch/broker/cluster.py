@@ -21,7 +21,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from common.errors import RunwatchError
 from runwatch.broker._files import _file_lock, _write_json
 from runwatch.broker.config import (
     DEFAULT_JVM_OPTS,
@@ -34,6 +33,7 @@ from runwatch.broker.config import (
 )
 from runwatch.broker.lifecycle import EmbeddedBroker, _Launched
 from runwatch.broker.state import BrokerInfo, ClusterMember
+from runwatch.common.errors import RunwatchError
 
 logger = logging.getLogger("runwatch.broker")
 

@@ -9,8 +9,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from common.errors import RunwatchError
-from common.settings import runwatch_home
+from runwatch.common.errors import RunwatchError
+from runwatch.common.settings import runwatch_home
 
 if TYPE_CHECKING:
     from runwatch.broker.state import BrokerInfo
@@ -129,7 +129,7 @@ def _server_properties(
             and the default for new topics, with ``min.insync.replicas`` from
             `schemas.topics.replication_for` (the rule the catalogue uses).
     """
-    from schemas.topics import replication_for
+    from runwatch.schemas.topics import replication_for
 
     rule = replication_for(replicas)
     rf, isr = str(rule.factor), str(rule.min_insync)

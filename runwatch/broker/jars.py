@@ -14,10 +14,10 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from common.errors import RunwatchError
-from common.settings import runwatch_home
 from runwatch.broker._files import _file_lock, _write_json
 from runwatch.broker.config import _ASSEMBLY_DIR, KAFKA_VERSION
+from runwatch.common.errors import RunwatchError
+from runwatch.common.settings import runwatch_home
 
 logger = logging.getLogger("runwatch.broker")  # the package's logger, as before the split
 

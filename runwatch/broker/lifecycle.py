@@ -13,7 +13,6 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from common.errors import RunwatchError
 from runwatch.broker._files import _file_lock, _no_lock, _tail, _write_json
 from runwatch.broker.config import (
     _ASSEMBLY_DIR,
@@ -33,6 +32,7 @@ from runwatch.broker.jars import _last_meaningful_line, _require_java, ensure_ja
 from runwatch.broker.pids import _is_broker_process, _reap, _wait_pid_exit
 from runwatch.broker.readiness import _await_ready, _BrokerExited, _exit_probe
 from runwatch.broker.state import BrokerInfo, ClusterMember
+from runwatch.common.errors import RunwatchError
 
 logger = logging.getLogger("runwatch.broker")  # the package's logger, as before the split
 

@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from common.errors import BrokerUnreachable, UsageError
 from runwatch.cmd.processors import add_common, detector_config, parse_overrides
+from runwatch.common.errors import BrokerUnreachable, UsageError
 
 if TYPE_CHECKING:
-    from processors.audit import AuditReceipt, RunLog
+    from runwatch.processors.audit import AuditReceipt, RunLog
 
 HELP = "replay a run's events and diff the verdicts with the recorded ones (exit 0: agree)"
 
@@ -40,7 +40,7 @@ DEFAULT_WAIT_S = 30.0
 
 def configure(parser: argparse.ArgumentParser) -> None:
     """Add the arguments of `runwatch audit`."""
-    from processors.settings import DEFAULT_APP_ID
+    from runwatch.processors.settings import DEFAULT_APP_ID
 
     parser.epilog = EXIT_CODES
     which = parser.add_mutually_exclusive_group(required=True)
@@ -109,7 +109,7 @@ def render(receipt: AuditReceipt) -> str:
 
 
 def _verdict_text(receipt: AuditReceipt) -> str:
-    from processors.audit import Verdict
+    from runwatch.processors.audit import Verdict
 
     verdict = receipt.verdict
     if verdict is Verdict.AGREES:
@@ -151,7 +151,7 @@ def _progress_lines(receipt: AuditReceipt) -> list[str]:
 
 def exit_status(receipts: list[AuditReceipt]) -> int:
     """0 when all agree, 1 when one disagrees, else 3 when one is pending."""
-    from processors.audit import Verdict
+    from runwatch.processors.audit import Verdict
 
     verdicts = {r.verdict for r in receipts}
     if Verdict.DISAGREES in verdicts:
@@ -162,7 +162,7 @@ def exit_status(receipts: list[AuditReceipt]) -> int:
 
 
 def _counts(cmp: object) -> str:
-    from processors.verdict_diff import Comparison
+    from runwatch.processors.verdict_diff import Comparison
 
     assert isinstance(cmp, Comparison)
     wrong = len(cmp.differing) + len(cmp.conflicts)
@@ -172,7 +172,7 @@ def _counts(cmp: object) -> str:
 
 def render_table(receipts: list[AuditReceipt]) -> str:
     """The `--all` summary: one row per run, then what disagrees or is pending."""
-    from processors.audit import Verdict
+    from runwatch.processors.audit import Verdict
 
     header = ("run", "input records", "anomalies m/mi/u", "commands m/mi/u", "verdict")
     rows = [
@@ -213,8 +213,8 @@ def render_table(receipts: list[AuditReceipt]) -> str:
 
 def _archived_log(root: Path, explicit_prefix: str | None, run_id: str) -> RunLog:
     """The run's log from an archive; the prefix is inferred when the archive has one."""
-    from common.settings import topic_prefix
-    from sinks.archive_read import archived_prefixes, load_archived_run_log
+    from runwatch.common.settings import topic_prefix
+    from runwatch.sinks.archive_read import archived_prefixes, load_archived_run_log
 
     if not root.is_dir():
         raise UsageError(f"--from-archive: {root} is not a directory")
@@ -234,10 +234,10 @@ def _as_json(receipt: AuditReceipt) -> dict[str, object]:
 
 def run(args: argparse.Namespace) -> int:
     """Load the run's log (or every run's), audit it, print the receipt(s)."""
-    from common.gc_tuning import tune_for_throughput
-    from common.settings import topic_prefix
-    from processors.audit import audit, audit_all, load_run_log
-    from processors.fleet import default_app_id
+    from runwatch.common.gc_tuning import tune_for_throughput
+    from runwatch.common.settings import topic_prefix
+    from runwatch.processors.audit import audit, audit_all, load_run_log
+    from runwatch.processors.fleet import default_app_id
     from runwatch.resolve import resolve_bootstrap
 
     tune_for_throughput()  # a bulk decode and fold of the run's whole log

@@ -14,7 +14,7 @@ from collections import deque
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from common.errors import UsageError
+from runwatch.common.errors import UsageError
 
 if TYPE_CHECKING:
     from runwatch.broker import EmbeddedBroker, EmbeddedCluster

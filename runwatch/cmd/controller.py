@@ -12,8 +12,8 @@ import argparse
 import logging
 from pathlib import Path
 
-from common.errors import RunwatchError, UsageError
 from runwatch.cmd._supervision import add_supervision_args
+from runwatch.common.errors import RunwatchError, UsageError
 
 HELP = "adopt the gangs recorded in --state-dir (after a launcher died) and serve their commands"
 
@@ -32,7 +32,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def _state_dirs(root: Path) -> list[Path]:
-    from controller.state import GANG_FILE
+    from runwatch.controller.state import GANG_FILE
 
     if (root / GANG_FILE).is_file():
         return [root]
@@ -43,10 +43,10 @@ def _state_dirs(root: Path) -> list[Path]:
 
 def run(args: argparse.Namespace) -> int:
     """Adopt every running gang under ``--state-dir`` and serve until they all ended."""
-    from common.settings import topic_prefix
-    from controller.agent import build_controller, load_keys
-    from controller.state import ControllerState, StateLocked, lock_state_dir
-    from controller.supervisor import HOST
+    from runwatch.common.settings import topic_prefix
+    from runwatch.controller.agent import build_controller, load_keys
+    from runwatch.controller.state import ControllerState, StateLocked, lock_state_dir
+    from runwatch.controller.supervisor import HOST
     from runwatch.reachability import check_reachable
 
     root = args.state_dir.resolve()

@@ -6,7 +6,7 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from common.errors import UsageError
+from runwatch.common.errors import UsageError
 
 HELP = "run broker, processors, sinks and a real torch run with injected faults; then audit"
 

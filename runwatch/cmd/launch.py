@@ -15,11 +15,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from common.errors import UsageError
-from controller.state import DEFAULT_SPARE_PRELOAD
-from controller.topology import NodeTopology, TopologyError, resolve_topology
-from producers.logtail import FORMATS
 from runwatch.cmd._supervision import add_supervision_args
+from runwatch.common.errors import UsageError
+from runwatch.controller.state import DEFAULT_SPARE_PRELOAD
+from runwatch.controller.topology import NodeTopology, TopologyError, resolve_topology
+from runwatch.producers.logtail import FORMATS
 
 HELP = "start a gang of N ranks (torchrun-style) and execute the restart commands for its run"
 
@@ -194,7 +194,7 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str]) -> LaunchPlan:
     Raises:
         UsageError: A bad combination (one line).
     """
-    from controller.state import default_state_dir
+    from runwatch.controller.state import default_state_dir
 
     try:
         resolved = resolve_topology(
@@ -253,7 +253,7 @@ def _validate(args: argparse.Namespace) -> list[str]:
         if "=" not in pair:
             raise UsageError(f"--env expects NAME=VALUE, got {pair!r}")
     if args.warm_spares:
-        from controller.spares import split_python
+        from runwatch.controller.spares import split_python
 
         if split_python(argv) is None:
             raise UsageError(
@@ -264,7 +264,7 @@ def _validate(args: argparse.Namespace) -> list[str]:
         if args.log_regex is not None or args.tokens_per_step:
             raise UsageError("--log-regex and --tokens-per-step go with --log-format")
     else:
-        from producers.logtail import make_parser
+        from runwatch.producers.logtail import make_parser
 
         try:
             make_parser(args.log_format, args.log_regex)
@@ -289,18 +289,18 @@ def _rank_extra_env(args: argparse.Namespace) -> dict[str, str]:
 
 def run(args: argparse.Namespace) -> int:
     """Launch the gang, then serve its commands until the run ends."""
-    from common.settings import topic_prefix
-    from controller.agent import build_controller, load_keys
-    from controller.gang import Gang
-    from controller.loop import commands_end_offsets
-    from controller.relay import relay_socket_path
-    from controller.state import (
+    from runwatch.common.settings import topic_prefix
+    from runwatch.controller.agent import build_controller, load_keys
+    from runwatch.controller.gang import Gang
+    from runwatch.controller.loop import commands_end_offsets
+    from runwatch.controller.relay import relay_socket_path
+    from runwatch.controller.state import (
         ControllerState,
         GangRecord,
         StateLocked,
         lock_state_dir,
     )
-    from controller.supervisor import HOST
+    from runwatch.controller.supervisor import HOST
     from runwatch.resolve import resolve_bootstrap
 
     argv = _validate(args)

@@ -9,7 +9,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from common.errors import UsageError
+from runwatch.common.errors import UsageError
 
 HELP = "run a stream-processor worker; workers with the same --app-id share the partitions"
 
@@ -196,7 +196,7 @@ def make_worker(app: Any, shutdown_timeout_s: float = SHUTDOWN_TIMEOUT_S) -> Any
 
 def detector_config(overrides: dict[str, str]) -> object:
     """The detector configuration with ``overrides`` applied, or a usage error."""
-    from processors.core.config import DetectorConfig, with_overrides
+    from runwatch.processors.core.config import DetectorConfig, with_overrides
 
     try:
         return with_overrides(DetectorConfig(), overrides)
@@ -216,11 +216,12 @@ def _choose(
 
 def run(args: argparse.Namespace) -> int:
     """Create the topics if needed, then run a faust worker until stopped."""
-    from common.gc_tuning import tune_for_throughput
-    from common.settings import faust_broker_settings, replication_factor, topic_prefix
-    from processors.app import create_app
-    from processors.fleet import default_app_id
-    from processors.settings import (
+    from runwatch.admin import cluster_replication, create_catalogue
+    from runwatch.common.gc_tuning import tune_for_throughput
+    from runwatch.common.settings import faust_broker_settings, replication_factor, topic_prefix
+    from runwatch.processors.app import create_app
+    from runwatch.processors.fleet import default_app_id
+    from runwatch.processors.settings import (
         BATCH_MAX,
         DEFAULT_INGEST,
         DEFAULT_STATE_FLUSH_S,
@@ -229,10 +230,9 @@ def run(args: argparse.Namespace) -> int:
         STORES,
         ProcessorSettings,
     )
-    from processors.stores import rocksdb_missing
-    from runwatch.admin import cluster_replication, create_catalogue
+    from runwatch.processors.stores import rocksdb_missing
     from runwatch.resolve import partition_counts, resolve_bootstrap
-    from schemas.signing import load_key
+    from runwatch.schemas.signing import load_key
 
     ingest = _choose("--ingest", args.ingest, "RUNWATCH_INGEST", DEFAULT_INGEST, INGEST_MODES)
     store = _choose("--store", args.store, "RUNWATCH_STORE", DEFAULT_STORE, STORES)
@@ -309,10 +309,10 @@ def input_partitions(bootstrap: str, prefix: str, app_id: str) -> dict[str, int]
         UsageError: A changelog of ``app_id`` exists with another count than its input
             (the input was repartitioned): its states are keyed to the old partitions.
     """
-    from processors.app import TABLES
-    from processors.settings import changelog_topic
     from runwatch.admin import list_topics
-    from schemas.topics import names
+    from runwatch.processors.app import TABLES
+    from runwatch.processors.settings import changelog_topic
+    from runwatch.schemas.topics import names
 
     topics = names(prefix)
     have = list_topics(bootstrap)
@@ -343,9 +343,9 @@ def watch_broker(bootstrap: str) -> logging.Handler:
     Returns:
         The handler, to remove when the worker stops.
     """
-    from common.errors import BrokerUnreachable
-    from processors.transport import RETRY_BACKOFF_MS
+    from runwatch.common.errors import BrokerUnreachable
     from runwatch.logsummary import BrokerWatch
+    from runwatch.processors.transport import RETRY_BACKOFF_MS
     from runwatch.reachability import check_reachable
 
     def answers() -> bool:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from common.errors import UsageError
 from runwatch.cmd.processors import add_common, detector_config, parse_overrides
+from runwatch.common.errors import UsageError
 
 HELP = "re-run a run's events through the detectors with other settings; live topics untouched"
 
@@ -32,13 +32,13 @@ def run(args: argparse.Namespace) -> int:
     """Replay and print the verdicts, marking those the live run did not raise."""
     from kafka import KafkaProducer
 
-    from common.gc_tuning import tune_for_throughput
-    from common.settings import kafka_client_config, topic_prefix
-    from processors.audit import load_run_log, what_if
+    from runwatch.common.gc_tuning import tune_for_throughput
+    from runwatch.common.settings import kafka_client_config, topic_prefix
+    from runwatch.processors.audit import load_run_log, what_if
     from runwatch.resolve import resolve_bootstrap
-    from schemas.codec import encode, encode_key
-    from schemas.events import AnomalyDetected
-    from schemas.topics import catalogue
+    from runwatch.schemas.codec import encode, encode_key
+    from runwatch.schemas.events import AnomalyDetected
+    from runwatch.schemas.topics import catalogue
 
     tune_for_throughput()  # a bulk decode and fold of the run's whole log
     cfg = detector_config(parse_overrides(args.overrides))

@@ -10,7 +10,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from common.errors import RunwatchError, UsageError
+from runwatch.common.errors import RunwatchError, UsageError
 
 HELP = "deliver alerts, serve Prometheus metrics and archive every event (idempotent consumers)"
 
@@ -208,12 +208,12 @@ def _webhooks(args: argparse.Namespace) -> list[str]:
 
 def build_sinks(args: argparse.Namespace, topics: Any, webhooks: list[str]) -> list[Any]:
     """The selected sinks, configured from ``args``."""
-    from common.settings import runwatch_home
-    from sinks.alert_log import DeliveryLog
-    from sinks.alerts import AlertSettings, AlertSink
-    from sinks.archive import ArchiveSink
-    from sinks.metrics import MetricsSink
-    from sinks.webhook import RetryPolicy
+    from runwatch.common.settings import runwatch_home
+    from runwatch.sinks.alert_log import DeliveryLog
+    from runwatch.sinks.alerts import AlertSettings, AlertSink
+    from runwatch.sinks.archive import ArchiveSink
+    from runwatch.sinks.metrics import MetricsSink
+    from runwatch.sinks.webhook import RetryPolicy
 
     out: list[Any] = []
     collectors: list[Any] = []
@@ -260,7 +260,7 @@ def start_of(name: str, from_beginning: bool) -> Any:
     skip what it holds); the metrics replay the log at every start (their figures are a
     fold of it, so a restart shows what it showed before).
     """
-    from sinks.consumer import StartFrom
+    from runwatch.sinks.consumer import StartFrom
 
     if name == "alerts":
         return StartFrom.EARLIEST if from_beginning else StartFrom.LATEST
@@ -308,10 +308,10 @@ def _failure(loop: Any, bootstrap: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Start every selected sink in its own thread; stop on SIGINT or SIGTERM."""
-    from common.settings import kafka_client_config, topic_prefix
+    from runwatch.common.settings import kafka_client_config, topic_prefix
     from runwatch.resolve import resolve_bootstrap
-    from schemas.topics import names
-    from sinks.consumer import SinkLoop, start_thread
+    from runwatch.schemas.topics import names
+    from runwatch.sinks.consumer import SinkLoop, start_thread
 
     webhooks = _webhooks(args)
     _validate(args, webhooks)

@@ -32,7 +32,7 @@ def _fmt(value: float | None, spec: str) -> str:
 
 def format_row(r: object) -> str:
     """One run as a line of the status table."""
-    from processors.fleet import RunSummary
+    from runwatch.processors.fleet import RunSummary
 
     assert isinstance(r, RunSummary)
     ranks = f"{len(r.live_ranks)}/{len(r.live_ranks) + len(r.dead_ranks)}"
@@ -47,7 +47,7 @@ def format_row(r: object) -> str:
 
 def format_stacks(r: object) -> list[str]:
     """Where each rank was before the run's latest hang or dead-rank restart, a line each."""
-    from processors.fleet import RunSummary
+    from runwatch.processors.fleet import RunSummary
 
     assert isinstance(r, RunSummary)
     if not r.last_stacks:
@@ -68,10 +68,10 @@ def run(args: argparse.Namespace) -> int:
     """Read the changelogs and print one line per run."""
     import msgspec
 
-    from common.settings import topic_prefix
-    from processors.fleet import default_app_id, last_stacks, latest_states, summarize
+    from runwatch.common.settings import topic_prefix
+    from runwatch.processors.fleet import default_app_id, last_stacks, latest_states, summarize
     from runwatch.resolve import resolve_bootstrap
-    from schemas.topics import names
+    from runwatch.schemas.topics import names
 
     prefix = topic_prefix(args.prefix)
     app_id = args.app_id or default_app_id(prefix)

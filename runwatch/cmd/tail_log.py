@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
 
-from common.errors import RunwatchError, UsageError
+from runwatch.common.errors import RunwatchError, UsageError
 
 HELP = "turn a training log's step lines into step events, following the file as it grows"
 
@@ -121,7 +121,7 @@ def _say_detected(fmt: str, line: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Follow the file and send its steps; returns 0 when everything was delivered."""
-    from producers.logtail import DetectingParser, LineParser, make_parser
+    from runwatch.producers.logtail import DetectingParser, LineParser, make_parser
 
     line_parser: LineParser | DetectingParser
     if args.format is None and args.regex is None:
@@ -146,8 +146,8 @@ def run(args: argparse.Namespace) -> int:
     if not args.poll_interval_s > 0:
         raise UsageError(f"--poll-interval-s must be > 0, got {args.poll_interval_s}")
 
-    from producers.emitter import RunEmitter
-    from producers.follow import FileFollower
+    from runwatch.producers.emitter import RunEmitter
+    from runwatch.producers.follow import FileFollower
     from runwatch.resolve import resolve_bootstrap
 
     emitter = RunEmitter(

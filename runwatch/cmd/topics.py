@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from common.errors import UsageError
+from runwatch.common.errors import UsageError
 
 HELP = "create the topic catalogue (idempotent) or list the cluster's topics"
 
@@ -63,7 +63,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def _defaults() -> str:
-    from schemas.topics import DEFAULT_PARTITIONS
+    from runwatch.schemas.topics import DEFAULT_PARTITIONS
 
     return ",".join(f"{k}={v}" for k, v in DEFAULT_PARTITIONS.items())
 
@@ -75,8 +75,8 @@ def of_prefix(topic: str, prefix: str) -> bool:
 
 def run(args: argparse.Namespace) -> int:
     """Dispatch to the chosen action; returns the exit status."""
-    from common.settings import replication_factor, topic_prefix
     from runwatch import admin
+    from runwatch.common.settings import replication_factor, topic_prefix
     from runwatch.resolve import partition_counts, resolve_bootstrap
 
     if args.timeout <= 0:

@@ -12,7 +12,7 @@ HELP = "serve a live web view of the fleet and of each run (curves, verdicts, re
 
 def configure(parser: argparse.ArgumentParser) -> None:
     """Add the arguments of `runwatch ui`."""
-    from processors.settings import DEFAULT_APP_ID
+    from runwatch.processors.settings import DEFAULT_APP_ID
 
     add_common(parser)
     parser.add_argument(
@@ -30,13 +30,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Follow the processors' state and serve the pages until Ctrl-C."""
-    from common.errors import UsageError
-    from common.settings import topic_prefix
-    from processors.fleet import default_app_id
+    from runwatch.common.errors import UsageError
+    from runwatch.common.settings import topic_prefix
+    from runwatch.processors.fleet import default_app_id
     from runwatch.reachability import check_reachable
     from runwatch.resolve import resolve_bootstrap
+    from runwatch.sinks.webview_data import WebviewData
     from runwatch.ui.server import UiServer
-    from sinks.webview_data import WebviewData
 
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port must be between 0 and 65535, got {args.port}")

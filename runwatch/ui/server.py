@@ -18,9 +18,9 @@ from importlib import resources
 from typing import Any, Final
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from common.errors import RunwatchError
+from runwatch.common.errors import RunwatchError
+from runwatch.sinks.webview_data import FleetQuery, WebviewData
 from runwatch.ui.charts import Marker, Point, VLine, line_chart
-from sinks.webview_data import FleetQuery, WebviewData
 
 log = logging.getLogger(__name__)
 

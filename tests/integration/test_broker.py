@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from common.errors import RunwatchError
 from runwatch import admin
 from runwatch.broker import EmbeddedBroker, ensure_jars, running_bootstrap
 from runwatch.cli import main
+from runwatch.common.errors import RunwatchError
 
 pytestmark = pytest.mark.integration
 

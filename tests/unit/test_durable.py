@@ -1,4 +1,4 @@
-from common.durable import append_durably, atomic_write
+from runwatch.common.durable import append_durably, atomic_write
 
 
 def test_atomic_write_replaces_and_leaves_no_temporary(tmp_path):

@@ -10,11 +10,11 @@ import json
 import subprocess
 import sys
 
-from common.gc_tuning import OLDER_EVERY, YOUNG_THRESHOLD
+from runwatch.common.gc_tuning import OLDER_EVERY, YOUNG_THRESHOLD
 
 PROBE = """
 import gc, json
-from common.gc_tuning import tune_for_throughput
+from runwatch.common.gc_tuning import tune_for_throughput
 before = gc.get_freeze_count()
 tune_for_throughput()
 garbage = []

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from common.launch_env import LaunchEnv
+from runwatch.common.launch_env import LaunchEnv
 
 
 def test_a_lone_process_is_rank_0_of_1_on_localhost():

@@ -1,9 +1,11 @@
-"""Which top-level package may import which: the layers of the house, read from the code.
+"""Which package may import which: the layers of the house, read from the code.
 
-Every ``.py`` of every package that pyproject ships is parsed with `ast` (nothing is
-imported), and each import of one of our packages (at module level, in a function, or
-under ``TYPE_CHECKING``: an import anywhere is a dependency) is checked against `ALLOWED`.
-From the bottom up:
+Installed, runwatch is one namespace: the packages at the repository's root (``common/``,
+``schemas/``, ...) are ``runwatch.common``, ``runwatch.schemas``, ... (``runwatch/<name>``
+links to ``../<name>``). Every ``.py`` of them is parsed with `ast` (nothing is imported),
+and each import of one of our modules (at module level, in a function, or under
+``TYPE_CHECKING``: an import anywhere is a dependency) is checked against `ALLOWED`. The
+layers are named without the ``runwatch.`` prefix. From the bottom up:
 
 * ``common``: what the lower packages share (settings, durable writes, errors, the
   checkpoint layout, the launch environment, the version). It imports nothing of ours, so
@@ -68,8 +70,12 @@ ALLOWED: dict[str, frozenset[str]] = {
 }
 """Layer -> the layers its modules may import."""
 
-OURS = frozenset({*(name.split(".")[0] for name in ALLOWED), "examples", "tests", "bench"})
+OURS = frozenset({"runwatch", "examples", "tests", "bench"})
 """First components of module names that are this repository's (the rest is third-party)."""
+
+BARE = frozenset({"common", "schemas", "producers", "processors", "controller", "sinks"})
+"""Our packages' names without the namespace: never imported so (a user's own ``schemas``
+package would shadow them)."""
 
 PURE = frozenset({"kafka", "faust", "aiokafka", "mode", "torch"})
 """Third-party packages the pure core never imports, and common never loads at import."""
@@ -91,32 +97,38 @@ class Import:
     at_import: bool
 
 
+LINKED: tuple[str, ...] = ("common", "schemas", "producers", "processors", "controller", "sinks")
+"""The packages at the repository's root, each installed as ``runwatch.<name>``."""
+
+
 def shipped_packages() -> list[str]:
-    """The top-level packages pyproject ships (``[tool.setuptools.packages.find] include``)."""
-    config = tomllib.loads((REPO / "pyproject.toml").read_text())
-    patterns = config["tool"]["setuptools"]["packages"]["find"]["include"]
-    return sorted({p.rstrip("*").rstrip(".") for p in patterns})
+    """The packages of the namespace, by layer root: ``runwatch`` and the linked ones."""
+    return sorted({"runwatch", *LINKED})
 
 
 def module_name(path: Path) -> str:
-    """``a/b/c.py`` -> ``a.b.c``; ``a/b/__init__.py`` -> ``a.b`` (relative to the repo)."""
+    """The installed name of a file: ``schemas/codec.py`` -> ``schemas.codec``."""
     parts = list(path.relative_to(REPO).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
+    if parts[0] in LINKED:
+        parts.insert(0, "runwatch")
     return ".".join(parts)
 
 
 def is_our_module(name: str) -> bool:
-    """True when ``name`` is a module or package file of this repository."""
+    """True when ``name`` is a module or package of the namespace (or of the repo's tools)."""
     base = REPO.joinpath(*name.split("."))
     return base.with_suffix(".py").is_file() or (base / "__init__.py").is_file()
 
 
 def layer_of(module: str) -> str:
-    """The layer of one of our modules: ``processors.core`` or its first component."""
-    if module == "processors.core" or module.startswith("processors.core."):
+    """The layer of one of our modules: ``processors.core``, a linked package, or ``runwatch``."""
+    rest = module.removeprefix("runwatch.")
+    if rest == "processors.core" or rest.startswith("processors.core."):
         return "processors.core"
-    return module.split(".")[0]
+    first = rest.split(".")[0]
+    return first if first in LINKED else module.split(".")[0]
 
 
 def imports_in(text: str, package: str) -> list[Import]:
@@ -168,12 +180,17 @@ def imports_of(path: Path) -> list[Import]:
 
 
 def package_files(package: str) -> list[Path]:
-    """Every ``.py`` file under a package directory (``a`` or ``a/b``)."""
-    return sorted((REPO / package).rglob("*.py"))
+    """Every ``.py`` file under a package directory (``a`` or ``a/b``), links not followed."""
+    root = REPO / package
+    return sorted(
+        path
+        for path in root.rglob("*.py")
+        if not any((REPO / p).is_symlink() for p in path.relative_to(REPO).parents)
+    )
 
 
 EXCEPTIONS: dict[tuple[str, str], str] = {
-    ("processors/core/training_health.py", "producers.torch_helpers"): (
+    ("processors/core/training_health.py", "runwatch.producers.torch_helpers"): (
         "seed 000's API offers flop_config_from_causal_lm from the core's facade; it needs "
         "torch, so it is imported (importlib) only when that function is called"
     ),
@@ -198,6 +215,41 @@ def test_every_shipped_package_has_a_layer():
     assert set(packages) == {layer.split(".")[0] for layer in ALLOWED}
 
 
+def test_pyproject_ships_one_namespace():
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())
+    assert config["tool"]["setuptools"]["packages"]["find"]["include"] == ["runwatch*"]
+
+
+@pytest.mark.parametrize("package", LINKED)
+def test_each_root_package_is_linked_into_the_namespace(package):
+    link = REPO / "runwatch" / package
+    assert link.is_symlink() and link.readlink() == Path("..") / package
+    assert (REPO / package / "__init__.py").is_file()
+
+
+def test_no_other_root_package_escapes_the_namespace():
+    """A new package at the root must be linked (or be one of the repo's tools)."""
+    tools = {"runwatch", "tests", "bench", "examples", "compose", "docs"}
+    roots = {p.parent.name for p in REPO.glob("*/__init__.py")}
+    assert roots - tools == set(LINKED)
+
+
+def every_source_file() -> list[Path]:
+    """The namespace's files and the repo's tools (tests, bench, examples)."""
+    roots = [*shipped_packages(), "tests", "bench", "examples"]
+    return [path for root in roots for path in package_files(root)]
+
+
+def test_nothing_imports_our_packages_without_the_namespace():
+    found = [
+        f"{path.relative_to(REPO)}:{imp.line}: {imp.module}"
+        for path in every_source_file()
+        for imp in imports_of(path)
+        if imp.module.split(".")[0] in BARE
+    ]
+    assert found == []
+
+
 @pytest.mark.parametrize("package", shipped_packages())
 def test_a_package_imports_only_the_layers_it_may(package):
     files = package_files(package)
@@ -218,15 +270,15 @@ def test_a_package_imports_only_the_layers_it_may(package):
         ("from runwatch.resolve import resolve_bootstrap", "runwatch.resolve"),
         ("def later():\n    from runwatch import cli", "runwatch.cli"),  # lazy: still counts
         ("import runwatch.admin", "runwatch.admin"),
-        ("from controller.loop import Controller", "controller.loop"),
+        ("from runwatch.controller.loop import Controller", "runwatch.controller.loop"),
         ("importlib.import_module('runwatch.admin')", "runwatch.admin"),
     ],
 )
 def test_a_sink_importing_upwards_is_caught(planted, module):
     """The check itself: the real sinks/webhook.py passes it, plus one planted import not."""
     text = (REPO / "sinks" / "webhook.py").read_text()
-    assert violations("sinks", "webhook", imports_in(text, "sinks")) == []
-    found = violations("sinks", "webhook", imports_in(f"{text}\n\n{planted}\n", "sinks"))
+    assert violations("sinks", "webhook", imports_in(text, "runwatch.sinks")) == []
+    found = violations("sinks", "webhook", imports_in(f"{text}\n\n{planted}\n", "runwatch.sinks"))
     assert len(found) == 1 and found[0].endswith(f"sinks imports {module}"), found
 
 

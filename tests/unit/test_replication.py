@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from common.errors import UsageError
-from common.settings import ENV_REPLICATION_FACTOR, replication_factor
 from runwatch.broker.config import _server_properties
-from schemas.topics import Replication, replication_for
+from runwatch.common.errors import UsageError
+from runwatch.common.settings import ENV_REPLICATION_FACTOR, replication_factor
+from runwatch.schemas.topics import Replication, replication_for
 
 
 @pytest.mark.parametrize(

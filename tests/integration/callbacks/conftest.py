@@ -15,8 +15,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from kafka import KafkaConsumer, TopicPartition
 
-from schemas.codec import decode
-from schemas.events import Event
+from runwatch.schemas.codec import decode
+from runwatch.schemas.events import Event
 
 
 def read_all(bootstrap: str, topic: str, timeout_s: float = 60.0) -> list[Event]:

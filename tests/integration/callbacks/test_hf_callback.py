@@ -8,8 +8,14 @@ from typing import Any
 
 import pytest
 
-from schemas.events import CheckpointCommitted, Heartbeat, RunEnded, RunStarted, StepCompleted
-from schemas.topics import names
+from runwatch.schemas.events import (
+    CheckpointCommitted,
+    Heartbeat,
+    RunEnded,
+    RunStarted,
+    StepCompleted,
+)
+from runwatch.schemas.topics import names
 
 from .conftest import read_all
 
@@ -36,7 +42,7 @@ class Tokens(torch.utils.data.Dataset):  # type: ignore[misc]
 def test_trainer_callback_reports_steps_heartbeats_checkpoints_and_end(
     tmp_path: Path, kafka_bootstrap: str, topic_prefix: str, make_topics: Any
 ) -> None:
-    from producers.callbacks.hf import RunwatchTrainerCallback
+    from runwatch.producers.callbacks.hf import RunwatchTrainerCallback
 
     make_topics(topic_prefix)
     torch.manual_seed(0)

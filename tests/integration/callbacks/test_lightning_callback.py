@@ -9,8 +9,14 @@ from typing import Any
 
 import pytest
 
-from schemas.events import CheckpointCommitted, Heartbeat, RunEnded, RunStarted, StepCompleted
-from schemas.topics import names
+from runwatch.schemas.events import (
+    CheckpointCommitted,
+    Heartbeat,
+    RunEnded,
+    RunStarted,
+    StepCompleted,
+)
+from runwatch.schemas.topics import names
 
 from .conftest import read_all
 
@@ -52,7 +58,7 @@ class TinyLM(L.LightningModule):  # type: ignore[misc]
 
 
 def _fit(tmp_path: Path, bootstrap: str, prefix: str, run_id: str, accumulate: int) -> TinyLM:
-    from producers.callbacks.lightning import RunwatchLightningCallback
+    from runwatch.producers.callbacks.lightning import RunwatchLightningCallback
 
     torch.manual_seed(0)
     data = torch.utils.data.TensorDataset(torch.randint(0, VOCAB, (64, SEQ)))

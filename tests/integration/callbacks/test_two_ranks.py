@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from schemas.events import Heartbeat, RunEnded, RunStarted, StepCompleted
-from schemas.topics import names
+from runwatch.schemas.events import Heartbeat, RunEnded, RunStarted, StepCompleted
+from runwatch.schemas.topics import names
 
 from .conftest import read_all
 

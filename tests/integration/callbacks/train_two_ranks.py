@@ -26,7 +26,7 @@ def tokens(n: int) -> torch.Tensor:
 def hf(out: Path) -> None:
     import transformers
 
-    from producers.callbacks.hf import RunwatchTrainerCallback
+    from runwatch.producers.callbacks.hf import RunwatchTrainerCallback
 
     class Data(torch.utils.data.Dataset):
         ids = tokens(32)
@@ -65,7 +65,7 @@ def hf(out: Path) -> None:
 def lightning(out: Path) -> None:
     import lightning.pytorch as pl
 
-    from producers.callbacks.lightning import RunwatchLightningCallback
+    from runwatch.producers.callbacks.lightning import RunwatchLightningCallback
 
     class Module(pl.LightningModule):
         def __init__(self) -> None:

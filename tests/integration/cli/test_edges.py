@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from runwatch.procs import ManagedProcess
-from schemas.topics import catalogue
+from runwatch.schemas.topics import catalogue
 from tests.integration.cli.cli import runwatch
 
 WAIT_S = 180.0
@@ -88,7 +88,7 @@ def test_processors_output_holds_no_terminal_codes(
     kafka_bootstrap: str, make_topics, topic_prefix: str, tmp_path: Path
 ) -> None:
     """faust's spinner wrote ESC[?25l / ESC[?25h into the worker's redirected stdout."""
-    from processors.fleet import latest_states
+    from runwatch.processors.fleet import latest_states
 
     make_topics(topic_prefix, partitions=1)
     app_id = f"{topic_prefix}-app"

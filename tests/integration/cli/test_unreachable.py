@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from controller.state import ControllerState, GangRecord
 from runwatch.cli import build_parser
+from runwatch.controller.state import ControllerState, GangRecord
 from tests.integration.cli.cli import env_without_broker, runwatch
 
 DEAD = "127.0.0.1:1"

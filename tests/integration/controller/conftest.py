@@ -23,8 +23,8 @@ from typing import Any
 import pytest
 
 from runwatch import admin
-from schemas.events import Event
-from schemas.topics import TopicNames, names
+from runwatch.schemas.events import Event
+from runwatch.schemas.topics import TopicNames, names
 from tests.integration.processors.harness import COMMAND_KEY, Reader, workers
 
 if importlib.util.find_spec("torch") is None:  # an optional extra
@@ -197,7 +197,7 @@ def wait_events(
 
 def reference_losses(root: Path, script_args: Sequence[str], nproc: int = 2) -> dict[int, float]:
     """Losses of an uninterrupted gang (no Kafka, no controller) with the same arguments."""
-    from controller.gang import free_port
+    from runwatch.controller.gang import free_port
 
     trace = root / "trace"
     port = free_port()
@@ -223,7 +223,7 @@ def reference_losses(root: Path, script_args: Sequence[str], nproc: int = 2) -> 
 
 def ended_liveness(loop: Loop, run_id: str, incarnation: int, timeout_s: float = WAIT_S) -> Any:
     """The run's liveness state once the processors folded its ``incarnation``'s end."""
-    from processors.fleet import latest_states
+    from runwatch.processors.fleet import latest_states
 
     deadline = time.monotonic() + timeout_s
     while True:

@@ -12,9 +12,9 @@ import msgspec
 import pytest
 from kafka import KafkaProducer
 
-from schemas.codec import encode, encode_key
-from schemas.events import CommandRejected, RestartCompleted, RestartRequested
-from schemas.signing import CommandKey, sign
+from runwatch.schemas.codec import encode, encode_key
+from runwatch.schemas.events import CommandRejected, RestartCompleted, RestartRequested
+from runwatch.schemas.signing import CommandKey, sign
 
 from .conftest import Proc, of_run, rank_env, wait_events
 

@@ -22,7 +22,7 @@ import signal
 
 import pytest
 
-from schemas.events import (
+from runwatch.schemas.events import (
     AgentReady,
     CheckpointCommitted,
     RestartCompleted,

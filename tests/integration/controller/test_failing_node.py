@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from schemas.events import (
+from runwatch.schemas.events import (
     AgentReady,
     AnomalyDetected,
     RestartCompleted,

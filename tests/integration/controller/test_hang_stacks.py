@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from schemas.events import RestartCompleted, RestartRequested
+from runwatch.schemas.events import RestartCompleted, RestartRequested
 
 from .conftest import of_run, wait_events
 

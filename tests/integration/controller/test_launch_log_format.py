@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from schemas.events import (
+from runwatch.schemas.events import (
     AnomalyDetected,
     Event,
     Heartbeat,
@@ -26,7 +26,7 @@ from schemas.events import (
     RunStarted,
     StepCompleted,
 )
-from schemas.topics import names
+from runwatch.schemas.topics import names
 from tests.integration.processors.harness import Reader
 
 from .conftest import REPO, Proc, of_run, rank_env, wait_events

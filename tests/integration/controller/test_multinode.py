@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from schemas.events import (
+from runwatch.schemas.events import (
     AgentReady,
     AnomalyDetected,
     CommandRejected,

@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from processors.fleet import latest_states
-from schemas.events import AnomalyDetected, RankExited, RestartCompleted, RestartRequested
+from runwatch.processors.fleet import latest_states
+from runwatch.schemas.events import AnomalyDetected, RankExited, RestartCompleted, RestartRequested
 
 from .conftest import WAIT_S, audit_cli, ended_liveness, of_run, reference_losses, wait_events
 

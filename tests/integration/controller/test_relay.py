@@ -13,9 +13,9 @@ import time
 
 import pytest
 
-from processors.fleet import latest_states
-from schemas.codec import decode
-from schemas.events import EventPack, Heartbeat, RunEnded, RunStarted
+from runwatch.processors.fleet import latest_states
+from runwatch.schemas.codec import decode
+from runwatch.schemas.events import EventPack, Heartbeat, RunEnded, RunStarted
 from tests.integration.producers.conftest import consume_records
 
 from .conftest import WAIT_S, audit_cli
@@ -96,7 +96,7 @@ def test_a_relayed_gang_runs_without_kafka_clients_and_is_counted_exactly(loop, 
 
 
 def test_a_killed_relayed_rank_is_named_by_its_exit(loop, launch):
-    from schemas.events import AnomalyDetected, RestartCompleted
+    from runwatch.schemas.events import AnomalyDetected, RestartCompleted
 
     from .conftest import of_run, wait_events
 

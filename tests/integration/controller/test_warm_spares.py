@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from schemas.events import RestartCompleted, StepCompleted
+from runwatch.schemas.events import RestartCompleted, StepCompleted
 
 from .conftest import WAIT_S, of_run, reference_losses, wait_events
 

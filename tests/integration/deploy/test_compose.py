@@ -26,13 +26,13 @@ from typing import Any
 import pytest
 import yaml
 
-from processors.audit import audit, load_run_log
-from processors.core.config import DetectorConfig
-from processors.fleet import RunView, latest_states
-from processors.logread import partition_for
 from runwatch import admin
 from runwatch.cmd.audit import render
-from schemas.topics import DEFAULT_PARTITIONS, names
+from runwatch.processors.audit import audit, load_run_log
+from runwatch.processors.core.config import DetectorConfig
+from runwatch.processors.fleet import RunView, latest_states
+from runwatch.processors.logread import partition_for
+from runwatch.schemas.topics import DEFAULT_PARTITIONS, names
 
 from ..processors.harness import Reader, Trainer, short
 

@@ -16,10 +16,10 @@ from typing import Any
 
 from kafka import KafkaConsumer, TopicPartition
 
-from producers import RunEmitter
 from runwatch.procs import ManagedProcess
-from schemas.codec import decode
-from schemas.events import Event
+from runwatch.producers import RunEmitter
+from runwatch.schemas.codec import decode
+from runwatch.schemas.events import Event
 
 COMMAND_KEY = "test-command-key-0123456789"
 WAIT_S = 90.0

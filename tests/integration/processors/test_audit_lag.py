@@ -15,11 +15,11 @@ import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.structs import OffsetAndMetadata
 
-from processors.lag import GroupOffsets
-from processors.logread import partition_for, read_history
-from schemas.codec import encode, encode_key
-from schemas.events import AnomalyDetected
-from schemas.topics import names
+from runwatch.processors.lag import GroupOffsets
+from runwatch.processors.logread import partition_for, read_history
+from runwatch.schemas.codec import encode, encode_key
+from runwatch.schemas.events import AnomalyDetected
+from runwatch.schemas.topics import names
 
 from .harness import WAIT_S, Reader, Trainer, workers
 

@@ -7,12 +7,12 @@ import time
 import pytest
 from kafka import KafkaProducer
 
-from processors.audit import START_MARGIN_MS, audit, load_run_log, records_of_run
-from processors.core.config import DetectorConfig
-from processors.logread import partition_for, read_history
-from schemas.codec import encode, encode_key
-from schemas.events import Event, Heartbeat, RunStarted, StepCompleted
-from schemas.topics import names
+from runwatch.processors.audit import START_MARGIN_MS, audit, load_run_log, records_of_run
+from runwatch.processors.core.config import DetectorConfig
+from runwatch.processors.logread import partition_for, read_history
+from runwatch.schemas.codec import encode, encode_key
+from runwatch.schemas.events import Event, Heartbeat, RunStarted, StepCompleted
+from runwatch.schemas.topics import names
 
 pytestmark = pytest.mark.integration
 

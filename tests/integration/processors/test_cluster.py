@@ -19,15 +19,15 @@ from typing import Any
 
 import pytest
 
-from processors.app import CHANGELOG_COMPACTION, TABLES, partition_for
-from processors.audit import audit, load_run_log
-from processors.core.config import DetectorConfig, with_overrides
-from processors.fleet import RunView, latest_states
-from processors.settings import changelog_topic
 from runwatch import admin
 from runwatch.broker import EmbeddedCluster, ephemeral_cluster
 from runwatch.cmd.audit import render
-from schemas.topics import names
+from runwatch.processors.app import CHANGELOG_COMPACTION, TABLES, partition_for
+from runwatch.processors.audit import audit, load_run_log
+from runwatch.processors.core.config import DetectorConfig, with_overrides
+from runwatch.processors.fleet import RunView, latest_states
+from runwatch.processors.settings import changelog_topic
+from runwatch.schemas.topics import names
 
 from .harness import WAIT_S, Reader, Trainer, short, workers
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from processors.audit import audit, load_run_log
-from processors.core.config import DetectorConfig, with_overrides
-from schemas.events import AnomalyDetected, RestartRequested
-from schemas.signing import CommandKey, verify
-from schemas.topics import names
+from runwatch.processors.audit import audit, load_run_log
+from runwatch.processors.core.config import DetectorConfig, with_overrides
+from runwatch.schemas.events import AnomalyDetected, RestartRequested
+from runwatch.schemas.signing import CommandKey, verify
+from runwatch.schemas.topics import names
 
 from .harness import COMMAND_KEY, Reader, Trainer, short, workers
 

@@ -15,14 +15,14 @@ import time
 
 import pytest
 
-from processors.audit import audit, load_run_log
-from processors.core.config import DetectorConfig, with_overrides
-from processors.fleet import latest_states
 from runwatch.broker import ephemeral_broker
 from runwatch.cmd.audit import render
+from runwatch.processors.audit import audit, load_run_log
+from runwatch.processors.core.config import DetectorConfig, with_overrides
+from runwatch.processors.fleet import latest_states
 from runwatch.procs import ManagedProcess
-from schemas.events import AnomalyDetected, RestartRequested
-from schemas.topics import names
+from runwatch.schemas.events import AnomalyDetected, RestartRequested
+from runwatch.schemas.topics import names
 
 from .harness import WAIT_S, Reader, Trainer, short, workers
 

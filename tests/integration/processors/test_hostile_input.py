@@ -12,13 +12,13 @@ import json
 import pytest
 from kafka import KafkaProducer
 
-from processors.audit import audit, load_run_log
-from processors.core.config import DetectorConfig, with_overrides
-from processors.fleet import wait_until_processed
 from runwatch.cmd.audit import render
-from schemas.codec import encode
-from schemas.events import DeadLetter, Heartbeat, RunStarted
-from schemas.topics import names
+from runwatch.processors.audit import audit, load_run_log
+from runwatch.processors.core.config import DetectorConfig, with_overrides
+from runwatch.processors.fleet import wait_until_processed
+from runwatch.schemas.codec import encode
+from runwatch.schemas.events import DeadLetter, Heartbeat, RunStarted
+from runwatch.schemas.topics import names
 
 from .harness import Reader, Trainer, short, workers
 from .test_resilience import _wait_states

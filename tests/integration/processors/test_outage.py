@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from processors.fleet import latest_states
 from runwatch import admin
 from runwatch.broker.lifecycle import EmbeddedBroker
+from runwatch.processors.fleet import latest_states
 
 from .harness import WAIT_S, Trainer, workers
 

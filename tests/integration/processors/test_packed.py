@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import pytest
 
-from processors.audit import audit, load_run_log
-from processors.core.config import DetectorConfig, with_overrides
-from processors.fleet import wait_until_processed
-from producers import RunEmitter
 from runwatch.cmd.audit import render
-from schemas.events import AnomalyDetected, EventPack, Heartbeat, StepCompleted
-from schemas.topics import names
+from runwatch.processors.audit import audit, load_run_log
+from runwatch.processors.core.config import DetectorConfig, with_overrides
+from runwatch.processors.fleet import wait_until_processed
+from runwatch.producers import RunEmitter
+from runwatch.schemas.events import AnomalyDetected, EventPack, Heartbeat, StepCompleted
+from runwatch.schemas.topics import names
 
 from .harness import Reader, short, workers
 from .test_resilience import _wait_states
@@ -151,8 +151,8 @@ def test_a_pack_of_steps_on_the_heartbeats_topic_is_a_dead_letter(
 ):
     from kafka import KafkaProducer
 
-    from schemas.codec import encode
-    from schemas.events import DeadLetter
+    from runwatch.schemas.codec import encode
+    from runwatch.schemas.events import DeadLetter
 
     make_topics(topic_prefix, partitions=2)
     topics = names(topic_prefix)

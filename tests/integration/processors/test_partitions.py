@@ -6,12 +6,12 @@ import time
 
 import pytest
 
-from processors.app import TABLES, partition_for
-from processors.fleet import latest_states
-from processors.settings import changelog_topic
 from runwatch import admin
-from schemas.events import Tick
-from schemas.topics import TopicSpec, names
+from runwatch.processors.app import TABLES, partition_for
+from runwatch.processors.fleet import latest_states
+from runwatch.processors.settings import changelog_topic
+from runwatch.schemas.events import Tick
+from runwatch.schemas.topics import TopicSpec, names
 
 from .harness import WAIT_S, Reader, Trainer, workers
 

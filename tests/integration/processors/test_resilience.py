@@ -8,13 +8,13 @@ import time
 import pytest
 from kafka import KafkaProducer
 
-from processors.audit import audit, load_run_log
-from processors.core.config import DetectorConfig, with_overrides
-from processors.fleet import latest_states
 from runwatch.cmd.audit import render
-from schemas.codec import encode
-from schemas.events import DeadLetter, Heartbeat
-from schemas.topics import names
+from runwatch.processors.audit import audit, load_run_log
+from runwatch.processors.core.config import DetectorConfig, with_overrides
+from runwatch.processors.fleet import latest_states
+from runwatch.schemas.codec import encode
+from runwatch.schemas.events import DeadLetter, Heartbeat
+from runwatch.schemas.topics import names
 
 from .harness import WAIT_S, Reader, Trainer, short, workers
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import pytest
 
-from processors.fleet import latest_states, wait_until_processed
-from schemas.topics import names
+from runwatch.processors.fleet import latest_states, wait_until_processed
+from runwatch.schemas.topics import names
 
 from .harness import Reader, Trainer, workers
 

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import pytest
 
-from processors.app import STATE_WRITE_ATTEMPTS, StateWriteFaults
-from processors.audit import audit, load_run_log
-from processors.core.config import DetectorConfig, with_overrides
-from processors.fleet import latest_states
 from runwatch.cmd.audit import render
-from schemas.events import RestartRequested
-from schemas.topics import names
+from runwatch.processors.app import STATE_WRITE_ATTEMPTS, StateWriteFaults
+from runwatch.processors.audit import audit, load_run_log
+from runwatch.processors.core.config import DetectorConfig, with_overrides
+from runwatch.processors.fleet import latest_states
+from runwatch.schemas.events import RestartRequested
+from runwatch.schemas.topics import names
 
 from .harness import Reader, Trainer, short, workers
 from .test_resilience import _wait_states

@@ -13,12 +13,12 @@ from typing import Any
 
 import pytest
 
-from processors.logread import partition_for
-from producers import EmitterStats, RunEmitter
 from runwatch import admin
 from runwatch.broker import EmbeddedBroker
-from schemas.codec import decode
-from schemas.events import (
+from runwatch.processors.logread import partition_for
+from runwatch.producers import EmitterStats, RunEmitter
+from runwatch.schemas.codec import decode
+from runwatch.schemas.events import (
     CheckpointCommitted,
     CheckpointFailed,
     Heartbeat,
@@ -29,7 +29,7 @@ from schemas.events import (
     RunStarted,
     StepCompleted,
 )
-from schemas.topics import names
+from runwatch.schemas.topics import names
 from tests.integration.producers.conftest import Consume, consume_records
 
 pytestmark = pytest.mark.integration

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from controller.relay import RelayServer
-from producers.emitter import RunEmitter
-from schemas.codec import decode
-from schemas.events import EventPack, Heartbeat, RunEnded, StepCompleted
-from schemas.topics import names
+from runwatch.controller.relay import RelayServer
+from runwatch.producers.emitter import RunEmitter
+from runwatch.schemas.codec import decode
+from runwatch.schemas.events import EventPack, Heartbeat, RunEnded, StepCompleted
+from runwatch.schemas.topics import names
 
 from .conftest import Consume
 

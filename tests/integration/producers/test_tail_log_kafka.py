@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 from runwatch.cli import main
-from schemas.codec import decode
-from schemas.events import RunStarted, StepCompleted
-from schemas.topics import names
+from runwatch.schemas.codec import decode
+from runwatch.schemas.events import RunStarted, StepCompleted
+from runwatch.schemas.topics import names
 from tests.integration.producers.conftest import Consume
 
 pytestmark = pytest.mark.integration

@@ -9,8 +9,8 @@ import subprocess
 
 import pytest
 
-from producers import RunEmitter
-from schemas.topics import names
+from runwatch.producers import RunEmitter
+from runwatch.schemas.topics import names
 
 pytestmark = pytest.mark.integration
 

@@ -11,13 +11,13 @@ import urllib.request
 import pytest
 from kafka import KafkaProducer
 
-from schemas.codec import encode, encode_key
-from schemas.topics import names
-from sinks.alert_log import DeliveryLog
-from sinks.alerts import AlertSettings, AlertSink
-from sinks.consumer import SinkLoop, StartFrom, start_thread
-from sinks.metrics import MetricsSink
-from sinks.webhook import RetryPolicy
+from runwatch.schemas.codec import encode, encode_key
+from runwatch.schemas.topics import names
+from runwatch.sinks.alert_log import DeliveryLog
+from runwatch.sinks.alerts import AlertSettings, AlertSink
+from runwatch.sinks.consumer import SinkLoop, StartFrom, start_thread
+from runwatch.sinks.metrics import MetricsSink
+from runwatch.sinks.webhook import RetryPolicy
 from tests.unit.sinks.events import (
     anomaly,
     completed,

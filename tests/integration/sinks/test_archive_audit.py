@@ -18,9 +18,9 @@ import duckdb
 import pytest
 from kafka import KafkaConsumer, TopicPartition
 
-from processors.fleet import wait_until_processed
+from runwatch.processors.fleet import wait_until_processed
 from runwatch.procs import ManagedProcess
-from schemas.topics import names
+from runwatch.schemas.topics import names
 from tests.integration.processors.harness import Reader, Trainer, workers
 
 pytestmark = pytest.mark.integration

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from runwatch.procs import ManagedProcess
-from schemas.topics import names
+from runwatch.schemas.topics import names
 from tests.integration.sinks.test_alerts_metrics import publish
 from tests.unit.sinks.events import anomaly
 from tests.unit.sinks.recorder import Recorder

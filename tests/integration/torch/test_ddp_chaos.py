@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from common.checkpoint_layout import is_complete_checkpoint, latest_complete_checkpoint
+from runwatch.common.checkpoint_layout import is_complete_checkpoint, latest_complete_checkpoint
 
 pytestmark = pytest.mark.torch
 

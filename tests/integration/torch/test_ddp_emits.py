@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from schemas.codec import decode
-from schemas.events import (
+from runwatch.schemas.codec import decode
+from runwatch.schemas.events import (
     CheckpointCommitted,
     Heartbeat,
     ModelFlopConfig,

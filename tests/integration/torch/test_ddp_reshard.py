@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from common.checkpoint_layout import checkpoint_dir
-from producers.backend import TorchDDPBackend
+from runwatch.common.checkpoint_layout import checkpoint_dir
+from runwatch.producers.backend import TorchDDPBackend
 
 pytestmark = pytest.mark.torch
 

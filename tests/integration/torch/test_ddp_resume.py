@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from common.checkpoint_layout import latest_complete_checkpoint, list_complete_checkpoints
+from runwatch.common.checkpoint_layout import latest_complete_checkpoint, list_complete_checkpoints
 
 pytestmark = pytest.mark.torch
 

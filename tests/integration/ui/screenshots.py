@@ -21,14 +21,14 @@ from pathlib import Path
 
 from kafka import KafkaProducer
 
-from processors.fleet import wait_until_processed
 from runwatch.admin import create_catalogue
+from runwatch.processors.fleet import wait_until_processed
 from runwatch.procs import ManagedProcess
+from runwatch.schemas.codec import encode, encode_key
+from runwatch.schemas.events import Heartbeat, ModelFlopConfig, RunEnded, RunStarted, StepCompleted
+from runwatch.schemas.topics import names
+from runwatch.sinks.webview_data import WebviewData
 from runwatch.ui.server import UiServer
-from schemas.codec import encode, encode_key
-from schemas.events import Heartbeat, ModelFlopConfig, RunEnded, RunStarted, StepCompleted
-from schemas.topics import names
-from sinks.webview_data import WebviewData
 
 from .browser import chrome
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from schemas.events import AnomalyDetected
-from schemas.topics import names
+from runwatch.schemas.events import AnomalyDetected
+from runwatch.schemas.topics import names
 
 from ..processors.harness import Reader, Trainer, workers
 from .browser import MISSING, chrome, ui_process

@@ -6,18 +6,6 @@ import msgspec
 import pytest
 from kafka import TopicPartition
 
-from processors.audit import (
-    AuditReceipt,
-    Verdict,
-    audit,
-    records_of_run,
-    relied_offsets,
-)
-from processors.core.config import DetectorConfig
-from processors.core.replay import replay
-from processors.intake import RawRecord
-from processors.lag import PartitionLag, Progress, lag_of
-from processors.verdict_diff import Comparison
 from runwatch.cmd.audit import (
     EXIT_AGREES,
     EXIT_DISAGREES,
@@ -26,9 +14,21 @@ from runwatch.cmd.audit import (
     render,
     render_table,
 )
-from schemas.codec import encode
-from schemas.events import Event
-from schemas.topics import names
+from runwatch.processors.audit import (
+    AuditReceipt,
+    Verdict,
+    audit,
+    records_of_run,
+    relied_offsets,
+)
+from runwatch.processors.core.config import DetectorConfig
+from runwatch.processors.core.replay import replay
+from runwatch.processors.intake import RawRecord
+from runwatch.processors.lag import PartitionLag, Progress, lag_of
+from runwatch.processors.verdict_diff import Comparison
+from runwatch.schemas.codec import encode
+from runwatch.schemas.events import Event
+from runwatch.schemas.topics import names
 from tests.unit.sinks.events import anomaly, heartbeat, started, step, tick
 
 T = names("p")

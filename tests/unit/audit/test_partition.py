@@ -7,7 +7,7 @@ from aiokafka.partitioner import DefaultPartitioner
 from hypothesis import given
 from hypothesis import strategies as st
 
-from processors.logread import partition_for
+from runwatch.processors.logread import partition_for
 
 
 @given(run_id=st.text(min_size=1, max_size=40), partitions=st.integers(1, 64))
@@ -20,7 +20,7 @@ def test_same_partition_as_the_processors_producer(run_id, partitions):
 
 
 def test_same_formula_as_the_processors():
-    app = pytest.importorskip("processors.app")
+    app = pytest.importorskip("runwatch.processors.app")
     for i in range(500):
         run_id = f"run-{i}"
         for n in (1, 2, 8, 12, 64):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from producers.logtail import DetectingParser, ParsedStep, detect_format
+from runwatch.producers.logtail import DetectingParser, ParsedStep, detect_format
 
 NANOGPT = "iter 3: loss 3.1000, time 250.00ms, mfu 30.10%"
 BUILD_NANOGPT = "step    4 | loss: 3.000000 | lr 6.0000e-04 | norm: 0.9300 | dt: 250.00ms"

@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 from kafka import errors as kafka_errors
 
-from common.errors import BROKER_HINT, BrokerUnreachable, RunwatchError, UsageError, kafka_error
+from runwatch.common.errors import (
+    BROKER_HINT,
+    BrokerUnreachable,
+    RunwatchError,
+    UsageError,
+    kafka_error,
+)
 from runwatch.reachability import api_versions_request, parse_bootstrap
 
 

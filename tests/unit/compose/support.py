@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[3]
 COMPOSE_DIR = REPO / "compose"
 COMPOSE_FILE = COMPOSE_DIR / "docker-compose.yml"
 ENV_EXAMPLE = COMPOSE_DIR / ".env.example"
-METRICS_MODULE = "sinks.metrics"
+METRICS_MODULE = "runwatch.sinks.metrics"
 METRICS_FILE = REPO / "sinks" / "metrics.py"
 
 # ${VAR}, ${VAR:-default}, ${VAR-default}, ${VAR:?error}, ${VAR?error}, $VAR; $$ is a literal $.
@@ -234,7 +234,7 @@ def _registries(module: Any) -> list[Any]:
     found = [v for v in vars(module).values() if isinstance(v, CollectorRegistry)]
     sink_class = getattr(module, "MetricsSink", None)
     if sink_class is not None:
-        from schemas.topics import names
+        from runwatch.schemas.topics import names
 
         found.append(sink_class(names()).registry)
     return found

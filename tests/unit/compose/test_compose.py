@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from common.settings import _SECURITY_ENV, ENV_BOOTSTRAP
 from runwatch import cli
+from runwatch.common.settings import _SECURITY_ENV, ENV_BOOTSTRAP
 
 from .support import (
     COMPOSE_DIR,
@@ -327,7 +327,7 @@ class TestKafka:
         assert controller not in advertised and set(advertised) <= set(listeners)
 
     def test_replication_of_a_three_node_cluster(self, env: dict[str, str]) -> None:
-        from schemas.topics import replication_for
+        from runwatch.schemas.topics import replication_for
 
         rule = replication_for(len(BROKERS))
         assert env["KAFKA_DEFAULT_REPLICATION_FACTOR"] == str(rule.factor)

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from common.settings import _SECURITY_ENV, SASL_MECHANISMS, SECURITY_PROTOCOLS
+from runwatch.common.settings import _SECURITY_ENV, SASL_MECHANISMS, SECURITY_PROTOCOLS
 
 from .support import COMPOSE_DIR, REPO
 

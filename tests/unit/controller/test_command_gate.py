@@ -5,9 +5,9 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from controller.command_gate import NO_KEY, REPLAYED, OwnedGang, decide
-from schemas.events import Provenance, RestartRequested
-from schemas.signing import CommandKey, sign
+from runwatch.controller.command_gate import NO_KEY, REPLAYED, OwnedGang, decide
+from runwatch.schemas.events import Provenance, RestartRequested
+from runwatch.schemas.signing import CommandKey, sign
 
 KEY = CommandKey.from_secret(b"the-right-key-0123456789")
 OTHER = CommandKey.from_secret(b"some-other-key-0123456789")

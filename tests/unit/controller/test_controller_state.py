@@ -6,10 +6,10 @@ import os
 
 import pytest
 
-from common.checkpoint_layout import METADATA_FILE, checkpoint_dir
-from common.launch_env import LaunchEnv
-from controller.gang import rank_environ
-from controller.state import (
+from runwatch.common.checkpoint_layout import METADATA_FILE, checkpoint_dir
+from runwatch.common.launch_env import LaunchEnv
+from runwatch.controller.gang import rank_environ
+from runwatch.controller.state import (
     ControllerState,
     GangRecord,
     ProcessedCommand,
@@ -17,7 +17,7 @@ from controller.state import (
     StateLocked,
     lock_state_dir,
 )
-from controller.supervisor import Resume, launch_env, resolve_resume
+from runwatch.controller.supervisor import Resume, launch_env, resolve_resume
 
 
 def entry(cid: str) -> ProcessedCommand:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from controller.elastic import RankExit, count_failures, culprits, next_world_size
+from runwatch.controller.elastic import RankExit, count_failures, culprits, next_world_size
 
 
 @pytest.mark.parametrize(

@@ -8,10 +8,10 @@ import time
 
 import pytest
 
-from controller.elastic import RankExit
-from controller.state import ControllerState, GangRecord
-from controller.supervisor import HOST, RunSupervisor
-from schemas.events import Event, RankExited, RestartCompleted, RestartRequested
+from runwatch.controller.elastic import RankExit
+from runwatch.controller.state import ControllerState, GangRecord
+from runwatch.controller.supervisor import HOST, RunSupervisor
+from runwatch.schemas.events import Event, RankExited, RestartCompleted, RestartRequested
 
 PY = sys.executable
 # Rank 1 SIGKILLs itself; rank 0 fails a moment later (as a DDP peer does in its next

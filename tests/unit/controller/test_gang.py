@@ -7,7 +7,7 @@ import signal
 import sys
 import time
 
-from controller.gang import RUNNING, Gang
+from runwatch.controller.gang import RUNNING, Gang
 
 PY = sys.executable
 

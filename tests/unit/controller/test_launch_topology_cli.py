@@ -6,9 +6,9 @@ import argparse
 
 import pytest
 
-from controller.topology import NodeTopology
 from runwatch.cli import main
 from runwatch.cmd import launch
+from runwatch.controller.topology import NodeTopology
 
 MULTI = ["--nnodes", "2", "--node-rank", "1", "--master-addr", "10.1.2.3", "--run-id", "r"]
 

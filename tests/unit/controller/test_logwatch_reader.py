@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from controller.logwatch import LineReader
+from runwatch.controller.logwatch import LineReader
 
 
 def test_a_line_counts_once_its_newline_is_written(tmp_path: Path) -> None:

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from controller.membership import charge_failure, decide_nodes
-from schemas.events import AnomalyDetected, BackendDeclaration, RestartRequested
+from runwatch.controller.membership import charge_failure, decide_nodes
+from runwatch.schemas.events import AnomalyDetected, BackendDeclaration, RestartRequested
 
 ELASTIC = BackendDeclaration(name="torch-ddp", reshardable_checkpoint=True, elastic_restart=True)
 

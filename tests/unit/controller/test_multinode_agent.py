@@ -12,11 +12,11 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from controller.elastic import RankExit, due_reports
-from controller.state import ControllerState, GangRecord
-from controller.supervisor import EXIT_HOLD_S, RunSupervisor
-from controller.topology import NodeTopology
-from schemas.events import (
+from runwatch.controller.elastic import RankExit, due_reports
+from runwatch.controller.state import ControllerState, GangRecord
+from runwatch.controller.supervisor import EXIT_HOLD_S, RunSupervisor
+from runwatch.controller.topology import NodeTopology
+from runwatch.schemas.events import (
     AgentReady,
     AnomalyDetected,
     BackendDeclaration,
@@ -185,8 +185,8 @@ def _running_record(root, run_id: str, node: int, host: str) -> None:
 
 
 def test_an_adopter_takes_one_agent_of_a_run_and_only_this_hosts(tmp_path, capsys):
-    from controller.supervisor import HOST
     from runwatch.cli import main
+    from runwatch.controller.supervisor import HOST
 
     _running_record(tmp_path / "a", "r", 0, HOST)
     _running_record(tmp_path / "a", "r", 1, HOST)

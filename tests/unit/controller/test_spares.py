@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from controller import warm_start
-from controller.gang import Gang
-from controller.spares import SparePool, split_python
-from controller.warm_start import script_imports
+from runwatch.controller import warm_start
+from runwatch.controller.gang import Gang
+from runwatch.controller.spares import SparePool, split_python
+from runwatch.controller.warm_start import script_imports
 
 PY = sys.executable
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from controller.gang import WRAPPER
-from controller.stacks import capture, python_process, where
+from runwatch.controller.gang import WRAPPER
+from runwatch.controller.stacks import capture, python_process, where
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -21,7 +21,7 @@ STUCK = textwrap.dedent(
     import sys, threading, time
     sys.path.insert(0, {repo!r})
     if {install}:
-        from producers.stackdump import install_stack_dump
+        from runwatch.producers.stackdump import install_stack_dump
         install_stack_dump()
     def background():
         time.sleep(600)
@@ -120,7 +120,7 @@ def test_a_program_with_its_own_sigusr1_handler_keeps_it(tmp_path: Path) -> None
         sys.path.insert(0, {str(REPO)!r})
         mine = lambda signum, frame: None
         signal.signal(signal.SIGUSR1, mine)
-        from producers.stackdump import install_stack_dump
+        from runwatch.producers.stackdump import install_stack_dump
         assert install_stack_dump({str(tmp_path / "s.txt")!r}) is None
         assert signal.getsignal(signal.SIGUSR1) is mine
         """

@@ -7,8 +7,8 @@ import itertools
 import msgspec
 import pytest
 
-from common.launch_env import LaunchEnv
-from controller.topology import (
+from runwatch.common.launch_env import LaunchEnv
+from runwatch.controller.topology import (
     PORT_SPAN,
     NodeTopology,
     RunBinding,

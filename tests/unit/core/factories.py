@@ -6,10 +6,10 @@ import math
 import random
 from collections.abc import Iterable, Iterator
 
-from processors.core.config import DetectorConfig
-from processors.core.liveness import LivenessState, fold_liveness
-from processors.core.steps import StepHealthState, fold_step
-from schemas.events import (
+from runwatch.processors.core.config import DetectorConfig
+from runwatch.processors.core.liveness import LivenessState, fold_liveness
+from runwatch.processors.core.steps import StepHealthState, fold_step
+from runwatch.schemas.events import (
     AnomalyDetected,
     Heartbeat,
     ModelFlopConfig,

@@ -6,8 +6,8 @@ import math
 import random
 from dataclasses import dataclass, field
 
-from processors.core.replay import Record
-from schemas.events import (
+from runwatch.processors.core.replay import Record
+from runwatch.schemas.events import (
     AnomalyDetected,
     CheckpointCommitted,
     Event,

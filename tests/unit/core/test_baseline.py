@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from processors.core.baseline import (
+from runwatch.processors.core.baseline import (
     MAD_TO_SIGMA,
     RollingBaseline,
     mad_lower_bound,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from processors.core.checkpoints import fold_checkpoint, latest_checkpoint
-from schemas.events import CheckpointCommitted, CheckpointFailed
+from runwatch.processors.core.checkpoints import fold_checkpoint, latest_checkpoint
+from runwatch.schemas.events import CheckpointCommitted, CheckpointFailed
 from tests.unit.core.factories import src
 
 

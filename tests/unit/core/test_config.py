@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from processors.core.config import (
+from runwatch.processors.core.config import (
     VALID_KEYS,
     DetectorConfig,
     config_hash,

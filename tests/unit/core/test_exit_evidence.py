@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from processors.core.config import DetectorConfig, with_overrides
-from processors.core.policy import fold_policy
-from processors.core.replay import Record, replay
-from processors.core.state_codec import decode_state, encode_state
-from schemas.events import Heartbeat, Provenance, RankExited, RunEnded, RunStarted, Tick
+from runwatch.processors.core.config import DetectorConfig, with_overrides
+from runwatch.processors.core.policy import fold_policy
+from runwatch.processors.core.replay import Record, replay
+from runwatch.processors.core.state_codec import decode_state, encode_state
+from runwatch.schemas.events import Heartbeat, Provenance, RankExited, RunEnded, RunStarted, Tick
 from tests.unit.core.factories import S, ended, fold_heartbeats, lockstep, src, started, tick
 
 CFG = with_overrides(

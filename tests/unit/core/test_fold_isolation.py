@@ -8,16 +8,16 @@ import importlib
 
 import pytest
 
-from processors.core.config import DetectorConfig
-from processors.core.replay import Replayer, replay
-from processors.core.state_codec import decode_state, encode_state
-from processors.intake import Decoded
-from processors.pipeline import fold_batch
-from schemas.events import Heartbeat, Provenance, RunStarted, StepCompleted, Tick
+from runwatch.processors.core.config import DetectorConfig
+from runwatch.processors.core.replay import Replayer, replay
+from runwatch.processors.core.state_codec import decode_state, encode_state
+from runwatch.processors.intake import Decoded
+from runwatch.processors.pipeline import fold_batch
+from runwatch.schemas.events import Heartbeat, Provenance, RunStarted, StepCompleted, Tick
 
 CFG = DetectorConfig()
 # the module (``processors.core`` re-exports a function of the same name)
-replay_module = importlib.import_module("processors.core.replay")
+replay_module = importlib.import_module("runwatch.processors.core.replay")
 
 
 def _steps(run: str, n: int, spike_at: int) -> list[Decoded]:

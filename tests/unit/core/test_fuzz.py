@@ -7,12 +7,12 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from processors.core.config import DetectorConfig, with_overrides
-from processors.core.liveness import fold_liveness
-from processors.core.state_codec import decode_state, encode_state
-from processors.core.steps import fold_step
-from schemas.codec import encode
-from schemas.events import Heartbeat, RunEnded, RunStarted, StepCompleted, Tick
+from runwatch.processors.core.config import DetectorConfig, with_overrides
+from runwatch.processors.core.liveness import fold_liveness
+from runwatch.processors.core.state_codec import decode_state, encode_state
+from runwatch.processors.core.steps import fold_step
+from runwatch.schemas.codec import encode
+from runwatch.schemas.events import Heartbeat, RunEnded, RunStarted, StepCompleted, Tick
 from tests.unit.core.factories import src
 
 CFG = with_overrides(

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from processors.core.config import DetectorConfig, with_overrides
-from processors.core.liveness import LivenessState, advance_step, fold_liveness
-from schemas.events import Heartbeat, RunEnded, RunStarted, Tick
+from runwatch.processors.core.config import DetectorConfig, with_overrides
+from runwatch.processors.core.liveness import LivenessState, advance_step, fold_liveness
+from runwatch.schemas.events import Heartbeat, RunEnded, RunStarted, Tick
 from tests.unit.core.factories import (
     S,
     ended,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from processors.core.config import DetectorConfig, with_overrides
-from processors.core.mfu import (
+from runwatch.processors.core.config import DetectorConfig, with_overrides
+from runwatch.processors.core.mfu import (
     CONVENTION_6N,
     CONVENTION_6N_ATTN,
     attention_flops_per_token,
@@ -13,7 +13,7 @@ from processors.core.mfu import (
     mfu,
     theoretical_flops_per_iter,
 )
-from processors.core.steps import fold_step
+from runwatch.processors.core.steps import fold_step
 from tests.unit.core.factories import GPT2_SMALL, src, started, step
 
 TOKENS = 32_768

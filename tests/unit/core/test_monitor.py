@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from processors.core.config import DetectorConfig
-from processors.core.monitor import TrainingHealthMonitor
+from runwatch.processors.core.config import DetectorConfig
+from runwatch.processors.core.monitor import TrainingHealthMonitor
 from tests.unit.core.factories import GPT2_SMALL, healthy_losses, kinds
 
 

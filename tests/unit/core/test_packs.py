@@ -17,14 +17,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from processors.core.config import DetectorConfig, with_overrides
-from processors.core.liveness import fold_liveness
-from processors.core.replay import Record, Replayer, ReplayResult, replay, unpack
-from processors.core.state_codec import decode_state, encode_state
-from processors.intake import Decoded, RawRecord, check, split
-from processors.pipeline import fold_batch
-from schemas.codec import encode, encode_key
-from schemas.events import (
+from runwatch.processors.core.config import DetectorConfig, with_overrides
+from runwatch.processors.core.liveness import fold_liveness
+from runwatch.processors.core.replay import Record, Replayer, ReplayResult, replay, unpack
+from runwatch.processors.core.state_codec import decode_state, encode_state
+from runwatch.processors.intake import Decoded, RawRecord, check, split
+from runwatch.processors.pipeline import fold_batch
+from runwatch.schemas.codec import encode, encode_key
+from runwatch.schemas.events import (
     MAX_PACK_EVENTS,
     AnomalyDetected,
     Event,
@@ -37,7 +37,7 @@ from tests.unit.core.factories import S, hb, lockstep, started, step, tick
 from tests.unit.core.scenario import Log, make_log
 from tests.unit.core.test_properties import CFG, fingerprint
 
-replay_module = importlib.import_module("processors.core.replay")
+replay_module = importlib.import_module("runwatch.processors.core.replay")
 HB_TOPIC = "runwatch.heartbeats"
 STEPS_TOPIC = "runwatch.steps"
 LIVE_CFG = with_overrides(DetectorConfig(), {"rank_heartbeat_threshold": 3})

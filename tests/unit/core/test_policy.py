@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from processors.core.config import DetectorConfig, with_overrides
-from processors.core.policy import PolicyState, fold_policy
-from processors.core.verdicts import make_anomaly
-from schemas.events import AnomalyDetected, AnomalyKind, RestartRequested
+from runwatch.processors.core.config import DetectorConfig, with_overrides
+from runwatch.processors.core.policy import PolicyState, fold_policy
+from runwatch.processors.core.verdicts import make_anomaly
+from runwatch.schemas.events import AnomalyDetected, AnomalyKind, RestartRequested
 from tests.unit.core.factories import src
 
 CFG = DetectorConfig()

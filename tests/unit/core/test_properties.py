@@ -13,10 +13,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from processors.core.config import DetectorConfig, with_overrides
-from processors.core.replay import Record, Replayer, ReplayResult, replay
-from processors.core.state_codec import decode_state, encode_state
-from schemas.codec import encode
+from runwatch.processors.core.config import DetectorConfig, with_overrides
+from runwatch.processors.core.replay import Record, Replayer, ReplayResult, replay
+from runwatch.processors.core.state_codec import decode_state, encode_state
+from runwatch.schemas.codec import encode
 from tests.unit.core.scenario import make_log, with_recorded_anomalies
 
 CFG = with_overrides(

@@ -10,14 +10,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from processors.core import liveness, stragglers
-from processors.core.config import DetectorConfig, with_overrides
-from processors.core.ledger import ROW, pack_rows, unpack_rows
-from processors.core.liveness import LivenessEvent, LivenessState, fold_liveness
-from processors.core.rank_table import RankTable, pack_ints, unpack_ints
-from processors.core.state_codec import decode_state, encode_state
-from schemas.codec import encode
-from schemas.events import Heartbeat, RunEnded, RunStarted, Tick
+from runwatch.processors.core import liveness, stragglers
+from runwatch.processors.core.config import DetectorConfig, with_overrides
+from runwatch.processors.core.ledger import ROW, pack_rows, unpack_rows
+from runwatch.processors.core.liveness import LivenessEvent, LivenessState, fold_liveness
+from runwatch.processors.core.rank_table import RankTable, pack_ints, unpack_ints
+from runwatch.processors.core.state_codec import decode_state, encode_state
+from runwatch.schemas.codec import encode
+from runwatch.schemas.events import Heartbeat, RunEnded, RunStarted, Tick
 from tests.unit.core.factories import S, src
 from tests.unit.core.reference import liveness as reference
 

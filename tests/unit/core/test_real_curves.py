@@ -16,11 +16,17 @@ from typing import get_args
 import numpy as np
 import pytest
 
-from processors.core.config import DetectorConfig
-from processors.core.replay import replay
-from processors.core.steps import fold_step
-from processors.core.verdicts import SEVERITY_OF_KIND
-from schemas.events import AnomalyDetected, AnomalyKind, Provenance, RunStarted, StepCompleted
+from runwatch.processors.core.config import DetectorConfig
+from runwatch.processors.core.replay import replay
+from runwatch.processors.core.steps import fold_step
+from runwatch.processors.core.verdicts import SEVERITY_OF_KIND
+from runwatch.schemas.events import (
+    AnomalyDetected,
+    AnomalyKind,
+    Provenance,
+    RunStarted,
+    StepCompleted,
+)
 
 ROOT = Path(__file__).resolve().parents[3]
 CORPUS = ROOT / "bench" / "data" / "real_curves"
@@ -153,7 +159,7 @@ def test_corpus_manifest_fixes_the_split() -> None:
 
 
 def test_a_verdict_recorded_before_severities_reads_as_warning() -> None:
-    from schemas.codec import decode, encode
+    from runwatch.schemas.codec import decode, encode
 
     v = AnomalyDetected(run_id="r", ts_ns=1, verdict_id="v", kind="hang", step=3)
     wire = encode(v)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from processors.core.config import DetectorConfig, with_overrides
-from processors.core.replay import REPLAY_ANOMALIES_TOPIC, Record, Replayer, replay
-from schemas.events import Provenance
+from runwatch.processors.core.config import DetectorConfig, with_overrides
+from runwatch.processors.core.replay import REPLAY_ANOMALIES_TOPIC, Record, Replayer, replay
+from runwatch.schemas.events import Provenance
 from tests.unit.core.factories import S, ended, hb, started, step, tick
 
 CFG = with_overrides(DetectorConfig(), {"hang_timeout_s": 60, "dead_rank_timeout_s": 600})

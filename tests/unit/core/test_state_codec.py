@@ -6,9 +6,14 @@ from typing import Any
 
 import pytest
 
-from processors.core.replay import replay
-from processors.core.state_codec import STATE_TYPES, DecodedStates, decode_state, encode_state
-from processors.core.steps import StepHealthState
+from runwatch.processors.core.replay import replay
+from runwatch.processors.core.state_codec import (
+    STATE_TYPES,
+    DecodedStates,
+    decode_state,
+    encode_state,
+)
+from runwatch.processors.core.steps import StepHealthState
 from tests.unit.core.factories import fold_heartbeats, lockstep, started
 from tests.unit.core.test_properties import CFG, records_for
 

@@ -7,8 +7,8 @@ import math
 import msgspec
 import pytest
 
-from processors.core.config import DetectorConfig, with_overrides
-from processors.core.steps import StepHealthState, fold_step
+from runwatch.processors.core.config import DetectorConfig, with_overrides
+from runwatch.processors.core.steps import StepHealthState, fold_step
 from tests.unit.core.factories import (
     S,
     ended,

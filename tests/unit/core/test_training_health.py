@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from processors.core.baseline import RollingBaseline as BaselineValue
-from processors.core.config import DetectorConfig, with_overrides
-from processors.core.replay import Record, replay
-from processors.core.training_health import (
+from runwatch.processors.core.baseline import RollingBaseline as BaselineValue
+from runwatch.processors.core.config import DetectorConfig, with_overrides
+from runwatch.processors.core.replay import Record, replay
+from runwatch.processors.core.training_health import (
     Anomaly,
     MFUSample,
     ModelFlopConfig,
@@ -30,7 +30,7 @@ from processors.core.training_health import (
     flop_config_from_causal_lm,
     theoretical_flops_per_iter,
 )
-from schemas.events import Heartbeat, Provenance, RunStarted, StepCompleted
+from runwatch.schemas.events import Heartbeat, Provenance, RunStarted, StepCompleted
 from tests.unit.core.factories import GPT2_SMALL, healthy_losses
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from processors.core.verdicts import command_id, verdict_id
+from runwatch.processors.core.verdicts import command_id, verdict_id
 
 BASE = ("run", "loss_spike", 10, None, "abc")
 

@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 import pytest
 from faust.types import TP
 
-from processors.transport import BatchIngest
+from runwatch.processors.transport import BatchIngest
 
 IN = TP("in", 0)
 OTHER = TP("in", 1)

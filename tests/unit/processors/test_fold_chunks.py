@@ -14,11 +14,11 @@ from collections.abc import Callable, Iterable
 
 import pytest
 
-from processors.core.config import DetectorConfig, with_overrides
-from processors.core.state_codec import decode_state, encode_state
-from processors.intake import Decoded
-from processors.pipeline import BatchResult, fold_batch, fold_chunks
-from schemas.events import Event, EventPack, Provenance, RunStarted
+from runwatch.processors.core.config import DetectorConfig, with_overrides
+from runwatch.processors.core.state_codec import decode_state, encode_state
+from runwatch.processors.intake import Decoded
+from runwatch.processors.pipeline import BatchResult, fold_batch, fold_chunks
+from runwatch.schemas.events import Event, EventPack, Provenance, RunStarted
 from tests.unit.core.factories import S, ended, hb, healthy_losses, started, step, tick
 
 CFG = with_overrides(DetectorConfig(), {"rank_heartbeat_threshold": 3, "dead_rank_timeout_s": 2})
@@ -107,7 +107,7 @@ def test_a_chunk_ends_after_the_pack_that_fills_it() -> None:
 
 
 def _slices(items: list[Decoded], budget: int) -> list[list[Decoded]]:
-    from processors.pipeline import _chunks
+    from runwatch.processors.pipeline import _chunks
 
     return [list(c) for c in _chunks(items, budget)]
 

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from producers import backend as registry
-from producers.backend import (
+from runwatch.producers import backend as registry
+from runwatch.producers.backend import (
     BackendCapabilities,
     TorchDDPBackend,
     UnknownBackendError,
@@ -17,7 +17,7 @@ from producers.backend import (
     training_backend_capabilities,
     training_backend_names,
 )
-from schemas.events import BackendDeclaration
+from runwatch.schemas.events import BackendDeclaration
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from producers.buffer import EventBuffer
+from runwatch.producers.buffer import EventBuffer
 
 
 def test_bound_counts_unsettled_events_and_reports_drops_once() -> None:

@@ -13,9 +13,9 @@ import msgspec
 import numpy as np
 import pytest
 
-from producers import EmitterStats, RunEmitter
-from schemas.codec import decode
-from schemas.events import (
+from runwatch.producers import EmitterStats, RunEmitter
+from runwatch.schemas.codec import decode
+from runwatch.schemas.events import (
     CheckpointCommitted,
     CheckpointFailed,
     Heartbeat,
@@ -26,7 +26,7 @@ from schemas.events import (
     RunStarted,
     StepCompleted,
 )
-from schemas.topics import names
+from runwatch.schemas.topics import names
 from tests.unit.producers.fakes import FakeBroker
 
 ENV_VARS = (

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from producers.follow import FileFollower
+from runwatch.producers.follow import FileFollower
 
 
 def test_from_start_with_exit_at_eof_reads_everything(tmp_path: Path) -> None:

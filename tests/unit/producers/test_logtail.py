@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from producers.logtail import ParsedStep, make_parser
+from runwatch.producers.logtail import ParsedStep, make_parser
 
 NAN = float("nan")
 

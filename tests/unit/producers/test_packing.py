@@ -11,10 +11,10 @@ from collections.abc import Callable
 
 import pytest
 
-from producers import RunEmitter
-from producers.packing import Packer, PackPolicy
-from schemas.codec import decode, encode
-from schemas.events import EventPack, Heartbeat, RunEnded, StepCompleted
+from runwatch.producers import RunEmitter
+from runwatch.producers.packing import Packer, PackPolicy
+from runwatch.schemas.codec import decode, encode
+from runwatch.schemas.events import EventPack, Heartbeat, RunEnded, StepCompleted
 from tests.unit.producers.fakes import FakeBroker
 
 HB, ST, RUNS = "p.heartbeats", "p.steps", "p.runs"
@@ -264,8 +264,8 @@ def test_a_pack_waits_out_a_metadata_timeout_and_loses_nothing() -> None:
 def test_a_finished_flush_does_not_cut_the_next_burst_short() -> None:
     # A flush returns once its events are acknowledged, which can be before the delivery
     # thread has cleared its request: events queued after the flush must stay packed.
-    from producers.buffer import EventBuffer
-    from producers.delivery import DeliveryThread
+    from runwatch.producers.buffer import EventBuffer
+    from runwatch.producers.delivery import DeliveryThread
 
     buffer: EventBuffer[object] = EventBuffer(100)
     packer = Packer(PackPolicy(heartbeats=True, linger_s=60.0), HB, ST)

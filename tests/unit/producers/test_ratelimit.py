@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from producers.ratelimit import RateLimitedLog
+from runwatch.producers.ratelimit import RateLimitedLog
 
 
 def test_one_record_per_interval_and_key(caplog: pytest.LogCaptureFixture) -> None:
@@ -26,7 +26,7 @@ def test_one_record_per_interval_and_key(caplog: pytest.LogCaptureFixture) -> No
 def test_thread_noise_filter_only_quiets_matching_threads() -> None:
     import threading
 
-    from producers.ratelimit import ThreadNoiseFilter
+    from runwatch.producers.ratelimit import ThreadNoiseFilter
 
     now = [0.0]
     noise = ThreadNoiseFilter("runwatch-emitter-", 60.0, clock=lambda: now[0])
@@ -49,7 +49,7 @@ def test_thread_noise_filter_only_quiets_matching_threads() -> None:
 
 
 def test_quiet_library_loggers_attaches_once_to_each_existing_logger() -> None:
-    from producers.ratelimit import ThreadNoiseFilter, quiet_library_loggers
+    from runwatch.producers.ratelimit import ThreadNoiseFilter, quiet_library_loggers
 
     child = logging.getLogger("fakelib.net.manager")
     quiet_library_loggers("fakelib", "runwatch-emitter-")

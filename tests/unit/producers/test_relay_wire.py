@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from producers.relay_client import RelayFailed, RelayProducer, RelayUnavailable
-from producers.relay_wire import (
+from runwatch.producers.relay_client import RelayFailed, RelayProducer, RelayUnavailable
+from runwatch.producers.relay_wire import (
     MAX_FRAME_BYTES,
     EventFrame,
     FrameError,

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from producers.validation import as_bool, as_duration_s, as_float, as_int, as_step, as_str
+from runwatch.producers.validation import as_bool, as_duration_s, as_float, as_int, as_step, as_str
 
 
 @pytest.mark.parametrize("value", [3, np.int64(3), np.int32(3)])

@@ -5,8 +5,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from schemas import codec
-from schemas.events import (
+from runwatch.schemas import codec
+from runwatch.schemas.events import (
     ALL_TYPES,
     AgentReady,
     AnomalyDetected,

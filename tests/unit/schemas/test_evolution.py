@@ -6,8 +6,8 @@ import jsonschema
 import msgspec
 import pytest
 
-from schemas import codec, generate
-from schemas.events import (
+from runwatch.schemas import codec, generate
+from runwatch.schemas.events import (
     AgentReady,
     BackendDeclaration,
     Heartbeat,
@@ -59,8 +59,8 @@ def test_a_new_version_lives_beside_the_old_one():
 def test_checked_in_json_schema_is_current():
     for name, text in generate.render().items():
         path = generate.OUT_DIR / name
-        assert path.exists(), f"{name} missing: run python -m schemas.generate"
-        assert path.read_text() == text, f"{name} is stale: run python -m schemas.generate"
+        assert path.exists(), f"{name} missing: run python -m runwatch.schemas.generate"
+        assert path.read_text() == text, f"{name} is stale: run python -m runwatch.schemas.generate"
 
 
 def test_generate_check_flags_stale_files(tmp_path, monkeypatch):

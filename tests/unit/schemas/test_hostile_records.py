@@ -15,12 +15,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from processors.core.config import DetectorConfig
-from processors.core.state_codec import decode_state, encode_state
-from processors.intake import Decoded, RawRecord, check, split
-from processors.pipeline import ROLE_STATE, fold_batch
-from schemas.codec import DecodeError, decode, encode, nesting_depth
-from schemas.events import (
+from runwatch.processors.core.config import DetectorConfig
+from runwatch.processors.core.state_codec import decode_state, encode_state
+from runwatch.processors.intake import Decoded, RawRecord, check, split
+from runwatch.processors.pipeline import ROLE_STATE, fold_batch
+from runwatch.schemas.codec import DecodeError, decode, encode, nesting_depth
+from runwatch.schemas.events import (
     MAX_DEADLETTER_PAYLOAD_BYTES,
     MAX_NESTING,
     MAX_RECORD_BYTES,

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from schemas import codec, generate
-from schemas.events import (
+from runwatch.schemas import codec, generate
+from runwatch.schemas.events import (
     MAX_PACK_EVENTS,
     EventPack,
     Heartbeat,

@@ -1,8 +1,8 @@
 import msgspec
 import pytest
 
-from schemas import signing
-from schemas.events import RestartRequested
+from runwatch.schemas import signing
+from runwatch.schemas.events import RestartRequested
 
 KEY = signing.CommandKey.from_secret(b"0123456789abcdef-secret")
 OTHER = signing.CommandKey.from_secret(b"another-secret-of-16+bytes")

@@ -1,6 +1,6 @@
 import pytest
 
-from schemas import topics
+from runwatch.schemas import topics
 
 
 def test_catalogue_names_and_policies():

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from common.errors import UsageError
-from common.settings import ENV_PARTITIONS
-from processors.settings import ProcessorSettings
+from runwatch.common.errors import UsageError
+from runwatch.common.settings import ENV_PARTITIONS
+from runwatch.processors.settings import ProcessorSettings
 from runwatch.resolve import partition_counts
-from schemas.topics import DEFAULT_PARTITIONS
+from runwatch.schemas.topics import DEFAULT_PARTITIONS
 
 
 def test_none_means_the_catalogue(monkeypatch):

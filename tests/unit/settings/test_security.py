@@ -12,7 +12,7 @@ import faust
 import pytest
 from faust.transport.drivers.aiokafka import credentials_to_aiokafka_auth
 
-from common.settings import (
+from runwatch.common.settings import (
     SASL_MECHANISMS,
     faust_broker_settings,
     kafka_client_config,

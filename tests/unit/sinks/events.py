@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from processors.core.verdicts import SEVERITY_OF_KIND
-from schemas.events import (
+from runwatch.processors.core.verdicts import SEVERITY_OF_KIND
+from runwatch.schemas.events import (
     AnomalyDetected,
     CommandRejected,
     Heartbeat,
@@ -72,7 +72,7 @@ def rejected(run: str = "r1", cid: str = "c1") -> CommandRejected:
 
 
 def started(run: str = "r1", incarnation: int = 0, ts_s: float = 1.0) -> RunStarted:
-    from schemas.events import ModelFlopConfig
+    from runwatch.schemas.events import ModelFlopConfig
 
     return RunStarted(
         run_id=run,

@@ -3,7 +3,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from sinks.alert_format import (
+from runwatch.sinks.alert_format import (
     AlertGroup,
     alert_of,
     alertmanager_payload,

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from sinks.alert_log import DeliveryLog
+from runwatch.sinks.alert_log import DeliveryLog
 
 
 def test_delivered_ids_survive_a_reopen(tmp_path):

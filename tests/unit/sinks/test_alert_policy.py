@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from sinks.alert_format import alert_of
-from sinks.alert_policy import Grouper, TokenBucket
+from runwatch.sinks.alert_format import alert_of
+from runwatch.sinks.alert_policy import Grouper, TokenBucket
 
 from .events import anomaly, completed, restart
 

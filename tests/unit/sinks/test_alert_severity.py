@@ -4,12 +4,12 @@ import io
 
 import pytest
 
-from processors.intake import RawRecord
-from schemas.codec import encode, encode_key
-from schemas.topics import names
-from sinks.alert_log import DeliveryLog
-from sinks.alert_policy import SEVERITY_ORDER, pages
-from sinks.alerts import AlertSettings, AlertSink
+from runwatch.processors.intake import RawRecord
+from runwatch.schemas.codec import encode, encode_key
+from runwatch.schemas.topics import names
+from runwatch.sinks.alert_log import DeliveryLog
+from runwatch.sinks.alert_policy import SEVERITY_ORDER, pages
+from runwatch.sinks.alerts import AlertSettings, AlertSink
 
 from .events import anomaly
 

@@ -2,12 +2,12 @@ from __future__ import annotations
 
 import io
 
-from processors.intake import RawRecord
-from schemas.codec import encode, encode_key
-from schemas.topics import names
-from sinks.alert_log import DeliveryLog
-from sinks.alerts import AlertSettings, AlertSink, receiver_label
-from sinks.webhook import RetryPolicy
+from runwatch.processors.intake import RawRecord
+from runwatch.schemas.codec import encode, encode_key
+from runwatch.schemas.topics import names
+from runwatch.sinks.alert_log import DeliveryLog
+from runwatch.sinks.alerts import AlertSettings, AlertSink, receiver_label
+from runwatch.sinks.webhook import RetryPolicy
 
 from .events import anomaly, completed, restart
 from .recorder import Recorder

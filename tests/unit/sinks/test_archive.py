@@ -5,12 +5,12 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from processors.audit import records_of_run
-from processors.intake import RawRecord
-from schemas.codec import encode, encode_key
-from schemas.topics import names
-from sinks.archive import ArchiveSink, scan_marks
-from sinks.archive_layout import (
+from runwatch.processors.audit import records_of_run
+from runwatch.processors.intake import RawRecord
+from runwatch.schemas.codec import encode, encode_key
+from runwatch.schemas.topics import names
+from runwatch.sinks.archive import ArchiveSink, scan_marks
+from runwatch.sinks.archive_layout import (
     Stream,
     file_name,
     high_water_marks,
@@ -19,7 +19,7 @@ from sinks.archive_layout import (
     run_dir_of_key,
     run_of_dir,
 )
-from sinks.archive_read import archived_prefixes, load_archived_run_log, run_history
+from runwatch.sinks.archive_read import archived_prefixes, load_archived_run_log, run_history
 
 from .events import anomaly, heartbeat, started, step, tick
 
@@ -217,7 +217,7 @@ def _archive_in_flushes(root, records, per_flush):
 
 
 def test_compaction_leaves_one_file_per_stream_per_closed_hour(tmp_path):
-    from sinks.archive_compact import compact
+    from runwatch.sinks.archive_compact import compact
 
     # two hours and a bit of ticks (one per 10 s) flushed 5 at a time, and a run's records
     ticks = _tick_records(2 * 360 + 3, step_ms=10_000)
@@ -244,7 +244,7 @@ def test_compaction_leaves_one_file_per_stream_per_closed_hour(tmp_path):
 def test_a_crash_mid_compaction_leaves_duplicates_the_readers_drop_and_the_next_removes(
     tmp_path,
 ):
-    from sinks.archive_compact import compact
+    from runwatch.sinks.archive_compact import compact
 
     ticks = _tick_records(20)
     _archive_in_flushes(tmp_path, ticks, per_flush=5)
@@ -262,8 +262,8 @@ def test_a_crash_mid_compaction_leaves_duplicates_the_readers_drop_and_the_next_
 
 
 def test_a_file_inside_another_span_but_with_other_rows_is_kept():
-    from sinks.archive_compact import ArchiveFile, covered, plan_merges
-    from sinks.archive_layout import FileSpan
+    from runwatch.sinks.archive_compact import ArchiveFile, covered, plan_merges
+    from runwatch.sinks.archive_layout import FileSpan
 
     s = Stream("_ticks", T.heartbeats, 0)
     spans = [FileSpan(s, 0, 9), FileSpan(s, 3, 4), FileSpan(s, 10, 12)]

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from sinks.consumer import commit_offsets
+from runwatch.sinks.consumer import commit_offsets
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from sinks.consumer import settled_lag
+from runwatch.sinks.consumer import settled_lag
 
 HB = ("p.heartbeats", 0)
 

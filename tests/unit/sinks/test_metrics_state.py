@@ -5,7 +5,7 @@ import math
 import msgspec
 import pytest
 
-from sinks.metrics_state import FleetFigures, MetricsPolicy
+from runwatch.sinks.metrics_state import FleetFigures, MetricsPolicy
 
 from .events import anomaly, completed, ended, heartbeat, rejected, restart, started, step, tick
 
@@ -113,10 +113,10 @@ def test_an_impossible_mfu_is_kept_and_flagged_not_clamped():
 
 
 def test_the_exporter_warns_once_per_run_and_exports_the_flag(caplog):
-    from processors.intake import RawRecord
-    from schemas.codec import encode, encode_key
-    from schemas.topics import names
-    from sinks.metrics import MetricsSink
+    from runwatch.processors.intake import RawRecord
+    from runwatch.schemas.codec import encode, encode_key
+    from runwatch.schemas.topics import names
+    from runwatch.sinks.metrics import MetricsSink
 
     t = names("p")
     sink = MetricsSink(t)
@@ -124,7 +124,7 @@ def test_the_exporter_warns_once_per_run_and_exports_the_flag(caplog):
     records = [
         RawRecord(t.steps, 0, i, encode_key(e.run_id), encode(e), 0) for i, e in enumerate(events)
     ]
-    with caplog.at_level("WARNING", logger="sinks.metrics"):
+    with caplog.at_level("WARNING", logger="runwatch.sinks.metrics"):
         sink.handle(records[:2], 0.0)
         sink.handle(records[2:], 0.0)
     warnings = [r.getMessage() for r in caplog.records if "MFU" in r.getMessage()]
@@ -139,7 +139,7 @@ def test_the_exporter_warns_once_per_run_and_exports_the_flag(caplog):
 
 
 def test_packed_events_count_as_the_events_they_carry():
-    from schemas.events import EventPack
+    from runwatch.schemas.events import EventPack
 
     beats = (heartbeat(rank=0, ts_s=10), heartbeat(rank=1, ts_s=10))
     packed = fold([started(), EventPack(run_id="r1", ts_ns=10 * 10**9, events=beats)])

@@ -78,7 +78,7 @@ def test_a_taken_metrics_port_is_one_line_not_a_traceback(capsys, kafka_bootstra
 
 def test_new_groups_of_each_sink_start_where_documented():
     from runwatch.cmd.sinks import start_of
-    from sinks.consumer import StartFrom
+    from runwatch.sinks.consumer import StartFrom
 
     assert start_of("alerts", from_beginning=False) is StartFrom.LATEST
     assert start_of("alerts", from_beginning=True) is StartFrom.EARLIEST

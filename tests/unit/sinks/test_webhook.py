@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from sinks.webhook import RetryPolicy, backoff_delays_s, is_retryable, post_json
+from runwatch.sinks.webhook import RetryPolicy, backoff_delays_s, is_retryable, post_json
 
 from .recorder import Recorder
 

@@ -6,15 +6,15 @@ import math
 
 import pytest
 
-from processors.core.config import DetectorConfig
-from processors.core.state_codec import encode_state
-from processors.core.steps import fold_step
-from processors.intake import RawRecord
-from processors.settings import changelog_topic
-from schemas.codec import decode, encode, encode_key
-from schemas.events import ModelFlopConfig, Provenance, RunStarted, StepCompleted
-from schemas.topics import names
-from sinks.webview_data import MAX_PAGE_SIZE, AuditNote, FleetQuery, WebviewData
+from runwatch.processors.core.config import DetectorConfig
+from runwatch.processors.core.state_codec import encode_state
+from runwatch.processors.core.steps import fold_step
+from runwatch.processors.intake import RawRecord
+from runwatch.processors.settings import changelog_topic
+from runwatch.schemas.codec import decode, encode, encode_key
+from runwatch.schemas.events import ModelFlopConfig, Provenance, RunStarted, StepCompleted
+from runwatch.schemas.topics import names
+from runwatch.sinks.webview_data import MAX_PAGE_SIZE, AuditNote, FleetQuery, WebviewData
 
 PREFIX, APP = "p", "p-app"
 TOPICS = names(PREFIX)
@@ -111,7 +111,7 @@ def test_every_change_bumps_the_version(store):
 
 
 def test_packed_steps_are_points_of_the_curves():
-    from schemas.events import EventPack
+    from runwatch.schemas.events import EventPack
 
     data = WebviewData("unused:9092", prefix=PREFIX, app_id=APP, cfg=CFG)
     plain = [r for r in _records("packed", steps=12) if r.topic == TOPICS.steps]

@@ -1,12 +1,12 @@
 from __future__ import annotations
 
-from common.launch_env import LaunchEnv
-from producers.backend import (
+from runwatch.common.launch_env import LaunchEnv
+from runwatch.producers.backend import (
     BackendCapabilities,
     DistributedTrainingBackend,
     TorchDDPBackend,
 )
-from schemas.events import ParallelPlan
+from runwatch.schemas.events import ParallelPlan
 
 
 def test_ddp_capabilities_are_what_it_runs():

@@ -10,14 +10,14 @@ import pytest
 import torch
 from torch.nn import functional as F  # noqa: N812
 
-from common.checkpoint_layout import (
+from examples.tinylm import TinyLM, TinyLMConfig
+from runwatch.common.checkpoint_layout import (
     checkpoint_dir,
     latest_complete_checkpoint,
     list_complete_checkpoints,
 )
-from examples.tinylm import TinyLM, TinyLMConfig
-from producers.checkpoint import AsyncCheckpointer, load_checkpoint
-from schemas.events import LoaderState
+from runwatch.producers.checkpoint import AsyncCheckpointer, load_checkpoint
+from runwatch.schemas.events import LoaderState
 
 pytestmark = [pytest.mark.torch, pytest.mark.filterwarnings("ignore::UserWarning")]
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from common.checkpoint_layout import (
+from runwatch.common.checkpoint_layout import (
     checkpoint_dir,
     commit_checkpoint,
     discard_checkpoints_after,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from common.checkpoint_layout import checkpoint_dir
 from examples.train_ddp import parse_args, resolve_resume
+from runwatch.common.checkpoint_layout import checkpoint_dir
 
 pytestmark = pytest.mark.torch
 

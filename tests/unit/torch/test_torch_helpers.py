@@ -8,13 +8,13 @@ import torch
 from torch import nn
 
 from examples.tinylm import TinyLM, TinyLMConfig
-from producers.torch_helpers import (
+from runwatch.producers.torch_helpers import (
     StepTimer,
     flop_config_from_causal_lm,
     grad_norm,
     matmul_param_count,
 )
-from schemas.events import ModelFlopConfig
+from runwatch.schemas.events import ModelFlopConfig
 
 pytestmark = pytest.mark.torch
 

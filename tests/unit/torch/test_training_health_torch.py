@@ -17,11 +17,11 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from examples.tinylm import TinyLM, TinyLMConfig  # noqa: E402
-from processors.core.training_health import (  # noqa: E402
+from runwatch.processors.core.training_health import (  # noqa: E402
     TrainingHealthMonitor,
     flop_config_from_causal_lm,
 )
-from producers.torch_helpers import flop_config_from_causal_lm as producers_flop_config  # noqa: E402
+from runwatch.producers.torch_helpers import flop_config_from_causal_lm as producers_flop_config  # noqa: E402
 
 pytestmark = pytest.mark.torch
 

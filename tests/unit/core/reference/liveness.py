@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import msgspec
 
-from processors.core.config import DetectorConfig, effective_config
-from schemas.events import (
+from runwatch.processors.core.config import DetectorConfig, effective_config
+from runwatch.schemas.events import (
     AnomalyDetected,
     Heartbeat,
     Provenance,

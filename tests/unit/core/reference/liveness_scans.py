@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import msgspec
 
-from processors.core.config import DetectorConfig, config_hash
-from processors.core.verdicts import make_anomaly
-from schemas.events import AnomalyDetected, AnomalyKind, Provenance
+from runwatch.processors.core.config import DetectorConfig, config_hash
+from runwatch.processors.core.verdicts import make_anomaly
+from runwatch.schemas.events import AnomalyDetected, AnomalyKind, Provenance
 from tests.unit.core.reference.liveness_state import NEVER, LivenessState
 
 

@@ -6,7 +6,7 @@ from typing import Final
 
 import msgspec
 
-from processors.core.runinfo import RunStatus
+from runwatch.processors.core.runinfo import RunStatus
 from tests.unit.core.reference.stragglers import StragglerState
 
 NEVER: Final = -1

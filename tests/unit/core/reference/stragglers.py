@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import msgspec
 
-from processors.core.baseline import median_of_sorted
+from runwatch.processors.core.baseline import median_of_sorted
 
 
 class StragglerState(msgspec.Struct, frozen=True, gc=False):
