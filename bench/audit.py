@@ -44,12 +44,12 @@ from runwatch.common.gc_tuning import tune_for_throughput
 from runwatch.processors.audit import AuditReceipt, audit, load_run_log, records_of_run
 from runwatch.processors.core.config import DetectorConfig
 from runwatch.processors.core.replay import replay
-from runwatch.processors.intake import RawRecord
 from runwatch.processors.logread import partition_for, read_history
 from runwatch.procs import exit_on_sigterm
 from runwatch.producers import RunEmitter
 from runwatch.schemas.codec import encode, encode_key
 from runwatch.schemas.events import TICK_RUN_ID, Heartbeat, RunStarted, StepCompleted, Tick
+from runwatch.schemas.records import RawRecord
 from runwatch.schemas.topics import TopicNames, names
 
 PARTITIONS = 4

@@ -15,7 +15,7 @@ printed per world, with the cost at 4,096 over the cost at 8 (goal <= 1.5).
 
 The same heartbeats then go through the path a worker runs per batch, unpacked (one
 record per event) and packed (`schemas.events.EventPack` records of ``--pack-events``):
-decode and intake (`processors.intake.split`), then `processors.pipeline.fold_batch` in
+decode and intake (`schemas.records.split`), then `processors.pipeline.fold_batch` in
 batches of ``--batch-records`` records, each batch loading the run's stored state and
 leaving its new state as bytes (what the changelog gets: one value per run per batch).
 Printed per world: microseconds per event both ways, and the changelog bytes per run per
@@ -47,7 +47,6 @@ from runwatch.processors.core.config import DetectorConfig, with_overrides
 from runwatch.processors.core.liveness import LivenessState, fold_liveness
 from runwatch.processors.core.state_codec import decode_state, encode_state
 from runwatch.processors.core.steps import fold_step
-from runwatch.processors.intake import RawRecord, split
 from runwatch.processors.pipeline import fold_batch
 from runwatch.schemas.codec import encode, encode_key
 from runwatch.schemas.events import (
@@ -58,6 +57,7 @@ from runwatch.schemas.events import (
     RunStarted,
     StepCompleted,
 )
+from runwatch.schemas.records import RawRecord, split
 
 S = 1_000_000_000
 CFG = DetectorConfig()

@@ -54,12 +54,12 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from runwatch.admin import create_catalogue
 from runwatch.processors.core.config import DetectorConfig
 from runwatch.processors.fleet import committed_offsets
-from runwatch.processors.intake import RawRecord, split
 from runwatch.processors.pipeline import fold_batch
 from runwatch.processors.settings import BATCH_MAX
 from runwatch.procs import ManagedProcess, exit_on_sigterm
 from runwatch.schemas.codec import decode, encode, encode_key
 from runwatch.schemas.events import AnomalyDetected, Heartbeat, RunStarted, StepCompleted
+from runwatch.schemas.records import RawRecord, split
 from runwatch.schemas.topics import names
 
 WORLD = 8

@@ -99,7 +99,6 @@ from runwatch.common.settings import faust_broker_settings, runwatch_home
 from runwatch.processors import transport
 from runwatch.processors.core.config import DetectorConfig
 from runwatch.processors.core.state_codec import DecodedStates, decode_state
-from runwatch.processors.intake import RawRecord, split
 from runwatch.processors.logread import partition_for
 from runwatch.processors.pipeline import ROLE_STATE, fold_batch, fold_chunks
 from runwatch.processors.settings import ProcessorSettings, changelog_topic
@@ -112,6 +111,7 @@ from runwatch.schemas.events import (
     RestartRequested,
     Tick,
 )
+from runwatch.schemas.records import RawRecord, split
 from runwatch.schemas.signing import CommandKey, sign
 from runwatch.schemas.topics import TopicNames, names
 

@@ -39,12 +39,12 @@ from kafka import TopicPartition
 
 from runwatch.processors.core.config import DetectorConfig, config_hash
 from runwatch.processors.core.replay import Record, ReplayResult, replay
-from runwatch.processors.intake import RawRecord, split
 from runwatch.processors.lag import GroupOffsets, Progress, await_processed, lag_of
 from runwatch.processors.logread import KeyFilter, LogReader, Span, partition_for
 from runwatch.processors.verdict_diff import Comparison, compare_anomalies, compare_commands
 from runwatch.schemas.codec import encode_key
 from runwatch.schemas.events import TICK_RUN_ID, AnomalyDetected, RestartRequested, RunStarted, Tick
+from runwatch.schemas.records import RawRecord, split
 from runwatch.schemas.topics import TopicNames, names
 
 INPUT_ROLES: tuple[str, ...] = ("steps", "heartbeats", "checkpoints")

@@ -20,7 +20,7 @@ from kafka.partitioner.default import murmur2
 
 from runwatch.common.errors import RunwatchError
 from runwatch.common.settings import kafka_client_config
-from runwatch.processors.intake import RawRecord
+from runwatch.schemas.records import RawRecord
 
 KeyFilter = Callable[[bytes | None], bool]
 

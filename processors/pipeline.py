@@ -18,8 +18,8 @@ from typing import Any, Final, NamedTuple
 
 from runwatch.processors.core.config import DetectorConfig
 from runwatch.processors.core.replay import Replayer
-from runwatch.processors.intake import Decoded
 from runwatch.schemas.events import TICK_RUN_ID, DeadLetter, Event, EventPack, Tick
+from runwatch.schemas.records import Decoded
 
 ROLE_STATE: Final[dict[str, str]] = {
     "steps": "steps",

@@ -30,12 +30,12 @@ from runwatch.processors.core.config import DetectorConfig, with_overrides
 from runwatch.processors.core.replay import replay
 from runwatch.processors.core.report import health_report
 from runwatch.processors.fleet import latest_states, summarize, wait_until_processed
-from runwatch.processors.intake import split
 from runwatch.processors.logread import TopicTail
 from runwatch.procs import ManagedProcess
 from runwatch.schemas.events import Event
+from runwatch.schemas.records import split
 from runwatch.schemas.topics import names
-from runwatch.sinks.webview_data import AuditNote, WebviewData
+from runwatch.ui.model import AuditNote, WebviewData
 from runwatch.ui.server import UiServer
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "train_ddp.py"

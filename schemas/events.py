@@ -404,7 +404,7 @@ class EventPack(Event, frozen=True, kw_only=True, tag="pack.v1"):
     Every event must belong to the pack's run (a pack with a stranger's event is rejected
     whole: it would sit in another run's partition); packs do not nest (a pack inside a
     pack is not a `PackableEvent`); a topic takes the packs of its own events only
-    (`processors.intake`: heartbeats on the heartbeats topic, steps on the steps topic).
+    (`schemas.records`: heartbeats on the heartbeats topic, steps on the steps topic).
 
     Attributes:
         events: One to `MAX_PACK_EVENTS` events of ``run_id``, in the order they happened.

@@ -1,7 +1,8 @@
 """Generate the JSON Schema files in ``schemas/jsonschema/`` from the event structs.
 
-Run ``python -m runwatch.schemas.generate`` after changing ``schemas/events.py``; a test fails while
-the checked-in files are stale. ``python -m runwatch.schemas.generate --check`` exits 1 when they are.
+Run ``python -m runwatch.schemas.generate`` after changing ``schemas/events.py``; a test
+fails while the checked-in files are stale. ``python -m runwatch.schemas.generate --check``
+exits 1 when they are.
 """
 
 from __future__ import annotations
@@ -63,7 +64,9 @@ def main(argv: list[str] | None = None) -> int:
                 OUT_DIR.mkdir(exist_ok=True)
                 path.write_text(text)
     if args.check and stale:
-        print(f"stale JSON Schema files: {', '.join(stale)}; run python -m runwatch.schemas.generate")
+        print(
+            f"stale JSON Schema files: {', '.join(stale)}; run python -m runwatch.schemas.generate"
+        )
         return 1
     return 0
 

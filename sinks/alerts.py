@@ -27,8 +27,8 @@ from urllib.parse import urlsplit
 import msgspec
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from runwatch.processors.intake import Decoded, RawRecord, check
 from runwatch.schemas.events import AnomalyDetected, Severity
+from runwatch.schemas.records import Decoded, RawRecord, check
 from runwatch.schemas.topics import TopicNames
 from runwatch.sinks.alert_format import (
     AlertGroup,

@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from runwatch.common.durable import replace_file
-from runwatch.processors.intake import RawRecord
+from runwatch.schemas.records import RawRecord
 from runwatch.sinks.archive_compact import compact
 from runwatch.sinks.archive_layout import (
     SUFFIX,

@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any, Final, NamedTuple
 from urllib.parse import quote, unquote
 
-from runwatch.processors.intake import RawRecord
 from runwatch.schemas.codec import DecodeError, decode
 from runwatch.schemas.events import TICK_RUN_ID
+from runwatch.schemas.records import RawRecord
 
 TICKS_DIR: Final = "_ticks"
 UNKEYED_DIR: Final = "_unkeyed"

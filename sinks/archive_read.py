@@ -13,7 +13,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from runwatch.processors.audit import RunLog, records_of_run
-from runwatch.processors.intake import RawRecord
+from runwatch.schemas.records import RawRecord
 from runwatch.schemas.topics import names
 from runwatch.sinks.archive_layout import (
     SUFFIX,

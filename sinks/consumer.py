@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
-from runwatch.processors.intake import RawRecord
+from runwatch.schemas.records import RawRecord
 
 logger = logging.getLogger(__name__)
 

@@ -37,7 +37,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from runwatch.processors.intake import Decoded, RawRecord, check
+from runwatch.schemas.records import Decoded, RawRecord, check
 from runwatch.schemas.topics import TopicNames
 from runwatch.sinks.consumer import TopicPartitionKey
 from runwatch.sinks.metrics_state import FleetFigures, MetricsPolicy, RunFigures

@@ -6,7 +6,7 @@ does not widen the spread that judges the next one. The baseline is an immutable
 fold that keeps it in its state never mutates earlier states. There is deliberately no
 ``update``: seed 000's baseline mutates in place under that name, and ``b.update(v)`` on an
 immutable value would drop ``v`` without a word, so the name raises instead. The seed's
-mutable baseline is `processors.core.training_health.RollingBaseline`, built on this one.
+mutable baseline is `processors.core.monitor.RollingBaseline`, built on this one.
 
 Scoring is causal: `RollingBaseline.z_score` judges a value against the window as it
 stood before the value was added, and the caller adds it afterwards with ``with_value``.
@@ -229,12 +229,12 @@ class RollingBaseline(msgspec.Struct, frozen=True, gc=False):
 
         Raises:
             TypeError: Always, naming `RollingBaseline.with_value` and the mutable
-                seed-compatible `processors.core.training_health.RollingBaseline`.
+                seed-compatible `processors.core.monitor.RollingBaseline`.
         """
         raise TypeError(
             "processors.core.baseline.RollingBaseline is immutable, so update() would "
             "silently drop the value: write `b = b.with_value(v)`, or use "
-            "processors.core.training_health.RollingBaseline, which updates in place "
+            "processors.core.monitor.RollingBaseline, which updates in place "
             "(seed 000's API)"
         )
 

@@ -35,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
     from runwatch.processors.fleet import default_app_id
     from runwatch.reachability import check_reachable
     from runwatch.resolve import resolve_bootstrap
-    from runwatch.sinks.webview_data import WebviewData
+    from runwatch.ui.model import WebviewData
     from runwatch.ui.server import UiServer
 
     if not 0 <= args.port <= 65535:

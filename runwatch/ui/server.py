@@ -1,6 +1,6 @@
 """The web view's HTTP server: pages, JSON endpoints and a Server-Sent Events stream.
 
-Stdlib only (``http.server``): a handful of GET routes over `sinks.webview_data`, run on
+Stdlib only (``http.server``): a handful of GET routes over `runwatch.ui.model`, run on
 threads; no framework would make these routes shorter or the view safer. Pages are static
 shells (package data in ``runwatch/ui/static``) that fetch JSON; charts arrive as SVG
 drawn here (`runwatch.ui.charts`); ``/api/events`` tells open pages when to fetch again.
@@ -19,8 +19,8 @@ from typing import Any, Final
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from runwatch.common.errors import RunwatchError
-from runwatch.sinks.webview_data import FleetQuery, WebviewData
 from runwatch.ui.charts import Marker, Point, VLine, line_chart
+from runwatch.ui.model import FleetQuery, WebviewData
 
 log = logging.getLogger(__name__)
 

@@ -11,10 +11,11 @@ layers are named without the ``runwatch.`` prefix. From the bottom up:
   checkpoint layout, the launch environment, the version). It imports nothing of ours, so
   anyone may import it; and since the pure core may, importing it never loads kafka,
   faust or torch (only a function body may import them: ``faust_broker_settings``).
-* ``schemas``: the event structs, codec, topics and signing; only ``common`` below it.
+* ``schemas``: the event structs, codec, topics, signing and record intake (raw Kafka
+  records to events or dead letters); only ``common`` below it.
 * ``processors.core``: the pure verdict engine, the same code live and in replay:
   ``schemas`` and ``common`` only, and no kafka, faust, aiokafka, mode or torch.
-* ``processors``: the faust shell, intake, audit, fleet view, over the core.
+* ``processors``: the faust shell, audit, fleet view, over the core.
 * ``producers``: the trainer side (emitter, log-tail parsers, checkpoints, backends). It
   never needs the processors: a training process must not pull in faust.
 * ``controller``: the per-node agent. It imports ``producers`` because it speaks for the
@@ -22,11 +23,11 @@ layers are named without the ``runwatch.`` prefix. From the bottom up:
   printing script's lines with the ``runwatch tail-log`` parsers, and reads the
   checkpoint layout and launch environment the trainer writes (those two in ``common``).
   It decides nothing the processors decide, so it does not import them.
-* ``sinks``: consumers of verdicts (alerts, metrics, archive, web view data). They import
-  ``processors`` to read records the way the processors do (intake's decoding and dead
-  letters, the audit's run log, the fleet view and the core's report for the web view),
-  and never the controller or the trainer side.
-* ``runwatch``: the command line on top; it may import any package.
+* ``sinks``: consumers of verdicts (alerts, metrics, archive). They import ``processors``
+  where they read what the processors read (the audit's run log, the core's MFU and run
+  announcements for metrics), and never the controller or the trainer side.
+* ``runwatch``: the command line on top, the web view (server and its data model), the
+  broker's lifecycle; it may import any package.
 
 ``importlib.import_module("a.b")`` with a literal name counts as an import too. One
 crossing is allowed on purpose, in `EXCEPTIONS`, with its reason (and a test that it is
@@ -190,7 +191,7 @@ def package_files(package: str) -> list[Path]:
 
 
 EXCEPTIONS: dict[tuple[str, str], str] = {
-    ("processors/core/training_health.py", "runwatch.producers.torch_helpers"): (
+    ("processors/core/monitor.py", "runwatch.producers.torch_helpers"): (
         "seed 000's API offers flop_config_from_causal_lm from the core's facade; it needs "
         "torch, so it is imported (importlib) only when that function is called"
     ),
@@ -248,6 +249,42 @@ def test_nothing_imports_our_packages_without_the_namespace():
         if imp.module.split(".")[0] in BARE
     ]
     assert found == []
+
+
+def bare_imports_in_strings(text: str) -> list[int]:
+    """Lines of string literals holding code that imports a bare package (``python -c``)."""
+    lines = []
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            for chunk in node.value.replace(";", "\n").splitlines():
+                words = chunk.split()
+                if (
+                    len(words) >= 2
+                    and words[0] in ("from", "import")
+                    and words[1].rstrip(",").split(".")[0] in BARE
+                ):
+                    lines.append(node.lineno)
+    return lines
+
+
+BARE_ON_PURPOSE: dict[str, str] = {
+    "tests/integration/packaging/test_wheel_install.py": "the user's own schemas and common",
+    "tests/unit/test_layering.py": "the planted examples of this check",
+}
+"""Files whose strings import bare names on purpose, with why."""
+
+
+def test_code_in_strings_imports_through_the_namespace_too():
+    """A subprocess started in the repository's root would still find a bare package."""
+    found = [
+        f"{path.relative_to(REPO)}:{line}"
+        for path in every_source_file()
+        if str(path.relative_to(REPO)) not in BARE_ON_PURPOSE
+        for line in bare_imports_in_strings(path.read_text())
+    ]
+    assert found == []
+    planted = 'CODE = "import sys; from processors.fleet import x"\n'
+    assert bare_imports_in_strings(planted) == [1]
 
 
 @pytest.mark.parametrize("package", shipped_packages())

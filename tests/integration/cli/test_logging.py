@@ -73,7 +73,7 @@ def test_the_fleet_reader_asks_for_no_auto_commit(kafka_bootstrap: str, make_top
     code = (
         "import logging\n"
         "logging.basicConfig(level=logging.INFO)\n"
-        "from processors.fleet import wait_until_processed\n"
+        "from runwatch.processors.fleet import wait_until_processed\n"
         f"wait_until_processed({kafka_bootstrap!r}, 'none-app', [{specs[0].name!r}])\n"
     )
     assert "group_id is None" not in _python(code).stderr

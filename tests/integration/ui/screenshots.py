@@ -27,7 +27,7 @@ from runwatch.procs import ManagedProcess
 from runwatch.schemas.codec import encode, encode_key
 from runwatch.schemas.events import Heartbeat, ModelFlopConfig, RunEnded, RunStarted, StepCompleted
 from runwatch.schemas.topics import names
-from runwatch.sinks.webview_data import WebviewData
+from runwatch.ui.model import WebviewData
 from runwatch.ui.server import UiServer
 
 from .browser import chrome

@@ -23,11 +23,11 @@ from runwatch.processors.audit import (
 )
 from runwatch.processors.core.config import DetectorConfig
 from runwatch.processors.core.replay import replay
-from runwatch.processors.intake import RawRecord
 from runwatch.processors.lag import PartitionLag, Progress, lag_of
 from runwatch.processors.verdict_diff import Comparison
 from runwatch.schemas.codec import encode
 from runwatch.schemas.events import Event
+from runwatch.schemas.records import RawRecord
 from runwatch.schemas.topics import names
 from tests.unit.sinks.events import anomaly, heartbeat, started, step, tick
 

@@ -148,7 +148,7 @@ def test_nonfinite_values_are_refused() -> None:
 def test_update_fails_loudly_naming_the_alternatives() -> None:
     """Seed code ``b.update(v); b.z_score(x)`` must not stay in warmup without a word."""
     b = filled([1.0, 2.0, 3.0] * 4)
-    with pytest.raises(TypeError, match=r"with_value.*training_health\.RollingBaseline"):
+    with pytest.raises(TypeError, match=r"with_value.*monitor\.RollingBaseline"):
         b.update(5.0)
     with pytest.raises(TypeError, match="immutable"):
         b.update(5.0, step=3)

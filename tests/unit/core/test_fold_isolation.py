@@ -11,9 +11,9 @@ import pytest
 from runwatch.processors.core.config import DetectorConfig
 from runwatch.processors.core.replay import Replayer, replay
 from runwatch.processors.core.state_codec import decode_state, encode_state
-from runwatch.processors.intake import Decoded
 from runwatch.processors.pipeline import fold_batch
 from runwatch.schemas.events import Heartbeat, Provenance, RunStarted, StepCompleted, Tick
+from runwatch.schemas.records import Decoded
 
 CFG = DetectorConfig()
 # the module (``processors.core`` re-exports a function of the same name)

@@ -21,7 +21,6 @@ from runwatch.processors.core.config import DetectorConfig, with_overrides
 from runwatch.processors.core.liveness import fold_liveness
 from runwatch.processors.core.replay import Record, Replayer, ReplayResult, replay, unpack
 from runwatch.processors.core.state_codec import decode_state, encode_state
-from runwatch.processors.intake import Decoded, RawRecord, check, split
 from runwatch.processors.pipeline import fold_batch
 from runwatch.schemas.codec import encode, encode_key
 from runwatch.schemas.events import (
@@ -33,6 +32,7 @@ from runwatch.schemas.events import (
     Provenance,
     StepCompleted,
 )
+from runwatch.schemas.records import Decoded, RawRecord, check, split
 from tests.unit.core.factories import S, hb, lockstep, started, step, tick
 from tests.unit.core.scenario import Log, make_log
 from tests.unit.core.test_properties import CFG, fingerprint

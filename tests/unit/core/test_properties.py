@@ -155,7 +155,7 @@ def test_same_input_gives_byte_identical_verdicts_across_processes() -> None:
         "import hashlib, sys\n"
         f"sys.path.insert(0, {str(REPO)!r})\n"
         "from tests.unit.core.test_properties import CFG, fingerprint, records_for\n"
-        "from processors.core.replay import replay\n"
+        "from runwatch.processors.core.replay import replay\n"
         "print(hashlib.sha256(b''.join(fingerprint(replay(records_for(s), CFG)) for s in range(5))).hexdigest())\n"
     )
     digests = set()

@@ -16,9 +16,9 @@ import pytest
 
 from runwatch.processors.core.config import DetectorConfig, with_overrides
 from runwatch.processors.core.state_codec import decode_state, encode_state
-from runwatch.processors.intake import Decoded
 from runwatch.processors.pipeline import BatchResult, fold_batch, fold_chunks
 from runwatch.schemas.events import Event, EventPack, Provenance, RunStarted
+from runwatch.schemas.records import Decoded
 from tests.unit.core.factories import S, ended, hb, healthy_losses, started, step, tick
 
 CFG = with_overrides(DetectorConfig(), {"rank_heartbeat_threshold": 3, "dead_rank_timeout_s": 2})

@@ -40,10 +40,10 @@ def test_torch_ddp_is_registered_and_declares_it_can_shrink():
 def test_capabilities_and_registry_do_not_import_torch():
     code = (
         "import sys\n"
-        "from producers.backend import training_backend_capabilities as c\n"
+        "from runwatch.producers.backend import training_backend_capabilities as c\n"
         "assert c('torch-ddp').elastic_restart\n"
         "assert 'torch' not in sys.modules, 'torch imported'\n"
-        "from producers.backend import get_training_backend\n"
+        "from runwatch.producers.backend import get_training_backend\n"
         "b = get_training_backend('torch-ddp')\n"
         "assert 'torch' not in sys.modules, 'constructing the backend imported torch'\n"
         "print(b.capabilities.name)\n"

@@ -1,7 +1,7 @@
 """Hostile records: each one is a dead letter with a reason, none raises, none stops a batch.
 
 A corpus of records that broke (or could break) a partition, then hypothesis fuzzing of
-the whole path an input record takes: decode (`processors.intake`), fold
+the whole path an input record takes: decode (`schemas.records`), fold
 (`processors.pipeline.fold_batch`, the replay the audit runs) and state encoding.
 """
 
@@ -17,7 +17,6 @@ from hypothesis import strategies as st
 
 from runwatch.processors.core.config import DetectorConfig
 from runwatch.processors.core.state_codec import decode_state, encode_state
-from runwatch.processors.intake import Decoded, RawRecord, check, split
 from runwatch.processors.pipeline import ROLE_STATE, fold_batch
 from runwatch.schemas.codec import DecodeError, decode, encode, nesting_depth
 from runwatch.schemas.events import (
@@ -29,6 +28,7 @@ from runwatch.schemas.events import (
     RunStarted,
     StepCompleted,
 )
+from runwatch.schemas.records import Decoded, RawRecord, check, split
 
 CFG = DetectorConfig()
 RUN = "r"

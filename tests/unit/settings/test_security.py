@@ -224,7 +224,7 @@ def test_kafka_client_config_is_unchanged() -> None:
 
 def test_faust_is_imported_lazily() -> None:
     code = (
-        "import sys; from common.settings import faust_broker_settings, kafka_client_config; "
+        "import sys; from runwatch.common.settings import faust_broker_settings, kafka_client_config; "
         "faust_broker_settings({}); kafka_client_config({}); "
         "assert 'faust' not in sys.modules, 'faust imported eagerly'"
     )

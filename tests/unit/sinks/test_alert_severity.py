@@ -4,8 +4,8 @@ import io
 
 import pytest
 
-from runwatch.processors.intake import RawRecord
 from runwatch.schemas.codec import encode, encode_key
+from runwatch.schemas.records import RawRecord
 from runwatch.schemas.topics import names
 from runwatch.sinks.alert_log import DeliveryLog
 from runwatch.sinks.alert_policy import SEVERITY_ORDER, pages

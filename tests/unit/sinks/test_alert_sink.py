@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import io
 
-from runwatch.processors.intake import RawRecord
 from runwatch.schemas.codec import encode, encode_key
+from runwatch.schemas.records import RawRecord
 from runwatch.schemas.topics import names
 from runwatch.sinks.alert_log import DeliveryLog
 from runwatch.sinks.alerts import AlertSettings, AlertSink, receiver_label

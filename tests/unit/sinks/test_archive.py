@@ -6,8 +6,8 @@ import duckdb
 import pytest
 
 from runwatch.processors.audit import records_of_run
-from runwatch.processors.intake import RawRecord
 from runwatch.schemas.codec import encode, encode_key
+from runwatch.schemas.records import RawRecord
 from runwatch.schemas.topics import names
 from runwatch.sinks.archive import ArchiveSink, scan_marks
 from runwatch.sinks.archive_layout import (

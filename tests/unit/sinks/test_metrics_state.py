@@ -113,8 +113,8 @@ def test_an_impossible_mfu_is_kept_and_flagged_not_clamped():
 
 
 def test_the_exporter_warns_once_per_run_and_exports_the_flag(caplog):
-    from runwatch.processors.intake import RawRecord
     from runwatch.schemas.codec import encode, encode_key
+    from runwatch.schemas.records import RawRecord
     from runwatch.schemas.topics import names
     from runwatch.sinks.metrics import MetricsSink
 

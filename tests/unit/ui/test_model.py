@@ -9,12 +9,12 @@ import pytest
 from runwatch.processors.core.config import DetectorConfig
 from runwatch.processors.core.state_codec import encode_state
 from runwatch.processors.core.steps import fold_step
-from runwatch.processors.intake import RawRecord
 from runwatch.processors.settings import changelog_topic
 from runwatch.schemas.codec import decode, encode, encode_key
 from runwatch.schemas.events import ModelFlopConfig, Provenance, RunStarted, StepCompleted
+from runwatch.schemas.records import RawRecord
 from runwatch.schemas.topics import names
-from runwatch.sinks.webview_data import MAX_PAGE_SIZE, AuditNote, FleetQuery, WebviewData
+from runwatch.ui.model import MAX_PAGE_SIZE, AuditNote, FleetQuery, WebviewData
 
 PREFIX, APP = "p", "p-app"
 TOPICS = names(PREFIX)

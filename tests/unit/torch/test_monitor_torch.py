@@ -17,7 +17,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from examples.tinylm import TinyLM, TinyLMConfig  # noqa: E402
-from runwatch.processors.core.training_health import (  # noqa: E402
+from runwatch.processors.core.monitor import (  # noqa: E402
     TrainingHealthMonitor,
     flop_config_from_causal_lm,
 )

@@ -19,8 +19,7 @@ import pytest
 
 from runwatch.processors.core.baseline import RollingBaseline as BaselineValue
 from runwatch.processors.core.config import DetectorConfig, with_overrides
-from runwatch.processors.core.replay import Record, replay
-from runwatch.processors.core.training_health import (
+from runwatch.processors.core.monitor import (
     Anomaly,
     MFUSample,
     ModelFlopConfig,
@@ -30,6 +29,7 @@ from runwatch.processors.core.training_health import (
     flop_config_from_causal_lm,
     theoretical_flops_per_iter,
 )
+from runwatch.processors.core.replay import Record, replay
 from runwatch.schemas.events import Heartbeat, Provenance, RunStarted, StepCompleted
 from tests.unit.core.factories import GPT2_SMALL, healthy_losses
 
@@ -113,13 +113,13 @@ def test_signatures_are_the_seeds() -> None:
 
 def test_the_module_imports_no_torch() -> None:
     code = (
-        "import sys, processors.core.training_health as th; "
+        "import sys, runwatch.processors.core.monitor as th; "
         "assert 'torch' not in sys.modules, 'torch imported'; print(len(th.__all__))"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
     )
-    assert out.stdout.strip() == "8"
+    assert out.stdout.strip() == "10"
 
 
 def test_model_flop_config_is_positional_as_in_the_seed() -> None:

@@ -31,7 +31,6 @@ from runwatch.processors.core.runinfo import RunInfo
 from runwatch.processors.core.state_codec import decode_state
 from runwatch.processors.core.step_checks import step_accounting
 from runwatch.processors.fleet import RunSummary, RunView, summarize
-from runwatch.processors.intake import RawRecord, split
 from runwatch.processors.settings import changelog_topic
 from runwatch.schemas.events import (
     AnomalyDetected,
@@ -44,6 +43,7 @@ from runwatch.schemas.events import (
     RunStarted,
     StepCompleted,
 )
+from runwatch.schemas.records import RawRecord, split
 from runwatch.schemas.topics import names
 
 log = logging.getLogger(__name__)
