@@ -131,7 +131,7 @@ async def _produce_backlog(bootstrap: str, prefix: str, runs: list[str], world: 
         for step in range(1, steps + 1):
             for run in runs:
                 for role, value in step_records(run, world, step, rng):
-                    await out.send(getattr(topics, role), key=encode_key(run), value=value)
+                    await out.send(topics.of(role), key=encode_key(run), value=value)
                 events += 1 + world
         await out.flush()
     finally:
@@ -166,7 +166,7 @@ async def _load(bootstrap: str, prefix: str, runs: list[str], world: int, first_
         while not done:
             for run in runs:
                 for role, value in step_records(run, world, step, rng):
-                    await out.send(getattr(topics, role), key=keys[run], value=value)
+                    await out.send(topics.of(role), key=keys[run], value=value)
                 events += 1 + world
                 now = time.monotonic()
                 ahead_s = t0 + events / rate - now

@@ -103,7 +103,7 @@ def produce(bootstrap: str, prefix: str, events: list[tuple[str, bytes, bytes]])
     )
     t = time.perf_counter()
     for role, key, value in events:
-        producer.send(getattr(topics, role), key=key, value=value)
+        producer.send(topics.of(role), key=key, value=value)
     producer.flush()
     producer.close()
     return time.perf_counter() - t

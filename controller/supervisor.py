@@ -59,6 +59,7 @@ from runwatch.schemas.events import (
     RestartFailed,
     RestartRequested,
 )
+from runwatch.schemas.kinds import kind_spec
 
 log = logging.getLogger(__name__)
 
@@ -68,8 +69,6 @@ EXIT_HOLD_S = 0.5
 HOST = socket.gethostname()
 """This agent's host name, in the exit evidence it publishes."""
 
-STACK_KINDS = frozenset({"hang", "dead_rank"})
-"""Causes of a restart for which the ranks still running are asked where they are."""
 STACK_TIMEOUT_S = 1.5
 """Longest a restart waits for the ranks' stacks."""
 
@@ -532,7 +531,7 @@ class RunSupervisor:
         Taken before the stop, from the ranks still running; exited ranks say how they
         ended. Best effort: diagnostics never hold up or fail a restart.
         """
-        if command.cause_kind not in STACK_KINDS:
+        if not kind_spec(command.cause_kind).captures_stacks:
             return ()
         running = set(self.gang.running())
         slots = {

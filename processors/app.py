@@ -100,7 +100,7 @@ from runwatch.processors import transport
 from runwatch.processors.core.config import DetectorConfig
 from runwatch.processors.core.state_codec import DecodedStates, decode_state
 from runwatch.processors.logread import partition_for
-from runwatch.processors.pipeline import ROLE_STATE, fold_batch, fold_chunks
+from runwatch.processors.pipeline import fold_batch, fold_chunks
 from runwatch.processors.settings import ProcessorSettings, changelog_topic
 from runwatch.processors.stores import RunRocksStore, RunTable, store_url
 from runwatch.schemas.codec import encode, encode_key
@@ -113,7 +113,7 @@ from runwatch.schemas.events import (
 )
 from runwatch.schemas.records import RawRecord, split
 from runwatch.schemas.signing import CommandKey, sign
-from runwatch.schemas.topics import TopicNames, names
+from runwatch.schemas.topics import FOLD_ORDER, TopicNames, TopicRole, folding, names
 
 log = logging.getLogger(__name__)
 
@@ -121,14 +121,6 @@ CHANGELOG_COMPACTION = {"segment.ms": str(10 * 60 * 1000), "segment.bytes": str(
 """Changelog segments roll every 10 minutes or 64 MiB. Kafka compacts only rolled segments,
 and its defaults (7 days, 1 GiB) left a successor replaying every write since the topic was
 made; with these it replays about one record per run and table plus the last segment."""
-
-TABLES: dict[str, str] = {
-    "steps": "step-health",
-    "heartbeats": "liveness",
-    "checkpoints": "checkpoints",
-    "anomalies": "policy",
-}
-"""Input role -> the name of the table holding its reducer states."""
 
 METADATA_TIMEOUT_S: Final = 120.0
 """Longest an agent waits for its producer to know the topics it writes to."""
@@ -185,7 +177,7 @@ class _Agent:
     def __init__(
         self,
         app: faust.App,
-        role: str,
+        role: TopicRole,
         table: Any,
         settings: ProcessorSettings,
         cfg: DetectorConfig,
@@ -201,8 +193,8 @@ class _Agent:
         self.topics = topics
         self.finish = finish
         self.faults = faults
-        self.kind = ROLE_STATE[role]
-        self.changelog = changelog_topic(settings.app_id, TABLES[role])
+        self.kind = folding(role).state
+        self.changelog = changelog_topic(settings.app_id, folding(role).table)
         self.needs_metadata = [self.changelog, topics.anomalies, topics.commands, topics.deadletter]
         self.key_partitions: dict[bytes, tuple[int, str]] = {}  # key -> (partition, run id)
         self.run_partitions: dict[str, int] = {}  # run id -> partition (states not written)
@@ -553,15 +545,6 @@ class _BatchSink:
         await asyncio.Event().wait()  # never return: nothing since the last flush is acknowledged
 
 
-FOLD_ORDER: Final = ("anomalies", "steps", "checkpoints", "heartbeats")
-"""The order the batch path folds a round's roles in: the few records whose outputs restart
-a gang or page a human first, the bulk last. Under load a round holds thousands of packed
-heartbeats (tens of milliseconds to fold, hundreds after a stall) beside a few hundred
-steps: folded in the fetch's order, a loss spike waited behind them about half the time.
-The roles' states and outputs are independent (the policy reads verdicts from the
-anomalies topic, not from this round), so the order changes when outputs go out, not what
-they are; within a role, records keep their partition order."""
-
 FOLD_CHUNK_EVENTS: Final = 4096
 """Events the batch path folds before handing their outputs to the producer (a pack
 counts its events). A round may hold hundreds of thousands of events under a backlog or a
@@ -619,7 +602,7 @@ def create_app(
         store=store_url(settings.store),  # memory, or RocksDB under the data dir
         Table=RunTable,  # files each RocksDB write under its changelog partition
         datadir=str(_data_dir(settings)),
-        topic_partitions=max(settings.partitions_of(role) for role in TABLES),
+        topic_partitions=max(settings.partitions_of(role) for role in FOLD_ORDER),
         topic_replication_factor=settings.replication_factor,
         topic_allow_declare=True,
         key_serializer="raw",
@@ -652,18 +635,12 @@ def create_app(
             return sign(event, key)
         return event
 
-    role_topic = {
-        "steps": topics.steps,
-        "heartbeats": topics.heartbeats,
-        "checkpoints": topics.checkpoints,
-        "anomalies": topics.anomalies,
-    }
     sources: list[Any] = []
     bodies: dict[str, _Agent] = {}  # in FOLD_ORDER, which the batch path folds a round in
     for role in FOLD_ORDER:
-        topic_name = role_topic[role]
+        topic_name = topics.of(role)
         table = app.Table(
-            TABLES[role],
+            folding(role).table,
             default=None,
             partitions=settings.partitions_of(role),  # co-partitioned with its input
             key_type=bytes,
@@ -707,7 +684,7 @@ def create_app(
                 None,
                 None,
             )
-            for p in range(settings.partitions_of("heartbeats"))  # every one, as it is
+            for p in range(settings.partitions_of(TopicRole.HEARTBEATS))  # every one, as it is
         ]
         await asyncio.gather(*pending)
 

@@ -45,12 +45,26 @@ from runwatch.processors.verdict_diff import Comparison, compare_anomalies, comp
 from runwatch.schemas.codec import encode_key
 from runwatch.schemas.events import TICK_RUN_ID, AnomalyDetected, RestartRequested, RunStarted, Tick
 from runwatch.schemas.records import RawRecord, split
-from runwatch.schemas.topics import TopicNames, names
+from runwatch.schemas.topics import (
+    FOLD_ORDER,
+    ROLES,
+    Principal,
+    TopicNames,
+    TopicRole,
+    names,
+)
 
-INPUT_ROLES: tuple[str, ...] = ("steps", "heartbeats", "checkpoints")
-STAGES: tuple[tuple[str, ...], ...] = (INPUT_ROLES, ("anomalies",), ("commands",))
+INPUT_ROLES: tuple[TopicRole, ...] = tuple(
+    role for role in FOLD_ORDER if Principal.TRAINER in ROLES[role].writers
+)
+"""The folded roles trainers write: steps, heartbeats (with the clock's ticks), checkpoints."""
+STAGES: tuple[tuple[TopicRole, ...], ...] = (
+    INPUT_ROLES,
+    (TopicRole.ANOMALIES,),
+    (TopicRole.COMMANDS,),
+)
 """Read order: inputs, then the anomalies they produced, then the commands those produced."""
-PROCESSED_ROLES: frozenset[str] = frozenset({*INPUT_ROLES, "anomalies"})
+PROCESSED_ROLES: frozenset[TopicRole] = frozenset(FOLD_ORDER)
 """Roles the processors consume (the anomalies feed the policy): lag is told on these."""
 START_MARGIN_MS = 60_000
 """Reading starts this long before the run's first RunStarted: ranks' clocks may differ
@@ -70,15 +84,9 @@ class Verdict(enum.StrEnum):
     """The processors have not processed some of the run's records yet."""
 
 
-def role_topics(topics: TopicNames) -> dict[str, str]:
-    """Role -> topic name, for the topics an audit reads."""
-    return {
-        "steps": topics.steps,
-        "heartbeats": topics.heartbeats,
-        "checkpoints": topics.checkpoints,
-        "anomalies": topics.anomalies,
-        "commands": topics.commands,
-    }
+def role_topics(topics: TopicNames) -> dict[TopicRole, str]:
+    """Role -> topic name, for the topics an audit reads (`STAGES`)."""
+    return {role: topics.of(role) for stage in STAGES for role in stage}
 
 
 class RunLog(msgspec.Struct, frozen=True, kw_only=True):
@@ -172,7 +180,7 @@ def records_of_run(
     dead = 0
     for role, topic in role_topic.items():
         records = history.get(topic, ())
-        if role == "heartbeats":
+        if role == TopicRole.HEARTBEATS:
             raw = [r for r in records if r.key == key or r.partition in hb_partitions]
         else:
             raw = [r for r in records if r.key == key]
@@ -187,11 +195,11 @@ def records_of_run(
                         inputs.append((role, source, event))
                 elif event.run_id == run_id:
                     inputs.append((role, source, event))  # type: ignore[arg-type]
-        elif role == "anomalies":
+        elif role == TopicRole.ANOMALIES:
             for source, event in good:
                 if event.run_id == run_id and isinstance(event, AnomalyDetected):
                     anomalies.append((role, source, event))
-        elif role == "commands":
+        elif role == TopicRole.COMMANDS:
             for _, event in good:
                 if event.run_id == run_id and isinstance(event, RestartRequested):
                     commands.append(event)
@@ -214,7 +222,7 @@ def _from_first_event(inputs: list[Record], run_id: str) -> list[Record]:
     first: dict[int, int] = {}
     ticks = False
     for role, source, event in inputs:
-        if role != "heartbeats":
+        if role != TopicRole.HEARTBEATS:
             continue
         if type(event) is Tick:
             ticks = True
@@ -279,7 +287,7 @@ def _run_start_ms(reader: LogReader, topics: TopicNames, run_id: str) -> int | N
     raw = reader.read(
         {tp: Span(start, reader.end_offsets([tp])[tp])}, key_filter=lambda k: k == key
     )[tp]
-    good, _ = split(raw, "runs")
+    good, _ = split(raw, TopicRole.RUNS)
     for source, event in good:
         if isinstance(event, RunStarted) and event.run_id == run_id and event.incarnation == 0:
             stamp = next(r.timestamp_ms for r in raw if r.offset == source.offset)
@@ -524,7 +532,7 @@ def _compare(log: RunLog, inputs: list[Record], cfg: DetectorConfig) -> AuditRec
 
 def _unprocessed_tick(record: Record, committed: Mapping[tuple[str, int], int | None]) -> bool:
     role, source, event = record
-    if role != "heartbeats" or not isinstance(event, Tick):
+    if role != TopicRole.HEARTBEATS or not isinstance(event, Tick):
         return False
     key = (source.topic, source.partition)
     if key not in committed:

@@ -16,6 +16,7 @@ from runwatch.processors.logread import read_history
 from runwatch.processors.settings import changelog_topic
 from runwatch.schemas.codec import DecodeError, decode
 from runwatch.schemas.events import RankStack, RestartCompleted
+from runwatch.schemas.topics import StateKind, table_of
 
 
 def default_app_id(prefix: str) -> str:
@@ -48,8 +49,8 @@ def latest_states(bootstrap: str, app_id: str, *, timeout_s: float = 30.0) -> di
     Returns:
         Run id -> its view, sorted by run id.
     """
-    tables = {"step-health": "steps", "liveness": "liveness", "policy": "policy"}
-    topics = {changelog_topic(app_id, t): kind for t, kind in tables.items()}
+    kinds = (StateKind.STEPS, StateKind.LIVENESS, StateKind.POLICY)  # `RunView`'s
+    topics = {changelog_topic(app_id, table_of(kind)): kind for kind in kinds}
     history = read_history(bootstrap, list(topics), timeout_s=timeout_s)
     views: dict[str, RunView] = {}
     for topic, records in history.items():
@@ -59,7 +60,7 @@ def latest_states(bootstrap: str, app_id: str, *, timeout_s: float = 30.0) -> di
                 continue
             run_id = record.key.decode()
             view = views.setdefault(run_id, RunView(run_id=run_id))
-            setattr(view, kind, decode_state(kind, record.value))  # type: ignore[arg-type]
+            setattr(view, kind.value, decode_state(kind, record.value))
     return dict(sorted(views.items()))
 
 

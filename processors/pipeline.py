@@ -14,20 +14,13 @@ outputs and dead letters first, then writes exactly these bytes (ARCHITECTURE ru
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, Final, NamedTuple
+from typing import Any, NamedTuple
 
 from runwatch.processors.core.config import DetectorConfig
 from runwatch.processors.core.replay import Replayer
 from runwatch.schemas.events import TICK_RUN_ID, DeadLetter, Event, EventPack, Tick
 from runwatch.schemas.records import Decoded
-
-ROLE_STATE: Final[dict[str, str]] = {
-    "steps": "steps",
-    "heartbeats": "liveness",
-    "checkpoints": "checkpoints",
-    "anomalies": "policy",
-}
-"""Input topic role -> the kind of state its reducer keeps (see `processors.core.state_codec`)."""
+from runwatch.schemas.topics import TopicRole, folding
 
 
 class BatchResult(NamedTuple):
@@ -47,7 +40,7 @@ class BatchResult(NamedTuple):
 
 
 def fold_batch(
-    role: str,
+    role: TopicRole,
     items: Sequence[Decoded],
     load: Callable[[str], Any],
     runs_in_partition: Callable[[int], Iterable[str]],
@@ -56,7 +49,7 @@ def fold_batch(
     """Fold ``items`` (one topic role, in partition order) into the states they touch.
 
     Args:
-        role: ``steps``, ``heartbeats``, ``checkpoints`` or ``anomalies``.
+        role: A role the processors fold (`schemas.topics.FOLD_ORDER`).
         items: Decoded records of that role.
         load: The stored state of a run, or None for a run not seen yet.
         runs_in_partition: Runs with a stored state in a partition (a Tick fans out to them).
@@ -67,7 +60,8 @@ def fold_batch(
         the order the reducers emitted them, the dead letters, and the encoded states.
     """
     replayer = Replayer(cfg)
-    store: dict[str, Any] = getattr(replayer, ROLE_STATE[role])
+    kind = folding(role).state
+    store: dict[str, Any] = getattr(replayer, kind.value)
     for source, event in items:
         if isinstance(event, Tick) and event.run_id == TICK_RUN_ID:
             known = replayer.partition_runs.setdefault(source.partition, set())
@@ -76,17 +70,16 @@ def fold_batch(
                 _preload(store, run_id, load)
         else:
             _preload(store, event.run_id, load)
-            if role == "heartbeats":
+            if role == TopicRole.HEARTBEATS:
                 replayer.partition_runs.setdefault(source.partition, set()).add(event.run_id)
     replayer.feed((role, source, event) for source, event in items)  # type: ignore[misc]
     outputs: list[Event] = [verdict for _, verdict in replayer.recomputed]
     outputs.extend(replayer.commands)
-    kind = ROLE_STATE[role]
     return BatchResult(store, outputs, list(replayer.dead_letters), replayer.encoded[kind])
 
 
 def fold_chunks(
-    role: str,
+    role: TopicRole,
     items: Sequence[Decoded],
     load: Callable[[str], Any],
     runs_in_partition: Callable[[int], Iterable[str]],
@@ -132,7 +125,7 @@ def fold_chunks(
         result = fold_batch(role, chunk, carried_load, runs_in, cfg)
         states.update(result.states)
         encoded.update(result.encoded)
-        if role == "heartbeats":
+        if role == TopicRole.HEARTBEATS:
             for source, event in chunk:
                 if not (isinstance(event, Tick) and event.run_id == TICK_RUN_ID):
                     seen.setdefault(source.partition, set()).add(event.run_id)

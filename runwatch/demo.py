@@ -34,7 +34,7 @@ from runwatch.processors.logread import TopicTail
 from runwatch.procs import ManagedProcess
 from runwatch.schemas.events import Event
 from runwatch.schemas.records import split
-from runwatch.schemas.topics import names
+from runwatch.schemas.topics import TopicRole, names
 from runwatch.ui.model import AuditNote, WebviewData
 from runwatch.ui.server import UiServer
 
@@ -223,11 +223,7 @@ def run_demo(cfg: DemoConfig, out: TextIO = sys.stdout) -> int:
         say(f"processors, sinks and {len(launches)} run(s) started; logs in {logs}")
         webview = _web_view(cfg, stack, bootstrap, prefix, app_id, detector, say)
         title = "runwatch demo" if webview is None else f"runwatch demo   web view: {webview.url}"
-        roles = {
-            topics.anomalies: "anomalies",
-            topics.commands: "commands",
-            topics.controller: "controller",
-        }
+        roles = topics.roles(TopicRole.ANOMALIES, TopicRole.COMMANDS, TopicRole.CONTROLLER)
         tail = TopicTail(bootstrap, list(roles))
         stack.callback(tail.close)
         recent: list[Event] = []

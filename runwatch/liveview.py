@@ -16,6 +16,7 @@ from runwatch.schemas.events import (
     RestartCompleted,
     RestartFailed,
     RestartRequested,
+    event_name,
 )
 
 BAR_WIDTH = 24
@@ -48,7 +49,7 @@ def describe(event: Event) -> str:
         return f"{event.run_id}: restart FAILED: {event.reason}"
     if isinstance(event, CommandRejected):
         return f"{event.run_id}: command rejected: {event.reason}"
-    return f"{event.run_id}: {type(event).__name__}"
+    return f"{event.run_id}: {event_name(event)}"
 
 
 def _row(r: RunSummary, total_steps: int) -> str:

@@ -696,5 +696,19 @@ OUTPUT_TYPES: tuple[type[Event], ...] = (
 )
 ALL_TYPES: tuple[type[Event], ...] = INPUT_TYPES + OUTPUT_TYPES
 
+_NAMES: Final[dict[type[Event], str]] = {
+    t: str(t.__struct_config__.tag).rpartition(".")[0] for t in ALL_TYPES
+}
+
+
+def event_name(event: Event | type[Event]) -> str:
+    """An event's one name: its wire tag without the version (``step``, ``restart_completed``).
+
+    Logs, alerts, the web view's feed and the archive all name events so; a class name is
+    code, and a class can be renamed without breaking the log.
+    """
+    return _NAMES[event if isinstance(event, type) else type(event)]
+
+
 TICK_RUN_ID = "*"
 """The ``run_id`` of a Tick: it applies to every run of its partition."""

@@ -4,7 +4,7 @@ One decode per record. A record is rejected when its bytes are not a runwatch ev
 its tag is unknown, when the event does not belong on the topic it was read from, or when
 its key is not its run id (it would sit in another run's partition and escape detection).
 A packed record (`schemas.events.EventPack`) is rejected whole when any event in it does
-not belong on the topic (`ROLE_PACKED_TYPES`), or belongs to another run (the codec
+not belong on the topic (`schemas.topics.RoleSpec.packs`), or belongs to another run (the codec
 refuses that pack); it is not unpacked here: the shared fold does that
 (`processors.core.replay.unpack`), so every reader applies the same events.
 Nothing is dropped: every rejected record becomes a `DeadLetter` (stage ``decode``) with
@@ -16,7 +16,7 @@ at the offset the dead letter names). `check` never raises, whatever the record 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Final, NamedTuple
+from typing import NamedTuple
 
 from runwatch.schemas.codec import DecodeError, decode
 from runwatch.schemas.events import (
@@ -24,44 +24,13 @@ from runwatch.schemas.events import (
     MAX_ID_CHARS,
     MAX_TEXT_CHARS,
     TICK_RUN_ID,
-    AgentReady,
-    AnomalyDetected,
     AnyEvent,
-    CheckpointCommitted,
-    CheckpointFailed,
-    CommandRejected,
     DeadLetter,
     EventPack,
-    Heartbeat,
     Provenance,
-    RankExited,
-    RestartCompleted,
-    RestartFailed,
-    RestartRequested,
-    RunEnded,
-    RunStarted,
-    StepCompleted,
     Tick,
 )
-
-ROLE_TYPES: Final[dict[str, tuple[type, ...]]] = {
-    "runs": (RunStarted, RunEnded),
-    "steps": (RunStarted, StepCompleted, RunEnded, EventPack),
-    "heartbeats": (RunStarted, Heartbeat, RunEnded, Tick, RankExited, EventPack),
-    "checkpoints": (CheckpointCommitted, CheckpointFailed),
-    "anomalies": (AnomalyDetected,),
-    "commands": (RestartRequested,),
-    "controller": (RestartCompleted, RestartFailed, CommandRejected, AgentReady),
-}
-"""Which event types each topic role may carry (a pack: see `ROLE_PACKED_TYPES`)."""
-
-ROLE_PACKED_TYPES: Final[dict[str, tuple[type, ...]]] = {
-    "steps": (StepCompleted,),
-    "heartbeats": (Heartbeat,),
-}
-"""What a pack on each topic role may hold: that topic's own high-volume event, so one
-record never feeds two reducers (a pack of steps on the heartbeats topic would be read by
-nobody; mixing them would make one topic's order depend on another's)."""
+from runwatch.schemas.topics import ROLES, TopicRole
 
 
 class RawRecord(NamedTuple):
@@ -106,7 +75,7 @@ def _one_line(reason: str) -> str:
     return line if len(line) <= MAX_TEXT_CHARS else line[: MAX_TEXT_CHARS - 3] + "..."
 
 
-def check(record: RawRecord, role: str) -> Decoded | DeadLetter:
+def check(record: RawRecord, role: TopicRole) -> Decoded | DeadLetter:
     """Decode one record read from a topic of ``role`` and check it belongs there.
 
     Never raises: whatever goes wrong with one record makes it a dead letter.
@@ -117,21 +86,22 @@ def check(record: RawRecord, role: str) -> Decoded | DeadLetter:
         return dead_letter(record, f"decode: {type(exc).__name__}: {exc}")
 
 
-def _check(record: RawRecord, role: str) -> Decoded | DeadLetter:
+def _check(record: RawRecord, role: TopicRole) -> Decoded | DeadLetter:
     if record.value is None:
         return dead_letter(record, "empty record value (tombstone) on a non-compacted topic")
     try:
         event = decode(record.value)
     except DecodeError as exc:
         return dead_letter(record, exc.reason)
-    allowed = ROLE_TYPES[role]
+    spec = ROLES[role]
+    allowed = spec.carries
     if not isinstance(event, allowed):
         names = ", ".join(t.__name__ for t in allowed)
         return dead_letter(
             record, f"{type(event).__name__} does not belong on a {role} topic ({names})"
         )
     if isinstance(event, EventPack):
-        packable = ROLE_PACKED_TYPES[role]
+        packable = spec.packs
         for index, inner in enumerate(event.events):
             if not isinstance(inner, packable):
                 names = ", ".join(t.__name__ for t in packable)
@@ -150,7 +120,7 @@ def _check(record: RawRecord, role: str) -> Decoded | DeadLetter:
     return Decoded(source, event)
 
 
-def split(records: Iterable[RawRecord], role: str) -> tuple[list[Decoded], list[DeadLetter]]:
+def split(records: Iterable[RawRecord], role: TopicRole) -> tuple[list[Decoded], list[DeadLetter]]:
     """Decode a batch: the good records in order, and the dead letters."""
     good: list[Decoded] = []
     dead: list[DeadLetter] = []

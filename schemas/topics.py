@@ -1,4 +1,11 @@
-"""The topic catalogue: every topic runwatch uses, in one place.
+"""The topic catalogue: every topic runwatch uses, and what each one is for, in one table.
+
+A topic is ``<prefix>.<role>``; its `TopicRole` says what it carries, and `ROLES` holds,
+per role, everything the rest of runwatch needs to know about it: the event types a record
+on it may hold (and what a pack there may hold), whether and how the processors fold it
+(the reducer state it builds, the table that keeps that state, its place in the fold
+order), its default partition count and its retention. Nothing else spells that
+vocabulary: readers look roles up here (`RoleSpec`, `FOLD_ORDER`, `TopicNames.of`).
 
 All topics are keyed by ``run_id``, so all of a run's events in one topic share one
 partition (Kafka's default partitioner: murmur2 of the key modulo the topic's partition
@@ -11,22 +18,234 @@ metadata, never from this table.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Mapping
 from typing import Final
 
 import msgspec
 
-DEFAULT_PARTITIONS: Final[Mapping[str, int]] = {
-    "runs": 8,
-    "steps": 16,
-    "heartbeats": 64,
-    "checkpoints": 8,
-    "anomalies": 8,
-    "commands": 4,
-    "controller": 4,
-    "deadletter": 4,
+from runwatch.schemas.events import (
+    AgentReady,
+    AnomalyDetected,
+    CheckpointCommitted,
+    CheckpointFailed,
+    CommandRejected,
+    DeadLetter,
+    Event,
+    EventPack,
+    Heartbeat,
+    RankExited,
+    RestartCompleted,
+    RestartFailed,
+    RestartRequested,
+    RunEnded,
+    RunStarted,
+    StepCompleted,
+    Tick,
+)
+
+
+class TopicRole(enum.StrEnum):
+    """What a topic is for; the topic itself is ``<prefix>.<role>``.
+
+    A `str` (``TopicRole.STEPS == "steps"``), so a role read from a flag or a file is the
+    role itself.
+    """
+
+    RUNS = "runs"
+    STEPS = "steps"
+    HEARTBEATS = "heartbeats"
+    CHECKPOINTS = "checkpoints"
+    ANOMALIES = "anomalies"
+    COMMANDS = "commands"
+    CONTROLLER = "controller"
+    DEADLETTER = "deadletter"
+
+
+class Principal(enum.StrEnum):
+    """Who writes to Kafka: one credential per principal in a secured deployment."""
+
+    TRAINER = "trainer"
+    """Every rank of a training job: arbitrary user code, trusted with its own events only."""
+    PROCESSORS = "processors"
+    """The stream processors: verdicts, commands, dead letters, the clock's Ticks."""
+    CONTROLLER = "controller"
+    """The node agent: restart outcomes; it also speaks for a gang that only prints logs
+    (its steps, heartbeats and exits) and announces a run's end."""
+    SINKS = "sinks"
+    """Alerts, metrics, the archive, the web view, the audit: readers only."""
+
+
+class StateKind(enum.StrEnum):
+    """The reducer states the processors keep, one per folded role (`Folding.state`)."""
+
+    STEPS = "steps"
+    LIVENESS = "liveness"
+    CHECKPOINTS = "checkpoints"
+    POLICY = "policy"
+
+
+class Folding(msgspec.Struct, frozen=True, kw_only=True):
+    """How the processors fold one input role.
+
+    Attributes:
+        state: The reducer state each run gets from this role's records.
+        table: The processors' table keeping those states (its changelog topic is
+            ``<app id>-<table>-changelog``; the name is part of a deployment's data).
+        order: Position in the order a round folds its roles (`FOLD_ORDER`).
+    """
+
+    state: StateKind
+    table: str
+    order: int
+
+
+class RoleSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """Everything runwatch knows about one topic role.
+
+    Attributes:
+        role: The role.
+        carries: The event types a record of this topic may hold.
+        packs: What an `EventPack` on this topic may hold (empty: no packs here). Only
+            the topic's own high-volume event, so one record never feeds two reducers.
+        writers: Who may write records to it (ARCHITECTURE, "Who may write what").
+        folding: How the processors fold it; None: they do not.
+        partitions: Default partition count (`DEFAULT_PARTITIONS` has the reasoning).
+        compacted: ``cleanup.policy=compact`` (keep the latest record per key).
+        retention_ms: ``retention.ms``; None keeps the broker's default; -1 keeps forever.
+        description: What the topic carries, for humans.
+    """
+
+    role: TopicRole
+    carries: tuple[type[Event], ...]
+    packs: tuple[type[Event], ...] = ()
+    writers: frozenset[Principal]
+    folding: Folding | None = None
+    partitions: int
+    compacted: bool = False
+    retention_ms: int | None
+    description: str
+
+
+WEEK_MS: Final = 7 * 24 * 3600 * 1000
+
+ROLES: Final[Mapping[TopicRole, RoleSpec]] = {
+    spec.role: spec
+    for spec in (
+        RoleSpec(
+            role=TopicRole.RUNS,
+            carries=(RunStarted, RunEnded),
+            writers=frozenset({Principal.TRAINER, Principal.CONTROLLER}),
+            partitions=8,
+            compacted=True,
+            retention_ms=None,
+            description="RunStarted / RunEnded: model FLOP config, plan, peak, thresholds",
+        ),
+        RoleSpec(
+            role=TopicRole.STEPS,
+            carries=(RunStarted, StepCompleted, RunEnded, EventPack),
+            packs=(StepCompleted,),
+            writers=frozenset({Principal.TRAINER, Principal.CONTROLLER}),
+            folding=Folding(state=StateKind.STEPS, table="step-health", order=1),
+            partitions=16,
+            retention_ms=-1,
+            description="StepCompleted (alone or packed): loss, grad norm, step time, tokens",
+        ),
+        RoleSpec(
+            role=TopicRole.HEARTBEATS,
+            carries=(RunStarted, Heartbeat, RunEnded, Tick, RankExited, EventPack),
+            packs=(Heartbeat,),
+            writers=frozenset({Principal.TRAINER, Principal.CONTROLLER, Principal.PROCESSORS}),
+            folding=Folding(state=StateKind.LIVENESS, table="liveness", order=3),
+            partitions=64,
+            retention_ms=4 * WEEK_MS,
+            description="Heartbeat per rank per step (or packs), Tick from the clock",
+        ),
+        RoleSpec(
+            role=TopicRole.CHECKPOINTS,
+            carries=(CheckpointCommitted, CheckpointFailed),
+            writers=frozenset({Principal.TRAINER}),
+            folding=Folding(state=StateKind.CHECKPOINTS, table="checkpoints", order=2),
+            partitions=8,
+            retention_ms=-1,
+            description="CheckpointCommitted / CheckpointFailed",
+        ),
+        RoleSpec(
+            role=TopicRole.ANOMALIES,
+            carries=(AnomalyDetected,),
+            writers=frozenset({Principal.PROCESSORS}),
+            folding=Folding(state=StateKind.POLICY, table="policy", order=0),
+            partitions=8,
+            retention_ms=-1,
+            description="AnomalyDetected verdicts",
+        ),
+        RoleSpec(
+            role=TopicRole.COMMANDS,
+            carries=(RestartRequested,),
+            writers=frozenset({Principal.PROCESSORS}),
+            partitions=4,
+            retention_ms=-1,
+            description="RestartRequested, signed, from the policy to the controller",
+        ),
+        RoleSpec(
+            role=TopicRole.CONTROLLER,
+            carries=(RestartCompleted, RestartFailed, CommandRejected, AgentReady),
+            writers=frozenset({Principal.CONTROLLER}),
+            partitions=4,
+            retention_ms=-1,
+            description="RestartCompleted / RestartFailed / CommandRejected / AgentReady",
+        ),
+        RoleSpec(
+            role=TopicRole.DEADLETTER,
+            carries=(DeadLetter,),
+            writers=frozenset({Principal.PROCESSORS}),
+            partitions=4,
+            retention_ms=4 * WEEK_MS,
+            description="DeadLetter: undecodable records with the reason",
+        ),
+    )
 }
-"""Partitions per topic (by short name), sized for a fleet; docs/deploy.md has the reasoning.
+"""Role -> what it is, in the catalogue's order (the order `catalogue` lists topics in)."""
+
+FOLD_ORDER: Final[tuple[TopicRole, ...]] = tuple(
+    sorted(
+        (spec.role for spec in ROLES.values() if spec.folding is not None),
+        key=lambda role: ROLES[role].folding.order,  # type: ignore[union-attr]
+    )
+)
+"""The roles the processors fold, in the order a round folds them: the few records whose
+outputs restart a gang or page a human first (anomalies, steps, checkpoints), the bulk
+(heartbeats) last. The roles' states and outputs are independent, so the order changes when
+outputs go out, not what they are; within a role, records keep their partition order."""
+
+FOLDED_STATES: Final[Mapping[StateKind, TopicRole]] = {
+    ROLES[role].folding.state: role  # type: ignore[union-attr]
+    for role in FOLD_ORDER
+}
+"""State kind -> the role whose records build it."""
+
+
+def folding(role: TopicRole | str) -> Folding:
+    """How the processors fold ``role``.
+
+    Raises:
+        ValueError: The role is not one the processors fold.
+    """
+    found = ROLES[TopicRole(role)].folding
+    if found is None:
+        raise ValueError(f"the processors do not fold {role!s}; they fold {', '.join(FOLD_ORDER)}")
+    return found
+
+
+def table_of(kind: StateKind) -> str:
+    """The processors' table that keeps ``kind`` states (its changelog holds them)."""
+    return folding(FOLDED_STATES[kind]).table
+
+
+DEFAULT_PARTITIONS: Final[Mapping[str, int]] = {
+    role: spec.partitions for role, spec in ROLES.items()
+}
+"""Partitions per topic (by role), sized for a fleet; docs/deploy.md has the reasoning.
 
 A topic's partition count is the ceiling on the workers that share its agent, and a run
 never spans partitions. ``heartbeats`` carries one record per rank per step (100 runs of
@@ -38,8 +257,6 @@ heaviest fold per record. ``checkpoints``, ``anomalies`` (the policy agent's inp
 ``runs`` (compacted, two records per incarnation) are a record per event of a run: 8.
 ``commands``, ``controller`` and ``deadletter`` are low volume and read by sinks: 4.
 """
-
-WEEK_MS: Final = 7 * 24 * 3600 * 1000
 
 
 MAX_REPLICATION_FACTOR: Final = 3
@@ -110,7 +327,7 @@ class TopicSpec(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class TopicNames(msgspec.Struct, frozen=True, kw_only=True):
-    """The names of the catalogue's topics for one prefix."""
+    """The names of the catalogue's topics for one prefix (one field per `TopicRole`)."""
 
     runs: str
     steps: str
@@ -121,27 +338,18 @@ class TopicNames(msgspec.Struct, frozen=True, kw_only=True):
     controller: str
     deadletter: str
 
+    def of(self, role: TopicRole | str) -> str:
+        """The topic of ``role``."""
+        return str(getattr(self, TopicRole(role).value))
 
-_CATALOGUE: Final[tuple[tuple[str, bool, int | None, str], ...]] = (
-    ("runs", True, None, "RunStarted / RunEnded: model FLOP config, plan, peak, thresholds"),
-    ("steps", False, -1, "StepCompleted (alone or packed): loss, grad norm, step time, tokens"),
-    (
-        "heartbeats",
-        False,
-        4 * WEEK_MS,
-        "Heartbeat per rank per step (or packs), Tick from the clock",
-    ),
-    ("checkpoints", False, -1, "CheckpointCommitted / CheckpointFailed"),
-    ("anomalies", False, -1, "AnomalyDetected verdicts"),
-    ("commands", False, -1, "RestartRequested, signed, from the policy to the controller"),
-    ("controller", False, -1, "RestartCompleted / RestartFailed / CommandRejected / AgentReady"),
-    ("deadletter", False, 4 * WEEK_MS, "DeadLetter: undecodable records with the reason"),
-)
+    def roles(self, *roles: TopicRole) -> dict[str, TopicRole]:
+        """Topic name -> role, for ``roles`` (every role when none is given)."""
+        return {self.of(role): role for role in roles or tuple(TopicRole)}
 
 
 def names(prefix: str = "runwatch") -> TopicNames:
     """Topic names for ``prefix`` (``runwatch.steps`` and so on)."""
-    return TopicNames(**{short: f"{prefix}.{short}" for short, *_ in _CATALOGUE})
+    return TopicNames(**{role.value: f"{prefix}.{role}" for role in TopicRole})
 
 
 def default_partitions(short: str) -> int:
@@ -235,11 +443,11 @@ def catalogue(
             raise ValueError(f"partitions must be >= 1, got {count} for {short}")
     return [
         TopicSpec(
-            name=f"{prefix}.{short}",
-            partitions=counts[short],
-            compacted=compacted,
-            retention_ms=retention,
-            carries=carries,
+            name=f"{prefix}.{role}",
+            partitions=counts[role],
+            compacted=spec.compacted,
+            retention_ms=spec.retention_ms,
+            carries=spec.description,
         )
-        for short, compacted, retention, carries in _CATALOGUE
+        for role, spec in ROLES.items()
     ]

@@ -21,6 +21,7 @@ from runwatch.schemas.events import (
     RestartCompleted,
     RestartFailed,
     RestartRequested,
+    event_name,
 )
 
 ZERO_TIME: Final = "0001-01-01T00:00:00Z"
@@ -103,9 +104,9 @@ def _anomaly(event: AnomalyDetected) -> Alert:
 def _restart(event: RestartRequested) -> Alert:
     upto = "latest" if event.max_checkpoint_step is None else f"<= {event.max_checkpoint_step}"
     return Alert(
-        alert_id=f"restart_requested:{event.command_id}",
+        alert_id=f"{event_name(event)}:{event.command_id}",
         run_id=event.run_id,
-        kind="restart_requested",
+        kind=event_name(event),
         severity="warning",
         step=None,
         rank=None,
@@ -124,8 +125,9 @@ def _restart(event: RestartRequested) -> Alert:
 
 
 def _outcome(event: RestartCompleted | RestartFailed | CommandRejected) -> Alert:
+    kind = event_name(event)
     if isinstance(event, RestartCompleted):
-        kind, severity = "restart_completed", "info"
+        severity = "info"
         summary = f"run {event.run_id} restarted from checkpoint step {event.checkpoint_step}"
         description = (
             f"world size {event.world_size}, {event.duration_s:.1f} s, "
@@ -133,7 +135,6 @@ def _outcome(event: RestartCompleted | RestartFailed | CommandRejected) -> Alert
         )
         detail = f"from checkpoint step {event.checkpoint_step}, {description}"
     else:
-        kind = "restart_failed" if isinstance(event, RestartFailed) else "command_rejected"
         severity = "critical"
         summary = f"{kind.replace('_', ' ')} for run {event.run_id}"
         description = detail = event.reason

@@ -29,7 +29,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from runwatch.schemas.events import AnomalyDetected, Severity
 from runwatch.schemas.records import Decoded, RawRecord, check
-from runwatch.schemas.topics import TopicNames
+from runwatch.schemas.topics import TopicNames, TopicRole
 from runwatch.sinks.alert_format import (
     AlertGroup,
     alert_of,
@@ -129,11 +129,7 @@ class AlertSink:
         now_ns: Callable[[], int] = time.time_ns,
     ) -> None:
         self.settings = settings
-        self.roles = {
-            topics.anomalies: "anomalies",
-            topics.commands: "commands",
-            topics.controller: "controller",
-        }
+        self.roles = topics.roles(TopicRole.ANOMALIES, TopicRole.COMMANDS, TopicRole.CONTROLLER)
         self.log = log
         self.out = out or sys.stdout
         self.post = post

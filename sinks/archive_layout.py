@@ -24,7 +24,7 @@ from typing import Any, Final, NamedTuple
 from urllib.parse import quote, unquote
 
 from runwatch.schemas.codec import DecodeError, decode
-from runwatch.schemas.events import TICK_RUN_ID
+from runwatch.schemas.events import TICK_RUN_ID, event_name
 from runwatch.schemas.records import RawRecord
 
 TICKS_DIR: Final = "_ticks"
@@ -146,7 +146,7 @@ def row_of(record: RawRecord) -> dict[str, Any]:
             return row
         step = getattr(event, "step", None)
         row.update(
-            type=type(event).__name__,
+            type=event_name(event),
             run_id=event.run_id,
             step=step if isinstance(step, int) else None,
             ts_ns=event.ts_ns,

@@ -38,7 +38,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from runwatch.schemas.records import Decoded, RawRecord, check
-from runwatch.schemas.topics import TopicNames
+from runwatch.schemas.topics import TopicNames, TopicRole
 from runwatch.sinks.consumer import TopicPartitionKey
 from runwatch.sinks.metrics_state import FleetFigures, MetricsPolicy, RunFigures
 
@@ -145,13 +145,13 @@ class MetricsSink:
         policy: MetricsPolicy | None = None,
         collectors: Sequence[Any] = (),
     ) -> None:
-        self.roles = {
-            topics.steps: "steps",
-            topics.heartbeats: "heartbeats",
-            topics.anomalies: "anomalies",
-            topics.commands: "commands",
-            topics.controller: "controller",
-        }
+        self.roles = topics.roles(
+            TopicRole.STEPS,
+            TopicRole.HEARTBEATS,
+            TopicRole.ANOMALIES,
+            TopicRole.COMMANDS,
+            TopicRole.CONTROLLER,
+        )
         self.figures = FleetFigures(policy)
         self.lock = threading.Lock()
         self.collector = FleetCollector(self.figures, self.lock)

@@ -50,6 +50,7 @@ from runwatch.schemas.events import (
     RunStarted,
     StepCompleted,
 )
+from runwatch.schemas.topics import FOLD_ORDER, TopicRole
 
 INPROC_TOPIC: Final = "inproc"
 """Provenance topic of the events the monitor synthesises."""
@@ -194,7 +195,7 @@ class TrainingHealthMonitor:
         self._steps: StepHealthState | None = None
         self._liveness: LivenessState | None = None
         self._policy: PolicyState | None = None
-        self._offsets = {"steps": -1, "heartbeats": -1, "anomalies": -1}
+        self._offsets = dict.fromkeys(FOLD_ORDER, -1)  # per stream, as if it were a topic
         self._clock_ns = 0
         self._pending_liveness: list[Anomaly] = []
         self._started = RunStarted(
@@ -208,7 +209,7 @@ class TrainingHealthMonitor:
         )
         self._start_incarnation(0)
 
-    def _source(self, stream: str) -> Provenance:
+    def _source(self, stream: TopicRole) -> Provenance:
         self._offsets[stream] += 1
         return Provenance(topic=INPROC_TOPIC, partition=0, offset=self._offsets[stream])
 
@@ -223,9 +224,9 @@ class TrainingHealthMonitor:
             vocab_size=self._started.vocab_size,
             incarnation=incarnation,
         )
-        self._steps, _ = fold_step(self._steps, started, self._source("steps"), self.config)
+        self._steps, _ = fold_step(self._steps, started, self._source(TopicRole.STEPS), self.config)
         self._liveness, _ = fold_liveness(
-            self._liveness, started, self._source("heartbeats"), self.config
+            self._liveness, started, self._source(TopicRole.HEARTBEATS), self.config
         )
 
     def _record(self, verdicts: list[AnomalyDetected], at_step: int) -> list[Anomaly]:
@@ -233,7 +234,7 @@ class TrainingHealthMonitor:
         for verdict in verdicts:
             out.append(Anomaly.from_verdict(verdict, at_step))
             self._policy, commands = fold_policy(
-                self._policy, verdict, self._source("anomalies"), self.config
+                self._policy, verdict, self._source(TopicRole.ANOMALIES), self.config
             )
             self.commands.extend(commands)
         self.anomalies.extend(out)
@@ -294,7 +295,9 @@ class TrainingHealthMonitor:
             examples=batch_size or 0,
             restart_from_step=restart_from_step,
         )
-        self._steps, verdicts = fold_step(self._steps, event, self._source("steps"), self.config)
+        self._steps, verdicts = fold_step(
+            self._steps, event, self._source(TopicRole.STEPS), self.config
+        )
         self.records.append(StepRecord(step, loss, grad_norm, step_time_s, restart))
         self._sample_mfu(step, event)
         return self._record(verdicts, step)
@@ -331,7 +334,7 @@ class TrainingHealthMonitor:
             step_time_s=step_time_s,
         )
         self._liveness, verdicts = fold_liveness(
-            self._liveness, event, self._source("heartbeats"), self.config
+            self._liveness, event, self._source(TopicRole.HEARTBEATS), self.config
         )
         self._pending_liveness.extend(self._record(verdicts, step))
 
@@ -347,7 +350,7 @@ class TrainingHealthMonitor:
         """
         assert self._liveness is not None
         self._liveness, verdicts = advance_step(
-            self._liveness, current_step, self._source("heartbeats"), self.config
+            self._liveness, current_step, self._source(TopicRole.HEARTBEATS), self.config
         )
         found = self._record(verdicts, current_step)
         pending = [a for a in self._pending_liveness if a.kind == "dead_rank"] + found

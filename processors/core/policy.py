@@ -1,6 +1,7 @@
 """Restart policy: the reducer from a run's anomalies to restart commands.
 
-It reads the anomalies topic alone, so a command is a pure function of the anomaly log:
+It reads the anomalies topic alone, so a command is a pure function of the anomaly log.
+What each kind calls for is its `schemas.kinds.KindSpec`:
 
 * ``dead_rank`` and ``hang``: respawn the gang from the latest committed checkpoint
   (``max_checkpoint_step=None``);
@@ -20,8 +21,6 @@ ignored. A budget caps commands per run to ``restart_budget`` per
 
 from __future__ import annotations
 
-from typing import Final
-
 import msgspec
 
 from runwatch.processors.core.config import DetectorConfig
@@ -33,11 +32,7 @@ from runwatch.schemas.events import (
     RestartAction,
     RestartRequested,
 )
-
-RESPAWN_KINDS: Final[frozenset[AnomalyKind]] = frozenset({"dead_rank", "hang"})
-ROLLBACK_KINDS: Final[frozenset[AnomalyKind]] = frozenset(
-    {"nonfinite_loss", "nonfinite_grad_norm", "loss_divergence", "loss_collapse"}
-)
+from runwatch.schemas.kinds import KINDS
 
 
 class PolicyState(msgspec.Struct, frozen=True, gc=False):
@@ -69,12 +64,8 @@ class PolicyState(msgspec.Struct, frozen=True, gc=False):
 
 
 def action_for(kind: AnomalyKind) -> RestartAction | None:
-    """The restart action an anomaly kind calls for, None for alert-only kinds."""
-    if kind in RESPAWN_KINDS:
-        return "respawn"
-    if kind in ROLLBACK_KINDS:
-        return "rollback"
-    return None
+    """The restart action an anomaly kind calls for (`KindSpec.action`), None: alert only."""
+    return KINDS[kind].action
 
 
 def _within_budget(state: PolicyState, step: int, cfg: DetectorConfig) -> bool:
@@ -107,9 +98,10 @@ def fold_policy(
     incarnation = anomaly.incarnation
     newest = max(state.newest_incarnation, incarnation)
     state = msgspec.structs.replace(state, last_offset=source.offset, newest_incarnation=newest)
-    if anomaly.kind == "restart_discontinuity":
+    spec = KINDS[anomaly.kind]
+    if spec.breaks_continuity:
         return msgspec.structs.replace(state, continuity_broken=True), []
-    action = action_for(anomaly.kind)
+    action = spec.action
     if action is None:
         return state, []
     if incarnation < newest:
@@ -141,4 +133,4 @@ def fold_policy(
     ), [command]
 
 
-__all__ = ["RESPAWN_KINDS", "ROLLBACK_KINDS", "PolicyState", "action_for", "fold_policy"]
+__all__ = ["PolicyState", "action_for", "fold_policy"]

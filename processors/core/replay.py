@@ -1,7 +1,8 @@
 """Replay: fold every reducer over a log, exactly as the live processors do.
 
-Records come as ``(role, provenance, event)`` where the role names the topic
-(``steps``, ``heartbeats``, ``checkpoints``, ``anomalies``, ``runs``). Records of one role
+Records come as ``(role, provenance, event)`` where the role (`schemas.topics.TopicRole`)
+names the topic: one the processors fold (``steps``, ``heartbeats``, ``checkpoints``,
+``anomalies``) or ``runs``. Records of one role
 must be in partition order; how roles interleave does not matter, because each reducer
 reads one role only. A Tick on the heartbeats role is fanned out to every run seen so far
 in its partition, in run-id order (the live adapter must do the same, so that the verdicts
@@ -62,11 +63,13 @@ from runwatch.schemas.events import (
     StepCompleted,
     Tick,
 )
+from runwatch.schemas.topics import FOLD_ORDER, StateKind, TopicRole
 
-Role = Literal["steps", "heartbeats", "checkpoints", "anomalies", "runs"]
-ROLES: Final[tuple[str, ...]] = ("steps", "heartbeats", "checkpoints", "anomalies", "runs")
-Record: TypeAlias = tuple[str, Provenance, InputEvent | AnomalyDetected]
+Record: TypeAlias = tuple[TopicRole, Provenance, InputEvent | AnomalyDetected]
+"""``(role, provenance, event)``: one record of the log, as read from its topic."""
 SortKey: TypeAlias = tuple[int, str, int, int, int, str, int]
+READ_ROLES: Final[frozenset[TopicRole]] = frozenset({*FOLD_ORDER, TopicRole.RUNS})
+"""The roles a replay takes records of: the folded ones, and ``runs`` (read, not folded)."""
 REPLAY_ANOMALIES_TOPIC: Final = "replay.anomalies"
 REASON_MAX_CHARS: Final = 1000
 """Longest reason a fold or encode dead letter carries."""
@@ -173,12 +176,7 @@ class Replayer:
         self.commands: list[RestartRequested] = []
         self.recorded_anomalies = 0
         self.dead_letters: list[DeadLetter] = []
-        self.encoded: dict[str, dict[str, bytes]] = {
-            "steps": {},
-            "liveness": {},
-            "policy": {},
-            "checkpoints": {},
-        }
+        self.encoded: dict[StateKind, dict[str, bytes]] = {kind: {} for kind in StateKind}
         """Kind -> run -> the encoded state after its latest applied record."""
         self._in_pack = False
 
@@ -188,7 +186,7 @@ class Replayer:
 
     def _apply(
         self,
-        kind: str,
+        kind: StateKind,
         store: dict[str, S],
         run_id: str,
         source: Provenance,
@@ -237,7 +235,7 @@ class Replayer:
                 if run_id not in self.liveness:  # listed but never seen: nothing to age
                     continue
                 verdicts = self._apply(
-                    "liveness",
+                    StateKind.LIVENESS,
                     self.liveness,
                     run_id,
                     source,
@@ -250,7 +248,7 @@ class Replayer:
             return
         self.partition_runs.setdefault(source.partition, set()).add(event.run_id)
         verdicts = self._apply(
-            "liveness",
+            StateKind.LIVENESS,
             self.liveness,
             event.run_id,
             source,
@@ -262,7 +260,7 @@ class Replayer:
     def _anomaly(self, source: Provenance, anomaly: AnomalyDetected) -> None:
         self.recorded_anomalies += 1
         commands = self._apply(
-            "policy",
+            StateKind.POLICY,
             self.policy,
             anomaly.run_id,
             source,
@@ -301,9 +299,9 @@ class Replayer:
         event: an unstorable state *inside* a pack that a later event of it makes storable
         again is not caught. Live, audit and replay all fold packs this way.)
         """
-        kinds: dict[str, tuple[str, dict[str, Any]]] = {
-            "steps": ("steps", self.steps),
-            "heartbeats": ("liveness", self.liveness),
+        kinds: dict[str, tuple[StateKind, dict[str, Any]]] = {
+            TopicRole.STEPS: (StateKind.STEPS, self.steps),
+            TopicRole.HEARTBEATS: (StateKind.LIVENESS, self.liveness),
         }
         if role not in kinds:
             for inner_source, inner in unpack(source, pack):
@@ -337,30 +335,32 @@ class Replayer:
 
     def _dispatch(self, role: str, source: Provenance, event: InputEvent | AnomalyDetected) -> None:
         """Apply one event (a record, or one event of a pack) of ``role``."""
-        if role == "steps":
+        if role == TopicRole.STEPS:
             if isinstance(event, (StepCompleted, RunStarted, RunEnded)):
                 verdicts = self._apply(
-                    "steps", self.steps, event.run_id, source, event, self._fold_step
+                    StateKind.STEPS, self.steps, event.run_id, source, event, self._fold_step
                 )
                 self._collect(verdicts or [])
-        elif role == "heartbeats":
+        elif role == TopicRole.HEARTBEATS:
             if not isinstance(event, AnomalyDetected):
                 self._heartbeats(source, event)
-        elif role == "checkpoints":
+        elif role == TopicRole.CHECKPOINTS:
             if isinstance(event, (CheckpointCommitted, CheckpointFailed, RunStarted, RunEnded)):
                 self._apply(
-                    "checkpoints",
+                    StateKind.CHECKPOINTS,
                     self.checkpoints,
                     event.run_id,
                     source,
                     event,
                     _fold_checkpoint,
                 )
-        elif role == "anomalies":
+        elif role == TopicRole.ANOMALIES:
             if isinstance(event, AnomalyDetected):
                 self._anomaly(source, event)
-        elif role != "runs":
-            raise ValueError(f"unknown topic role {role!r}; valid: {', '.join(ROLES)}")
+        elif role not in READ_ROLES:
+            raise ValueError(
+                f"unknown topic role {role!r}; valid: {', '.join(map(str, READ_ROLES))}"
+            )
 
     def canonical_anomalies(self) -> list[AnomalyDetected]:
         """The recomputed verdicts in canonical order."""
@@ -444,12 +444,11 @@ def replay(records: Iterable[Record], cfg: DetectorConfig) -> ReplayResult:
 
 
 __all__ = [
+    "READ_ROLES",
     "REPLAY_ANOMALIES_TOPIC",
-    "ROLES",
     "Record",
     "ReplayResult",
     "Replayer",
-    "Role",
     "policy_over",
     "replay",
     "stage_dead_letter",

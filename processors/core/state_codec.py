@@ -9,7 +9,7 @@ before this format (per-rank tuples) do not decode: no changelog had to be migra
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any, Final, Literal, TypeAlias
+from typing import Any, Final, TypeAlias
 
 import msgspec
 
@@ -18,16 +18,16 @@ from runwatch.processors.core.liveness import LivenessState
 from runwatch.processors.core.policy import PolicyState
 from runwatch.processors.core.rank_table import RankTable
 from runwatch.processors.core.steps import StepHealthState
+from runwatch.schemas.topics import StateKind
 
 State: TypeAlias = StepHealthState | LivenessState | PolicyState | CheckpointCatalogue
-StateKind = Literal["steps", "liveness", "policy", "checkpoints"]
-
-STATE_TYPES: Final[dict[str, type[State]]] = {
-    "steps": StepHealthState,
-    "liveness": LivenessState,
-    "policy": PolicyState,
-    "checkpoints": CheckpointCatalogue,
+STATE_TYPES: Final[dict[StateKind, type[State]]] = {
+    StateKind.STEPS: StepHealthState,
+    StateKind.LIVENESS: LivenessState,
+    StateKind.POLICY: PolicyState,
+    StateKind.CHECKPOINTS: CheckpointCatalogue,
 }
+"""State kind (`schemas.topics.StateKind`) -> the reducer's state struct."""
 
 
 def _enc_hook(obj: Any) -> Any:
@@ -43,7 +43,7 @@ def _dec_hook(kind: type, obj: Any) -> Any:
 
 
 _ENCODER: Final = msgspec.msgpack.Encoder(enc_hook=_enc_hook)
-_DECODERS: Final = {
+_DECODERS: Final[dict[str, msgspec.msgpack.Decoder[Any]]] = {
     kind: msgspec.msgpack.Decoder(t, dec_hook=_dec_hook) for kind, t in STATE_TYPES.items()
 }
 

@@ -118,7 +118,7 @@ def grad_spike_episode(
 
     A grad norm is a spike when the robust z of its logarithm against the window of
     logarithms exceeds ``grad_z_thresh`` AND it is at least ``grad_min_ratio`` times the
-    window's median. One verdict (severity info, `SEVERITY_OF_KIND`) when the episode opens.
+    window's median. One verdict (severity info, `schemas.kinds.KindSpec`) when the episode opens.
 
     Args:
         em: Collects the verdict.

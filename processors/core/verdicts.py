@@ -10,8 +10,6 @@ verdict is byte-identical across replays.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
-from typing import Final
 
 from runwatch.schemas.events import (
     AnomalyDetected,
@@ -20,25 +18,9 @@ from runwatch.schemas.events import (
     RestartAction,
     Severity,
 )
+from runwatch.schemas.kinds import KINDS
 
 _SEP = "\x1f"
-
-SEVERITY_OF_KIND: Final[Mapping[AnomalyKind, Severity]] = {
-    "nonfinite_loss": "critical",
-    "nonfinite_grad_norm": "critical",
-    "loss_divergence": "critical",
-    "restart_discontinuity": "critical",
-    "dead_rank": "critical",
-    "hang": "critical",
-    "loss_spike": "warning",
-    "loss_collapse": "warning",
-    "straggler": "warning",
-    "grad_norm_spike": "info",
-}
-"""The severity of each kind's verdicts (docs/core.md, "Severity"): a run that is not making
-progress or is wrong is critical; a loss that jumps or collapses, or a slow rank, warns; a
-grad-norm spike on its own is information (on real curves healthy runs have them about
-once per 1,000 steps, and every real fault that matters also moves the loss)."""
 
 
 def _digest(*parts: object) -> str:
@@ -127,7 +109,7 @@ def make_anomaly(
         z: The robust z-score.
         threshold: The threshold crossed.
         detail: One human-readable line.
-        severity: How much it matters; None: the kind's (`SEVERITY_OF_KIND`).
+        severity: How much it matters; None: the kind's (`schemas.kinds.KindSpec.severity`).
 
     Returns:
         The verdict.
@@ -151,8 +133,8 @@ def make_anomaly(
         source=source,
         config_hash=config_hash,
         incarnation=incarnation,
-        severity=SEVERITY_OF_KIND[kind] if severity is None else severity,
+        severity=KINDS[kind].severity if severity is None else severity,
     )
 
 
-__all__ = ["SEVERITY_OF_KIND", "command_id", "make_anomaly", "verdict_id"]
+__all__ = ["command_id", "make_anomaly", "verdict_id"]

@@ -310,16 +310,16 @@ def input_partitions(bootstrap: str, prefix: str, app_id: str) -> dict[str, int]
             (the input was repartitioned): its states are keyed to the old partitions.
     """
     from runwatch.admin import list_topics
-    from runwatch.processors.app import TABLES
     from runwatch.processors.settings import changelog_topic
-    from runwatch.schemas.topics import names
+    from runwatch.schemas.topics import FOLD_ORDER, folding, names
 
     topics = names(prefix)
     have = list_topics(bootstrap)
     counts: dict[str, int] = {}
-    for role, table in TABLES.items():
-        topic = getattr(topics, role)
+    for role in FOLD_ORDER:
+        topic = topics.of(role)
         counts[role] = have.get(topic, 0)
+        table = folding(role).table
         changelog = have.get(changelog_topic(app_id, table))
         if changelog is not None and changelog != counts[role]:
             raise UsageError(

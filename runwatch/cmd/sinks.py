@@ -333,7 +333,7 @@ def run(args: argparse.Namespace) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     loops = []
-    all_topics = [getattr(topics, f) for f in topics.__struct_fields__]
+    all_topics = list(topics.roles())
     for sink in sinks:
         start = start_of(sink.name, args.from_beginning)
         loop = SinkLoop(

@@ -42,9 +42,10 @@ from runwatch.schemas.events import (
     RestartRequested,
     RunStarted,
     StepCompleted,
+    event_name,
 )
 from runwatch.schemas.records import RawRecord, split
-from runwatch.schemas.topics import names
+from runwatch.schemas.topics import FOLD_ORDER, StateKind, TopicRole, folding, names
 
 log = logging.getLogger(__name__)
 
@@ -54,14 +55,6 @@ MAX_FEED: Final = 300
 """Newest verdicts, commands and controller events kept per run."""
 MAX_PAGE_SIZE: Final = 500
 """Most fleet rows one request may ask for."""
-
-TABLES: Final[dict[str, str]] = {
-    "step-health": "steps",
-    "liveness": "liveness",
-    "policy": "policy",
-    "checkpoints": "checkpoints",
-}
-"""Processor table -> state kind of `decode_state`."""
 
 SORT_KEYS: Final[tuple[str, ...]] = (
     "run",
@@ -145,9 +138,9 @@ class _Run:
     def view(self) -> RunView:
         return RunView(
             run_id=self.run_id,
-            steps=self.states.get("steps"),
-            liveness=self.states.get("liveness"),
-            policy=self.states.get("policy"),
+            steps=self.states.get(StateKind.STEPS),
+            liveness=self.states.get(StateKind.LIVENESS),
+            policy=self.states.get(StateKind.POLICY),
         )
 
 
@@ -192,8 +185,8 @@ def summary_json(row: RunSummary, audit: AuditNote | None) -> dict[str, Any]:
 
 
 def event_json(event: Event) -> dict[str, Any]:
-    """A feed entry: the event's fields plus its type name (NaN as strings)."""
-    out: dict[str, Any] = {"type": type(event).__name__}
+    """A feed entry: the event's fields plus its name (`event_name`; NaN as strings)."""
+    out: dict[str, Any] = {"type": event_name(event)}
     for name in event.__struct_fields__:
         value = getattr(event, name)
         if name in ("signature", "payload"):
@@ -233,13 +226,12 @@ class WebviewData:
         self.cfg = cfg or DetectorConfig()
         self._client_config = client_config
         topics = names(prefix)
-        self._roles: dict[str, str] = {
-            topics.steps: "steps",
-            topics.anomalies: "anomalies",
-            topics.commands: "commands",
-            topics.controller: "controller",
+        self._roles = topics.roles(
+            TopicRole.STEPS, TopicRole.ANOMALIES, TopicRole.COMMANDS, TopicRole.CONTROLLER
+        )
+        self._changelogs = {
+            changelog_topic(app_id, folding(role).table): folding(role).state for role in FOLD_ORDER
         }
-        self._changelogs = {changelog_topic(app_id, t): kind for t, kind in TABLES.items()}
         self._runs: dict[str, _Run] = {}
         self._dirty: set[str] = set()
         self._lock = threading.Lock()
@@ -385,12 +377,12 @@ class WebviewData:
             run = self._runs[run_id] = _Run(run_id)
         return run
 
-    def _apply_state(self, kind: str, record: RawRecord) -> None:
+    def _apply_state(self, kind: StateKind, record: RawRecord) -> None:
         if record.key is None or record.value is None:
             return
         run = self._run(record.key.decode(errors="replace"))
         try:
-            run.states[kind] = decode_state(kind, record.value)  # type: ignore[arg-type]
+            run.states[kind] = decode_state(kind, record.value)
         except (msgspec.DecodeError, ValueError) as exc:
             log.warning("undecodable %s state of %s: %s", kind, run.run_id, exc)
             return
@@ -494,12 +486,12 @@ class WebviewData:
             points = list(run.points)
             feed = sorted(run.feed, key=lambda e: e.ts_ns)  # topics interleave on arrival
             summary, audit, version = run.summary, run.audit, self._version
-        steps = states.get("steps")
+        steps = states.get(StateKind.STEPS)
         receipt = health_report(
             steps,
-            states.get("liveness"),
-            policy=states.get("policy"),
-            checkpoints=states.get("checkpoints"),
+            states.get(StateKind.LIVENESS),
+            policy=states.get(StateKind.POLICY),
+            checkpoints=states.get(StateKind.CHECKPOINTS),
             anomalies=[e for e in feed if isinstance(e, AnomalyDetected)],
             commands=[e for e in feed if isinstance(e, RestartRequested)],
             cfg=self.cfg,

@@ -19,6 +19,8 @@ from typing import Any, Final
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from runwatch.common.errors import RunwatchError
+from runwatch.schemas.events import AnomalyDetected, RestartRequested, event_name
+from runwatch.schemas.kinds import Chart, kinds_where
 from runwatch.ui.charts import Marker, Point, VLine, line_chart
 from runwatch.ui.model import FleetQuery, WebviewData
 
@@ -35,10 +37,8 @@ EVENT_KEEPALIVE_S: Final = 15.0
 EVENT_MIN_INTERVAL_S: Final = 0.5
 """Open pages are told about changes at most this often (a busy fleet changes constantly)."""
 
-LOSS_KINDS: Final = frozenset(
-    {"loss_spike", "nonfinite_loss", "loss_divergence", "loss_collapse", "restart_discontinuity"}
-)
-GRAD_KINDS: Final = frozenset({"grad_norm_spike", "nonfinite_grad_norm"})
+LOSS_KINDS: Final = kinds_where(chart=Chart.LOSS)
+GRAD_KINDS: Final = kinds_where(chart=Chart.GRAD_NORM)
 
 
 def _static(name: str) -> bytes:
@@ -57,8 +57,10 @@ def run_charts(page: dict[str, Any]) -> dict[str, str]:
     """The loss, grad-norm and MFU charts of a run page (SVG strings)."""
     points = page["points"]
     feed = page["feed"]
-    anomalies = [e for e in feed if e["type"] == "AnomalyDetected"]
-    actions = {e["incarnation"]: e["action"] for e in feed if e["type"] == "RestartRequested"}
+    anomalies = [e for e in feed if e["type"] == event_name(AnomalyDetected)]
+    actions = {
+        e["incarnation"]: e["action"] for e in feed if e["type"] == event_name(RestartRequested)
+    }
     vlines = [
         VLine(
             step=r["at_step"],

@@ -173,15 +173,15 @@ const FEED_SKIP = new Set(["type", "run_id", "ts_ns", "seq", "dropped", "detail"
 function feedRow(e) {
   const time = new Date(e.ts_ns / 1e6).toISOString().slice(11, 23);
   let cls = "controller", what = e.type, step = "", rank = "", detail = "";
-  if (e.type === "AnomalyDetected") {
+  if (e.type === "anomaly") {
     cls = "anomaly"; what = e.kind; step = e.step; rank = e.rank ?? ""; detail = e.detail;
-  } else if (e.type === "RestartRequested") {
+  } else if (e.type === "restart_requested") {
     cls = "command"; what = `command: ${e.action}`;
     detail = `ends incarnation ${e.incarnation ?? 0} for ${e.cause_kind}; checkpoint ${e.max_checkpoint_step == null ? "latest" : "≤ " + e.max_checkpoint_step}`;
-  } else if (e.type === "RestartCompleted") {
+  } else if (e.type === "restart_completed") {
     what = "restarted"; detail = `from ${e.checkpoint_step == null ? "scratch" : "step " + e.checkpoint_step} with ${e.world_size} ranks in ${num(e.duration_s, 1)} s`;
-  } else if (e.type === "RestartFailed" || e.type === "CommandRejected") {
-    cls = "anomaly"; what = e.type === "RestartFailed" ? "restart failed" : "command rejected"; detail = e.reason;
+  } else if (e.type === "restart_failed" || e.type === "command_rejected") {
+    cls = "anomaly"; what = e.type === "restart_failed" ? "restart failed" : "command rejected"; detail = e.reason;
   }
   const fields = Object.entries(e).filter(([k, v]) => !FEED_SKIP.has(k) && v !== null && v !== undefined && v !== "")
     .map(([k, v]) => `<dt>${esc(k)}</dt><dd>${esc(typeof v === "object" ? JSON.stringify(v) : v)}</dd>`).join("");

@@ -22,12 +22,12 @@ import pytest
 from runwatch import admin
 from runwatch.broker import EmbeddedCluster, ephemeral_cluster
 from runwatch.cmd.audit import render
-from runwatch.processors.app import CHANGELOG_COMPACTION, TABLES, partition_for
+from runwatch.processors.app import CHANGELOG_COMPACTION, partition_for
 from runwatch.processors.audit import audit, load_run_log
 from runwatch.processors.core.config import DetectorConfig, with_overrides
 from runwatch.processors.fleet import RunView, latest_states
 from runwatch.processors.settings import changelog_topic
-from runwatch.schemas.topics import names
+from runwatch.schemas.topics import FOLD_ORDER, folding, names
 
 from .harness import WAIT_S, Reader, Trainer, short, workers
 
@@ -106,7 +106,7 @@ def test_broker_sigkill_mid_stream_loses_nothing_and_catches_up(
     rule = admin.cluster_replication(bootstrap)
     assert (rule.factor, rule.min_insync) == (3, 2)
     admin.create_catalogue(bootstrap, prefix=prefix, partitions=PARTITIONS)
-    changelogs = [changelog_topic(app_id, t) for t in TABLES.values()]
+    changelogs = [changelog_topic(app_id, folding(role).table) for role in FOLD_ORDER]
     trainers = {run: Trainer(bootstrap, prefix, run, seed=i) for i, run in enumerate(RUNS)}
     try:
         with workers(bootstrap, prefix, tmp_path, partitions=PARTITIONS, sets=SETS) as start:

@@ -7,11 +7,11 @@ import time
 import pytest
 
 from runwatch import admin
-from runwatch.processors.app import TABLES, partition_for
+from runwatch.processors.app import partition_for
 from runwatch.processors.fleet import latest_states
 from runwatch.processors.settings import changelog_topic
 from runwatch.schemas.events import Tick
-from runwatch.schemas.topics import TopicSpec, names
+from runwatch.schemas.topics import FOLD_ORDER, TopicRole, TopicSpec, folding, names
 
 from .harness import WAIT_S, Reader, Trainer, workers
 
@@ -80,8 +80,9 @@ def test_worker_uses_each_input_topics_own_partition_count(
             t.close()
     # each table's changelog is co-partitioned with its input topic
     have = admin.list_topics(kafka_bootstrap)
-    for role, table in TABLES.items():
-        assert have[changelog_topic(app_id, table)] == have[getattr(topics, role)], role
+    for role in FOLD_ORDER:
+        table = folding(role).table
+        assert have[changelog_topic(app_id, table)] == have[topics.of(role)], role
     assert have[topics.heartbeats] == COUNTS["heartbeats"]
     assert have[topics.steps] == COUNTS["steps"]
     assert have[topics.commands] == 4  # not named: the catalogue's default
@@ -96,7 +97,7 @@ def test_worker_refuses_a_changelog_partitioned_unlike_its_input(
         kafka_bootstrap,
         [
             TopicSpec(
-                name=changelog_topic(app_id, TABLES["heartbeats"]),
+                name=changelog_topic(app_id, folding(TopicRole.HEARTBEATS).table),
                 partitions=2,
                 compacted=True,
                 retention_ms=None,

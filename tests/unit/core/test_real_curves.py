@@ -19,7 +19,6 @@ import pytest
 from runwatch.processors.core.config import DetectorConfig
 from runwatch.processors.core.replay import replay
 from runwatch.processors.core.steps import fold_step
-from runwatch.processors.core.verdicts import SEVERITY_OF_KIND
 from runwatch.schemas.events import (
     AnomalyDetected,
     AnomalyKind,
@@ -27,6 +26,7 @@ from runwatch.schemas.events import (
     RunStarted,
     StepCompleted,
 )
+from runwatch.schemas.kinds import KINDS
 
 ROOT = Path(__file__).resolve().parents[3]
 CORPUS = ROOT / "bench" / "data" / "real_curves"
@@ -62,10 +62,10 @@ def noisy(n: int, seed: int = 0) -> tuple[list[float], list[float]]:
 
 
 def test_every_kind_has_one_severity() -> None:
-    assert set(SEVERITY_OF_KIND) == set(get_args(AnomalyKind))
-    assert SEVERITY_OF_KIND["grad_norm_spike"] == "info"
-    assert SEVERITY_OF_KIND["loss_spike"] == "warning"
-    assert SEVERITY_OF_KIND["nonfinite_loss"] == "critical"
+    assert set(KINDS) == set(get_args(AnomalyKind))
+    assert KINDS["grad_norm_spike"].severity == "info"
+    assert KINDS["loss_spike"].severity == "warning"
+    assert KINDS["nonfinite_loss"].severity == "critical"
 
 
 def test_a_lone_grad_norm_blip_in_a_noisy_curve_raises_nothing() -> None:

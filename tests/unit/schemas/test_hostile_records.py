@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from runwatch.processors.core.config import DetectorConfig
 from runwatch.processors.core.state_codec import decode_state, encode_state
-from runwatch.processors.pipeline import ROLE_STATE, fold_batch
+from runwatch.processors.pipeline import fold_batch
 from runwatch.schemas.codec import DecodeError, decode, encode, nesting_depth
 from runwatch.schemas.events import (
     MAX_DEADLETTER_PAYLOAD_BYTES,
@@ -29,6 +29,7 @@ from runwatch.schemas.events import (
     StepCompleted,
 )
 from runwatch.schemas.records import Decoded, RawRecord, check, split
+from runwatch.schemas.topics import FOLD_ORDER, TopicRole, folding
 
 CFG = DetectorConfig()
 RUN = "r"
@@ -298,9 +299,9 @@ def test_decode_raises_only_decode_errors_on_any_bytes(data: bytes) -> None:
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(records(), min_size=1, max_size=25), st.sampled_from(list(ROLE_STATE)))
+@given(st.lists(records(), min_size=1, max_size=25), st.sampled_from(FOLD_ORDER))
 def test_decode_fold_encode_never_raises_and_accounts_for_every_record(
-    values: list[bytes], role: str
+    values: list[bytes], role: TopicRole
 ) -> None:
     key = b"*" if role == "heartbeats" else RUN.encode()
     raw = [RawRecord(f"t.{role}", 0, i, RUN.encode(), v) for i, v in enumerate(values)]
@@ -309,7 +310,7 @@ def test_decode_fold_encode_never_raises_and_accounts_for_every_record(
     assert len(items) + len(dead) == len(raw)
     assert all(isinstance(i, Decoded) for i in items)
     result = fold_batch(role, items, lambda _: None, lambda _: (), CFG)
-    kind = ROLE_STATE[role]
+    kind = folding(role).state
     for run_id, data in result.encoded.items():
         assert encode_state(decode_state(kind, data)) == data  # type: ignore[arg-type]
         assert encode_state(result.states[run_id]) == data

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from runwatch.processors.core.verdicts import SEVERITY_OF_KIND
 from runwatch.schemas.events import (
     AnomalyDetected,
     CommandRejected,
@@ -15,6 +14,7 @@ from runwatch.schemas.events import (
     StepCompleted,
     Tick,
 )
+from runwatch.schemas.kinds import KINDS
 
 S = 1_000_000_000
 
@@ -40,7 +40,7 @@ def anomaly(
         threshold=6.0,
         detail="loss 9 vs median 3.7",
         config_hash="cfg1",
-        severity=SEVERITY_OF_KIND[kind],  # as the detectors set it
+        severity=KINDS[kind].severity,  # as the detectors set it
     )
 
 

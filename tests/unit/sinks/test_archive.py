@@ -80,8 +80,8 @@ def test_high_water_marks_per_stream():
 @pytest.mark.parametrize(
     ("record", "expected"),
     [
-        (rec(T.steps, 0, 7, step(n=3)), {"type": "StepCompleted", "run_id": "r1", "step": 3}),
-        (rec(T.heartbeats, 0, 8, tick()), {"type": "Tick", "run_id": "*", "step": None}),
+        (rec(T.steps, 0, 7, step(n=3)), {"type": "step", "run_id": "r1", "step": 3}),
+        (rec(T.heartbeats, 0, 8, tick()), {"type": "tick", "run_id": "*", "step": None}),
         (rec(T.steps, 0, 9, key=b"r1", value=b"not json"), {"type": None, "run_id": None}),
         (rec(T.steps, 0, 10, key=b"r1", value=None), {"type": None, "value": None}),
     ],
@@ -131,10 +131,10 @@ def test_archive_writes_per_run_files_that_duckdb_reads(tmp_path):
         "WHERE topic = 'p.steps' ORDER BY \"offset\""
     ).fetchall()
     assert got == [
-        ("r1", "RunStarted", None),
-        ("r1", "StepCompleted", 1),
-        ("r2", "StepCompleted", 1),
-        ("r1", "StepCompleted", 2),
+        ("r1", "run_started", None),
+        ("r1", "step", 1),
+        ("r2", "step", 1),
+        ("r1", "step", 2),
     ]
 
 
