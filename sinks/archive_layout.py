@@ -10,6 +10,13 @@ key under ``run_id=_unkeyed``. The directory is chosen from the record *key* (th
 contract), never from the decoded value, so it is a pure function of the record and the
 resume rule below holds even for bytes that do not decode.
 
+A run id is URL-quoted into the directory name, which can make it three times longer: a
+valid run id of 100 ``/`` (``%2F`` each) became a 307-byte name, past the 255 bytes a file
+name may have, and the sink stopped on it at every start. A quoted name longer than
+`MAX_RUN_DIR_CHARS` is shortened to its first `KEEP_RUN_DIR_CHARS` characters, ``+`` and a
+hash of the whole key: still a pure function of the key, and never equal to a name that
+was not shortened (quoting escapes every ``+``).
+
 Resume rule: the records of one (run directory, topic, partition) are written in offset
 order, so the largest last offset in the file names of that triple is the archive's
 high-water mark for it; a record at or below it is already archived and is skipped.
@@ -17,6 +24,7 @@ high-water mark for it; a record at or below it is already archived and is skipp
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Iterable
 from pathlib import Path
@@ -29,6 +37,13 @@ from runwatch.schemas.records import RawRecord
 
 TICKS_DIR: Final = "_ticks"
 UNKEYED_DIR: Final = "_unkeyed"
+MAX_RUN_DIR_CHARS: Final = 160
+"""Longest run directory value kept as the quoted run id (``run_id=`` and it stay far
+below the 255 bytes of a file name)."""
+KEEP_RUN_DIR_CHARS: Final = 100
+"""Characters of the quoted run id a shortened directory value keeps, for humans."""
+SHORTENED: Final = "+"
+"""Separates a shortened directory value's prefix from its hash (quoting escapes ``+``)."""
 OFFSET_DIGITS: Final = 20
 SUFFIX: Final = ".parquet"
 COLUMNS: Final[tuple[str, ...]] = (
@@ -69,7 +84,14 @@ def run_dir_of_key(key: bytes | None) -> str:
     text = key.decode("utf-8", "replace")
     if text == TICK_RUN_ID:
         return TICKS_DIR
-    return quote(text, safe="-_.~") or UNKEYED_DIR
+    quoted = quote(text, safe="-_.~") or UNKEYED_DIR
+    if len(quoted) <= MAX_RUN_DIR_CHARS:
+        return quoted
+    digest = hashlib.blake2b(key, digest_size=10).hexdigest()
+    head = quoted[:KEEP_RUN_DIR_CHARS]
+    if "%" in head[-2:]:  # never cut an escape in half
+        head = head[: head.rindex("%")]
+    return f"{head}{SHORTENED}{digest}"
 
 
 def run_dir_of_run(run_id: str) -> str:
@@ -166,6 +188,11 @@ def record_of(row: dict[str, Any]) -> RawRecord:
     )
 
 
-def run_of_dir(run_dir: str) -> str:
-    """The run id a run directory value stands for (inverse of `run_dir_of_run`)."""
+def run_of_dir(run_dir: str) -> str | None:
+    """The run id a run directory value stands for (inverse of `run_dir_of_run`).
+
+    None for a shortened value (its rows' ``run_id`` column says which run it is).
+    """
+    if SHORTENED in run_dir:
+        return None
     return unquote(run_dir)

@@ -50,6 +50,22 @@ def test_run_dir_of_key(key, run_dir):
 
 
 @pytest.mark.parametrize(
+    "run_id",
+    ["/" * 100, "x" * 255, "é" * 120, "a" * 99 + "/" * 60, "+" * 200],
+    ids=["slashes", "long", "utf8", "cut-escape", "plus"],
+)
+def test_a_long_run_id_gets_a_bounded_directory_of_its_own(run_id, tmp_path):
+    """A valid run id must not make a file name the file system refuses (and stop the sink)."""
+    run_dir = run_dir_of_key(run_id.encode())
+    assert len(f"run_id={run_dir}".encode()) <= 200
+    assert run_dir == run_dir_of_key(run_id.encode())  # a pure function of the key
+    assert run_dir != run_dir_of_key((run_id + "x").encode())
+    assert "%" not in run_dir[-22:-19]  # no escape cut in half before the hash
+    assert run_of_dir(run_dir) is None
+    (tmp_path / f"run_id={run_dir}").mkdir()  # the file system takes it
+
+
+@pytest.mark.parametrize(
     ("topic", "partition", "first", "last"),
     [("p.steps", 0, 0, 9), ("my-prefix.heartbeats", 12, 5, 123456789012)],
 )
