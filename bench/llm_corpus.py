@@ -155,9 +155,9 @@ def read_source(
     Raises:
         SourceMissing: Neither a mirror nor a raw copy holds those bytes.
     """
-    repo, blob = source["repo"], segment["blob"]
+    repo, blob, path = str(source["repo"]), str(segment["blob"]), str(segment["path"])
     owner, name = repo.split("/", 1)
-    raw_file = raw / f"{owner}+{name}" / segment["path"]
+    raw_file = raw / f"{owner}+{name}" / path
     if raw_file.is_file():
         data = raw_file.read_bytes()
         if git_blob_id(data) == blob:
@@ -173,7 +173,7 @@ def read_source(
         if got.returncode == 0 and git_blob_id(got.stdout) == blob:
             return got.stdout
     raise SourceMissing(
-        f"{repo}@{source['commit'][:12]}:{segment['path']} (blob {blob[:12]}) not found under "
+        f"{repo}@{source['commit'][:12]}:{path} (blob {blob[:12]}) not found under "
         f"{mirrors} or {raw}"
     )
 
