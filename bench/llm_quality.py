@@ -592,7 +592,13 @@ def main() -> None:
         metavar="NAME=VALUE",
         help="detector setting, as `runwatch replay --set` takes it (repeatable)",
     )
-    parser.add_argument("--no-faults", action="store_true", help="skip the injected faults")
+    parser.add_argument(
+        "--faults",
+        nargs="*",
+        choices=list(FAULTS),
+        default=list(FAULTS),
+        help="faults to inject (none: only the healthy replay and the incidents)",
+    )
     parser.add_argument(
         "--resume-jump",
         type=float,
@@ -602,9 +608,7 @@ def main() -> None:
     args = parser.parse_args()
     cfg = with_overrides(DetectorConfig(), parse_overrides(args.overrides))
     print(f"config {config_hash(cfg)}")
-    figures = llm_section(
-        cfg, args.corpus, () if args.no_faults else tuple(FAULTS), args.resume_jump
-    )
+    figures = llm_section(cfg, args.corpus, tuple(args.faults), args.resume_jump)
     print(
         json.dumps(
             {"bench": "llm_quality", "config_hash": config_hash(cfg), "llm": figures},

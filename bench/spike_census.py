@@ -32,6 +32,8 @@ RECOVERY_HORIZON = 500
 RECOVERY_BUCKETS = ((1, 1), (2, 3), (4, 10), (11, 100), (101, RECOVERY_HORIZON))
 LENGTH_BUCKETS = ((1, 1), (2, 3), (4, 10), (11, 10**9))
 RATIO_EDGES = (1.0, 1.02, 1.05, 1.1, 1.2, 1.5, 2.0, float("inf"))
+NEAR_ROWS = 3
+"""A grad-norm spike and a loss page this many rows apart count as one event."""
 
 
 def trailing_median(loss: np.ndarray, window: int = WINDOW) -> np.ndarray:
@@ -99,8 +101,14 @@ def page_census(runs: Sequence[Any], results: Sequence[Any]) -> dict[str, Any]:
     by_family: dict[str, Counter[int]] = defaultdict(Counter)
     by_owner: dict[str, Counter[int]] = defaultdict(Counter)
     spike_pages = 0
+    grad_spikes = grad_then_loss = loss_with_grad = 0
     for run, res in zip(runs, results, strict=True):
         family, owner = str(run.meta["family"]), str(run.meta.get("owner", run.name))
+        loss_rows = [row for row, v in res.pages if v.kind == "loss_spike"]
+        grad_rows = [row for row, v in (*res.pages, *res.info) if v.kind == "grad_norm_spike"]
+        grad_spikes += len(grad_rows)
+        grad_then_loss += sum(any(0 <= lr - g <= NEAR_ROWS for lr in loss_rows) for g in grad_rows)
+        loss_with_grad += sum(any(abs(lr - g) <= NEAR_ROWS for g in grad_rows) for lr in loss_rows)
         for row, v in res.pages:
             kinds[v.kind] += 1
             if v.kind != "loss_spike":
@@ -115,6 +123,7 @@ def page_census(runs: Sequence[Any], results: Sequence[Any]) -> dict[str, Any]:
                 recovery.append(rows_to_half(run.curve.loss, row, float(v.baseline)))
     shared = {
         name: {
+            "loss_spike_pages": sum(steps.values()),
             "pages_at_a_step_paged_in_2plus_runs": sum(c for c in steps.values() if c >= 2),
             "steps_paged_in_2plus_runs": sum(1 for c in steps.values() if c >= 2),
             "top_steps": [[s, c] for s, c in steps.most_common(5) if c >= 2],
@@ -130,6 +139,9 @@ def page_census(runs: Sequence[Any], results: Sequence[Any]) -> dict[str, Any]:
         "ratio_histogram": _ratio_histogram(ratios),
         "rows_back_below_half_rise": _histogram(recovery, RECOVERY_BUCKETS),
         "same_step_across_runs": shared,
+        "grad_norm_spikes": grad_spikes,
+        "grad_norm_spikes_with_a_loss_page_within_3_rows_after": grad_then_loss,
+        "loss_spike_pages_with_a_grad_norm_spike_within_3_rows": loss_with_grad,
     }
 
 
@@ -189,10 +201,17 @@ def print_census(census: Mapping[str, Any]) -> None:
     print(f"  size (loss / baseline median): {pages['ratio_to_median']}")
     print(f"  size histogram: {pages['ratio_histogram']}")
     print(f"  rows until back below half the rise: {pages['rows_back_below_half_rise']}")
+    print(
+        f"  grad_norm_spike verdicts: {pages['grad_norm_spikes']}, followed by a loss page within "
+        f"{NEAR_ROWS} rows: {pages['grad_norm_spikes_with_a_loss_page_within_3_rows_after']}; "
+        f"loss pages with a grad_norm_spike within {NEAR_ROWS} rows: "
+        f"{pages['loss_spike_pages_with_a_grad_norm_spike_within_3_rows']}"
+    )
     for name, shared in pages["same_step_across_runs"].items():
         if shared["steps_paged_in_2plus_runs"]:
             print(
-                f"  {name}: {shared['pages_at_a_step_paged_in_2plus_runs']} pages at "
+                f"  {name}: {shared['pages_at_a_step_paged_in_2plus_runs']} of "
+                f"{shared['loss_spike_pages']} loss pages at "
                 f"{shared['steps_paged_in_2plus_runs']} steps paged in 2+ runs; "
                 f"top [step, runs]: {shared['top_steps']}"
             )

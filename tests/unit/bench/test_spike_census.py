@@ -69,8 +69,14 @@ def test_the_page_census_sizes_recoveries_and_shared_steps() -> None:
                 name=owner, meta={"family": "fam", "owner": owner}, curve=SimpleNamespace(loss=loss)
             )
         )
-        results.append(SimpleNamespace(pages=[(100, _page(100, 3.6, 3.0))]))
+        results.append(SimpleNamespace(pages=[(100, _page(100, 3.6, 3.0))], info=[]))
     results[0].pages.append((201, _page(201, 3.45, 3.0, "sustained rise")))
+    grad = AnomalyDetected(
+        run_id="r", ts_ns=1, verdict_id="g", kind="grad_norm_spike", step=99, severity="info"
+    )
+    results[1].info = [(99, grad), (150, grad)]  # one just before a loss page, one alone
+    results[2].info = []
+    results[0].info = []
     census = sc.page_census(runs, results)
     assert census["loss_spike_pages"] == 4 and census["sustained_rule"] == 1
     assert census["ratio_to_median"]["max"] == pytest.approx(1.2)
@@ -81,3 +87,7 @@ def test_the_page_census_sizes_recoveries_and_shared_steps() -> None:
     fam = census["same_step_across_runs"]["fam"]
     assert fam["pages_at_a_step_paged_in_2plus_runs"] == 3 and fam["top_steps"] == [[100, 3]]
     assert census["same_step_across_runs"]["b"]["steps_paged_in_2plus_runs"] == 0
+    assert fam["loss_spike_pages"] == 4
+    assert census["grad_norm_spikes"] == 2
+    assert census["grad_norm_spikes_with_a_loss_page_within_3_rows_after"] == 1
+    assert census["loss_spike_pages_with_a_grad_norm_spike_within_3_rows"] == 1
