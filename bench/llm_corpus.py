@@ -14,6 +14,10 @@ corpus (default ``~/.runwatch/corpora/llm``), in the column conventions of
 * ``build.json``: the manifest's sha256 and each run's rows, so a bench can tell a corpus
   built from another manifest.
 
+The build also checks the labels against the logs: every incident's evidence line must hold
+its step, and the ``benign_spike`` labels must be exactly what their rule finds
+(`benign_spike_steps`).
+
 A repository is read from ``<mirrors>/<owner>+<name>/repo`` (a bare git dir, as a fetch
 tool leaves it), ``<mirrors>/<owner>+<name>/.git`` or ``<mirrors>/<owner>/<name>/.git`` (a
 plain ``git clone``); a single file may instead sit at ``<raw>/<owner>+<name>/<path>``.
@@ -40,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from spike_census import WINDOW, trailing_median
 
 MANIFEST = Path(__file__).resolve().parent / "data" / "llm_curves" / "manifest.json"
 DEFAULT_ROOT = Path(os.environ.get("RUNWATCH_LLM_CORPUS", "~/.runwatch/corpora/llm")).expanduser()
@@ -47,6 +52,8 @@ DEFAULT_MIRRORS = Path(os.environ.get("RUNWATCH_MIRRORS", "/work/.mirror"))
 CORPUS_FILE = "curves.npz"
 BUILD_FILE = "build.json"
 BUILDER_VERSION = 1
+BENIGN_SPIKE_RATIO = 1.08
+BENIGN_SPIKE_GAP = 3
 
 
 @dataclass(frozen=True)
@@ -126,12 +133,13 @@ class BadLog(ValueError):
 
 @dataclass(frozen=True)
 class Rows:
-    """One log segment's steps, parsed."""
+    """One log segment's steps, parsed (``line``: the 1-based line of each step)."""
 
     step: np.ndarray
     loss: np.ndarray
     grad_norm: np.ndarray
     step_time_s: np.ndarray
+    line: np.ndarray
 
 
 def git_blob_id(data: bytes) -> str:
@@ -187,16 +195,19 @@ def parse_log(text: str, fmt_name: str) -> Rows:
     if fmt_name not in FORMATS:
         raise BadLog(f"unknown log format {fmt_name!r}; known: {', '.join(FORMATS)}")
     fmt = FORMATS[fmt_name]
+    newlines = np.fromiter((m.start() for m in re.finditer("\n", text)), dtype=np.int64)
     steps: list[int] = []
     loss: list[float] = []
     grad: list[float] = []
     dt: list[float] = []
+    at: list[int] = []
     for m in fmt.pattern.finditer(text):
         step = int(m["step"])
+        line = int(np.searchsorted(newlines, m.start("step"), side="right")) + 1
         if steps and step <= steps[-1]:
-            line = text.count("\n", 0, m.start()) + 1
             raise BadLog(f"{fmt_name}: step {step} at line {line} after step {steps[-1]}")
         steps.append(step)
+        at.append(line)
         loss.append(float(m["loss"]))
         grad.append(float(m["grad_norm"]) if fmt.grad_norm else math.nan)
         dt.append(float(m["dt_ms"]) / 1000.0 if fmt.step_time else math.nan)
@@ -207,39 +218,39 @@ def parse_log(text: str, fmt_name: str) -> Rows:
         loss=np.asarray(loss, dtype=np.float64),
         grad_norm=np.asarray(grad, dtype=np.float64),
         step_time_s=np.asarray(dt, dtype=np.float64),
+        line=np.asarray(at, dtype=np.int64),
     )
 
 
-def cut(rows: Rows, segment: Mapping[str, Any]) -> Rows:
-    """Keep the rows of ``[first_step, last_step]`` (either bound optional)."""
-    lo, hi = segment.get("first_step"), segment.get("last_step")
-    keep = np.ones(len(rows.step), dtype=bool)
-    if lo is not None:
-        keep &= rows.step >= lo
-    if hi is not None:
-        keep &= rows.step <= hi
-    return Rows(rows.step[keep], rows.loss[keep], rows.grad_norm[keep], rows.step_time_s[keep])
+def build_run(
+    run: Mapping[str, Any], mirrors: Path, raw: Path
+) -> tuple[dict[str, np.ndarray], set[tuple[int, str, int]]]:
+    """The corpus columns of one manifest run (segments concatenated, resumes marked).
 
-
-def build_run(run: Mapping[str, Any], mirrors: Path, raw: Path) -> dict[str, np.ndarray]:
-    """The corpus columns of one manifest run (segments concatenated, resumes marked)."""
+    Returns:
+        The columns, and ``(step, path, line)`` of every row (to check the labels' evidence).
+    """
     parts: list[Rows] = []
     markers: list[np.ndarray] = []
+    where: set[tuple[int, str, int]] = set()
     for segment in run["source"]["segments"]:
         data = read_source(run["source"], segment, mirrors, raw)
-        rows = cut(parse_log(data.decode("utf-8", errors="replace"), segment["format"]), segment)
+        rows = parse_log(data.decode("utf-8", errors="replace"), segment["format"])
         marker = np.full(len(rows.step), -1, dtype=np.int64)
         if segment.get("restart_from_step") is not None:
             marker[0] = int(segment["restart_from_step"])
         parts.append(rows)
         markers.append(marker)
+        where |= {
+            (int(st), segment["path"], int(ln)) for st, ln in zip(rows.step, rows.line, strict=True)
+        }
     n = sum(len(p.step) for p in parts)
     name = run["name"]
     grad = np.concatenate([p.grad_norm for p in parts])
     skipped = np.zeros(n, dtype=np.int8)
     if run.get("amp_overflow_skipped"):
         skipped[np.isinf(grad)] = 1
-    return {
+    cols = {
         f"{name}/step": np.concatenate([p.step for p in parts]),
         f"{name}/loss": np.concatenate([p.loss for p in parts]),
         f"{name}/grad_norm": grad,
@@ -248,6 +259,47 @@ def build_run(run: Mapping[str, Any], mirrors: Path, raw: Path) -> dict[str, np.
         f"{name}/restart_from": np.concatenate(markers),
         f"{name}/skipped": skipped,
     }
+    return cols, where
+
+
+def benign_spike_steps(step: np.ndarray, loss: np.ndarray) -> list[int]:
+    """The manifest's mechanical rule for ``benign_spike`` labels, applied to one run.
+
+    A row is a candidate when its loss is at least `BENIGN_SPIKE_RATIO` times the median of
+    the `WINDOW` rows before it; a candidate within `BENIGN_SPIKE_GAP` rows of the previous
+    labelled one belongs to it. (That each came back alone is read in the log and said in the
+    label's note; the rule only finds them.)
+    """
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ratio = loss / trailing_median(loss, WINDOW)
+    out: list[int] = []
+    last = -(10**9)
+    for row in np.flatnonzero(ratio >= BENIGN_SPIKE_RATIO):
+        if row - last <= BENIGN_SPIKE_GAP:
+            continue
+        out.append(int(step[row]))
+        last = int(row)
+    return out
+
+
+def label_problems(
+    run: Mapping[str, Any], cols: Mapping[str, np.ndarray], where: set[tuple[int, str, int]]
+) -> list[str]:
+    """What is wrong with a run's labels: evidence lines that do not hold their step, and
+    ``benign_spike`` labels other than the rule's."""
+    name = run["name"]
+    found: list[str] = []
+    labelled = []
+    for inc in run.get("incidents", ()):
+        ev = inc["evidence"]
+        if (int(inc["step"]), ev["path"], int(ev["line"])) not in where:
+            found.append(f"{name}: step {inc['step']} is not at {ev['path']}:{ev['line']}")
+        if inc["kind"] == "benign_spike":
+            labelled.append(int(inc["step"]))
+    rule = benign_spike_steps(cols[f"{name}/step"], cols[f"{name}/loss"])
+    if sorted(labelled) != rule:
+        found.append(f"{name}: benign_spike labels {sorted(labelled)}, the rule finds {rule}")
+    return found
 
 
 def logs_grad_norm(run: Mapping[str, Any]) -> bool:
@@ -265,20 +317,37 @@ def load_manifest(path: Path = MANIFEST) -> dict[str, Any]:
     return dict(json.loads(path.read_text()))
 
 
+@dataclass(frozen=True)
+class BuildReport:
+    """What a build did.
+
+    Attributes:
+        built: Rows per run built.
+        not_built: Why, per run not built.
+        label_problems: Labels that do not match the logs (the corpus is written anyway).
+    """
+
+    built: dict[str, int]
+    not_built: dict[str, str]
+    label_problems: list[str]
+
+
 def build(
     mirrors: Path, raw: Path, out: Path, only: set[str] | None = None, manifest: Path = MANIFEST
-) -> tuple[dict[str, int], dict[str, str]]:
-    """Build the corpus; returns ``(rows per built run, reason per run not built)``."""
+) -> BuildReport:
+    """Build the corpus (the runs whose sources are available) and check the labels."""
     runs = [r for r in load_manifest(manifest)["runs"] if not only or r["name"] in only]
     arrays: dict[str, np.ndarray] = {}
     built: dict[str, int] = {}
     missing: dict[str, str] = {}
+    problems: list[str] = []
     for run in runs:
         try:
-            cols = build_run(run, mirrors, raw)
+            cols, where = build_run(run, mirrors, raw)
         except (SourceMissing, BadLog) as exc:
             missing[run["name"]] = str(exc)
             continue
+        problems += label_problems(run, cols, where)
         arrays.update(cols)
         built[run["name"]] = len(cols[f"{run['name']}/step"])
         if run.get("rows") is not None and built[run["name"]] != run["rows"]:
@@ -293,9 +362,10 @@ def build(
         "builder_version": BUILDER_VERSION,
         "rows": built,
         "not_built": missing,
+        "label_problems": problems,
     }
     (out / BUILD_FILE).write_text(json.dumps(info, indent=1, sort_keys=True) + "\n")
-    return built, missing
+    return BuildReport(built=built, not_built=missing, label_problems=problems)
 
 
 def fetch_list(manifest: Path = MANIFEST) -> list[tuple[str, str]]:
@@ -318,11 +388,14 @@ def main() -> None:
         for repo, commit in fetch_list():
             print(f"{repo} {commit}")
         return
-    built, missing = build(args.mirrors, args.raw, args.out, set(args.only or ()))
+    report = build(args.mirrors, args.raw, args.out, set(args.only or ()))
+    built, missing = report.built, report.not_built
     for name, rows in built.items():
         print(f"built {name}: {rows} rows")
     for name, why in missing.items():
         print(f"NOT built {name}: {why}", file=sys.stderr)
+    for problem in report.label_problems:
+        print(f"label problem: {problem}", file=sys.stderr)
     print(
         json.dumps(
             {
@@ -331,11 +404,12 @@ def main() -> None:
                 "runs": len(built),
                 "rows": sum(built.values()),
                 "not_built": sorted(missing),
+                "label_problems": len(report.label_problems),
             },
             sort_keys=True,
         )
     )
-    if missing:
+    if missing or report.label_problems:
         sys.exit(1)
 
 

@@ -48,12 +48,22 @@ LINES = {
 }
 
 
+STEP_LINES = {
+    "build_nanogpt_stdout": [2, 4, 5],
+    "build_nanogpt_pipes": [1, 2, 3],
+    "build_nanogpt_logtxt": [2, 3, 4],
+    "llmc_main": [2, 3, 4],
+    "llmc_stdout": [2, 3, 4],
+}
+
+
 @pytest.mark.parametrize("fmt", sorted(LINES))
 def test_every_format_parses_its_steps(fmt: str) -> None:
     assert set(LINES) == set(llm_corpus.FORMATS)
     rows = llm_corpus.parse_log("\n".join(LINES[fmt]) + "\n", fmt)
     spec = llm_corpus.FORMATS[fmt]
     assert rows.step.tolist() == [0, 1, 2]  # a line cut short (cancelled job) is not a step
+    assert rows.line.tolist() == STEP_LINES[fmt]
     assert rows.loss[:2].tolist() == [10.95, 10.9] and math.isnan(rows.loss[2])
     if spec.grad_norm:
         assert rows.grad_norm[:2].tolist() == [15.0, 14.5] and math.isinf(rows.grad_norm[2])
@@ -155,8 +165,8 @@ def test_build_reads_blob_checked_segments_and_marks_the_resume(
 ) -> None:
     manifest = _manifest(mirrors, tmp_path, amp_overflow_skipped=True, rows=10)
     out = tmp_path / "corpus"
-    built, missing = llm_corpus.build(mirrors, tmp_path / "raw", out, manifest=manifest)
-    assert (built, missing) == ({"r1": 10}, {})
+    report = llm_corpus.build(mirrors, tmp_path / "raw", out, manifest=manifest)
+    assert (report.built, report.not_built, report.label_problems) == ({"r1": 10}, {}, [])
     with np.load(out / llm_corpus.CORPUS_FILE) as data:
         assert data["r1/step"].tolist() == [0, 1, 2, 3, 4, 5, 5, 6, 7, 8]
         assert data["r1/restart_from"].tolist() == [-1] * 6 + [4, -1, -1, -1]
@@ -175,23 +185,47 @@ def test_a_raw_copy_counts_only_when_its_bytes_are_the_blob(mirrors: Path, tmp_p
     src = mirrors / "someone" / "gpt" / "logs"
     (raw / "a.log").write_bytes((src / "a.log").read_bytes())
     (raw / "b.log").write_bytes((src / "b.log").read_bytes() + b"edited\n")
-    built, missing = llm_corpus.build(
+    report = llm_corpus.build(
         tmp_path / "none", tmp_path / "raw", tmp_path / "o", manifest=manifest
     )
-    assert built == {} and "logs/b.log" in missing["r1"] and "not found" in missing["r1"]
+    missing = report.not_built
+    assert report.built == {} and "logs/b.log" in missing["r1"] and "not found" in missing["r1"]
     (raw / "b.log").write_bytes((src / "b.log").read_bytes())
-    built, missing = llm_corpus.build(
+    report = llm_corpus.build(
         tmp_path / "none", tmp_path / "raw", tmp_path / "o", manifest=manifest
     )
-    assert built == {"r1": 10} and missing == {}
+    assert report.built == {"r1": 10} and report.not_built == {}
 
 
 def test_a_row_count_other_than_the_manifests_is_not_built(mirrors: Path, tmp_path: Path) -> None:
     manifest = _manifest(mirrors, tmp_path, rows=11)
-    built, missing = llm_corpus.build(mirrors, tmp_path / "raw", tmp_path / "o", manifest=manifest)
-    assert built == {} and missing == {"r1": "parsed 10 rows, manifest says 11"}
+    report = llm_corpus.build(mirrors, tmp_path / "raw", tmp_path / "o", manifest=manifest)
+    assert report.built == {} and report.not_built == {"r1": "parsed 10 rows, manifest says 11"}
     with np.load(tmp_path / "o" / llm_corpus.CORPUS_FILE) as data:
         assert data.files == []
+
+
+def test_labels_are_checked_against_the_log(tmp_path: Path) -> None:
+    loss = np.full(120, 3.0)
+    loss[80] = 3.3  # 1.1x the trailing median: the benign-spike rule's
+    loss[82] = 3.3  # within 3 rows of the last one: the same spike
+    step = np.arange(120)
+    assert llm_corpus.benign_spike_steps(step, loss) == [80]
+    cols = {"r/step": step, "r/loss": loss}
+    where = {(int(s), "a.log", int(s) + 10) for s in step}
+    run = {
+        "name": "r",
+        "incidents": [
+            {"kind": "benign_spike", "step": 80, "evidence": {"path": "a.log", "line": 90}}
+        ],
+    }
+    assert llm_corpus.label_problems(run, cols, where) == []
+    run["incidents"][0]["evidence"]["line"] = 91
+    assert llm_corpus.label_problems(run, cols, where) == ["r: step 80 is not at a.log:91"]
+    run["incidents"] = []
+    assert llm_corpus.label_problems(run, cols, where) == [
+        "r: benign_spike labels [], the rule finds [80]"
+    ]
 
 
 # ---- the committed manifest (no fetched data needed)
