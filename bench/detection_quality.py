@@ -364,7 +364,8 @@ def print_real(real: dict[str, Any]) -> None:
                 print(f"  {name}: no material effect (loss {effect:+.1%}), not counted")
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
+    """The bench's command line."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=24)
     parser.add_argument("--steps", type=int, default=3000)
@@ -389,24 +390,11 @@ def main() -> None:
         default=RESUME_JUMP,
         help="modelled loss jump of an injected LLM resume without optimizer state",
     )
-    args = parser.parse_args()
-    rng = random.Random(args.seed)
-    records: list[Record] = []
-    injections: list[Injection] = []
-    for i in range(args.runs):
-        injections += simulate_run(i, args.steps, rng, records)
-    cfg = with_overrides(DetectorConfig(), parse_overrides(args.overrides))
-    result = replay(records, cfg)
-    false_positives = match(injections, result.anomalies)
-    observed = sum(s.steps_observed for s in result.steps.values())
-    faulty_steps = sum(
-        window_end(i)[0] - i.step + 1 for i in injections if i.fault != "good_resume"
-    )
-    healthy = max(1, observed - faulty_steps)
-    print(
-        f"{args.runs} runs x ~{args.steps} steps, world {WORLD}: {observed} steps observed, "
-        f"{healthy} healthy, {len(result.anomalies)} verdicts, config {result.config_hash}"
-    )
+    return parser.parse_args()
+
+
+def fault_table(injections: list[Injection]) -> dict[str, dict[str, float | int | str | None]]:
+    """Print recall and delay per injected synthetic fault; the same as figures."""
     print(f"{'fault':<22}{'injected':>9}{'found':>7}{'recall':>8}{'median delay':>14}{'max':>11}")
     summary: dict[str, dict[str, float | int | str | None]] = {}
     for fault in FAULTS:
@@ -440,6 +428,28 @@ def main() -> None:
             "delay_max": mx,
             "delay_unit": unit,
         }
+    return summary
+
+
+def synthetic_section(args: argparse.Namespace, cfg: DetectorConfig) -> dict[str, Any]:
+    """Simulate, replay and judge the synthetic runs; print them; the JSON figures."""
+    rng = random.Random(args.seed)
+    records: list[Record] = []
+    injections: list[Injection] = []
+    for i in range(args.runs):
+        injections += simulate_run(i, args.steps, rng, records)
+    result = replay(records, cfg)
+    false_positives = match(injections, result.anomalies)
+    observed = sum(s.steps_observed for s in result.steps.values())
+    faulty_steps = sum(
+        window_end(i)[0] - i.step + 1 for i in injections if i.fault != "good_resume"
+    )
+    healthy = max(1, observed - faulty_steps)
+    print(
+        f"{args.runs} runs x ~{args.steps} steps, world {WORLD}: {observed} steps observed, "
+        f"{healthy} healthy, {len(result.anomalies)} verdicts, config {result.config_hash}"
+    )
+    summary = fault_table(injections)
     fp_rate = len(false_positives) * 10_000 / healthy
     paging = [a for a in false_positives if severity_of(a) != "info"]
     paging_rate = len(paging) * 10_000 / healthy
@@ -456,6 +466,23 @@ def main() -> None:
         f"synthetic target (every fault found, <= 1 FP per 10k healthy steps): "
         f"{'MET' if synthetic_met else 'MISSED'}"
     )
+    return {
+        "runs": args.runs,
+        "steps_observed": observed,
+        "healthy_steps": healthy,
+        "false_positives": len(false_positives),
+        "false_positives_per_10k_healthy_steps": round(fp_rate, 3),
+        "paging_false_positives_per_10k_healthy_steps": round(paging_rate, 3),
+        "kinds": summary,
+        "config_hash": result.config_hash,
+        "synthetic_target_met": synthetic_met,
+    }
+
+
+def main() -> None:
+    args = parse_args()
+    cfg = with_overrides(DetectorConfig(), parse_overrides(args.overrides))
+    synthetic = synthetic_section(args, cfg)
     real = summarize(evaluate(cfg, args.corpus))
     print_real(real)
     real_met = real_target_met(real)
@@ -475,15 +502,7 @@ def main() -> None:
         json.dumps(
             {
                 "bench": "detection_quality",
-                "runs": args.runs,
-                "steps_observed": observed,
-                "healthy_steps": healthy,
-                "false_positives": len(false_positives),
-                "false_positives_per_10k_healthy_steps": round(fp_rate, 3),
-                "paging_false_positives_per_10k_healthy_steps": round(paging_rate, 3),
-                "kinds": summary,
-                "config_hash": result.config_hash,
-                "synthetic_target_met": synthetic_met,
+                **synthetic,
                 "real": real,
                 "real_target_met": real_met,
                 "llm": llm,

@@ -411,19 +411,6 @@ def evaluate_llm(
     return out
 
 
-def _quantiles(values: Sequence[float]) -> dict[str, float] | None:
-    if not values:
-        return None
-    arr = np.asarray(values, dtype=np.float64)
-    return {
-        "min": round(float(arr.min()), 4),
-        "p50": round(float(np.quantile(arr, 0.5)), 4),
-        "p90": round(float(np.quantile(arr, 0.9)), 4),
-        "p99": round(float(np.quantile(arr, 0.99)), 4),
-        "max": round(float(arr.max()), 4),
-    }
-
-
 def _outcomes(outcomes: Sequence[Outcome], expect: Expect) -> dict[str, Any]:
     """Recall, delays, rollbacks (or, for a control, false alarms) of a group of outcomes."""
     if not expect.kinds:
