@@ -62,9 +62,12 @@ def _bucket(value: int | None, buckets: Sequence[tuple[int, int]]) -> str:
     return "never"
 
 
-def _histogram(values: Sequence[int | None], buckets: Sequence[tuple[int, int]]) -> dict[str, int]:
+def _histogram(
+    values: Sequence[int | None], buckets: Sequence[tuple[int, int]], *, never: bool = True
+) -> dict[str, int]:
+    """Counts per bucket; ``never`` adds the bucket of None (not recovered)."""
     counts = Counter(_bucket(v, buckets) for v in values)
-    keys = [_bucket(lo, buckets) for lo, _ in buckets] + ["never"]
+    keys = [_bucket(lo, buckets) for lo, _ in buckets] + (["never"] if never else [])
     return {k: counts.get(k, 0) for k in keys}
 
 
@@ -183,7 +186,7 @@ def excursion_census(runs: Sequence[Any], floors: Sequence[float] = FLOORS) -> d
             "episodes": len(eps),
             "per_10k_healthy_steps": round(len(eps) * 10_000 / max(1, healthy_steps), 3),
             "peak_ratio": _quantiles([e["peak_ratio"] for e in eps]),
-            "length_rows": _histogram([e["rows"] for e in eps], LENGTH_BUCKETS),
+            "length_rows": _histogram([e["rows"] for e in eps], LENGTH_BUCKETS, never=False),
             "rows_back_below_half_rise": _histogram(
                 [e["back_below_half"] for e in eps], RECOVERY_BUCKETS
             ),
