@@ -175,7 +175,10 @@ def load_runs(root: Path = DEFAULT_ROOT, manifest: Path = MANIFEST) -> list[Run]
         CorpusUnavailable: No corpus at ``root``, one built from another manifest, or a
             run missing; the message says how to build it.
     """
-    how = f"build it with `.venv/bin/python bench/llm_corpus.py --out {root}`"
+    how = (
+        f"build it with `.venv/bin/python bench/llm_corpus.py --out {root}` from git copies of "
+        "the repositories `bench/llm_corpus.py --list` names"
+    )
     if not (root / CORPUS_FILE).is_file() or not (root / BUILD_FILE).is_file():
         raise CorpusUnavailable(f"no LLM corpus at {root}: {how}")
     info = json.loads((root / BUILD_FILE).read_text())
