@@ -17,9 +17,17 @@ critical; a lone grad-norm spike is info).
 Then the same configuration judges the real-curve corpus (`bench/real_curves.py`, judged
 by `bench/real_quality.py`): paging false positives per 10k healthy steps by kind, info
 verdicts, recall and delay per real fault, for the tuning and the held-out curves apart.
+Then the LLM-pretraining corpus (`bench/llm_corpus.py` builds it locally from public logs;
+`bench/llm_quality.py` judges it): pages per 10k healthy steps by kind, commands on healthy
+rows, labelled incidents and injected faults, tuning and held-out apart, and the census of
+the benign spikes. Without a local LLM corpus that section says so and how to build it.
 Prints the tables, then one JSON line.
 
+``--set NAME=VALUE`` (repeatable) replays every section with a detector setting changed,
+as ``runwatch replay --set`` takes it.
+
     .venv/bin/python bench/detection_quality.py [--runs 24] [--steps 3000] [--seed 0]
+        [--set loss_z_thresh=8] [--llm-corpus DIR] [--no-llm] [--no-llm-faults]
 """
 
 from __future__ import annotations
@@ -37,9 +45,13 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from llm_corpus import DEFAULT_ROOT as LLM_ROOT
+from llm_quality import FAULTS as LLM_FAULTS
+from llm_quality import RESUME_JUMP, llm_section
 from real_quality import CORPUS, evaluate, real_target_met, severity_of, summarize
 
-from runwatch.processors.core.config import DetectorConfig
+from runwatch.cmd.processors import parse_overrides
+from runwatch.processors.core.config import DetectorConfig, with_overrides
 from runwatch.processors.core.replay import Record, replay
 from runwatch.schemas.events import (
     AnomalyDetected,
@@ -352,30 +364,37 @@ def print_real(real: dict[str, Any]) -> None:
                 print(f"  {name}: no material effect (loss {effect:+.1%}), not counted")
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
+    """The bench's command line."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=24)
     parser.add_argument("--steps", type=int, default=3000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--corpus", type=Path, default=CORPUS, help="real-curve corpus")
-    args = parser.parse_args()
-    rng = random.Random(args.seed)
-    records: list[Record] = []
-    injections: list[Injection] = []
-    for i in range(args.runs):
-        injections += simulate_run(i, args.steps, rng, records)
-    cfg = DetectorConfig()
-    result = replay(records, cfg)
-    false_positives = match(injections, result.anomalies)
-    observed = sum(s.steps_observed for s in result.steps.values())
-    faulty_steps = sum(
-        window_end(i)[0] - i.step + 1 for i in injections if i.fault != "good_resume"
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="detector setting for every section, as `runwatch replay --set` (repeatable)",
     )
-    healthy = max(1, observed - faulty_steps)
-    print(
-        f"{args.runs} runs x ~{args.steps} steps, world {WORLD}: {observed} steps observed, "
-        f"{healthy} healthy, {len(result.anomalies)} verdicts, config {result.config_hash}"
+    parser.add_argument("--llm-corpus", type=Path, default=LLM_ROOT, help="local LLM corpus")
+    parser.add_argument("--no-llm", action="store_true", help="skip the LLM corpus")
+    parser.add_argument(
+        "--no-llm-faults", action="store_true", help="LLM corpus without injected faults"
     )
+    parser.add_argument(
+        "--resume-jump",
+        type=float,
+        default=RESUME_JUMP,
+        help="modelled loss jump of an injected LLM resume without optimizer state",
+    )
+    return parser.parse_args()
+
+
+def fault_table(injections: list[Injection]) -> dict[str, dict[str, float | int | str | None]]:
+    """Print recall and delay per injected synthetic fault; the same as figures."""
     print(f"{'fault':<22}{'injected':>9}{'found':>7}{'recall':>8}{'median delay':>14}{'max':>11}")
     summary: dict[str, dict[str, float | int | str | None]] = {}
     for fault in FAULTS:
@@ -409,6 +428,28 @@ def main() -> None:
             "delay_max": mx,
             "delay_unit": unit,
         }
+    return summary
+
+
+def synthetic_section(args: argparse.Namespace, cfg: DetectorConfig) -> dict[str, Any]:
+    """Simulate, replay and judge the synthetic runs; print them; the JSON figures."""
+    rng = random.Random(args.seed)
+    records: list[Record] = []
+    injections: list[Injection] = []
+    for i in range(args.runs):
+        injections += simulate_run(i, args.steps, rng, records)
+    result = replay(records, cfg)
+    false_positives = match(injections, result.anomalies)
+    observed = sum(s.steps_observed for s in result.steps.values())
+    faulty_steps = sum(
+        window_end(i)[0] - i.step + 1 for i in injections if i.fault != "good_resume"
+    )
+    healthy = max(1, observed - faulty_steps)
+    print(
+        f"{args.runs} runs x ~{args.steps} steps, world {WORLD}: {observed} steps observed, "
+        f"{healthy} healthy, {len(result.anomalies)} verdicts, config {result.config_hash}"
+    )
+    summary = fault_table(injections)
     fp_rate = len(false_positives) * 10_000 / healthy
     paging = [a for a in false_positives if severity_of(a) != "info"]
     paging_rate = len(paging) * 10_000 / healthy
@@ -425,6 +466,23 @@ def main() -> None:
         f"synthetic target (every fault found, <= 1 FP per 10k healthy steps): "
         f"{'MET' if synthetic_met else 'MISSED'}"
     )
+    return {
+        "runs": args.runs,
+        "steps_observed": observed,
+        "healthy_steps": healthy,
+        "false_positives": len(false_positives),
+        "false_positives_per_10k_healthy_steps": round(fp_rate, 3),
+        "paging_false_positives_per_10k_healthy_steps": round(paging_rate, 3),
+        "kinds": summary,
+        "config_hash": result.config_hash,
+        "synthetic_target_met": synthetic_met,
+    }
+
+
+def main() -> None:
+    args = parse_args()
+    cfg = with_overrides(DetectorConfig(), parse_overrides(args.overrides))
+    synthetic = synthetic_section(args, cfg)
     real = summarize(evaluate(cfg, args.corpus))
     print_real(real)
     real_met = real_target_met(real)
@@ -432,21 +490,23 @@ def main() -> None:
         f"real target (every material real fault found, <= 1 paging FP per 10k healthy "
         f"steps, tuning and held-out): {'MET' if real_met else 'MISSED'}"
     )
+    llm: dict[str, Any] = {"skipped": True}
+    if not args.no_llm:
+        llm = llm_section(
+            cfg,
+            args.llm_corpus,
+            faults=() if args.no_llm_faults else tuple(LLM_FAULTS),
+            resume_jump=args.resume_jump,
+        )
     print(
         json.dumps(
             {
                 "bench": "detection_quality",
-                "runs": args.runs,
-                "steps_observed": observed,
-                "healthy_steps": healthy,
-                "false_positives": len(false_positives),
-                "false_positives_per_10k_healthy_steps": round(fp_rate, 3),
-                "paging_false_positives_per_10k_healthy_steps": round(paging_rate, 3),
-                "kinds": summary,
-                "config_hash": result.config_hash,
-                "synthetic_target_met": synthetic_met,
+                **synthetic,
                 "real": real,
                 "real_target_met": real_met,
+                "llm": llm,
+                "overrides": parse_overrides(args.overrides),
             },
             sort_keys=True,
         )

@@ -32,13 +32,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from curve_events import Curve
+from curve_events import curve_records as replay_records
 
 from runwatch.processors.core.config import DetectorConfig
 from runwatch.processors.core.replay import Record, replay
-from runwatch.schemas.events import AnomalyDetected, Provenance, RunEnded, RunStarted, StepCompleted
+from runwatch.schemas.events import AnomalyDetected
 
 CORPUS = Path(__file__).resolve().parent / "data" / "real_curves"
-S = 1_000_000_000
 LM_FAMILIES = frozenset({"lm", "lstm"})
 FAULT_EXPECTED: Mapping[str, frozenset[str]] = {
     "garbage_batch": frozenset({"loss_spike", "grad_norm_spike"}),
@@ -123,59 +124,29 @@ def fault_row(meta: Mapping[str, Any], restart_from: np.ndarray, steps: np.ndarr
     return int(np.flatnonzero(steps == meta["fault_step"])[0])
 
 
+def curve_of(meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> Curve:
+    """One corpus curve (vocabulary 256 for the byte-level LMs, examples for classifiers)."""
+    name = meta["name"]
+    lm = meta["family"] in LM_FAMILIES
+    return Curve(
+        run_id=name,
+        step=arrays[f"{name}/step"],
+        loss=arrays[f"{name}/loss"],
+        grad_norm=arrays[f"{name}/grad_norm"],
+        step_time_s=arrays[f"{name}/step_time_s"],
+        count=arrays[f"{name}/tokens"],
+        restart_from=arrays[f"{name}/restart_from"],
+        skipped=arrays[f"{name}/skipped"],
+        vocab_size=256 if lm else None,
+        examples=not lm,
+    )
+
+
 def curve_records(
     meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray], partition: int
 ) -> tuple[list[Record], dict[int, int]]:
     """A curve as the steps topic would hold it, and the row of each step record's offset."""
-    name = meta["name"]
-    col = {k: arrays[f"{name}/{k}"] for k in ("step", "loss", "grad_norm", "step_time_s")}
-    tokens, restart_from = arrays[f"{name}/tokens"], arrays[f"{name}/restart_from"]
-    skipped = arrays[f"{name}/skipped"]
-    vocab = 256 if meta["family"] in LM_FAMILIES else None
-    records: list[Record] = []
-    row_of: dict[int, int] = {}
-    offset = 0
-    incarnation = 0
-
-    def emit(event: RunStarted | RunEnded | StepCompleted) -> None:
-        nonlocal offset
-        source = Provenance(topic="real.steps", partition=partition, offset=offset)
-        records.append(("steps", source, event))
-        offset += 1
-
-    emit(RunStarted(run_id=name, ts_ns=0, world_size=1, vocab_size=vocab, incarnation=0))
-    for i in range(len(col["step"])):
-        ts_ns = (i + 1) * S
-        marker = int(restart_from[i])
-        if marker >= 0:
-            emit(RunEnded(run_id=name, ts_ns=ts_ns - S // 2, status="failed"))
-            incarnation += 1
-            emit(
-                RunStarted(
-                    run_id=name,
-                    ts_ns=ts_ns - S // 4,
-                    world_size=1,
-                    vocab_size=vocab,
-                    incarnation=incarnation,
-                )
-            )
-        row_of[offset] = i
-        emit(
-            StepCompleted(
-                run_id=name,
-                ts_ns=ts_ns,
-                step=int(col["step"][i]),
-                loss=float(col["loss"][i]),
-                grad_norm=float(col["grad_norm"][i]),
-                step_time_s=float(col["step_time_s"][i]),
-                tokens=int(tokens[i]) if vocab else 0,
-                examples=0 if vocab else int(tokens[i]),
-                skipped=bool(skipped[i]),
-                restart_from_step=marker if marker >= 0 else None,
-            )
-        )
-    emit(RunEnded(run_id=name, ts_ns=(len(col["step"]) + 1) * S, status="completed"))
-    return records, row_of
+    return replay_records(curve_of(meta, arrays), partition)
 
 
 def evaluate(cfg: DetectorConfig, root: Path = CORPUS) -> list[CurveResult]:
