@@ -41,8 +41,8 @@ def test_a_restarted_controller_neither_repeats_nor_obeys_forgeries(loop, launch
     assert isinstance(done, RestartCompleted) and done.command_id == command.command_id
     run.launcher.kill()
     record = run.gang_record()
-    assert record["incarnation"] == 1 and record["status"] == "running"
-    pids = [r["pid"] for r in record["ranks"]]
+    assert record.incarnation == 1 and record.status == "running"
+    pids = [r.pid for r in record.ranks]
     assert all(_alive(p) for p in pids), run.rank_logs()
 
     successor = Proc(
@@ -54,7 +54,7 @@ def test_a_restarted_controller_neither_repeats_nor_obeys_forgeries(loop, launch
         replayed = wait_events(controller, of_run(RUN, CommandRejected))
         assert replayed[0].command_id == command.command_id
         assert replayed[0].reason.startswith("replayed")
-        assert [r["pid"] for r in run.gang_record()["ranks"]] == pids
+        assert [r.pid for r in run.gang_record().ranks] == pids
         assert all(_alive(p) for p in pids), "the gang was touched"
 
         # Two forgeries of a command for the current incarnation: signed with a key the
@@ -79,8 +79,8 @@ def test_a_restarted_controller_neither_repeats_nor_obeys_forgeries(loop, launch
         successor.close()
     assert "adopted run adopted, incarnation 1" in successor.log()
     final = run.gang_record()
-    assert final["status"] == "completed" and final["incarnation"] == 1
-    assert [r["pid"] for r in final["ranks"]] == pids
+    assert final.status == "completed" and final.incarnation == 1
+    assert [r.pid for r in final.ranks] == pids
     assert run.losses() and max(run.losses()) == 80
     # Exactly one restart was ever executed.
     assert (run.state_dir / "processed.jsonl").read_text().count("command_id") == 1
