@@ -39,7 +39,7 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
 from runwatch.common.errors import RunwatchError
 from runwatch.common.settings import kafka_client_config
-from runwatch.controller.command_gate import OwnedGang, decide
+from runwatch.controller.command_gate import REPLAYED, OwnedGang, decide
 from runwatch.controller.logwatch import LogWatch, emitter_for
 from runwatch.controller.relay import RelayServer
 from runwatch.controller.state import GangRecord, LaunchSpec
@@ -399,8 +399,14 @@ class Controller:
         assert run is not None
         run.note_offset(source.partition, source.offset)
         if decision.verdict == "reject":
-            log.warning(
-                "run %s: rejected command %s: %s", run.run_id, command.command_id, decision.reason
+            # A replay is the last command read again after a controller restart (by design);
+            # a bad signature or a stale command is trouble.
+            log.log(
+                logging.INFO if decision.reason == REPLAYED else logging.WARNING,
+                "run %s: rejected command %s: %s",
+                run.run_id,
+                command.command_id,
+                decision.reason,
             )
             self.publisher.publish(
                 CommandRejected(

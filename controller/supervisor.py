@@ -28,6 +28,7 @@ rank dropped, a command not carried out, the run failed) is WARNING.
 from __future__ import annotations
 
 import logging
+import signal
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -118,6 +119,13 @@ class Peers(Protocol):
     def cause(self, command: RestartRequested) -> AnomalyDetected | None:
         """The verdict ``command`` was issued for (the record at its ``source``); None: unread."""
         ...
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return "unknown signal"
 
 
 def _log_note(run_id: str, note: Note) -> None:
@@ -280,14 +288,20 @@ class RunSupervisor:
         return blamed
 
     def _report_exit(self, gone: RankExit, pid: int) -> None:
+        if gone.signal is not None:
+            how = f"was killed by signal {gone.signal} ({_signal_name(gone.signal)})"
+        elif gone.code is None:
+            how = "exited with an unknown status"
+        else:
+            how = f"exited with code {gone.code}"
         log.log(
             logging.WARNING if gone.abnormal else logging.INFO,
-            "run %s incarnation %d: rank %d (pid %d) exited with status %s",
+            "run %s incarnation %d: rank %d (pid %d) %s",
             self.run_id,
             self.record.incarnation,
             gone.rank,
             pid,
-            gone.code,
+            how,
         )
         if not self.spec.exit_evidence:
             return

@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
             continue
         host = gang.spec.host
         if host and host != HOST:  # a shared file system shows every node's
-            log.warning("skipping %s: its ranks run on %s, not here", path, host)
+            log.info("skipping %s: its ranks run on %s, not here", path, host)
             continue
         try:
             lock_state_dir(path)
