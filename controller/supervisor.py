@@ -183,15 +183,17 @@ class RunSupervisor:
 
     # ------------------------------------------------------------------ launching
 
-    def launch(self, resume: Resume | None) -> None:
+    def launch(self, resume: Resume | None, scope: Scope = WHOLE_NODE) -> None:
         """Start this node's ranks of the record's incarnation and persist the pids.
 
         Args:
             resume: Where to resume; None for a first launch (no ``RUNWATCH_RESTART_FROM``).
+            scope: What to start (a plan's ``start``); the whole node today, so the record's
+                ranks and the exits noticed are replaced as a whole.
         """
         rec = self.record
         node = rec.topology
-        started = self.launcher.start(Incarnation(rec.incarnation, node, resume))
+        started = self.launcher.start(Incarnation(rec.incarnation, node, resume), scope)
         self.exits, self.unreported, self.dead_since_s = {}, {}, None
         self._save(ranks=started.ranks, master_port=started.master_port)
         log.info(
@@ -459,7 +461,7 @@ class RunSupervisor:
             )
         resume = resolve_resume(self.spec.run.checkpoint_dir, command.max_checkpoint_step)
         self._save(plan.record)
-        self.launch(resume)
+        self.launch(resume, plan.start)
         if not plan.speaks:  # node 0's agent reports the gang's restart
             log.info(
                 "run %s: node %d restarted into incarnation %d from checkpoint %s",
