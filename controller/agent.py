@@ -69,6 +69,7 @@ def build_controller(
     Raises:
         ValueError: A state directory holds no gang record, or a recorded log format is
             invalid.
+        controller.state.StateFormatError: A gang record this version cannot read.
     """
     files = []
     for state in states:

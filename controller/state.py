@@ -25,6 +25,7 @@ from typing import Literal
 import msgspec
 
 from runwatch.common.durable import append_durably, atomic_write
+from runwatch.common.errors import RunwatchError
 from runwatch.controller.topology import NodeTopology, RunBinding
 from runwatch.schemas.events import BackendDeclaration
 
@@ -212,7 +213,7 @@ class GangFile(msgspec.Struct, frozen=True, kw_only=True):
     version: int = GANG_FILE_VERSION
 
 
-class StateFormatError(ValueError):
+class StateFormatError(RunwatchError):
     """A state file this version of runwatch cannot read (one line: which file and why)."""
 
 

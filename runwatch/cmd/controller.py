@@ -46,7 +46,12 @@ def run(args: argparse.Namespace) -> int:
     from runwatch.common.settings import topic_prefix
     from runwatch.controller.agent import build_controller, load_keys
     from runwatch.controller.launcher import HOST
-    from runwatch.controller.state import ControllerState, StateLocked, lock_state_dir
+    from runwatch.controller.state import (
+        ControllerState,
+        StateFormatError,
+        StateLocked,
+        lock_state_dir,
+    )
     from runwatch.reachability import check_reachable
 
     root = args.state_dir.resolve()
@@ -55,7 +60,11 @@ def run(args: argparse.Namespace) -> int:
     states = []
     for path in _state_dirs(root):
         state = ControllerState(path)
-        gang = state.load_gang()
+        try:
+            gang = state.load_gang()
+        except StateFormatError as exc:  # one unreadable record does not stop the others
+            log.warning("skipping %s", exc)
+            continue
         if gang is None or gang.record.status != "running":
             continue
         host = gang.spec.host

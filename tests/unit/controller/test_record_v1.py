@@ -133,6 +133,17 @@ def test_a_file_this_version_cannot_read_is_one_clear_error(tmp_path, content, m
     assert str(tmp_path / GANG_FILE) in str(exc.value) and "\n" not in str(exc.value)
 
 
+def test_an_adopter_skips_an_unreadable_record_saying_why(tmp_path, capsys):
+    from runwatch.cli import main
+
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / GANG_FILE).write_text(json.dumps({"version": 9}))
+    assert main(["controller", "--state-dir", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert f"skipping {tmp_path / 'r' / GANG_FILE}: gang file version 9" in err
+    assert err.strip().splitlines()[-1].startswith("runwatch controller: no running gang to adopt")
+
+
 SLEEPER = (
     "import pathlib, sys, time\nwhile not pathlib.Path(sys.argv[1]).exists(): time.sleep(0.02)\n"
 )
