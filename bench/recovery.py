@@ -220,7 +220,7 @@ def one_run(
                         and event.step >= args.kill_at_step
                         and spares_ready(states, 2 // args.nnodes, args.warm_spares)
                     ):
-                        ranks = json.loads((state / "gang.json").read_text())["ranks"]
+                        ranks = json.loads((state / "gang.json").read_text())["record"]["ranks"]
                         (pid,) = [r["pid"] for r in ranks if r["rank"] == 1]
                         os.killpg(pid, signal.SIGKILL)
                         kill_ns = time.time_ns()

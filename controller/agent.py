@@ -3,8 +3,8 @@
 `runwatch launch` (a new gang) and `runwatch controller` (adopting gangs after a launcher
 died) both build their controller here, so neither command imports the other. Every
 object is complete when it is constructed: the `EventPublisher` (and, for multi-node
-gangs, the `PeerWatch`) is made first, the supervisors are given its ``publish`` (and the
-peers), and the `Controller` is given them all.
+gangs, the `PeerWatch`) is made first, the supervisors are given its ``publish``, the
+peers and their launchers, and the `Controller` is given them all.
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from runwatch.common.errors import UsageError
-from runwatch.controller.gang import Gang
+from runwatch.controller.launcher import LocalLauncher
 from runwatch.controller.logwatch import LogWatch
 from runwatch.controller.loop import Controller, EventPublisher, PeerWatch, announce_end
 from runwatch.controller.relay import RelayServer
-from runwatch.controller.state import ControllerState, GangRecord
+from runwatch.controller.state import ControllerState, GangRecord, LaunchSpec
 from runwatch.controller.supervisor import AnnounceEnd, Publish, RunSupervisor
 from runwatch.schemas.events import Event
 from runwatch.schemas.signing import CommandKey, load_key
@@ -52,8 +52,10 @@ def build_controller(
 ) -> tuple[Controller, list[RunSupervisor]]:
     """A controller over the runs recorded in ``states``, their gangs adopted.
 
-    A record without ranks (a gang about to be launched) adopts an empty gang: the
-    caller starts it with `RunSupervisor.launch`.
+    Each run gets the launcher its spec asks for (`controller.launcher.LocalLauncher`,
+    with warm spares or without), watching the ranks its record holds; a record without
+    ranks (a gang about to be launched) has nothing to watch yet: the caller starts it
+    with `RunSupervisor.launch`.
 
     Args:
         states: State directories holding a running gang record.
@@ -67,25 +69,26 @@ def build_controller(
     Raises:
         ValueError: A state directory holds no gang record, or a recorded log format is
             invalid.
+        controller.state.StateFormatError: A gang record this version cannot read.
     """
-    records = []
+    files = []
     for state in states:
-        record = state.load_gang()
-        if record is None:
+        gang = state.load_gang()
+        if gang is None:
             raise ValueError(f"{state.root} holds no gang record")
-        records.append(record)
+        files.append(gang)
     watches = {
-        record.run_id: watch
-        for record in records
-        if (watch := LogWatch.for_record(record)) is not None
+        gang.spec.run_id: watch
+        for gang in files
+        if (watch := LogWatch.for_run(gang.spec, gang.record)) is not None
     }
     relays = {
-        record.run_id: RelayServer(Path(record.relay_socket), bootstrap, prefix)
-        for record in records
-        if record.relay_socket
+        gang.spec.run_id: RelayServer(Path(gang.spec.run.relay_socket), bootstrap, prefix)
+        for gang in files
+        if gang.spec.run.relay_socket
     }
     publisher = EventPublisher(bootstrap, prefix, watches)
-    several = [r.run_id for r in records if r.topology.nnodes > 1]
+    several = [g.spec.run_id for g in files if g.record.topology.nnodes > 1]
     try:
         peers = PeerWatch(bootstrap, prefix, several) if several else None
     except BaseException:
@@ -94,15 +97,14 @@ def build_controller(
     runs = [
         RunSupervisor(
             state=state,
-            record=record,
-            gang=Gang.adopt(
-                record.ranks, [state.exit_path(record.incarnation, p.rank) for p in record.ranks]
-            ),
-            publish=after_relay(relays.get(record.run_id), publisher.publish),
-            announce_end=after_relay_end(relays.get(record.run_id), announce_end),
+            spec=gang.spec,
+            record=gang.record,
+            launcher=LocalLauncher.for_run(state, gang.spec, gang.record),
+            publish=after_relay(relays.get(gang.spec.run_id), publisher.publish),
+            announce_end=end_announcer(gang.spec, relays.get(gang.spec.run_id)),
             peers=peers,
         )
-        for state, record in zip(states, records, strict=True)
+        for state, gang in zip(states, files, strict=True)
     ]
     try:
         controller = Controller(
@@ -135,17 +137,15 @@ def after_relay(relay: RelayServer | None, publish: Publish) -> Publish:
     return publish_after
 
 
-def after_relay_end(relay: RelayServer | None, announce: AnnounceEnd) -> AnnounceEnd:
-    """``announce`` (RunEnded), preceded by a flush of the run's relayed records."""
-    if relay is None:
-        return announce
+def end_announcer(spec: LaunchSpec, relay: RelayServer | None) -> AnnounceEnd:
+    """RunEnded for an incarnation of ``spec``'s run, after a flush of its relayed records."""
 
-    def announce_after(record: GangRecord, status: str, reason: str) -> None:
-        if not relay.flush_run(record.run_id):
-            log.warning("run %s: the relay did not flush in time", record.run_id)
-        announce(record, status, reason)
+    def announce(record: GangRecord, status: str, reason: str) -> None:
+        if relay is not None and not relay.flush_run(spec.run_id):
+            log.warning("run %s: the relay did not flush in time", spec.run_id)
+        announce_end(spec, record, status, reason)
 
-    return announce_after
+    return announce
 
 
-__all__ = ["after_relay", "after_relay_end", "build_controller", "load_keys"]
+__all__ = ["after_relay", "build_controller", "end_announcer", "load_keys"]

@@ -29,7 +29,7 @@ import socket
 import time
 from pathlib import Path
 
-from runwatch.controller.state import GangRecord
+from runwatch.controller.state import GangRecord, LaunchSpec
 from runwatch.controller.supervisor import RunSupervisor
 from runwatch.producers.emitter import RunEmitter
 from runwatch.producers.logtail import LineParser, make_parser
@@ -41,16 +41,16 @@ log = logging.getLogger(__name__)
 _READ_BYTES = 1 << 20
 
 
-def emitter_for(record: GangRecord) -> RunEmitter:
+def emitter_for(spec: LaunchSpec, record: GangRecord) -> RunEmitter:
     """A `RunEmitter` speaking as rank 0 of ``record``'s incarnation (for the script).
 
     The controller uses one to announce RunEnded, a `LogWatch` to send a printing
     script's events; both as a rank of the gang would.
     """
     return RunEmitter(
-        record.run_id,
-        bootstrap=record.bootstrap,
-        topic_prefix=record.prefix,
+        spec.run_id,
+        bootstrap=spec.run.bootstrap,
+        topic_prefix=spec.run.prefix,
         rank=0,
         world_size=max(1, record.world_size),
         incarnation=record.incarnation,
@@ -150,19 +150,24 @@ class LogWatch:
         self.steps = 0
 
     @classmethod
-    def for_record(cls, rec: GangRecord) -> LogWatch | None:
-        """The watch a run's record asks for (``log_format`` set), else None.
+    def for_run(cls, spec: LaunchSpec, record: GangRecord) -> LogWatch | None:
+        """The watch a run's spec asks for (``log_watch`` set), else None.
+
+        Args:
+            spec: What was asked.
+            record: What happened: ranks already running are an adopted incarnation.
 
         Raises:
             ValueError: The recorded format or regex is invalid.
         """
-        if not rec.log_format:
+        wanted = spec.log_watch
+        if wanted is None:
             return None
         return cls(
-            make_parser(rec.log_format, rec.log_regex),
-            tokens_per_step=rec.log_tokens_per_step,
-            adopted=bool(rec.ranks),
-            log_format=rec.log_format,
+            make_parser(wanted.format, wanted.regex),
+            tokens_per_step=wanted.tokens_per_step,
+            adopted=bool(record.ranks),
+            log_format=wanted.format,
         )
 
     # ------------------------------------------------------------------ inputs
@@ -197,7 +202,7 @@ class LogWatch:
         self.close()
         adopted, self._adopted = self._adopted, False
         self._incarnation = rec.incarnation
-        self._emitter = emitter_for(rec)
+        self._emitter = emitter_for(run.spec, rec)
         self._reader = LineReader(run.state.log_path(rec.incarnation, 0), from_end=adopted)
         self._restart_from, self._resumed_from = self._resumed_from, None
         self._last_step = None
@@ -207,7 +212,7 @@ class LogWatch:
             )
         log.info(
             "run %s incarnation %d: watching rank 0's output (%s)",
-            rec.run_id,
+            run.run_id,
             rec.incarnation,
             self.log_format,
         )
@@ -217,7 +222,7 @@ class LogWatch:
         if emitter is None or not lines:
             return
         live = None
-        heartbeats = names(run.record.prefix).heartbeats
+        heartbeats = names(run.spec.run.prefix).heartbeats
         for line in lines:
             parsed = self.parser.parse(line)
             if parsed is None:
@@ -238,7 +243,7 @@ class LogWatch:
             self._restart_from, self._last_step = None, parsed.step
             self.steps += 1
             if live is None:  # the processes alive now, once per batch of lines
-                running = set(run.gang.running())
+                running = set(run.launcher.running())
                 live = [p for p in run.record.ranks if p.rank in running]
             for proc in live:
                 emitter.emit(

@@ -39,10 +39,10 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
 from runwatch.common.errors import RunwatchError
 from runwatch.common.settings import kafka_client_config
-from runwatch.controller.command_gate import OwnedGang, decide
+from runwatch.controller.command_gate import REPLAYED, OwnedGang, decide
 from runwatch.controller.logwatch import LogWatch, emitter_for
 from runwatch.controller.relay import RelayServer
-from runwatch.controller.state import GangRecord
+from runwatch.controller.state import GangRecord, LaunchSpec
 from runwatch.controller.supervisor import RunSupervisor
 from runwatch.schemas.codec import DecodeError, decode, encode, encode_key
 from runwatch.schemas.events import (
@@ -96,12 +96,12 @@ def commands_end_offsets(bootstrap: str, prefix: str) -> dict[int, int]:
         consumer.close()
 
 
-def announce_end(record: GangRecord, status: str, reason: str) -> None:
+def announce_end(spec: LaunchSpec, record: GangRecord, status: str, reason: str) -> None:
     """Emit RunEnded for ``record``'s incarnation through a `RunEmitter`, and wait for it."""
-    emitter = emitter_for(record)
+    emitter = emitter_for(spec, record)
     emitter.run_ended(status, reason=reason)
     if not emitter.close(timeout_s=30.0):
-        log.warning("run %s: RunEnded(%s) may not have been delivered", record.run_id, status)
+        log.warning("run %s: RunEnded(%s) may not have been delivered", spec.run_id, status)
 
 
 class EventPublisher:
@@ -351,7 +351,7 @@ class Controller:
     def _start_offset(self, partition: int) -> int | None:
         wanted = [
             max(
-                r.record.launch_offsets.get(partition, 0),
+                r.spec.launch_offsets.get(partition, 0),
                 r.record.consumer_offsets.get(partition, 0),
             )
             for r in self.runs.values()
@@ -387,7 +387,7 @@ class Controller:
         ):
             return  # before the last command this run acted on: settled long ago
         gangs = {
-            r.run_id: OwnedGang(r.run_id, r.record.incarnation, r.record.launch_offsets)
+            r.run_id: OwnedGang(r.run_id, r.record.incarnation, r.spec.launch_offsets)
             for r in self.runs.values()
             if not r.finished
         }
@@ -399,8 +399,14 @@ class Controller:
         assert run is not None
         run.note_offset(source.partition, source.offset)
         if decision.verdict == "reject":
-            log.warning(
-                "run %s: rejected command %s: %s", run.run_id, command.command_id, decision.reason
+            # A replay is the last command read again after a controller restart (by design);
+            # a bad signature or a stale command is trouble.
+            log.log(
+                logging.INFO if decision.reason == REPLAYED else logging.WARNING,
+                "run %s: rejected command %s: %s",
+                run.run_id,
+                command.command_id,
+                decision.reason,
             )
             self.publisher.publish(
                 CommandRejected(
@@ -412,7 +418,7 @@ class Controller:
                 )
             )
             return
-        log.warning(
+        log.info(
             "run %s: executing %s %s (cause %s, incarnation %d)",
             run.run_id,
             command.action,

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
+from runwatch.common.retry import Backoff, Retrying
 from runwatch.common.settings import kafka_client_config
 from runwatch.producers.emitter_config import PRODUCER_DEFAULTS
 from runwatch.producers.packing import Packer, PackPolicy
@@ -62,6 +63,8 @@ MAX_SOCKET_PATH: Final = 100
 """Unix socket paths are limited to 107 bytes; longer state dirs use a path in /tmp."""
 RELAY_POLICY: Final = PackPolicy(heartbeats=True, steps=False, linger_s=0.1)
 """What the relay packs: every run's heartbeats, within 100 ms (steps go one per record)."""
+METADATA_BACKOFF: Final = Backoff(first_s=0.1, max_s=2.0)
+"""Waits between tries of a record whose topic has no metadata yet (Kafka still starting)."""
 
 Origin = tuple["_Conn", int]
 """Which rank connection sent a frame, and its sequence number there."""
@@ -166,6 +169,9 @@ class RelayServer:
         )
         self._flushes: queue.SimpleQueue[_FlushRequest] = queue.SimpleQueue()
         self._retry: deque[tuple[str, bytes, bytes, list[Origin]]] = deque()
+        self._retrying = Retrying(METADATA_BACKOFF)
+        self._retry_at = 0.0
+        """When the first record of `_retry` may be tried again (monotonic)."""
         self._conns: set[_Conn] = set()
         self._stopping = False
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -248,7 +254,7 @@ class RelayServer:
             for run in self._runs.values():
                 run.packer.close_all()
             self._send_closed()
-            self._retry_sends()
+            self._retry_sends(now=True)
         except Exception:  # pragma: no cover - a bug: the ranks' acks stop, their flush times out
             log.exception("relay thread crashed")
 
@@ -257,8 +263,9 @@ class RelayServer:
             (d for r in self._runs.values() if (d := r.packer.next_due()) is not None),
             default=None,
         )
-        wait = 0.1 if self._retry else 1.0
-        return wait if due is None else max(0.0, min(wait, due - time.monotonic()))
+        now_s = time.monotonic()
+        wait = max(0.0, self._retry_at - now_s) if self._retry else 1.0
+        return wait if due is None else max(0.0, min(wait, due - now_s))
 
     def _step(self, timeout_s: float) -> None:
         for key, mask in self._sel.select(timeout_s):
@@ -325,7 +332,7 @@ class RelayServer:
                 self._runs[key].packer.close_all()
         elif isinstance(frame, Hello):
             conn.hello = frame
-            log.info("relay: %s connected", conn.name())
+            log.debug("relay: %s connected", conn.name())
 
     def _offer(self, conn: _Conn, frame: EventFrame) -> None:
         run = self._runs.get(frame.key)
@@ -378,18 +385,35 @@ class RelayServer:
                 self._retry.append((topic, key, value, origins))
         self._retry_sends()
 
-    def _retry_sends(self) -> None:
+    def _retry_sends(self, *, now: bool = False) -> None:
+        """Hand the queued records to the producer, in order, once their backoff is over.
+
+        Args:
+            now: Try at once, whatever the backoff (the relay is closing).
+        """
+        if self._retry and not now and time.monotonic() < self._retry_at:
+            return
         while self._retry:
             topic, key, value, origins = self._retry[0]
             try:
                 future = self._producer.send(topic, key=key, value=value)
             except Exception as exc:
                 if type(exc).__name__ == "KafkaTimeoutError":
-                    log.warning("relay: no metadata for %s yet (%s); retrying", topic, exc)
+                    wait_s = self._retrying.failed()
+                    self._retry_at = time.monotonic() + wait_s
+                    if self._retrying.failures == 1:  # once per outage, not per try
+                        log.warning(
+                            "relay: no metadata for %s yet (%s); retrying with backoff", topic, exc
+                        )
                     return
                 self._retry.popleft()
                 self._outcomes.put((origins, False, f"{type(exc).__name__}: {exc}", key, 0))
                 continue
+            if self._retrying.failures:
+                log.info(
+                    "relay: metadata for %s known after %d tries", topic, self._retrying.failures
+                )
+                self._retrying.succeeded()
             self._retry.popleft()
             self.records += 1
             record_id = next(self._ids)
@@ -450,7 +474,7 @@ class RelayServer:
         with contextlib.suppress(KeyError, ValueError):
             self._sel.unregister(conn.sock)
         conn.sock.close()
-        log.info("relay: %s disconnected", conn.name())
+        log.debug("relay: %s disconnected", conn.name())
 
 
 __all__ = ["RELAY_POLICY", "RelayServer", "relay_socket_path"]

@@ -16,11 +16,14 @@ Rules:
   Its exit file lives with the spare; the rank's usual exit path is a symlink to it, so a
   controller that adopts the gang later reads the status where it always does.
 * Spares are (re)started `SparePool.fill` ``delay_s`` after a gang was launched, not with
-  it: their imports would compete with the new ranks' start for the node's CPUs.
+  it (`SparePool.tick`): their imports would compete with the new ranks' start for the
+  node's CPUs.
 * A spare that died while waiting is discarded when taken; with no live spare a rank
   starts cold. Closing the pool (the run ended, the agent stops) kills the waiting spares:
   they have run nothing. An agent that dies closes their pipes, and a spare whose input
   ends exits without running anything, so spares never outlive their agent for long.
+* A run without ``--warm-spares`` gets `NoSpares`: the same `Spares` interface, never a
+  spare (every rank starts cold), so the launcher never asks whether there is a pool.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from runwatch.controller import warm_start
 from runwatch.controller.gang import start_wrapped
@@ -124,6 +128,61 @@ class Spare:
                 self.proc.stdin.close()
 
 
+class Spares(Protocol):
+    """What a launcher asks of the warm spares of one run on its node."""
+
+    @property
+    def taken(self) -> int:
+        """How many ranks started in a spare so far."""
+        ...
+
+    def resize(self, size: int) -> None:
+        """Keep ``size`` spares from now on (the node's rank slots of the next launch)."""
+        ...
+
+    def start_rank(
+        self, argv: Sequence[str], env: Mapping[str, str], log_path: Path, exit_file: Path
+    ) -> subprocess.Popen[bytes] | None:
+        """`controller.gang.WarmStart`: run one rank in a spare; None: start it cold."""
+        ...
+
+    def launched(self, now_s: float) -> None:
+        """A gang was just launched (monotonic seconds): refill only after a delay."""
+        ...
+
+    def tick(self, now_s: float) -> None:
+        """Refill if it is time (called after every look at the gang)."""
+        ...
+
+    def close(self) -> None:
+        """End every waiting spare."""
+        ...
+
+
+class NoSpares:
+    """`Spares` of a run without ``--warm-spares``: never a spare, every rank starts cold."""
+
+    taken = 0
+
+    def resize(self, size: int) -> None:
+        """Nothing to keep."""
+
+    def start_rank(
+        self, argv: Sequence[str], env: Mapping[str, str], log_path: Path, exit_file: Path
+    ) -> subprocess.Popen[bytes] | None:
+        """No spare: the rank starts cold."""
+        return None
+
+    def launched(self, now_s: float) -> None:
+        """Nothing to refill."""
+
+    def tick(self, now_s: float) -> None:
+        """Nothing to refill."""
+
+    def close(self) -> None:
+        """Nothing to end."""
+
+
 @dataclass
 class SparePool:
     """The spares of one run on this node.
@@ -139,6 +198,7 @@ class SparePool:
         delay_s: How long after a gang's launch the pool is refilled.
         spares: The spares waiting now.
         taken: How many ranks started in a spare so far.
+        launched_s: When a gang was last launched (monotonic); None: not yet.
     """
 
     root: Path
@@ -150,13 +210,39 @@ class SparePool:
     delay_s: float = 3.0
     spares: list[Spare] = field(default_factory=list)
     taken: int = 0
+    launched_s: float | None = None
 
     def fill(self) -> None:
         """Start spares until `size` are waiting (each starts importing at once)."""
         self.root.mkdir(parents=True, exist_ok=True)
         self.spares = [s for s in self.spares if s.proc.poll() is None]
+        started = []
         while len(self.spares) < self.size:
-            self.spares.append(self._start())
+            spare = self._start()
+            self.spares.append(spare)
+            started.append(spare)
+        if started:
+            log.info(
+                "%d warm spare(s) started (pids %s), preloading %s",
+                len(started),
+                [s.proc.pid for s in started],
+                ",".join(self.preload),
+            )
+
+    def resize(self, size: int) -> None:
+        """Keep ``size`` spares from now on (fewer once the gang shrank)."""
+        self.size = size
+
+    def launched(self, now_s: float) -> None:
+        """A gang was just launched: the next refill is `delay_s` after ``now_s``."""
+        self.launched_s = now_s
+
+    def tick(self, now_s: float) -> None:
+        """Refill `delay_s` after the last launch, when fewer than `size` are kept."""
+        if self.launched_s is None or now_s - self.launched_s < self.delay_s:
+            return
+        if len(self.spares) < self.size:
+            self.fill()
 
     def _start(self) -> Spare:
         name = f"spare-{time.time_ns()}-{uuid.uuid4().hex[:6]}"
@@ -177,7 +263,7 @@ class SparePool:
         ]
         with (self.root / f"{name}.log").open("ab") as out:
             proc = start_wrapped(argv, self.env, exit_file, stdout=out, stdin=subprocess.PIPE)
-        log.info("warm spare %s started (pid %d)", name, proc.pid)
+        log.debug("warm spare %s started (pid %d)", name, proc.pid)
         return Spare(name, proc, exit_file, ready_file)
 
     def take(self) -> Spare | None:
@@ -208,7 +294,7 @@ class SparePool:
             exit_file.symlink_to(spare.exit_file)
             spare.ready_file.unlink(missing_ok=True)
             self.taken += 1
-            log.info(
+            log.debug(
                 "rank started in warm spare %s (pid %d%s)",
                 spare.name,
                 spare.proc.pid,
@@ -232,4 +318,4 @@ class SparePool:
         self.spares = []
 
 
-__all__ = ["Spare", "SparePool", "split_python"]
+__all__ = ["NoSpares", "Spare", "SparePool", "Spares", "split_python"]

@@ -2,12 +2,14 @@
 
 One state directory per run (default ``$RUNWATCH_HOME/controller/<run_id>``)::
 
-    gang.json        the gang record: argv, sizes, incarnation, rank pids, ports, offsets
+    gang.json        what was asked (`LaunchSpec`: argv, sizes, budgets) and what happened
+                     (`GangRecord`: incarnation, rank pids, ports, counts, offsets)
     processed.jsonl  one line per executed command id, appended and fsynced before acting
     logs/            inc<I>.rank<R>.log: each rank's stdout and stderr
     exit/            inc<I>.rank<R>: each rank's exit status, written by its shell wrapper
 
-``gang.json`` is replaced atomically (write a temporary file, fsync, rename, fsync the
+``gang.json`` (`GangFile`, version 2; a version 1 file, one flat record, is converted on
+read) is replaced atomically (write a temporary file, fsync, rename, fsync the
 directory), so a crash leaves the old record or the new one, never half of one. A torn last
 line of ``processed.jsonl`` (a crash mid-append, before the fsync returned, so before the
 command was acted on) is skipped on load.
@@ -23,7 +25,8 @@ from typing import Literal
 import msgspec
 
 from runwatch.common.durable import append_durably, atomic_write
-from runwatch.controller.topology import NodeTopology
+from runwatch.common.errors import RunwatchError
+from runwatch.controller.topology import NodeTopology, RunBinding
 from runwatch.schemas.events import BackendDeclaration
 
 GANG_FILE = "gang.json"
@@ -61,105 +64,163 @@ class RankProcess(msgspec.Struct, frozen=True, kw_only=True):
     start_ticks: int = 0
 
 
-class GangRecord(msgspec.Struct, frozen=True, kw_only=True):
-    """Everything needed to supervise, restart or adopt one run's gang.
+class LogWatchSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """``runwatch launch --log-format``: the controller speaks for a script that only prints.
 
     Attributes:
-        run_id: The run.
+        format: The line format (`producers.logtail.FORMATS`).
+        regex: The pattern for ``format="regex"``; None otherwise.
+        tokens_per_step: Tokens per step for step lines that do not say (0: unknown).
+    """
+
+    format: str
+    regex: str | None = None
+    tokens_per_step: int = 0
+
+
+class WarmSparesSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """``runwatch launch --warm-spares``: a preloaded process per local rank slot.
+
+    Attributes:
+        preload: The modules a warm spare imports while it waits.
+    """
+
+    preload: tuple[str, ...] = DEFAULT_SPARE_PRELOAD
+
+
+class LaunchSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """What was asked: how one node's agent launches and supervises its run's gang.
+
+    Written when the gang is launched and never changed by the controller; what happened
+    since is the `GangRecord`.
+
+    Attributes:
+        run: The run the ranks report to: run id, Kafka, topic prefix, checkpoint root,
+            and this agent's relay socket (``runwatch launch --relay``, `controller.relay`;
+            None without a relay).
         argv: The command each rank runs.
-        world_size: Ranks of the current incarnation.
-        bootstrap: Kafka bootstrap address.
-        prefix: Topic name prefix.
-        checkpoint_dir: Where the gang's checkpoints are committed; None: unknown (every
-            respawn starts from scratch).
         env: Extra environment every rank gets (besides the launch contract).
-        incarnation: The current incarnation (0 first, +1 per restart).
-        ranks: The current incarnation's processes.
-        master_port: The current incarnation's rendezvous port.
+        topology: This agent's node in the gang as launched (`controller.topology`); one
+            node by default. The current incarnation's is `GangRecord.topology`.
+        host: The agent's host name, where the ranks run ("" in records of older
+            versions); an adopting controller skips records of other hosts (a shared file
+            system shows every node's state directories).
         launch_offsets: Commands-topic partition -> end offset when the run was launched.
-        consumer_offsets: Commands-topic partition -> offset of the last command this
-            controller acted on (re-read after a restart; the processed ids make that safe).
-        failure_counts: Failures caused per rank index (elastic budget).
-        status: ``running``, or how the run ended.
         grace_s: SIGTERM grace before SIGKILL.
         command_timeout_s: How long a dead gang waits for a command.
-        rank_failure_budget: Failures a rank may cause before the gang shrinks.
-        min_nproc: The gang never shrinks below this.
-        log_format: ``runwatch launch --log-format``: the controller turns rank 0's
-            output into the run's events (`controller.logwatch`); None: the script emits them.
-        log_regex: The pattern for ``log_format="regex"``.
-        log_tokens_per_step: Tokens per step for step lines that do not say.
-        exit_evidence: Publish every rank exit as a RankExited (``runwatch launch
-            --no-exit-evidence`` turns it off: dead ranks are then learned from silence).
-        topology: This agent's node in the gang (`controller.topology`); one node by
-            default. On one node the gang is ranks ``0..world_size-1`` (it may shrink by
-            ranks); on several, this agent's ranks are ``topology.global_ranks`` and
-            ``world_size`` is ``topology.world_size``.
-        host: The agent's host name, where the ranks run ("" in older records); an
-            adopting controller skips records of other hosts (a shared file system shows
-            every node's state directories).
+        rank_failure_budget: Failures a rank may cause before a one-node gang shrinks.
+        min_nproc: A one-node gang never shrinks below this.
         node_timeout_s: How long an agent of a multi-node gang waits, on a restart, for
             the other nodes' agents to announce themselves (``--node-timeout``); a node
             not heard from by then is lost (`controller.membership`).
-        backend: What the run's training backend declared in its latest RunStarted, as
-            last seen by this agent; None: nothing seen yet (the gang is never shrunk).
-        relay_socket: The Unix socket of this agent's relay (``runwatch launch
-            --relay``, `controller.relay`): the ranks hand it their events and the agent
-            owns the node's one Kafka producer; "" without a relay.
-        warm_spares: Keep a warm spare per local rank slot (``runwatch launch
-            --warm-spares``, `controller.spares`): a restart's ranks start in processes
-            that already imported `spare_preload`.
-        spare_preload: The modules a warm spare imports while it waits.
         node_failure_budget: ``--node-failure-budget``: failures a node of a multi-node
             gang may cause; one more and it is dropped when ``--min-nnodes`` allows.
-        node_failure_counts: Failures charged per node of the current incarnation
-            (`controller.membership.charge_failure`); every agent of the gang keeps the
-            same counts, from the same verdicts.
+        exit_evidence: Publish every rank exit as a RankExited (``runwatch launch
+            --no-exit-evidence`` turns it off: dead ranks are then learned from silence).
+        log_watch: The controller turns rank 0's output into the run's events
+            (`controller.logwatch`); None: the script emits them.
+        warm_spares: Keep a warm spare per local rank slot (`controller.spares`): a
+            restart's ranks start in processes that already imported its ``preload``;
+            None: every rank starts cold.
     """
 
-    run_id: str
+    run: RunBinding
     argv: tuple[str, ...]
-    world_size: int
-    bootstrap: str
-    prefix: str
-    checkpoint_dir: str | None = None
     env: dict[str, str] = {}
-    incarnation: int = 0
-    ranks: tuple[RankProcess, ...] = ()
-    master_port: int = 0
+    topology: NodeTopology = NodeTopology()
+    host: str = ""
     launch_offsets: dict[int, int] = {}
-    consumer_offsets: dict[int, int] = {}
-    failure_counts: tuple[int, ...] = ()
-    status: GangStatus = "running"
     grace_s: float = 10.0
     command_timeout_s: float = 120.0
     rank_failure_budget: int = 2
     min_nproc: int = 1
-    log_format: str | None = None
-    log_regex: str | None = None
-    log_tokens_per_step: int = 0
-    exit_evidence: bool = True
-    topology: NodeTopology = NodeTopology()
-    host: str = ""
     node_timeout_s: float = 60.0
-    backend: BackendDeclaration | None = None
-    relay_socket: str = ""
-    warm_spares: bool = False
-    spare_preload: tuple[str, ...] = DEFAULT_SPARE_PRELOAD
     node_failure_budget: int = 2
-    node_failure_counts: tuple[int, ...] = ()
+    exit_evidence: bool = True
+    log_watch: LogWatchSpec | None = None
+    warm_spares: WarmSparesSpec | None = None
 
     @property
-    def node(self) -> NodeTopology:
-        """The topology of the current incarnation (one node: ``world_size`` ranks)."""
-        if self.topology.nnodes == 1 and self.topology.nproc_per_node != self.world_size:
-            return msgspec.structs.replace(self.topology, nproc_per_node=self.world_size)
-        return self.topology
+    def run_id(self) -> str:
+        """The run."""
+        return self.run.run_id
+
+    def first_record(self, incarnation: int = 0) -> GangRecord:
+        """The record of a gang about to be launched: ``incarnation``, nothing started yet."""
+        return GangRecord(incarnation=incarnation, topology=self.topology)
+
+
+class GangRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """What happened: the gang's incarnation, processes, counts and offsets.
+
+    Replaced (and persisted) on every change; what was asked is the `LaunchSpec`.
+
+    Attributes:
+        incarnation: The current incarnation (0 first, +1 per restart).
+        topology: This agent's node in the current incarnation. On one node the gang is
+            ranks ``0..nproc_per_node-1`` (fewer than launched once it shrank by ranks);
+            on several, this agent's ranks are ``topology.global_ranks`` (its node rank
+            and the node count change when the gang shrinks by nodes).
+        ranks: The current incarnation's processes on this node.
+        master_port: The current incarnation's rendezvous port.
+        failure_counts: Failures caused per rank index (one node's elastic budget).
+        node_failure_counts: Failures charged per node of the current incarnation
+            (`controller.membership.charge_failure`); every agent of the gang keeps the
+            same counts, from the same verdicts.
+        consumer_offsets: Commands-topic partition -> offset of the last command this
+            controller acted on (re-read after a restart; the processed ids make that safe).
+        backend: What the run's training backend declared in its latest RunStarted, as
+            last seen by this agent; None: nothing seen yet (the gang is never shrunk).
+        status: ``running``, or how the run ended (on this node).
+    """
+
+    incarnation: int = 0
+    topology: NodeTopology = NodeTopology()
+    ranks: tuple[RankProcess, ...] = ()
+    master_port: int = 0
+    failure_counts: tuple[int, ...] = ()
+    node_failure_counts: tuple[int, ...] = ()
+    consumer_offsets: dict[int, int] = {}
+    backend: BackendDeclaration | None = None
+    status: GangStatus = "running"
+
+    @property
+    def world_size(self) -> int:
+        """Ranks of the current incarnation, on every node."""
+        return self.topology.world_size
 
     @property
     def speaks_for_gang(self) -> bool:
         """True for node 0's agent, which announces the gang's ends and restarts."""
         return self.topology.node_rank == 0
+
+
+GANG_FILE_VERSION = 2
+"""The version of ``gang.json`` this code writes (1: one flat record, before the split)."""
+
+
+class GangFile(msgspec.Struct, frozen=True, kw_only=True):
+    """The content of ``gang.json``: what was asked and what happened, in one atomic file.
+
+    Attributes:
+        version: `GANG_FILE_VERSION`.
+        spec: What was asked.
+        record: What happened.
+    """
+
+    spec: LaunchSpec
+    record: GangRecord
+    version: int = GANG_FILE_VERSION
+
+
+class StateFormatError(RunwatchError):
+    """A state file this version of runwatch cannot read (one line: which file and why)."""
+
+
+class _Versioned(msgspec.Struct):
+    """Just the version of a ``gang.json`` (version 1 files have no such field)."""
+
+    version: int = 1
 
 
 class ProcessedCommand(msgspec.Struct, frozen=True, kw_only=True):
@@ -187,16 +248,17 @@ class ControllerState:
 
     # ------------------------------------------------------------------ gang record
 
-    def load_gang(self) -> GangRecord | None:
-        """The recorded gang, or None if none was recorded here."""
-        path = self.root / GANG_FILE
-        if not path.is_file():
-            return None
-        return msgspec.json.decode(path.read_bytes(), type=GangRecord)
+    def load_gang(self) -> GangFile | None:
+        """The recorded gang, or None if none was recorded here (see `read_gang_file`).
 
-    def save_gang(self, record: GangRecord) -> None:
-        """Replace the gang record atomically and durably."""
-        atomic_write(self.root / GANG_FILE, msgspec.json.format(msgspec.json.encode(record)))
+        Raises:
+            StateFormatError: The file is not a gang file this version can read.
+        """
+        return read_gang_file(self.root / GANG_FILE)
+
+    def save_gang(self, gang: GangFile) -> None:
+        """Replace the gang file atomically and durably."""
+        atomic_write(self.root / GANG_FILE, msgspec.json.format(msgspec.json.encode(gang)))
 
     # ------------------------------------------------------------------ processed commands
 
@@ -241,6 +303,40 @@ class ControllerState:
         return self.root / "stacks" / f"inc{incarnation}.rank{rank}.txt"
 
 
+def read_gang_file(path: Path) -> GangFile | None:
+    """Read a ``gang.json`` (a read only: nothing in the directory is touched).
+
+    A version 1 file (one flat record, written before the split into spec and record) is
+    converted (`controller.record_v1`); the next save writes it as version 2.
+
+    Args:
+        path: The file.
+
+    Returns:
+        Its content, or None if there is no such file.
+
+    Raises:
+        StateFormatError: The file is not a gang file this version can read.
+    """
+    if not path.is_file():
+        return None
+    data = path.read_bytes()
+    try:
+        version = msgspec.json.decode(data, type=_Versioned).version
+        if version == 1:
+            from runwatch.controller.record_v1 import GangRecordV1
+
+            return msgspec.json.decode(data, type=GangRecordV1).upgrade()
+        if version == GANG_FILE_VERSION:
+            return msgspec.json.decode(data, type=GangFile)
+    except msgspec.DecodeError as exc:  # ValidationError included
+        raise StateFormatError(f"{path}: not a gang record ({exc})") from None
+    raise StateFormatError(
+        f"{path}: gang file version {version}; this runwatch reads versions 1 and "
+        f"{GANG_FILE_VERSION} (was it written by a newer one?)"
+    )
+
+
 class StateLocked(RuntimeError):
     """Another live controller holds the state directory."""
 
@@ -277,14 +373,22 @@ def default_state_dir(run_id: str) -> Path:
 
 
 __all__ = [
+    "DEFAULT_SPARE_PRELOAD",
     "GANG_FILE",
+    "GANG_FILE_VERSION",
     "PROCESSED_FILE",
     "ControllerState",
+    "GangFile",
     "GangRecord",
     "GangStatus",
+    "LaunchSpec",
+    "LogWatchSpec",
     "ProcessedCommand",
     "RankProcess",
+    "StateFormatError",
     "StateLocked",
+    "WarmSparesSpec",
     "default_state_dir",
     "lock_state_dir",
+    "read_gang_file",
 ]

@@ -1,53 +1,67 @@
-"""One run under a controller: its gang, its record, and how a restart command is executed.
+"""One run under a controller: it watches the gang and carries out restart commands.
 
-`RunSupervisor` holds no Kafka client: the controller loop (`controller.loop`) reads
-commands, asks the gate, and hands the commands to execute here; what the supervisor has to
-say (RestartCompleted, RestartFailed, RunEnded) goes back through the callables it is given.
+`RunSupervisor` holds no Kafka client and no process. The controller loop
+(`controller.loop`) reads commands, asks the gate (`controller.command_gate`), and hands
+the commands to execute here; what the supervisor has to say (RankExited,
+RestartCompleted, RestartFailed, AgentReady, RunEnded) goes back through the callables it
+is given. The processes are its `controller.launcher.Launcher`'s.
 
-Decisions (see docs/controller.md):
+What a restart does is decided by `controller.restart_plan` (pure, numbered rules): the
+supervisor takes the stacks, stops, hears the other agents, persists, resolves the
+checkpoint, launches and reports, in the order the plans say.
 
-* **Respawn** stops the gang with SIGTERM, ``grace_s``, SIGKILL; **rollback** SIGKILLs at
-  once, because a rank that checkpoints on SIGTERM would write the poisoned state the
-  rollback is escaping.
-* The old incarnation's end is always announced by the controller (RunEnded ``stopped``)
-  before the new gang starts, whatever the old gang said, so liveness checks are suspended
-  while restarting and the new RunStarted opens a fresh incarnation.
+* The old incarnation's end is announced by the controller (RunEnded ``stopped``, by node
+  0 of the next incarnation) before the new gang starts, whatever the old gang said, so
+  liveness checks are suspended while restarting and the new RunStarted opens a fresh
+  incarnation.
 * The checkpoint is resolved here, from disk: the latest complete one at or before the
   command's ``max_checkpoint_step``. None qualifies: the gang starts over with
   ``RUNWATCH_RESTART_FROM=0`` ("no checkpoint", which also makes the script discard the
   checkpoints newer than 0: a rollback must never land on them), and RestartCompleted
   carries ``checkpoint_step=None``.
+
+Logging: what the supervisor does (a launch, a restart's steps, a clean exit, the run
+completed) is INFO, one line per step; trouble (a rank that died, a dead gang, a node or
+rank dropped, a command not carried out, the run failed) is WARNING.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import socket
+import signal
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Protocol
 
 import msgspec
 
-from runwatch.common.checkpoint_layout import latest_complete_checkpoint
-from runwatch.common.launch_env import LaunchEnv
-from runwatch.controller.elastic import (
-    RankExit,
-    SizeDecision,
-    count_failures,
-    culprits,
-    due_reports,
-    next_world_size,
+from runwatch.controller.elastic import RankExit, count_failures, culprits, due_reports
+from runwatch.controller.launcher import (
+    HOST,
+    RUNNING,
+    STACK_TIMEOUT_S,
+    WHOLE_NODE,
+    Incarnation,
+    Launcher,
+    Resume,
+    Scope,
+    resolve_resume,
 )
-from runwatch.controller.gang import RUNNING, Gang, free_port, node_environ, rank_environ
-from runwatch.controller.membership import NodeDecision, charge_failure, decide_nodes
-from runwatch.controller.spares import SparePool, split_python
-from runwatch.controller.stacks import capture
-from runwatch.controller.state import ControllerState, GangRecord, ProcessedCommand
-from runwatch.controller.topology import NodeTopology, RunBinding
+from runwatch.controller.restart_plan import (
+    Heard,
+    Note,
+    RestartPlan,
+    plan_restart,
+    plan_stop,
+)
+from runwatch.controller.state import (
+    ControllerState,
+    GangFile,
+    GangRecord,
+    LaunchSpec,
+    ProcessedCommand,
+)
 from runwatch.schemas.events import (
     AgentReady,
     AnomalyDetected,
@@ -66,16 +80,19 @@ log = logging.getLogger(__name__)
 EXIT_HOLD_S = 0.5
 """How long an agent of a multi-node gang holds back a non-signalled abnormal exit."""
 
-HOST = socket.gethostname()
-"""This agent's host name, in the exit evidence it publishes."""
-
-STACK_TIMEOUT_S = 1.5
-"""Longest a restart waits for the ranks' stacks."""
 
 Publish = Callable[[Event], None]
 """Publishes a controller-side event (the controller topic; a RankExited: the heartbeats topic)."""
 AnnounceEnd = Callable[[GangRecord, str, str], None]
-"""``(record, status, reason)``: emits RunEnded for the record's incarnation."""
+"""``(record, status, reason)``: emits RunEnded for the record's incarnation of the run."""
+
+
+def captures_stacks(kind: str) -> bool:
+    """True when a restart caused by a verdict of ``kind`` first asks the ranks where they are.
+
+    `schemas.kinds.KindSpec.captures_stacks` decides (a hang, a dead rank).
+    """
+    return kind_spec(kind).captures_stacks
 
 
 class Peers(Protocol):
@@ -103,230 +120,97 @@ class Peers(Protocol):
         ...
 
 
-@dataclass(frozen=True)
-class Resume:
-    """Where a respawned gang starts.
-
-    Attributes:
-        step: The checkpoint step, None: from scratch.
-        path: Its directory ("" from scratch).
-    """
-
-    step: int | None
-    path: str = ""
-
-    @property
-    def env_value(self) -> int:
-        """``RUNWATCH_RESTART_FROM``: the step, or 0 for "no checkpoint"."""
-        return 0 if self.step is None else self.step
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return "unknown signal"
 
 
-def resolve_resume(checkpoint_dir: str | None, max_step: int | None) -> Resume:
-    """The checkpoint a respawn resumes from (a read of the disk, no torch).
-
-    Args:
-        checkpoint_dir: The gang's checkpoint root; None: unknown, start from scratch.
-        max_step: The command's bound (``max_checkpoint_step``), None: the latest.
-
-    Returns:
-        The resume point.
-    """
-    if checkpoint_dir is None:
-        return Resume(None)
-    found = latest_complete_checkpoint(checkpoint_dir, at_or_before=max_step)
-    return Resume(None) if found is None else Resume(found[0], str(found[1]))
-
-
-def launch_env(
-    record: GangRecord,
-    local_rank: int,
-    master_port: int,
-    resume: Resume | None,
-    stack_file: Path | None = None,
-) -> LaunchEnv:
-    """The launch environment of one of this node's ranks in ``record``'s incarnation.
-
-    Args:
-        record: The gang record of the incarnation being launched.
-        local_rank: The rank's index on this node (the global rank on one host).
-        master_port: The incarnation's rendezvous port.
-        resume: Where a respawn resumes; None for a first launch (no
-            ``RUNWATCH_RESTART_FROM``).
-        stack_file: Where the rank dumps its stacks when asked (`controller.stacks`).
-
-    Returns:
-        The struct whose `LaunchEnv.to_environ` the rank is started with (written by
-        `controller.topology.NodeTopology.launch_env`).
-    """
-    return record.node.launch_env(
-        local_rank,
-        incarnation=record.incarnation,
-        master_port=master_port,
-        run=RunBinding(
-            run_id=record.run_id,
-            bootstrap=record.bootstrap,
-            prefix=record.prefix,
-            checkpoint_dir=record.checkpoint_dir,
-            relay_socket=record.relay_socket or None,
-        ),
-        restart_from=None if resume is None else resume.env_value,
-        stack_file=None if stack_file is None else str(stack_file),
+def _log_note(run_id: str, note: Note) -> None:
+    log.log(
+        logging.WARNING if note.level == "warning" else logging.INFO,
+        "run %s: %s",
+        run_id,
+        note.text,
     )
-
-
-def merge_stacks(
-    local: tuple[RankStack, ...], announced: Iterable[AgentReady]
-) -> tuple[RankStack, ...]:
-    """Every node's rank stacks, by rank: this node's, then those the other agents announced.
-
-    Args:
-        local: This node's (`RunSupervisor._take_stacks`).
-        announced: The other nodes' AgentReady for the same restart.
-
-    Returns:
-        One entry per rank (this node's own entry wins over a repeated rank), in rank order.
-    """
-    by_rank = {s.rank: s for ready in announced for s in ready.stacks}
-    by_rank.update({s.rank: s for s in local})
-    return tuple(by_rank[r] for r in sorted(by_rank))
 
 
 @dataclass
 class RunSupervisor:
-    """Supervises one run's gang for the controller loop.
+    """Supervises one run's gang on this node for the controller loop.
 
     Attributes:
         state: The run's state directory.
-        record: The current gang record (persisted on every change).
-        gang: The running (or ended) gang.
-        publish: Sends events to the controller topic.
+        spec: What was asked (never changed here).
+        record: What happened (persisted with the spec on every change).
+        launcher: Starts, watches and stops the run's processes on this node.
+        publish: Sends events to the controller topic (RankExited: the heartbeats topic).
         announce_end: Emits RunEnded for an incarnation.
+        peers: The other agents of a multi-node gang (None: restart at full size without
+            asking who is there, as on one node).
         exits: Exits noticed in the current incarnation, by rank.
         unreported: Exits noticed and held back, not yet published (multi-node only).
         dead_since_s: When the whole gang was noticed dead (monotonic), None while alive.
-        peers: The other agents of a multi-node gang (None: restart at full size without
-            asking who is there, as on one node).
-        spares: The run's warm spares on this node (``--warm-spares``), made at the first
-            launch; None without.
-        launched_s: When this agent last launched the gang (monotonic; spares are
-            refilled `controller.spares.SparePool.delay_s` after it).
     """
 
     state: ControllerState
+    spec: LaunchSpec
     record: GangRecord
-    gang: Gang
+    launcher: Launcher
     publish: Publish
     announce_end: AnnounceEnd
     peers: Peers | None = None
     exits: dict[int, RankExit] = field(default_factory=dict)
     unreported: dict[int, RankExit] = field(default_factory=dict)
     dead_since_s: float | None = None
-    spares: SparePool | None = None
-    launched_s: float | None = None
 
     @property
     def run_id(self) -> str:
         """The run."""
-        return self.record.run_id
+        return self.spec.run_id
 
     @property
     def finished(self) -> bool:
-        """True once the run completed or failed for good."""
+        """True once the run completed or failed for good (or this node was dropped)."""
         return self.record.status != "running"
 
-    def _save(self, **changes: object) -> None:
-        self.record = msgspec.structs.replace(self.record, **changes)
-        self.state.save_gang(self.record)
+    def _save(self, record: GangRecord | None = None, **changes: object) -> None:
+        """Persist ``record`` (default: the current one) with ``changes`` applied."""
+        self.record = msgspec.structs.replace(record or self.record, **changes)
+        self.state.save_gang(GangFile(spec=self.spec, record=self.record))
 
     # ------------------------------------------------------------------ launching
 
-    def launch(self, resume: Resume | None) -> None:
+    def launch(self, resume: Resume | None, scope: Scope = WHOLE_NODE) -> None:
         """Start this node's ranks of the record's incarnation and persist the pids.
-
-        The rendezvous port is the topology's for the incarnation (every node's agent
-        computes the same), or a free port on one node without ``--master-port``.
 
         Args:
             resume: Where to resume; None for a first launch (no ``RUNWATCH_RESTART_FROM``).
+            scope: What to start (a plan's ``start``); the whole node today, so the record's
+                ranks and the exits noticed are replaced as a whole.
         """
         rec = self.record
-        node = rec.node
-        port = node.incarnation_port(rec.incarnation) or free_port()
-        envs = [
-            rank_environ(
-                os.environ,
-                rec.env,
-                launch_env(
-                    rec,
-                    local,
-                    port,
-                    resume,
-                    self.state.stack_path(rec.incarnation, node.global_rank(local)),
-                ),
-            )
-            for local in node.local_ranks
-        ]
-        ranks = node.global_ranks
-        spares = self._spare_pool(len(ranks))
-        taken = spares.taken if spares is not None else 0
-        self.gang = Gang.launch(
-            rec.argv,
-            envs,
-            [self.state.log_path(rec.incarnation, r) for r in ranks],
-            [self.state.exit_path(rec.incarnation, r) for r in ranks],
-            ranks=ranks,
-            warm=spares.start_rank if spares is not None else None,
-        )
-        self.launched_s = time.monotonic()
+        node = rec.topology
+        started = self.launcher.start(Incarnation(rec.incarnation, node, resume), scope)
         self.exits, self.unreported, self.dead_since_s = {}, {}, None
-        self._save(ranks=self.gang.ranks, master_port=port)
-        warm = (spares.taken - taken) if spares is not None else 0
-        log.warning(
+        self._save(ranks=started.ranks, master_port=started.master_port)
+        log.info(
             "run %s incarnation %d: node %d/%d started ranks %s (pids %s%s), rendezvous port %s:%d",
-            rec.run_id,
+            self.run_id,
             rec.incarnation,
             node.node_rank,
             node.nnodes,
-            list(ranks),
-            [p.pid for p in self.gang.ranks],
-            f"; {warm} in warm spares" if warm else "",
+            list(node.global_ranks),
+            [p.pid for p in started.ranks],
+            f"; {started.warm} in warm spares" if started.warm else "",
             node.master_addr,
-            port,
+            started.master_port,
         )
 
-    def _spare_pool(self, size: int) -> SparePool | None:
-        """The run's warm spares, sized for this node's ranks (made on first use)."""
-        rec = self.record
-        if not rec.warm_spares:
-            return None
-        if self.spares is None:
-            split = split_python(rec.argv)
-            if split is None:  # `runwatch launch` refuses this; an edited record may not
-                log.warning(
-                    "run %s: warm spares need a Python command; ranks start cold", rec.run_id
-                )
-                return None
-            self.spares = SparePool(
-                root=self.state.root / "spares",
-                interpreter=tuple(split[0]),
-                target=tuple(split[1]),
-                env=node_environ(os.environ, rec.env),
-                preload=rec.spare_preload,
-            )
-        self.spares.size = size
-        return self.spares
-
-    def _refill_spares(self, now_s: float) -> None:
-        pool = self.spares
-        if pool is None or self.launched_s is None or now_s - self.launched_s < pool.delay_s:
-            return
-        if len(pool.spares) < pool.size:
-            pool.fill()
-
     def close(self) -> None:
-        """Release this run's warm spares (the gang itself is left as it is)."""
-        if self.spares is not None:
-            self.spares.close()
+        """Release what the launcher holds besides the gang (warm spares)."""
+        self.launcher.close()
 
     # ------------------------------------------------------------------ watching
 
@@ -343,12 +227,12 @@ class RunSupervisor:
         if self.finished:
             self.close()
             return
-        self._refill_spares(now_s)
+        self.launcher.tick(now_s)
         noticed = []
         for proc in self.record.ranks:
             if proc.rank in self.exits:
                 continue
-            status = self.gang.status(proc.rank)
+            status = self.launcher.status(proc.rank)
             if status != RUNNING:
                 code = status if isinstance(status, int) else None
                 noticed.append(RankExit(proc.rank, code, now_s))
@@ -360,7 +244,7 @@ class RunSupervisor:
         if len(self.exits) < len(self.record.ranks):
             return
         if all(e.code == 0 for e in self.exits.values()):
-            log.warning("run %s completed: every local rank exited 0", self.run_id)
+            log.info("run %s completed: every local rank exited 0", self.run_id)
             self._save(status="completed")
             return
         if self.dead_since_s is None:
@@ -374,13 +258,13 @@ class RunSupervisor:
                 self.record.incarnation,
                 codes,
                 list(blamed),
-                self.record.command_timeout_s,
+                self.spec.command_timeout_s,
             )
-        elif now_s - self.dead_since_s > self.record.command_timeout_s:
+        elif now_s - self.dead_since_s > self.spec.command_timeout_s:
             codes = {r: e.code for r, e in sorted(self.exits.items())}
             reason = (
                 f"gang dead (exit codes {codes}) and no restart command within "
-                f"{self.record.command_timeout_s:g}s"
+                f"{self.spec.command_timeout_s:g}s"
             )
             log.warning("run %s failed: %s", self.run_id, reason)
             self._report_pending(now_s, 0.0)
@@ -405,15 +289,22 @@ class RunSupervisor:
         return blamed
 
     def _report_exit(self, gone: RankExit, pid: int) -> None:
-        log.warning(
-            "run %s incarnation %d: rank %d (pid %d) exited with status %s",
+        if gone.signal is not None:
+            how = f"was killed by signal {gone.signal} ({_signal_name(gone.signal)})"
+        elif gone.code is None:
+            how = "exited with an unknown status"
+        else:
+            how = f"exited with code {gone.code}"
+        log.log(
+            logging.WARNING if gone.abnormal else logging.INFO,
+            "run %s incarnation %d: rank %d (pid %d) %s",
             self.run_id,
             self.record.incarnation,
             gone.rank,
             pid,
-            gone.code,
+            how,
         )
-        if not self.record.exit_evidence:
+        if not self.spec.exit_evidence:
             return
         try:
             self.publish(
@@ -434,7 +325,7 @@ class RunSupervisor:
     # ------------------------------------------------------------------ executing
 
     def execute(self, command: RestartRequested, received_s: float) -> None:
-        """Execute a command the gate let through: record it, stop, resume, report.
+        """Execute a command the gate let through: record it, then carry out its plans.
 
         Args:
             command: The verified command.
@@ -467,124 +358,58 @@ class RunSupervisor:
         )
 
     def _restart(self, command: RestartRequested, received_s: float) -> None:
-        self.observe(time.monotonic())  # count the failure before the stop hides it
-        if self.dead_since_s is None and any(e.abnormal for e in self.exits.values()):
-            # The command came while the culprit's peers still ran (blocked on it: exit
-            # evidence is faster than their failure), so observe() did not count it yet.
-            # Only exits noticed before the stop are charged, never the stop's own.
-            blamed = self._count_failure()
-            log.warning("run %s: failure charged to ranks %s", self.run_id, list(blamed))
-        old = self.record
-        stacks = self._take_stacks(command)
-        self.gang.stop(old.grace_s, kill_now=command.action == "rollback")
+        """Carry out `controller.restart_plan.plan_stop`, then `plan_restart`."""
+        self.observe(time.monotonic())  # notice the exits before the stop hides them
+        stop = plan_stop(
+            command,
+            self.record,
+            list(self.exits.values()),
+            found_dead=self.dead_since_s is not None,
+            can_ask_peers=self.peers is not None,
+        )
+        if stop.blamed:
+            self._save(stop.record)
+            log.info("run %s: failure charged to ranks %s", self.run_id, list(stop.blamed))
+        stacks = self._take_stacks(stop.scope) if captures_stacks(command.cause_kind) else ()
+        log.info(
+            "run %s: stopping incarnation %d (%s)",
+            self.run_id,
+            self.record.incarnation,
+            "SIGKILL" if stop.kill_now else f"SIGTERM, {self.spec.grace_s:g}s grace, SIGKILL",
+        )
+        self.launcher.stop(stop.scope, grace_s=self.spec.grace_s, kill_now=stop.kill_now)
         self._report_pending(time.monotonic(), 0.0)
-        limit = old.topology.max_restarts
-        if limit is not None and old.incarnation >= limit:
-            self._give_up(command, f"--max-restarts {limit} reached (after {old.incarnation})")
+        if stop.give_up:
+            self._give_up(command, stop.give_up)
             return
-        topology, stacks = self._next_nodes(command, stacks)
-        if topology is None:
-            return  # the node decision failed the run, or dropped this node (said why)
-        speaks = topology.node_rank == 0  # node 0 of the next incarnation speaks for the gang
-        if speaks:
-            self.announce_end(
-                old, "stopped", f"controller: {command.action} for command {command.command_id}"
-            )
-        resume = resolve_resume(old.checkpoint_dir, command.max_checkpoint_step)
-        size = self._next_size(command, topology)
-        if size.reason:
-            log.warning("run %s: elastic: %s", self.run_id, size.reason)
-        self._save(
-            incarnation=old.incarnation + 1,
-            world_size=size.world_size,
-            failure_counts=size.counts,
-            ranks=(),
-            topology=topology,
-        )
-        self.launch(resume)
-        if not speaks:  # node 0's agent reports the gang's restart
-            log.warning(
-                "run %s: node %d restarted into incarnation %d from checkpoint %s",
-                self.run_id,
-                old.topology.node_rank,
-                self.record.incarnation,
-                resume.step,
-            )
-            return
-        self.publish(
-            RestartCompleted(
-                run_id=self.run_id,
-                ts_ns=time.time_ns(),
-                command_id=command.command_id,
-                checkpoint_step=resume.step,
-                checkpoint_path=resume.path,
-                world_size=size.world_size,
-                duration_s=round(time.monotonic() - received_s, 6),
-                stacks=stacks,
-                stacks_dir=str(self.state.stack_path(old.incarnation, 0).parent) if stacks else "",
-            )
-        )
+        heard = self._hear(command, stacks) if stop.ask_peers else None
+        plan = plan_restart(command, self.spec, self.record, heard, stacks=stacks, host=HOST)
+        self._carry_out(plan, command, received_s)
 
-    def _take_stacks(self, command: RestartRequested) -> tuple[RankStack, ...]:
-        """Where each rank stood, for a restart caused by a hang or a dead rank.
-
-        Taken before the stop, from the ranks still running; exited ranks say how they
-        ended. Best effort: diagnostics never hold up or fail a restart.
-        """
-        if not kind_spec(command.cause_kind).captures_stacks:
-            return ()
-        running = set(self.gang.running())
-        slots = {
-            p.rank: (p.pid, self.state.stack_path(self.record.incarnation, p.rank))
-            for p in self.record.ranks
-            if p.rank in running
-        }
-        try:
-            taken = capture(slots, timeout_s=STACK_TIMEOUT_S)
-        except Exception as exc:  # a diagnostic must never cost the restart
-            log.warning("run %s: could not take stacks: %s", self.run_id, exc)
-            taken = {}
-        out = []
-        for proc in self.record.ranks:
-            t = taken.get(proc.rank)
-            if t is not None:
-                out.append(RankStack(rank=proc.rank, host=HOST, where=t.where, note=t.note))
-            else:
-                status = self.gang.status(proc.rank)
-                out.append(RankStack(rank=proc.rank, host=HOST, note=f"exited ({status})"))
-        log.warning(
+    def _take_stacks(self, scope: Scope) -> tuple[RankStack, ...]:
+        """Where each rank of ``scope`` stood before the stop (logged on one line)."""
+        stacks = self.launcher.take_stacks(scope, STACK_TIMEOUT_S)
+        log.info(
             "run %s incarnation %d: before the stop, %s (stacks in %s)",
             self.run_id,
             self.record.incarnation,
-            "; ".join(f"rank {s.rank} {'was in ' + s.where if s.where else s.note}" for s in out),
+            "; ".join(
+                f"rank {s.rank} {'was in ' + s.where if s.where else s.note}" for s in stacks
+            ),
             self.state.stack_path(self.record.incarnation, 0).parent,
         )
-        return tuple(out)
+        return stacks
 
-    def _next_nodes(
-        self, command: RestartRequested, stacks: tuple[RankStack, ...]
-    ) -> tuple[NodeTopology | None, tuple[RankStack, ...]]:
-        """This node's topology in the next incarnation, and the gang's stacks.
+    def _hear(self, command: RestartRequested, stacks: tuple[RankStack, ...]) -> Heard:
+        """Announce this agent ready for the next incarnation and hear the others.
 
-        One node, or no peers to ask: the same topology, this node's stacks. Several:
-        announce this agent ready (`schemas.events.AgentReady`, with this node's stacks),
-        wait for the others (``node_timeout_s``), charge the restart to the node of the
-        rank its verdict names (`controller.membership.charge_failure`), and let
-        `controller.membership.decide_nodes` say full size, fewer nodes, or fail.
-
-        Args:
-            command: The command being executed.
-            stacks: Where this node's ranks were before the stop (`_take_stacks`).
-
-        Returns:
-            ``(topology, stacks)``: the topology None when the run failed or this node was
-            dropped (said why); the stacks of every node heard from, by rank.
+        Publishes `schemas.events.AgentReady` (with this node's stacks), then waits up to
+        ``node_timeout_s`` for the other nodes' and reads the run's backend declaration
+        and the verdict the command names (`Peers`).
         """
-        rec = self.record
-        node = rec.topology
-        if node.nnodes == 1 or self.peers is None:
-            return node, stacks
-        nxt = rec.incarnation + 1
+        assert self.peers is not None  # plan_stop asks only when there are peers
+        node = self.record.topology
+        nxt = self.record.incarnation + 1
         self.publish(
             AgentReady(
                 run_id=self.run_id,
@@ -597,111 +422,74 @@ class RunSupervisor:
                 stacks=stacks,
             )
         )
-        ready = dict(self.peers.await_ready(self.run_id, nxt, node.nnodes, rec.node_timeout_s))
-        others = [r for n, r in ready.items() if n != node.node_rank]
-        gang_stacks = merge_stacks(stacks, others)
-        backend = self.peers.backend(self.run_id) or rec.backend
-        if backend != rec.backend:
-            self._save(backend=backend)
-        heard = {*ready, node.node_rank}
-        failures = charge_failure(
-            rec.node_failure_counts,
-            nnodes=node.nnodes,
-            nproc_per_node=node.nproc_per_node,
-            command=command,
-            verdict=self.peers.cause(command),
-            ready=heard,
-        )
-        if failures != rec.node_failure_counts:
-            log.warning(
-                "run %s: failures per node %s (--node-failure-budget %d)",
-                self.run_id,
-                list(failures),
-                rec.node_failure_budget,
-            )
-        decision: NodeDecision = decide_nodes(
-            node.nnodes,
-            heard,
-            min_nnodes=node.min_nnodes,
-            backend=backend,
-            timeout_s=rec.node_timeout_s,
-            failures=failures,
-            failure_budget=rec.node_failure_budget,
-        )
-        if decision.verdict == "fail":
-            self._give_up(command, decision.reason)
-            return None, gang_stacks
-        if node.node_rank not in decision.nodes:
-            self._save(node_failure_counts=failures)
-            self._dropped(decision)
-            return None, gang_stacks
-        self._save(node_failure_counts=decision.counts(failures))
-        if decision.verdict == "full":
-            if decision.reason:
-                log.warning("run %s: elastic by nodes: %s", self.run_id, decision.reason)
-            return node, gang_stacks
-        first = decision.nodes[0]
-        addr = node.master_addr
-        if first != 0:  # node 0 is lost: the first survivor serves the rendezvous store
-            announced = ready.get(first)
-            addr = announced.host if announced is not None and announced.host else HOST
-        log.warning("run %s: elastic by nodes: %s", self.run_id, decision.reason)
-        return (
-            msgspec.structs.replace(
-                node,
-                nnodes=len(decision.nodes),
-                node_rank=decision.new_rank(node.node_rank),
-                master_addr=addr,
-            ),
-            gang_stacks,
-        )
-
-    def _dropped(self, decision: NodeDecision) -> None:
-        """This node is left out of the next incarnation: its agent ends, its ranks stay down.
-
-        The run goes on on the other nodes (the next node 0 speaks for it); this agent
-        publishes nothing more and `controller.loop.Controller.serve` exits
-        `controller.loop.EXIT_DROPPED`.
-        """
-        node = self.record.topology
-        log.warning(
-            "run %s: node %d of %d dropped from incarnation %d: %s; this agent stops "
-            "(its ranks stay down) and the run goes on without it",
+        log.info(
+            "run %s: node %d of %d ready for incarnation %d; waiting up to %gs for the others",
             self.run_id,
             node.node_rank,
             node.nnodes,
-            self.record.incarnation + 1,
-            decision.reason,
+            nxt,
+            self.spec.node_timeout_s,
         )
-        self._save(status="dropped")
+        ready = self.peers.await_ready(self.run_id, nxt, node.nnodes, self.spec.node_timeout_s)
+        return Heard(
+            ready=dict(ready),
+            backend=self.peers.backend(self.run_id),
+            cause=self.peers.cause(command),
+        )
 
-    def _next_size(self, command: RestartRequested, topology: NodeTopology) -> SizeDecision:
-        """The world size of the respawn: elastic by ranks on one node, by nodes on several."""
-        rec = self.record
-        if rec.topology.nnodes > 1:
-            if topology.nnodes != rec.topology.nnodes:
-                return SizeDecision(
-                    topology.world_size,
-                    (0,) * topology.world_size,
-                    f"{rec.topology.nnodes} -> {topology.nnodes} nodes: {rec.world_size} -> "
-                    f"{topology.world_size} ranks",
-                )
-            if command.world_size not in (None, rec.world_size):
-                log.warning(
-                    "run %s: command asks for %d ranks; a gang of %d nodes restarts at its "
-                    "size (%d)",
-                    self.run_id,
-                    command.world_size,
-                    rec.topology.nnodes,
-                    rec.world_size,
-                )
-            return SizeDecision(rec.world_size, rec.failure_counts)
-        return next_world_size(
-            rec.world_size,
-            rec.failure_counts,
-            budget=rec.rank_failure_budget,
-            min_nproc=rec.min_nproc,
-            requested=command.world_size,
+    def _carry_out(self, plan: RestartPlan, command: RestartRequested, received_s: float) -> None:
+        """Execute `controller.restart_plan.plan_restart`'s plan: persist, launch, report."""
+        for note in plan.notes:
+            _log_note(self.run_id, note)
+        old = self.record
+        if plan.verdict == "fail":
+            self._save(plan.record)
+            self._give_up(command, plan.reason)
+            return
+        if plan.verdict == "drop":
+            log.warning(
+                "run %s: %s; this agent stops (its ranks stay down) and the run goes on without it",
+                self.run_id,
+                plan.reason,
+            )
+            self._save(plan.record)
+            return
+        if plan.speaks:
+            self.announce_end(
+                old, "stopped", f"controller: {command.action} for command {command.command_id}"
+            )
+        resume = resolve_resume(self.spec.run.checkpoint_dir, command.max_checkpoint_step)
+        self._save(plan.record)
+        self.launch(resume, plan.start)
+        if not plan.speaks:  # node 0's agent reports the gang's restart
+            log.info(
+                "run %s: node %d restarted into incarnation %d from checkpoint %s",
+                self.run_id,
+                old.topology.node_rank,
+                self.record.incarnation,
+                resume.step,
+            )
+            return
+        done = RestartCompleted(
+            run_id=self.run_id,
+            ts_ns=time.time_ns(),
+            command_id=command.command_id,
+            checkpoint_step=resume.step,
+            checkpoint_path=resume.path,
+            world_size=self.record.world_size,
+            duration_s=round(time.monotonic() - received_s, 6),
+            stacks=plan.stacks,
+            stacks_dir=str(self.state.stack_path(old.incarnation, 0).parent) if plan.stacks else "",
+        )
+        self.publish(done)
+        log.info(
+            "run %s: %s completed in %.2fs: incarnation %d, %d ranks, from checkpoint %s",
+            self.run_id,
+            command.action,
+            done.duration_s,
+            self.record.incarnation,
+            done.world_size,
+            resume.step,
         )
 
     def _give_up(self, command: RestartRequested, reason: str) -> None:
@@ -717,18 +505,18 @@ class RunSupervisor:
 
     def stop(self) -> None:
         """Stop the gang for good (the controller itself was asked to stop)."""
-        self.gang.stop(self.record.grace_s)
+        log.info("run %s: stopping the gang (the controller was asked to stop)", self.run_id)
+        self.launcher.stop(WHOLE_NODE, grace_s=self.spec.grace_s, kill_now=False)
         self.close()
         self._save(status="failed")
 
 
 __all__ = [
+    "EXIT_HOLD_S",
+    "HOST",
     "AnnounceEnd",
     "Peers",
     "Publish",
-    "Resume",
     "RunSupervisor",
-    "launch_env",
-    "merge_stacks",
-    "resolve_resume",
+    "captures_stacks",
 ]

@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
+from runwatch.common.retry import Backoff, Retrying
 from runwatch.producers.buffer import EventBuffer
 from runwatch.producers.packing import Outgoing, Packer, QueuedEvent
 from runwatch.producers.ratelimit import RateLimitedLog
@@ -145,8 +146,7 @@ class DeliveryThread:
         self._buffer = buffer
         self._factory = producer_factory
         self._config = dict(producer_config)
-        self._backoff_min_s = backoff_min_s
-        self._backoff_max_s = backoff_max_s
+        self._retrying = Retrying(Backoff(backoff_min_s, backoff_max_s))
         self._idle_wait_s = idle_wait_s
         self._log = log or RateLimitedLog(logger)
         self._on_connect = on_connect
@@ -217,7 +217,6 @@ class DeliveryThread:
         self._wakeup.clear()
 
     def _loop(self) -> None:
-        backoff_s = self._backoff_min_s
         current: _Sending | None = None
         while True:
             if self._stop_due():
@@ -231,10 +230,9 @@ class DeliveryThread:
                 ):
                     return  # closing with nothing to deliver: no need to connect
                 if not self._connect():
-                    self._sleep(backoff_s)
-                    backoff_s = min(backoff_s * 2, self._backoff_max_s)
+                    self._sleep(self._retrying.failed())
                     continue
-                backoff_s = self._backoff_min_s
+                self._retrying.succeeded()
             while True:
                 if current is None:
                     current = self._next()
@@ -244,10 +242,9 @@ class DeliveryThread:
                     break
                 current = None
             if current is not None:  # retriable trouble: wait, then try the same event again
-                self._sleep(backoff_s)
-                backoff_s = min(backoff_s * 2, self._backoff_max_s)
+                self._sleep(self._retrying.failed())
                 continue
-            backoff_s = self._backoff_min_s
+            self._retrying.succeeded()
             if self._stop_deadline is not None:
                 return  # everything is with the producer; closing it flushes
             if self._flush_deadline is not None:

@@ -45,8 +45,13 @@ def run(args: argparse.Namespace) -> int:
     """Adopt every running gang under ``--state-dir`` and serve until they all ended."""
     from runwatch.common.settings import topic_prefix
     from runwatch.controller.agent import build_controller, load_keys
-    from runwatch.controller.state import ControllerState, StateLocked, lock_state_dir
-    from runwatch.controller.supervisor import HOST
+    from runwatch.controller.launcher import HOST
+    from runwatch.controller.state import (
+        ControllerState,
+        StateFormatError,
+        StateLocked,
+        lock_state_dir,
+    )
     from runwatch.reachability import check_reachable
 
     root = args.state_dir.resolve()
@@ -55,11 +60,16 @@ def run(args: argparse.Namespace) -> int:
     states = []
     for path in _state_dirs(root):
         state = ControllerState(path)
-        record = state.load_gang()
-        if record is None or record.status != "running":
+        try:
+            gang = state.load_gang()
+        except StateFormatError as exc:  # one unreadable record does not stop the others
+            log.warning("skipping %s", exc)
             continue
-        if record.host and record.host != HOST:  # a shared file system shows every node's
-            log.warning("skipping %s: its ranks run on %s, not here", path, record.host)
+        if gang is None or gang.record.status != "running":
+            continue
+        host = gang.spec.host
+        if host and host != HOST:  # a shared file system shows every node's
+            log.info("skipping %s: its ranks run on %s, not here", path, host)
             continue
         try:
             lock_state_dir(path)
@@ -69,16 +79,16 @@ def run(args: argparse.Namespace) -> int:
         states.append(state)
     if not states:
         raise RunwatchError(f"no running gang to adopt under {root}")
-    records = [s.load_gang() for s in states]
-    run_ids = [r.run_id for r in records if r is not None]
+    specs = [g.spec for s in states if (g := s.load_gang()) is not None]
+    run_ids = [spec.run_id for spec in specs]
     twice = sorted({r for r in run_ids if run_ids.count(r) > 1})
     if twice:
         raise UsageError(
             f"several agents' state of run {twice[0]} here: adopt each node's agent with its "
             f"own --state-dir (e.g. .../{twice[0]}/node1)"
         )
-    bootstraps = {r.bootstrap for r in records if r is not None}
-    prefixes = {r.prefix for r in records if r is not None}
+    bootstraps = {spec.run.bootstrap for spec in specs}
+    prefixes = {spec.run.prefix for spec in specs}
     if len(bootstraps) > 1 or len(prefixes) > 1:
         raise UsageError("the gangs use several brokers or prefixes: adopt them one by one")
     bootstrap = args.bootstrap or bootstraps.pop()
@@ -89,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
     for r in runs:
         print(
             f"runwatch controller: adopted run {r.run_id}, incarnation {r.record.incarnation}, "
-            f"pids {[p.pid for p in r.record.ranks]} (running: {r.gang.running()})",
+            f"pids {[p.pid for p in r.record.ranks]} (running: {r.launcher.running()})",
             flush=True,
         )
     return controller.serve()

@@ -14,12 +14,19 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+import msgspec
 
 from runwatch.cmd._supervision import add_supervision_args
 from runwatch.common.errors import UsageError
 from runwatch.controller.state import DEFAULT_SPARE_PRELOAD
 from runwatch.controller.topology import NodeTopology, TopologyError, resolve_topology
 from runwatch.producers.logtail import FORMATS
+
+if TYPE_CHECKING:
+    from runwatch.controller.state import LaunchSpec
+    from runwatch.controller.topology import RunBinding
 
 HELP = "start a gang of N ranks (torchrun-style) and execute the restart commands for its run"
 
@@ -287,20 +294,55 @@ def _rank_extra_env(args: argparse.Namespace) -> dict[str, str]:
     return env
 
 
+def _spec(
+    args: argparse.Namespace, argv: list[str], plan: LaunchPlan, run: RunBinding
+) -> LaunchSpec:
+    """What this agent is asked to do, from the flags (what happens goes in the record)."""
+    from runwatch.controller.launcher import HOST
+    from runwatch.controller.loop import commands_end_offsets
+    from runwatch.controller.relay import relay_socket_path
+    from runwatch.controller.state import LaunchSpec, LogWatchSpec, WarmSparesSpec
+
+    relay = str(relay_socket_path(plan.state_dir)) if args.relay else None
+    log_watch = None
+    if args.log_format is not None:
+        log_watch = LogWatchSpec(
+            format=args.log_format, regex=args.log_regex, tokens_per_step=args.tokens_per_step
+        )
+    warm_spares = None
+    if args.warm_spares:
+        preload = tuple(m.strip() for m in args.spare_preload.split(",") if m.strip())
+        warm_spares = WarmSparesSpec(preload=preload)
+    return LaunchSpec(
+        run=msgspec.structs.replace(
+            run,
+            checkpoint_dir=str(args.checkpoint_dir.resolve()) if args.checkpoint_dir else None,
+            relay_socket=relay,
+        ),
+        argv=tuple(argv),
+        env=_rank_extra_env(args),
+        topology=plan.topology,
+        host=HOST,
+        launch_offsets=commands_end_offsets(run.bootstrap, run.prefix),
+        grace_s=args.grace_s,
+        command_timeout_s=args.command_timeout,
+        rank_failure_budget=args.rank_failure_budget,
+        min_nproc=args.min_nproc,
+        node_timeout_s=args.node_timeout,
+        node_failure_budget=args.node_failure_budget,
+        exit_evidence=args.exit_evidence,
+        log_watch=log_watch,
+        warm_spares=warm_spares,
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     """Launch the gang, then serve its commands until the run ends."""
     from runwatch.common.settings import topic_prefix
     from runwatch.controller.agent import build_controller, load_keys
     from runwatch.controller.gang import Gang
-    from runwatch.controller.loop import commands_end_offsets
-    from runwatch.controller.relay import relay_socket_path
-    from runwatch.controller.state import (
-        ControllerState,
-        GangRecord,
-        StateLocked,
-        lock_state_dir,
-    )
-    from runwatch.controller.supervisor import HOST
+    from runwatch.controller.state import ControllerState, GangFile, StateLocked, lock_state_dir
+    from runwatch.controller.topology import RunBinding
     from runwatch.resolve import resolve_bootstrap
 
     argv = _validate(args)
@@ -315,50 +357,26 @@ def run(args: argparse.Namespace) -> int:
     state = ControllerState(state_dir)
     keys = load_keys()
     previous = state.load_gang()
-    if previous is not None and previous.status == "running":
-        exits = [state.exit_path(previous.incarnation, p.rank) for p in previous.ranks]
-        alive = Gang.adopt(previous.ranks, exits).running()
-        if alive:
+    if previous is not None and previous.record.status == "running":
+        ranks = previous.record.ranks
+        exits = [state.exit_path(previous.record.incarnation, p.rank) for p in ranks]
+        if Gang.adopt(ranks, exits).running():
             raise UsageError(
-                f"{state_dir} holds a running gang of run {previous.run_id} (pids "
-                f"{[p.pid for p in previous.ranks]}): adopt it with `runwatch controller "
+                f"{state_dir} holds a running gang of run {previous.spec.run_id} (pids "
+                f"{[p.pid for p in ranks]}): adopt it with `runwatch controller "
                 f"--state-dir {state_dir}`"
             )
-    record = GangRecord(
-        run_id=run_id,
-        argv=tuple(argv),
-        world_size=topology.world_size,
-        bootstrap=bootstrap,
-        prefix=prefix,
-        checkpoint_dir=str(args.checkpoint_dir.resolve()) if args.checkpoint_dir else None,
-        env=_rank_extra_env(args),
-        # A relaunch of a run id continues its incarnations: the processors' policy issues
-        # at most one command per (run, incarnation), so incarnation 0 again would get none.
-        incarnation=0 if previous is None else previous.incarnation + 1,
-        launch_offsets=commands_end_offsets(bootstrap, prefix),
-        grace_s=args.grace_s,
-        command_timeout_s=args.command_timeout,
-        rank_failure_budget=args.rank_failure_budget,
-        min_nproc=args.min_nproc,
-        log_format=args.log_format,
-        log_regex=args.log_regex,
-        log_tokens_per_step=args.tokens_per_step,
-        exit_evidence=args.exit_evidence,
-        topology=topology,
-        host=HOST,
-        node_timeout_s=args.node_timeout,
-        node_failure_budget=args.node_failure_budget,
-        relay_socket=str(relay_socket_path(state_dir)) if args.relay else "",
-        warm_spares=args.warm_spares,
-        spare_preload=tuple(m.strip() for m in args.spare_preload.split(",") if m.strip()),
-    )
-    state.save_gang(record)
+    spec = _spec(args, argv, plan, RunBinding(run_id=run_id, bootstrap=bootstrap, prefix=prefix))
+    # A relaunch of a run id continues its incarnations: the processors' policy issues at
+    # most one command per (run, incarnation), so incarnation 0 again would get none.
+    first = 0 if previous is None else previous.record.incarnation + 1
+    state.save_gang(GangFile(spec=spec, record=spec.first_record(first)))
     controller, (supervisor,) = build_controller([state], keys, bootstrap, prefix)
     supervisor.launch(None)
     print(
         f"runwatch launch: run {run_id}, node {topology.node_rank} of {topology.nnodes}, "
         f"ranks {list(topology.global_ranks)} of {topology.world_size}, incarnation "
-        f"{record.incarnation}, state {state_dir} (pid {os.getpid()})"
+        f"{first}, state {state_dir} (pid {os.getpid()})"
         + (f", events from rank 0's {args.log_format} log lines" if args.log_format else ""),
         flush=True,
     )

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from runwatch.cli import build_parser
-from runwatch.controller.state import ControllerState, GangRecord
+from runwatch.controller.state import ControllerState, GangFile, LaunchSpec
+from runwatch.controller.topology import RunBinding
 from tests.integration.cli.cli import env_without_broker, runwatch
 
 DEAD = "127.0.0.1:1"
@@ -45,10 +46,10 @@ def _gang_dir(tmp_path: Path, bootstrap: str) -> Path:
     """A state directory recording a running gang (no ranks) of a broker at ``bootstrap``."""
     root = tmp_path / "controller" / "r"
     root.mkdir(parents=True)
-    record = GangRecord(
-        run_id="r", argv=("true",), world_size=1, bootstrap=bootstrap, prefix="runwatch"
+    spec = LaunchSpec(
+        run=RunBinding(run_id="r", bootstrap=bootstrap, prefix="runwatch"), argv=("true",)
     )
-    ControllerState(root).save_gang(record)
+    ControllerState(root).save_gang(GangFile(spec=spec, record=spec.first_record()))
     return root
 
 

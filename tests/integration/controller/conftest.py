@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 from runwatch import admin
+from runwatch.controller.state import GANG_FILE, GangFile, GangRecord, read_gang_file
 from runwatch.schemas.events import Event
 from runwatch.schemas.topics import TopicNames, names
 from tests.integration.processors.harness import COMMAND_KEY, Reader, workers
@@ -126,8 +127,15 @@ class Run:
     def losses(self) -> dict[int, float]:
         return {int(k): v for k, v in self.metrics()["losses"].items()}
 
-    def gang_record(self) -> dict[str, Any]:
-        return json.loads((self.state_dir / "gang.json").read_text())
+    def gang(self) -> GangFile:
+        """What the launcher was asked and what happened (`controller.state`), read only."""
+        gang = read_gang_file(self.state_dir / GANG_FILE)
+        assert gang is not None, f"no gang record in {self.state_dir}"
+        return gang
+
+    def gang_record(self) -> GangRecord:
+        """What happened: the launcher's gang record."""
+        return self.gang().record
 
     def rank_logs(self) -> str:
         logs = sorted((self.state_dir / "logs").glob("*.log"))

@@ -51,8 +51,8 @@ def _lose_node_1(loop, base, run_id: str, agents: list[Proc]) -> None:
     checkpoints = loop.reader(loop.topics.checkpoints)
     wait_events(checkpoints, lambda e: of_run(run_id, CheckpointCommitted)(e) and e.step >= 10)
     agents[1].kill()  # first the agent, so no exit evidence can come from node 1
-    for proc in _record(base, 1)["ranks"]:
-        os.killpg(proc["pid"], signal.SIGKILL)
+    for proc in _record(base, 1).ranks:
+        os.killpg(proc.pid, signal.SIGKILL)
 
 
 def test_a_lost_node_shrinks_the_run_to_the_survivor_with_min_nnodes_1(loop, tmp_path):
@@ -88,9 +88,9 @@ def test_a_lost_node_shrinks_the_run_to_the_survivor_with_min_nnodes_1(loop, tmp
     assert done.world_size == 1 and done.checkpoint_step is not None and done.checkpoint_step >= 10
 
     record = _record(base, 0)
-    assert (record["incarnation"], record["status"], record["world_size"]) == (1, "completed", 1)
-    assert (record["topology"]["nnodes"], record["topology"]["node_rank"]) == (1, 0)
-    assert record["backend"]["name"] == "torch-ddp"
+    assert (record.incarnation, record.status, record.world_size) == (1, "completed", 1)
+    assert (record.topology.nnodes, record.topology.node_rank) == (1, 0)
+    assert record.backend is not None and record.backend.name == "torch-ddp"
     log = (base / "agent0.log").read_text()
     assert "elastic by nodes: node 1 of 2 lost (no agent ready within 5s): 2 -> 1 nodes" in log
 
@@ -140,5 +140,5 @@ def test_a_lost_node_fails_the_run_when_it_may_not_shrink(loop, tmp_path):
     (ended,) = wait_events(runs, lambda e: of_run(run_id, RunEnded)(e) and e.status == "failed")
     assert ended.reason == reason
     record = _record(base, 0)
-    assert (record["incarnation"], record["status"]) == (0, "failed")
+    assert (record.incarnation, record.status) == (0, "failed")
     assert f"failed: {reason}" in (base / "agent0.log").read_text()

@@ -113,15 +113,15 @@ def test_a_node_that_keeps_failing_is_dropped_and_the_run_completes_on_node_0(lo
 
     # Node 1's agent reached the same decision about itself and stopped.
     dropped = _record(base, 1)
-    assert (dropped["status"], dropped["incarnation"]) == ("dropped", 1)
-    assert dropped["node_failure_counts"] == [0, 2]
+    assert (dropped.status, dropped.incarnation) == ("dropped", 1)
+    assert dropped.node_failure_counts == (0, 2)
     assert not (base / "node1" / "logs" / "inc2.rank1.log").exists()
     why = "node 1 of 2 failed 2 times (--node-failure-budget 1)"
     assert f"node 1 of 2 dropped from incarnation 2: {why}" in (base / "agent1.log").read_text()
     # Node 0 went on alone: the same reason, one node, one rank.
     kept = _record(base, 0)
-    assert (kept["status"], kept["incarnation"], kept["world_size"]) == ("completed", 2, 1)
-    assert (kept["topology"]["nnodes"], kept["node_failure_counts"]) == (1, [0])
+    assert (kept.status, kept.incarnation, kept.world_size) == ("completed", 2, 1)
+    assert (kept.topology.nnodes, kept.node_failure_counts) == (1, (0,))
     assert f"elastic by nodes: {why}: 2 -> 1 nodes" in (base / "agent0.log").read_text()
 
     # From the same DCP checkpoint, with the global batch preserved: the reference's losses.

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 
 import pytest
 
+from runwatch.controller.state import GANG_FILE, GangRecord, read_gang_file
 from runwatch.schemas.events import (
     AgentReady,
     AnomalyDetected,
@@ -116,8 +117,16 @@ def _drain(reader) -> list:
     return reader.wait_for(lambda _: all(reader.consumer.position(tp) >= ends[tp] for tp in tps))
 
 
-def _record(base, node: int) -> dict:
-    return json.loads((base / f"node{node}" / "gang.json").read_text())
+def _record(base, node: int) -> GangRecord:
+    """Node ``node``'s agent's gang record (what happened), read only."""
+    return _state_record(base / f"node{node}")
+
+
+def _state_record(state) -> GangRecord:
+    """The gang record in the agent state directory ``state``, read only."""
+    gang = read_gang_file(state / GANG_FILE)
+    assert gang is not None, f"no gang record in {state}"
+    return gang.record
 
 
 def _logs(base) -> str:
@@ -179,9 +188,9 @@ def test_a_rank_killed_on_node_1_restarts_both_nodes_from_the_checkpoint(loop, t
     # Both agents executed the command exactly once and ran incarnation 1 to completion.
     for node in (0, 1):
         record = _record(base, node)
-        assert (record["incarnation"], record["status"]) == (1, "completed"), _logs(base)
-        assert record["topology"]["node_rank"] == node
-        assert [r["rank"] for r in record["ranks"]] == [node]
+        assert (record.incarnation, record.status) == (1, "completed"), _logs(base)
+        assert record.topology.node_rank == node
+        assert [r.rank for r in record.ranks] == [node]
         processed = (base / f"node{node}" / "processed.jsonl").read_text().splitlines()
         assert [json.loads(line)["command_id"] for line in processed] == [command.command_id]
         assert (base / f"node{node}" / "logs" / f"inc1.rank{node}.log").is_file()
@@ -198,13 +207,13 @@ def test_a_rank_killed_on_node_1_restarts_both_nodes_from_the_checkpoint(loop, t
     assert liveness.anomaly_counts == {"dead_rank": 1}, liveness.anomaly_counts
 
 
-def _await_record(base, node: int, done, timeout_s: float = WAIT_S) -> dict:
+def _await_record(base, node: int, done, timeout_s: float = WAIT_S) -> GangRecord:
     """Node ``node``'s gang record once ``done(record)`` (polling a file the agent writes)."""
     deadline = time.monotonic() + timeout_s
     while True:
-        path = base / f"node{node}" / "gang.json"
-        record = json.loads(path.read_text()) if path.is_file() else {}
-        if record and done(record):
+        gang = read_gang_file(base / f"node{node}" / GANG_FILE)
+        record = None if gang is None else gang.record
+        if record is not None and done(record):
             return record
         assert time.monotonic() < deadline, f"node {node}: {record}\n{_logs(base)}"
         time.sleep(0.1)  # polling a file, not synchronising on time
@@ -223,9 +232,9 @@ def test_a_killed_node_agent_is_adopted_and_repeats_nothing(loop, tmp_path):
     successor = None
     try:
         (command,) = wait_events(commands, of_run(run_id, RestartRequested))
-        restarted = _await_record(base, 1, lambda r: r["incarnation"] == 1 and r["ranks"])
+        restarted = _await_record(base, 1, lambda r: r.incarnation == 1 and r.ranks)
         agents[1].kill()  # node 1's agent dies; its rank runs on in its own session
-        pids = [r["pid"] for r in restarted["ranks"]]
+        pids = [r.pid for r in restarted.ranks]
         successor = Proc(
             ["controller", "--state-dir", str(base / "node1")], base / "adopter.log", rank_env()
         )
@@ -240,10 +249,10 @@ def test_a_killed_node_agent_is_adopted_and_repeats_nothing(loop, tmp_path):
     assert "adopted run two-nodes-adopted, incarnation 1" in successor.log()
     for node in (0, 1):
         record = _record(base, node)
-        assert (record["incarnation"], record["status"]) == (1, "completed"), _logs(base)
+        assert (record.incarnation, record.status) == (1, "completed"), _logs(base)
         processed = (base / f"node{node}" / "processed.jsonl").read_text()
         assert processed.count("command_id") == 1  # exactly once per agent, crash or not
-    assert [r["pid"] for r in _record(base, 1)["ranks"]] == pids
+    assert [r.pid for r in _record(base, 1).ranks] == pids
     metrics = json.loads((base / "trace" / "metrics.json").read_text())
     assert max(int(k) for k in metrics["losses"]) == 80 and metrics["incarnation"] == 1
     done = [e for e in _drain(controller) if e.run_id == run_id and not isinstance(e, AgentReady)]
@@ -300,8 +309,8 @@ def test_an_srun_task_launches_its_node_from_slurms_variables(loop, tmp_path):
         }
         for rank in (0, 1)
     ]
-    record = json.loads((state / "gang.json").read_text())
-    assert record["status"] == "completed" and record["topology"]["source"] == "slurm"
+    record = _state_record(state)
+    assert record.status == "completed" and record.topology.source == "slurm"
 
 
 def test_two_srun_tasks_are_two_nodes_of_one_gang(loop, tmp_path):
@@ -334,7 +343,7 @@ def test_two_srun_tasks_are_two_nodes_of_one_gang(loop, tmp_path):
         state = home / "controller" / "slurm-4243.0" / f"node{node}"
         text = (state / "logs" / f"inc0.rank{node}.log").read_text()
         seen.append(json.loads(text.split("ENV ", 1)[1].splitlines()[0]))
-        assert json.loads((state / "gang.json").read_text())["status"] == "completed"
+        assert _state_record(state).status == "completed"
     assert [(e["RANK"], e["LOCAL_RANK"], e["GROUP_RANK"]) for e in seen] == [
         ("0", "0", "0"),
         ("1", "0", "1"),

@@ -74,7 +74,7 @@ def test_killed_rank_is_respawned_and_resumes_exactly(loop, launch, tmp_path):
     assert (record.from_step, record.incarnation, record.verdict) == (done.checkpoint_step, 1, "ok")
     assert steps.continuity_ok
     assert steps.anomaly_counts.get("restart_discontinuity", 0) == 0
-    assert run.gang_record()["status"] == "completed"
+    assert run.gang_record().status == "completed"
     # Exactly one verdict for the kill: rank 0, blocked on its dead peer, is not reported.
     liveness = ended_liveness(loop, "kill", incarnation=1)
     assert liveness.anomaly_counts == {"dead_rank": 1}, liveness.anomaly_counts
@@ -139,7 +139,7 @@ def test_a_rank_past_its_failure_budget_shrinks_the_gang(loop, launch):
     # machine): then 5 is the latest committed checkpoint, and the right one to resume.
     assert done.checkpoint_step in (5, 10)
     record = run.gang_record()
-    assert (record["world_size"], record["incarnation"], len(record["ranks"])) == (1, 1, 1)
+    assert (record.world_size, record.incarnation, len(record.ranks)) == (1, 1, 1)
     assert run.metrics()["world_size"] == 1
     assert "saved by 2 ranks, now 1" in run.rank_logs()
     assert "elastic: rank 1 failed 1 times" in run.launcher.log()

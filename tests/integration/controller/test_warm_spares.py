@@ -60,7 +60,7 @@ def test_a_restart_runs_in_the_warm_spares_and_resumes_exactly(loop, launch, tmp
     reference = reference_losses(tmp_path / "ref", ["--steps", str(STEPS), "--seed", "3"])
     wait_events(steps, lambda e: of_run("warm", StepCompleted)(e) and e.step >= 6)
     spares = _ready_spares(run.state_dir, 2, lambda: run.launcher.proc.poll() is not None)
-    (rank_1,) = [r["pid"] for r in run.gang_record()["ranks"] if r["rank"] == 1]
+    (rank_1,) = [r.pid for r in run.gang_record().ranks if r.rank == 1]
     os.killpg(rank_1, signal.SIGKILL)
 
     (done,) = wait_events(controller, of_run("warm"))
@@ -78,5 +78,5 @@ def test_a_restart_runs_in_the_warm_spares_and_resumes_exactly(loop, launch, tmp
     assert run.metrics()["incarnation"] == 1
     assert sorted(resumed) == list(range(done.checkpoint_step + 1, STEPS + 1))
     assert resumed == {s: reference[s] for s in resumed}  # bit for bit, step for step
-    assert run.gang_record()["status"] == "completed"
+    assert run.gang_record().status == "completed"
     assert _spare_processes(run.state_dir) == []  # the refilled spares went with the agent

@@ -9,15 +9,16 @@ import pytest
 from runwatch.common.checkpoint_layout import METADATA_FILE, checkpoint_dir
 from runwatch.common.launch_env import LaunchEnv
 from runwatch.controller.gang import rank_environ
+from runwatch.controller.launcher import Incarnation, Resume, launch_env, resolve_resume
 from runwatch.controller.state import (
     ControllerState,
-    GangRecord,
+    GangFile,
     ProcessedCommand,
     RankProcess,
     StateLocked,
     lock_state_dir,
 )
-from runwatch.controller.supervisor import Resume, launch_env, resolve_resume
+from tests.unit.controller.builders import record, spec
 
 
 def entry(cid: str) -> ProcessedCommand:
@@ -39,19 +40,18 @@ def test_processed_ids_survive_a_restart_and_a_torn_line(tmp_path):
 def test_gang_record_round_trips(tmp_path):
     state = ControllerState(tmp_path)
     assert state.load_gang() is None
-    record = GangRecord(
-        run_id="r",
-        argv=("python", "x.py"),
-        world_size=2,
-        bootstrap="b:1",
-        prefix="p",
-        ranks=(RankProcess(rank=0, pid=11, start_ticks=5),),
-        launch_offsets={0: 3, 1: 0},
-        consumer_offsets={1: 7},
-        failure_counts=(0, 1),
+    launched = spec(argv=("python", "x.py"), launch_offsets={0: 3, 1: 0})
+    gang = GangFile(
+        spec=launched,
+        record=record(
+            launched,
+            ranks=(RankProcess(rank=0, pid=11, start_ticks=5),),
+            consumer_offsets={1: 7},
+            failure_counts=(0, 1),
+        ),
     )
-    state.save_gang(record)
-    assert ControllerState(tmp_path).load_gang() == record
+    state.save_gang(gang)
+    assert ControllerState(tmp_path).load_gang() == gang
     assert not list(tmp_path.glob("*.tmp"))
 
 
@@ -85,11 +85,6 @@ def test_resolve_resume(tmp_path):
     assert nothing == Resume(None) and nothing.env_value == 0
 
 
-def _record(**changes) -> GangRecord:
-    fields = {"run_id": "r", "argv": ("x",), "world_size": 2, "bootstrap": "b:1", "prefix": "p"}
-    return GangRecord(**(fields | changes))
-
-
 def test_rank_env_contract():
     base = {
         "PATH": "/bin",
@@ -97,8 +92,8 @@ def test_rank_env_contract():
         "RUNWATCH_RESTART_FROM": "9",
         "RANK": "7",
     }
-    record = _record(incarnation=3, checkpoint_dir="/ck")
-    launch = launch_env(record, 1, 1234, None)
+    launched = spec(checkpoint_dir="/ck")
+    launch = launch_env(launched, Incarnation(3, launched.topology), 1, 1234)
     env = rank_environ(base, {"EXTRA": "1"}, launch)
     assert env == {
         "PATH": "/bin",
@@ -125,7 +120,8 @@ def test_rank_env_contract():
     }
     # The rank reads back exactly what the controller wrote: one struct, both ends.
     assert LaunchEnv.from_environ(env) == launch
+    one = spec(nproc=1)
     again = rank_environ(
-        base, {}, launch_env(_record(world_size=1, incarnation=1), 0, 1, Resume(None))
+        base, {}, launch_env(one, Incarnation(1, one.topology, Resume(None)), 0, 1)
     )
     assert again["RUNWATCH_RESTART_FROM"] == "0" and "RUNWATCH_CHECKPOINT_DIR" not in again

@@ -9,9 +9,10 @@ import time
 import pytest
 
 from runwatch.controller.elastic import RankExit
-from runwatch.controller.state import ControllerState, GangRecord
-from runwatch.controller.supervisor import HOST, RunSupervisor
+from runwatch.controller.state import ControllerState
+from runwatch.controller.supervisor import HOST
 from runwatch.schemas.events import Event, RankExited, RestartCompleted, RestartRequested
+from tests.unit.controller.builders import record, spec, supervisor
 
 PY = sys.executable
 # Rank 1 SIGKILLs itself; rank 0 fails a moment later (as a DDP peer does in its next
@@ -41,26 +42,11 @@ def test_report_order_puts_signals_first():
 
 def test_every_exit_is_published_once_culprit_first(tmp_path):
     state = ControllerState(tmp_path / "state")
-    record = GangRecord(
-        run_id="r",
-        argv=(PY, "-c", SCRIPT),
-        world_size=2,
-        bootstrap="127.0.0.1:1",
-        prefix="p",
-        checkpoint_dir=None,
-        incarnation=3,
-    )
-    state.save_gang(record)
+    launched = spec(argv=(PY, "-c", SCRIPT), bootstrap="127.0.0.1:1")
     published: list[Event] = []
-    sup = RunSupervisor(
-        state=state,
-        record=record,
-        gang=None,  # type: ignore[arg-type]
-        publish=published.append,
-        announce_end=lambda *_: None,
-    )
+    sup = supervisor(state, launched, record(launched, incarnation=3), publish=published.append)
     sup.launch(None)
-    assert sup.gang.wait(60.0), "the ranks did not exit"
+    assert sup.launcher.gang.wait(60.0), "the ranks did not exit"
     sup.observe(time.monotonic())  # both exits in one sweep: rank 0 is looked at first
     sup.observe(time.monotonic())  # nothing new: nothing published again
     exits = [e for e in published if isinstance(e, RankExited)]
@@ -79,32 +65,19 @@ def test_a_command_before_the_peers_die_still_charges_the_culprit(tmp_path):
     blocked = "import os, signal, time\nif os.environ['RANK'] == '1':\n"
     blocked += "    os.kill(os.getpid(), signal.SIGKILL)\ntime.sleep(600)\n"
     state = ControllerState(tmp_path / "state")
-    record = GangRecord(
-        run_id="r",
-        argv=(PY, "-c", blocked),
-        world_size=2,
-        bootstrap="127.0.0.1:1",
-        prefix="p",
-        grace_s=0.2,
-        rank_failure_budget=0,
+    launched = spec(
+        argv=(PY, "-c", blocked), bootstrap="127.0.0.1:1", grace_s=0.2, rank_failure_budget=0
     )
-    state.save_gang(record)
     published: list[Event] = []
-    sup = RunSupervisor(
-        state=state,
-        record=record,
-        gang=None,  # type: ignore[arg-type]
-        publish=published.append,
-        announce_end=lambda *_: None,
-    )
+    sup = supervisor(state, launched, publish=published.append)
     sup.launch(None)
     try:
         deadline = time.monotonic() + 60
         while 1 not in sup.exits:  # awaiting rank 1's exit, as the controller loop does
             assert time.monotonic() < deadline, "rank 1 did not exit"
-            sup.gang.wait(0.05, poll_s=0.01)
+            sup.launcher.gang.wait(0.05, poll_s=0.01)
             sup.observe(time.monotonic())
-        assert sup.gang.running() == [0]
+        assert sup.launcher.running() == [0]
         command = RestartRequested(
             run_id="r",
             ts_ns=1,
@@ -119,4 +92,4 @@ def test_a_command_before_the_peers_die_still_charges_the_culprit(tmp_path):
         # rank 0's exit was caused by the stop: it was never published as evidence
         assert [e.rank for e in published if isinstance(e, RankExited)] == [1]
     finally:
-        sup.gang.stop(0.0, kill_now=True)
+        sup.launcher.gang.stop(0.0, kill_now=True)

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 import msgspec
 
 from runwatch.controller.elastic import RankExit, due_reports
-from runwatch.controller.state import ControllerState, GangRecord
-from runwatch.controller.supervisor import EXIT_HOLD_S, RunSupervisor
+from runwatch.controller.state import ControllerState, GangFile
+from runwatch.controller.supervisor import EXIT_HOLD_S, Peers, RunSupervisor
 from runwatch.controller.topology import NodeTopology
 from runwatch.schemas.events import (
     AgentReady,
@@ -27,6 +27,7 @@ from runwatch.schemas.events import (
     RestartFailed,
     RestartRequested,
 )
+from tests.unit.controller.builders import multinode, record, spec, supervisor
 
 PY = sys.executable
 PRINT_ENV = (
@@ -47,34 +48,31 @@ COMMAND = RestartRequested(
 )
 
 
-def _node(tmp_path, node_rank: int, script: str, **topology) -> tuple[RunSupervisor, list, list]:
-    t = NodeTopology(
-        nnodes=2,
-        node_rank=node_rank,
-        nproc_per_node=2,
-        master_addr="10.0.0.1",
-        master_port=30000,
-        **topology,
-    )
-    state = ControllerState(tmp_path / f"node{node_rank}")
-    record = GangRecord(
-        run_id="r",
+def _node(
+    tmp_path,
+    node_rank: int,
+    script: str,
+    *,
+    peers: Peers | None = None,
+    counts: tuple[int, ...] = (),
+    **topology,
+) -> tuple[RunSupervisor, list, list]:
+    launched = spec(
         argv=(PY, "-c", script),
-        world_size=t.world_size,
         bootstrap="127.0.0.1:1",
-        prefix="p",
         grace_s=0.2,
-        topology=t,
+        node_failure_budget=2,
+        topology=multinode(node_rank, **topology),
     )
-    state.save_gang(record)
     published: list[Event] = []
     ends: list[tuple[int, str]] = []
-    sup = RunSupervisor(
-        state=state,
-        record=record,
-        gang=None,  # type: ignore[arg-type]
+    sup = supervisor(
+        ControllerState(tmp_path / f"node{node_rank}"),
+        launched,
+        record(launched, node_failure_counts=counts),
         publish=published.append,
         announce_end=lambda rec, status, reason: ends.append((rec.incarnation, status)),
+        peers=peers,
     )
     return sup, published, ends
 
@@ -82,7 +80,7 @@ def _node(tmp_path, node_rank: int, script: str, **topology) -> tuple[RunSupervi
 def _envs(sup: RunSupervisor, timeout_s: float = 60.0) -> list[dict]:
     """Each local rank's printed environment, once every one has printed it."""
     rec = sup.record
-    paths = [sup.state.log_path(rec.incarnation, r) for r in rec.node.global_ranks]
+    paths = [sup.state.log_path(rec.incarnation, r) for r in rec.topology.global_ranks]
     deadline = time.monotonic() + timeout_s
     while not all(p.is_file() and p.read_text().endswith("\n") for p in paths):
         assert time.monotonic() < deadline, "the ranks did not print their environment"
@@ -102,7 +100,7 @@ def test_due_reports_hold_only_non_signalled_abnormal_exits():
 def test_node_1_starts_its_global_ranks_on_the_incarnation_port(tmp_path):
     sup, _, _ = _node(tmp_path, 1, PRINT_ENV)
     sup.launch(None)
-    assert sup.gang.wait(60.0)
+    assert sup.launcher.gang.wait(60.0)
     assert [p.rank for p in sup.record.ranks] == [2, 3]
     assert _envs(sup) == [
         {
@@ -124,7 +122,7 @@ def test_node_1_starts_its_global_ranks_on_the_incarnation_port(tmp_path):
 def test_a_non_signalled_failure_is_published_after_the_hold(tmp_path):
     sup, published, _ = _node(tmp_path, 0, "import sys; sys.exit(1)")
     sup.launch(None)
-    assert sup.gang.wait(60.0)
+    assert sup.launcher.gang.wait(60.0)
     seen_s = time.monotonic()
     sup.observe(seen_s)
     assert published == []  # a peer of a rank killed elsewhere: the culprit's agent goes first
@@ -145,7 +143,7 @@ def test_both_nodes_execute_one_command_node_0_speaks_for_the_gang(tmp_path):
             assert sup.state.processed == frozenset({"c1"})
             envs = _envs(sup)
         finally:
-            sup.gang.stop(0.0, kill_now=True)
+            sup.launcher.gang.stop(0.0, kill_now=True)
         assert [e["RANK"] for e in envs] == [str(2 * node), str(2 * node + 1)]
         assert {(e["MASTER_PORT"], e["TORCHELASTIC_RESTART_COUNT"]) for e in envs} == {
             ("30001", "1")
@@ -162,7 +160,7 @@ def test_max_restarts_fails_the_run_instead_of_restarting(tmp_path):
     sup.launch(None)
     _envs(sup)
     sup.execute(COMMAND, time.monotonic())
-    assert sup.gang.running() == []
+    assert sup.launcher.running() == []
     (failed,) = [e for e in published if isinstance(e, RestartFailed)]
     assert "--max-restarts 0 reached" in failed.reason
     assert not any(isinstance(e, RestartCompleted) for e in published)
@@ -172,16 +170,11 @@ def test_max_restarts_fails_the_run_instead_of_restarting(tmp_path):
 
 def _running_record(root, run_id: str, node: int, host: str) -> None:
     t = NodeTopology(nnodes=2, node_rank=node, master_addr="m", master_port=30000)
-    record = GangRecord(
-        run_id=run_id,
-        argv=(PY, "x.py"),
-        world_size=2,
-        bootstrap="127.0.0.1:1",
-        prefix="p",
-        topology=t,
-        host=host,
+    launched = spec(
+        run_id=run_id, argv=(PY, "x.py"), bootstrap="127.0.0.1:1", topology=t, host=host
     )
-    ControllerState(root / run_id / f"node{node}").save_gang(record)
+    gang = GangFile(spec=launched, record=record(launched))
+    ControllerState(root / run_id / f"node{node}").save_gang(gang)
 
 
 def test_an_adopter_takes_one_agent_of_a_run_and_only_this_hosts(tmp_path, capsys):
@@ -236,8 +229,7 @@ class HeardPeers:
 
 
 def _restart_with(tmp_path, node: int, peers: HeardPeers, **topology):
-    sup, published, ends = _node(tmp_path, node, SLEEPER, **topology)
-    sup.peers = peers
+    sup, published, ends = _node(tmp_path, node, SLEEPER, peers=peers, **topology)
     sup.launch(None)
     try:
         _envs(sup)
@@ -247,7 +239,7 @@ def _restart_with(tmp_path, node: int, peers: HeardPeers, **topology):
         )
         envs = _envs(sup) if sup.record.status == "running" else []
     finally:
-        sup.gang.stop(0.0, kill_now=True)
+        sup.launcher.gang.stop(0.0, kill_now=True)
     return sup, published, ends, envs
 
 
@@ -297,7 +289,7 @@ def test_a_lost_node_fails_the_run_by_default_saying_why(tmp_path):
     )
     assert not any(isinstance(e, RestartCompleted) for e in published)
     assert ends == [(0, "failed")] and sup.record.status == "failed"
-    assert sup.gang.running() == [] and envs == []
+    assert sup.launcher.running() == [] and envs == []
 
 
 def test_a_backend_that_cannot_reshard_is_not_shrunk(tmp_path):
@@ -323,18 +315,14 @@ def _verdict(rank: int) -> AnomalyDetected:
 
 def _restart_failing(tmp_path, node: int, peers: HeardPeers, counts, **topology):
     """`_restart_with`, the gang record already holding per-node failure ``counts``."""
-    sup, published, ends = _node(tmp_path, node, SLEEPER, **topology)
-    sup.record = msgspec.structs.replace(
-        sup.record, node_failure_counts=counts, node_failure_budget=2
-    )
-    sup.peers = peers
+    sup, published, ends = _node(tmp_path, node, SLEEPER, peers=peers, counts=counts, **topology)
     sup.launch(None)
     try:
         _envs(sup)
         sup.execute(msgspec.structs.replace(COMMAND, world_size=None), time.monotonic())
         envs = _envs(sup) if sup.record.status == "running" else []
     finally:
-        sup.gang.stop(0.0, kill_now=True)
+        sup.launcher.gang.stop(0.0, kill_now=True)
     return sup, published, ends, envs
 
 
@@ -351,7 +339,7 @@ def test_node_1_over_its_failure_budget_is_dropped_and_its_agent_stops(tmp_path)
     sup, published, ends, envs = _restart_failing(tmp_path, 1, peers, (0, 2), min_nnodes=1)
     assert sup.record.status == "dropped" and sup.finished
     assert sup.record.node_failure_counts == (0, 3)  # its own view, not renumbered
-    assert sup.record.incarnation == 0 and envs == [] and sup.gang.running() == []
+    assert sup.record.incarnation == 0 and envs == [] and sup.launcher.running() == []
     # It announced itself, then said nothing more: the run is not its to end or report.
     assert [type(e).__name__ for e in published] == ["AgentReady"] and ends == []
 
