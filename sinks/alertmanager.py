@@ -22,7 +22,8 @@ After that:
   labels, and an alert that ended within that wait is never posted;
 * every firing alert is posted again every ``resend_s``, with ``endsAt`` ``horizon_s``
   ahead (or its own end when that comes first): an alert whose sender died resolves by
-  itself after ``horizon_s``;
+  itself after ``horizon_s``; an alert that ended is posted again with each re-send for
+  `RESOLVED_RESEND_S` (Alertmanager ignores an end that is still ahead of its clock);
 * only verdicts of at least ``min_severity`` are posted.
 
 Each Alertmanager (``--alertmanager``, repeatable: a cluster's members each get every
@@ -72,6 +73,11 @@ RUNBOOKS: Final = "docs/runbooks.md"
 """The default base of ``runbook_url``: the runbooks page of runwatch's documentation."""
 
 NS_PER_S: Final = 1_000_000_000
+
+RESOLVED_RESEND_S: Final = 900.0
+"""Alerts that ended are posted again with each re-send this long (as Prometheus does):
+Alertmanager keeps the later of two future ``endsAt``, so an end posted while still ahead
+of its clock (a clock that lags the log's) only takes once it is in the past."""
 
 
 def _say(message: str) -> None:
@@ -451,8 +457,9 @@ class AlertmanagerSink:
         self._offer(new, now_ns)
         if now_s >= self._next_resend_s:
             self._next_resend_s = now_s + self.settings.resend_s
+            recent = now_ns - int(RESOLVED_RESEND_S * NS_PER_S)
             self._offer(
-                [self.latest[fp] for fp in self.sent if self.latest[fp].firing_at(now_ns)], now_ns
+                [self.latest[fp] for fp in self.sent if self.latest[fp].ends_ns > recent], now_ns
             )
         for client in self.clients:
             if client.take_resync():
