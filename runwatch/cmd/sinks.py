@@ -172,6 +172,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "needs (default: %(default)s)",
     )
 
+    metrics.add_argument(
+        "--processors-group",
+        metavar="GROUP",
+        help="the processors' consumer group (their --app-id), whose lag and workers "
+        "/metrics shows; '' for none (default: <topic prefix>-processors)",
+    )
+
     archive = parser.add_argument_group("archive")
     archive.add_argument(
         "--archive-flush-s",
@@ -265,9 +272,13 @@ def _alertmanagers(args: argparse.Namespace) -> list[str]:
 
 
 def build_sinks(
-    args: argparse.Namespace, topics: Any, webhooks: list[str], managers: Sequence[str] = ()
+    args: argparse.Namespace,
+    topics: Any,
+    webhooks: list[str],
+    managers: Sequence[str] = (),
+    collectors: Sequence[Any] = (),
 ) -> list[Any]:
-    """The selected sinks, configured from ``args``."""
+    """The selected sinks, configured from ``args``; ``collectors`` are served with the metrics."""
     from runwatch.common.settings import runwatch_home
     from runwatch.sinks.alert_log import DeliveryLog
     from runwatch.sinks.alertmanager import AlertmanagerSettings, AlertmanagerSink
@@ -314,7 +325,7 @@ def build_sinks(
         out.append(AlertmanagerSink(am_settings, topics, figures=figures))
     if args.metrics:
         receivers = [figures] if (args.alerts or managers) else []
-        out.append(MetricsSink(topics, collectors=receivers))
+        out.append(MetricsSink(topics, collectors=[*receivers, *collectors]))
     if args.archive:
         out.append(
             ArchiveSink(
@@ -379,6 +390,20 @@ def _serve(sink: Any, port: int, host: str) -> None:
     _say(f"metrics on http://{host}:{bound}/metrics")
 
 
+def _probe(args: argparse.Namespace, bootstrap: str, prefix: str) -> Any:
+    """The processors' group probe for /metrics (None: no --metrics, or no group)."""
+    if not args.metrics:
+        return None
+    from runwatch.common.settings import kafka_client_config
+    from runwatch.processors.fleet import default_app_id
+    from runwatch.sinks.group_probe import GroupProbe
+
+    group = default_app_id(prefix) if args.processors_group is None else args.processors_group
+    if not group:
+        return None
+    return GroupProbe(bootstrap, group, client_config=kafka_client_config())
+
+
 BOOTSTRAP_TIMEOUT_S = 10.0
 """How long `runwatch sinks` waits for Kafka to answer at start before it says so."""
 
@@ -408,7 +433,8 @@ def run(args: argparse.Namespace) -> int:
     prefix = topic_prefix(args.prefix)
     topics = names(prefix)
     args.group_prefix = args.group or f"{prefix}-sinks"
-    sinks = build_sinks(args, topics, webhooks, managers)
+    probe = _probe(args, bootstrap, prefix)
+    sinks = build_sinks(args, topics, webhooks, managers, [probe] if probe else [])
     try:
         for sink in sinks:
             if sink.name == "metrics":
@@ -418,6 +444,8 @@ def run(args: argparse.Namespace) -> int:
             if hasattr(sink, "close"):
                 sink.close()
         raise
+    if probe is not None:
+        probe.start()
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -450,6 +478,8 @@ def run(args: argparse.Namespace) -> int:
         for sink in sinks:
             if hasattr(sink, "close"):
                 sink.close()
+        if probe is not None:
+            probe.stop()
     failures = list(dict.fromkeys(_failure(lp, bootstrap) for lp, _ in loops if lp.error))
     if failures:
         raise RunwatchError("; ".join(failures))
