@@ -208,3 +208,61 @@ def test_every_alert_kind_of_the_sinks_has_a_runbook_section():
 
     missing = {rule.runbook for rule in ALERT_RULES.values()} - runbook_anchors()
     assert not missing, f"docs/runbooks.md has no section {sorted(missing)}"
+
+
+# --------------------------------------------------------------------------- the routing example
+
+
+def amtool() -> str:
+    path = shutil.which("amtool")
+    if path is None:
+        pytest.skip(
+            "amtool is not installed: `make tools` installs Debian's prometheus-alertmanager "
+            "(as root, with apt-get)"
+        )
+    return path
+
+
+@pytest.fixture(scope="module")
+def routing_example(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The Alertmanager routing example of docs/deploy.md, as a file."""
+    text = (REPO / "docs" / "deploy.md").read_text()
+    section = text[text.index("## Alerting: Alertmanager") :]
+    section = section[: section.index("\n## ", 1)]
+    (block,) = re.findall(r"```yaml\n(.*?)```", section, re.S)
+    path = tmp_path_factory.mktemp("routing") / "alertmanager.yml"
+    path.write_text(block)
+    return path
+
+
+def test_the_routing_example_is_a_valid_alertmanager_config(routing_example: Path) -> None:
+    done = subprocess.run(
+        [amtool(), "check-config", str(routing_example)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize(
+    ("labels", "receiver"),
+    [
+        (["alertname=dead_rank", "team=llm", "severity=critical", "run=r1"], "llm-pager"),
+        (["alertname=loss_spike", "team=llm", "severity=warning", "run=r1"], "llm-chat"),
+        (["alertname=hang", "team=vision", "severity=critical", "run=r2"], "vision-chat"),
+        (["alertname=RunwatchProcessorsDown", "severity=critical", "group=g"], "platform-pager"),
+        (["alertname=hang", "team=speech", "severity=critical", "run=r3"], "fallback"),
+    ],
+    ids=["llm-critical", "llm-warning", "vision", "pipeline", "other-team"],
+)
+def test_the_routing_example_routes_by_team_and_severity(
+    routing_example: Path, labels: list[str], receiver: str
+) -> None:
+    done = subprocess.run(
+        [amtool(), "config", "routes", "test", f"--config.file={routing_example}", *labels],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.stdout.strip() == receiver, done.stdout + done.stderr
