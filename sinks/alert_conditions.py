@@ -8,10 +8,12 @@ changed (a new condition, one extended, one that ended). Time is the log's: ever
 and end is an event timestamp, so replaying the same records rebuilds the same states (the
 alerts sink rebuilds them from the log at every start, `sinks.alertmanager`).
 
-A condition is identified by its kind, incarnation, severity and (for per-rank kinds)
-rank; its Alertmanager identity is its label set (`AlertState.labels`): ``alertname``
-(the kind), ``run``, ``severity``, ``incarnation`` and ``rank`` where known, and the run's
-tags (those of its incarnation's `RunStarted`). Repeated verdicts of one key extend the condition; a
+A condition is identified by its kind, incarnation and severity (a command event's: by its
+command); its Alertmanager identity is its label set (`AlertState.labels`): ``alertname``
+(the kind), ``run``, ``severity``, ``incarnation``, ``rank`` for the kinds labelled with
+their first verdict's rank (a dead rank, a straggler), and the run's tags (those of its
+incarnation's `RunStarted`). A run therefore has a bounded number of conditions, however
+many ranks its verdicts name. Repeated verdicts of one key extend the condition; a
 verdict of a key whose condition has already ended opens a new one (a new episode).
 
 When a condition ends is decided by its kind's entry in `sinks.alert_rules.ALERT_RULES`
@@ -59,7 +61,7 @@ class Condition(msgspec.Struct, frozen=True, kw_only=True):
         severity: Of its verdicts (part of its identity).
         incarnation: The gang incarnation it concerns; None for a command outcome whose
             command has not been read (`RunAlerts.commands` resolves it when it is).
-        rank: For per-rank kinds, the rank; None otherwise.
+        rank: For kinds labelled with a rank, its first verdict's rank; None otherwise.
         command_id: For restart events, the command.
         since_ns: Log time of its first verdict.
         last_ns: Log time of its latest verdict.
@@ -147,13 +149,11 @@ class AlertState(msgspec.Struct, frozen=True, kw_only=True):
 Fingerprint = tuple[tuple[str, str], ...]
 
 
-def condition_key(
-    kind: str, incarnation: int | None, rank: int | None, command: str | None, severity: str
-) -> str:
+def condition_key(kind: str, incarnation: int | None, command: str | None, severity: str) -> str:
     """The key of a condition in `RunAlerts.conditions`."""
     if command is not None:
         return f"{kind}|cmd={command}|{severity}"
-    return f"{kind}|inc={incarnation}|rank={rank}|{severity}"
+    return f"{kind}|inc={incarnation}|{severity}"
 
 
 def label_name(tag: str) -> str:
@@ -238,9 +238,9 @@ def _with_verdict(state: RunAlerts, event: Event, alert: Alert) -> RunAlerts:
         command, incarnation = event.command_id, None
     else:  # pragma: no cover - alert_of raises alerts for the events above only
         return state
-    rank = alert.rank if rule.per_rank else None
+    rank = alert.rank if rule.rank_label else None
     severity: Severity = alert.severity  # type: ignore[assignment]
-    key = condition_key(alert.kind, incarnation, rank, command, severity)
+    key = condition_key(alert.kind, incarnation, command, severity)
     current = state.conditions.get(key)
     fresh = Condition(
         kind=alert.kind,
@@ -276,6 +276,7 @@ def _extended(current: Condition, verdict: Condition) -> Condition:
         latest,
         since_ns=first.since_ns,
         first_id=first.first_id,
+        rank=first.rank,
         last_ns=max(current.last_ns, verdict.last_ns),
     )
 

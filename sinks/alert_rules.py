@@ -1,7 +1,7 @@
 """What an alert of each kind is as an Alertmanager alert: one table, keyed by kind.
 
 Every anomaly kind and every restart event that raises an alert has one `AlertRule`: the
-anchor of its section in ``docs/runbooks.md``, whether the rank is part of its identity,
+anchor of its section in ``docs/runbooks.md``, whether its alert is labelled with a rank,
 and how the condition it stands for ends (`Ends`). `sinks.alert_conditions` reads nothing
 else about a kind, so a kind's clearing rule is one entry here: when a loss-spike verdict
 carries its episode's end (issue 20), its entry changes and nothing else does.
@@ -54,14 +54,16 @@ class AlertRule(NamedTuple):
         runbook: Anchor of the kind's section in ``docs/runbooks.md``.
         ends: How the condition ends (`Ends` flags).
         hold_s: For ``QUIET`` and ``MOMENT``: seconds (of log time) it lasts.
-        per_rank: The rank is part of the alert's identity and labels (one alert per
-            dead rank); otherwise the rank is only in the description.
+        rank_label: The alert is labelled ``rank`` with the rank of its first verdict (the
+            one that died or straggled first: the culprit); otherwise the rank is only in
+            the description. The rank is never part of a condition's identity: a gang of
+            16,384 ranks killed at once is one alert, not 16,384.
     """
 
     runbook: str
     ends: Ends
     hold_s: float = 0.0
-    per_rank: bool = False
+    rank_label: bool = False
 
 
 _UNTIL_RESTART = Ends.RESTART | Ends.RUN_END
@@ -69,7 +71,7 @@ _EPISODE = Ends.QUIET | Ends.RESTART | Ends.RUN_END
 
 ALERT_RULES: Final[Mapping[str, AlertRule]] = {
     # A rank is gone: firing until the gang is back (or the incarnation ends).
-    "dead_rank": AlertRule("dead-rank", _UNTIL_RESTART, per_rank=True),
+    "dead_rank": AlertRule("dead-rank", _UNTIL_RESTART, rank_label=True),
     # No rank is stepping: until the gang is restarted.
     "hang": AlertRule("hang", _UNTIL_RESTART),
     # The state is poisoned: until the rollback restarted the gang.
@@ -82,7 +84,7 @@ ALERT_RULES: Final[Mapping[str, AlertRule]] = {
     "loss_spike": AlertRule("loss-spike", _EPISODE, hold_s=600.0),
     "grad_norm_spike": AlertRule("grad-norm-spike", _EPISODE, hold_s=600.0),
     "loss_collapse": AlertRule("loss-collapse", _EPISODE, hold_s=1800.0),
-    "straggler": AlertRule("straggler", _EPISODE, hold_s=600.0, per_rank=True),
+    "straggler": AlertRule("straggler", _EPISODE, hold_s=600.0, rank_label=True),
     # Restart events: shown a while.
     "restart_requested": AlertRule("restart-requested", Ends.MOMENT, hold_s=900.0),
     "restart_completed": AlertRule("restart-completed", Ends.MOMENT, hold_s=900.0),

@@ -211,16 +211,19 @@ def test_severities_are_separate_alerts():
     assert sorted(a.severity for a in alerts_of(state).values()) == ["critical", "warning"]
 
 
-def test_a_straggler_per_rank_a_hang_per_run():
-    state = fold_all(
-        [
-            anomaly(kind="straggler", rank=1, step=10, ts_s=100),
-            anomaly(kind="straggler", rank=2, step=10, ts_s=100),
-            anomaly(kind="hang", rank=None, step=11, ts_s=101),
-        ]
-    )
-    ranks = sorted(a.labels.get("rank", "-") for a in alerts_of(state).values())
-    assert ranks == ["-", "1", "2"]
+def test_a_gang_killed_at_once_is_one_alert_labelled_with_the_rank_that_died_first():
+    deaths = [
+        anomaly(kind="dead_rank", rank=r, step=10, ts_s=100 + r / 1000, vid=f"v{r}")
+        for r in (7, *range(7), *range(8, 64))
+    ]
+    state = fold_all([started(), *deaths, anomaly(kind="hang", rank=None, ts_s=101)])
+    kinds = by_kind(state)
+    assert len(kinds) == 2 and kinds["dead_rank"].labels["rank"] == "0"  # the earliest
+    assert kinds["dead_rank"].annotations["alert_id"] == "v63"  # the latest
+    assert "rank" not in kinds["hang"].labels
+    # read in another order, the same alert
+    again = fold_all([started(), *reversed(deaths), anomaly(kind="hang", rank=None, ts_s=101)])
+    assert alerts_of(again) == alerts_of(state)
 
 
 def test_folding_an_event_again_changes_nothing():
