@@ -25,6 +25,7 @@ after the restart that cured it is born ended.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping
 from typing import Final
@@ -156,6 +157,7 @@ def condition_key(kind: str, incarnation: int | None, command: str | None, sever
     return f"{kind}|inc={incarnation}|{severity}"
 
 
+@functools.lru_cache(maxsize=4096)
 def label_name(tag: str) -> str:
     """A run tag's name as an Alertmanager label name (``[a-zA-Z_][a-zA-Z0-9_]*``)."""
     name = _LABEL_CHARS.sub("_", tag)
@@ -182,16 +184,39 @@ def fold(state: RunAlerts | None, event: Event) -> tuple[RunAlerts, list[AlertSt
         ended under its old labels, and under its new ones).
     """
     before = state if state is not None else RunAlerts(run_id=event.run_id)
-    after = _apply(before, event)
+    alert = alert_of(event)
+    after = _apply(before, event, alert)
     if after is before:
         return after, []
-    return after, changed(before, after, event.ts_ns)
+    return after, changed(before, after, event.ts_ns, _affected(before, event, alert))
 
 
-def changed(before: RunAlerts, after: RunAlerts, now_ns: int) -> list[AlertState]:
-    """The alerts of ``after`` that differ from ``before``'s; relabelled ones end at ``now_ns``."""
-    old = alerts_of(before)
-    new = alerts_of(after)
+def _affected(state: RunAlerts, event: Event, alert: Alert | None) -> set[str] | None:
+    """Keys of the conditions ``event`` may change; None: any (a run marker, a restart).
+
+    A verdict changes its own condition only, so a storm of verdicts costs O(1) each; the
+    events every end depends on (RunStarted, RunEnded, RestartCompleted, a command whose
+    completion was read before it) are rare and re-render the run's conditions.
+    """
+    if isinstance(event, RunStarted | RunEnded | RestartCompleted):
+        return None
+    if isinstance(event, RestartRequested):
+        if event.command_id in state.completed:
+            return None
+        outcomes = {k for k, c in state.conditions.items() if c.command_id == event.command_id}
+        return outcomes | {_key_of(event, alert)} if alert else outcomes
+    return {_key_of(event, alert)} if alert else set()
+
+
+def changed(
+    before: RunAlerts, after: RunAlerts, now_ns: int, keys: set[str] | None = None
+) -> list[AlertState]:
+    """The alerts of ``after`` that differ from ``before``'s; relabelled ones end at ``now_ns``.
+
+    Only the conditions of ``keys`` are compared when it is given (`_affected`).
+    """
+    old = alerts_of(before, keys)
+    new = alerts_of(after, keys)
     out = [a for fp, a in new.items() if old.get(fp) != a]
     for fp, gone in old.items():
         if fp not in new and gone.firing_at(now_ns):
@@ -199,7 +224,7 @@ def changed(before: RunAlerts, after: RunAlerts, now_ns: int) -> list[AlertState
     return out
 
 
-def _apply(state: RunAlerts, event: Event) -> RunAlerts:
+def _apply(state: RunAlerts, event: Event, alert: Alert | None) -> RunAlerts:
     last_ns = max(state.last_ns, event.ts_ns)
     if isinstance(event, RunStarted):
         return msgspec.structs.replace(
@@ -220,24 +245,30 @@ def _apply(state: RunAlerts, event: Event) -> RunAlerts:
         completed = dict(state.completed)
         completed[event.command_id] = min(completed.get(event.command_id, event.ts_ns), event.ts_ns)
         state = msgspec.structs.replace(state, completed=completed)
-    alert = alert_of(event)
     if alert is None:
         return state
     return _with_verdict(msgspec.structs.replace(state, last_ns=last_ns), event, alert)
 
 
+def _identity(event: Event) -> tuple[int | None, str | None]:
+    """``(incarnation, command id)`` of the condition an event's alert belongs to."""
+    if isinstance(event, AnomalyDetected):
+        return event.incarnation, None
+    if isinstance(event, RestartRequested):
+        return event.incarnation, event.command_id
+    if isinstance(event, RestartCompleted | RestartFailed | CommandRejected):
+        return None, event.command_id
+    return None, None
+
+
+def _key_of(event: Event, alert: Alert) -> str:
+    incarnation, command = _identity(event)
+    return condition_key(alert.kind, incarnation, command, alert.severity)
+
+
 def _with_verdict(state: RunAlerts, event: Event, alert: Alert) -> RunAlerts:
     rule = rule_of(alert.kind)
-    command: str | None = None
-    incarnation: int | None
-    if isinstance(event, AnomalyDetected):
-        incarnation = event.incarnation
-    elif isinstance(event, RestartRequested):
-        command, incarnation = event.command_id, event.incarnation
-    elif isinstance(event, RestartCompleted | RestartFailed | CommandRejected):
-        command, incarnation = event.command_id, None
-    else:  # pragma: no cover - alert_of raises alerts for the events above only
-        return state
+    incarnation, command = _identity(event)
     rank = alert.rank if rule.rank_label else None
     severity: Severity = alert.severity  # type: ignore[assignment]
     key = condition_key(alert.kind, incarnation, command, severity)
@@ -291,18 +322,33 @@ def incarnation_of(condition: Condition, state: RunAlerts) -> int | None:
     return condition.incarnation
 
 
+_STALE_NS: Final = int(STALE_S * NS_PER_S)
+
+
+@functools.cache
+def _ends_of(kind: str) -> tuple[bool, bool, bool, bool, int]:
+    """``(quiet, moment, restart, run_end, hold_ns)`` of a kind's rule (flag tests are slow)."""
+    rule = rule_of(kind)
+    return (
+        Ends.QUIET in rule.ends,
+        Ends.MOMENT in rule.ends,
+        Ends.RESTART in rule.ends,
+        Ends.RUN_END in rule.ends,
+        int(rule.hold_s * NS_PER_S),
+    )
+
+
 def end_ns(condition: Condition, state: RunAlerts) -> int:
     """When the condition ends (log time): by its kind's rule, at the latest `STALE_S`."""
-    rule = rule_of(condition.kind)
+    quiet, moment, restart, run_end, hold_ns = _ends_of(condition.kind)
     since = condition.since_ns
-    hold_ns = int(rule.hold_s * NS_PER_S)
-    found = [condition.last_ns + int(STALE_S * NS_PER_S)]
-    if Ends.QUIET in rule.ends:
+    found = [condition.last_ns + _STALE_NS]
+    if quiet:
         found.append(condition.last_ns + hold_ns)
-    if Ends.MOMENT in rule.ends:
+    if moment:
         found.append(since + hold_ns)
     mine = incarnation_of(condition, state)
-    if Ends.RESTART in rule.ends:
+    if restart:
         # another incarnation, or the same one launched again after the run ended
         run_ends = [ts for _, ts in state.ends if ts >= since]
         found += [
@@ -314,7 +360,7 @@ def end_ns(condition: Condition, state: RunAlerts) -> int:
             ended = state.commands.get(command)
             if ts >= since and (ended is None or mine is None or ended >= mine):
                 found.append(ts)
-    if Ends.RUN_END in rule.ends:
+    if run_end:
         found += [
             ts
             for inc, ts in state.ends
@@ -358,10 +404,14 @@ def render(condition: Condition, state: RunAlerts) -> AlertState:
     )
 
 
-def alerts_of(state: RunAlerts) -> dict[Fingerprint, AlertState]:
-    """Every condition of the run as an alert, by fingerprint."""
+def alerts_of(state: RunAlerts, keys: set[str] | None = None) -> dict[Fingerprint, AlertState]:
+    """The run's conditions (those of ``keys``, when given) as alerts, by fingerprint."""
     out: dict[Fingerprint, AlertState] = {}
-    for condition in state.conditions.values():
+    if keys is None:
+        conditions = list(state.conditions.values())
+    else:
+        conditions = [state.conditions[k] for k in keys if k in state.conditions]
+    for condition in conditions:
         alert = render(condition, state)
         out[alert.fingerprint] = alert
     return out
