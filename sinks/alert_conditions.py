@@ -191,6 +191,15 @@ def fold(state: RunAlerts | None, event: Event) -> tuple[RunAlerts, list[AlertSt
     return after, changed(before, after, event.ts_ns, _affected(before, event, alert))
 
 
+def apply(state: RunAlerts | None, event: Event) -> RunAlerts:
+    """`fold` without the alerts it changed: the new state only.
+
+    A replay's fast path: `alerts_of` renders the alerts once they are needed.
+    """
+    before = state if state is not None else RunAlerts(run_id=event.run_id)
+    return _apply(before, event, alert_of(event))
+
+
 def _affected(state: RunAlerts, event: Event, alert: Alert | None) -> set[str] | None:
     """Keys of the conditions ``event`` may change; None: any (a run marker, a restart).
 

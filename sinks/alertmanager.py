@@ -56,7 +56,15 @@ import msgspec
 from runwatch.schemas.events import Severity
 from runwatch.schemas.records import Decoded, RawRecord, check
 from runwatch.schemas.topics import TopicNames
-from runwatch.sinks.alert_conditions import AlertState, Fingerprint, RunAlerts, fold, prune
+from runwatch.sinks.alert_conditions import (
+    AlertState,
+    Fingerprint,
+    RunAlerts,
+    alerts_of,
+    apply,
+    fold,
+    prune,
+)
 from runwatch.sinks.alert_format import rfc3339
 from runwatch.sinks.alert_policy import pages
 from runwatch.sinks.alert_rules import rule_of
@@ -393,6 +401,10 @@ class AlertmanagerSink:
             return
         self.caught_up = True
         self.staged.clear()
+        for state in self.runs.values():  # folded without rendering while replaying
+            for fp, alert in alerts_of(state).items():
+                if pages(alert.severity, self.settings.min_severity):
+                    self.latest[fp] = alert
         now_ns = self.wall_ns()
         horizon = now_ns - int(self.settings.keep_s * NS_PER_S)
         current = {fp: a for fp, a in self.latest.items() if a.ends_ns >= horizon}
@@ -414,7 +426,10 @@ class AlertmanagerSink:
                 continue
             event = decoded.event
             try:
-                state, changed = fold(self.runs.get(event.run_id), event)
+                if self.caught_up:
+                    state, changed = fold(self.runs.get(event.run_id), event)
+                else:  # replaying: the alerts are rendered once, when caught up
+                    state, changed = apply(self.runs.get(event.run_id), event), []
             except Exception:
                 self.stats.failed += 1
                 logger.exception("alertmanager: could not fold %s", decoded.source)

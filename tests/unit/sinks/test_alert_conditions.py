@@ -13,6 +13,7 @@ from runwatch.sinks.alert_conditions import (
     AlertState,
     RunAlerts,
     alerts_of,
+    apply,
     fold,
     label_name,
     prune,
@@ -264,6 +265,22 @@ def test_every_interleaving_of_the_topics_gives_the_same_alerts():
     }
     for merged in interleavings([runs, anomalies, commands, controller], count=200):
         assert alerts_of(fold_all(merged)) == expected, merged
+
+
+def test_apply_is_the_fold_without_the_alerts():
+    events = [
+        started(tags={"team": "x"}),
+        anomaly(ts_s=100),
+        restart(cid="c1", ts_s=102),
+        failed(cid="c1", ts_s=103),
+        completed(cid="c2", ts_s=110),
+        ended(ts_s=120),
+    ]
+    folded = applied = None
+    for event in events:
+        folded, _ = fold(folded, event)
+        applied = apply(applied, event)
+        assert applied == folded
 
 
 def test_prune_forgets_what_ended_long_ago():
