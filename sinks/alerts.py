@@ -265,8 +265,8 @@ class AlertSink:
         the log (and come back with it) instead of being sent somewhere unasked.
         """
         once = self.settings.retry._replace(attempts=1)
-        owed = dict.fromkeys(p.target for p in self.log.pending())
-        for url in (u for u in owed if u in self.settings.webhooks):
+        receivers = dict.fromkeys(p.target for p in self.log.pending())
+        for url in (u for u in receivers if u in self.settings.webhooks):
             backoff = self._backoff.setdefault(url, _Backoff())
             if now_s < backoff.next_s:
                 continue
