@@ -43,6 +43,32 @@ def configure(parser: argparse.ArgumentParser) -> None:
         f"${ENV_ALERTMANAGER}, comma-separated)",
     )
 
+    _alert_args(parser)
+    _alertmanager_args(parser)
+    _metrics_args(parser)
+    _archive_args(parser)
+
+    add("--bootstrap", help="Kafka bootstrap HOST:PORT (default: $RUNWATCH_BOOTSTRAP)")
+    add("--prefix", help="topic name prefix (default: runwatch)")
+    add(
+        "--group",
+        metavar="PREFIX",
+        help="consumer group prefix; groups are PREFIX-alerts, -metrics, -archive and "
+        "-alertmanager-<host>-<pid> (default: <topic prefix>-sinks)",
+    )
+    add(
+        "--session-timeout",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="a sinks process silent this long (killed) loses its partitions, so its "
+        "replacement waits at most this long for them; the broker allows 6 s at least "
+        "(default: %(default)s)",
+    )
+
+
+def _alert_args(parser: argparse.ArgumentParser) -> None:
+    """Flags of the console and webhook alerts (and their delivery, shared)."""
     alerts = parser.add_argument_group("alerts")
     alerts.add_argument(
         "--webhook",
@@ -131,6 +157,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="alert delivery log, pending deliveries included (default: $RUNWATCH_HOME/sinks)",
     )
 
+
+def _alertmanager_args(parser: argparse.ArgumentParser) -> None:
+    """Flags of the Alertmanager sink."""
     am = parser.add_argument_group("alertmanager")
     am.add_argument(
         "--alertmanager-resend-s",
@@ -154,6 +183,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "URL#<its kind's section> (default: %(default)s)",
     )
 
+
+def _metrics_args(parser: argparse.ArgumentParser) -> None:
+    """Flags of the Prometheus exporter."""
     metrics = parser.add_argument_group("metrics")
     metrics.add_argument(
         "--metrics-port",
@@ -179,6 +211,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "/metrics shows; '' for none (default: <topic prefix>-processors)",
     )
 
+
+def _archive_args(parser: argparse.ArgumentParser) -> None:
+    """Flags of the archive."""
     archive = parser.add_argument_group("archive")
     archive.add_argument(
         "--archive-flush-s",
@@ -193,24 +228,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=3600.0,
         metavar="S",
         help="merge each stream's small files this often; 0 never (default: %(default)s)",
-    )
-
-    add("--bootstrap", help="Kafka bootstrap HOST:PORT (default: $RUNWATCH_BOOTSTRAP)")
-    add("--prefix", help="topic name prefix (default: runwatch)")
-    add(
-        "--group",
-        metavar="PREFIX",
-        help="consumer group prefix; groups are PREFIX-alerts, -metrics, -archive and "
-        "-alertmanager-<host>-<pid> (default: <topic prefix>-sinks)",
-    )
-    add(
-        "--session-timeout",
-        type=float,
-        default=10.0,
-        metavar="S",
-        help="a sinks process silent this long (killed) loses its partitions, so its "
-        "replacement waits at most this long for them; the broker allows 6 s at least "
-        "(default: %(default)s)",
     )
 
 
