@@ -21,7 +21,7 @@ venv: $(STAMP)  ## create .venv and install runwatch with every extra
 kafka-jars: $(STAMP)  ## fetch Apache Kafka's jars from Maven Central (once; cached in ~/.runwatch)
 	$(PY) -c "from runwatch.broker import ensure_jars; print('kafka jars:', ensure_jars())"
 
-tools:  ## best effort: kcat (wire-format test) and chromium + chromedriver (web view browser test)
+tools:  ## best effort: kcat (wire-format test), chromium + chromedriver (web view browser test), Alertmanager + promtool (alerting tests)
 	@command -v kcat >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
 	  (apt-get update -qq && apt-get install -y -qq kcat) >/dev/null 2>&1; } || \
 	  echo "kcat not installed: the kcat wire-format test will be skipped"
@@ -29,6 +29,10 @@ tools:  ## best effort: kcat (wire-format test) and chromium + chromedriver (web
 	  { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && (apt-get update -qq && \
 	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver) >/dev/null 2>&1; } || \
 	  echo "chromium/chromedriver not installed: the web view browser test will be skipped"
+	@{ command -v prometheus-alertmanager >/dev/null && command -v amtool >/dev/null && command -v promtool >/dev/null; } || \
+	  { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && (apt-get update -qq && \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus-alertmanager prometheus) >/dev/null 2>&1; } || \
+	  echo "prometheus-alertmanager/amtool/promtool not installed: the Alertmanager and promtool tests will be skipped"
 
 test: $(STAMP) kafka-jars tools  ## run the whole test suite against a real broker
 	$(PY) -m pytest -q

@@ -3,14 +3,15 @@
 Pure functions only. An `Alert` is made from an `AnomalyDetected` (its id is the verdict
 id), a `RestartRequested` or a controller outcome (`RestartCompleted`, `RestartFailed`,
 `CommandRejected`; their id is ``<event>:<command id>``, since one command has several).
-A `AlertGroup` is what one delivery carries: one run's alerts of a group window, plus the
-count of alerts the rate limiter suppressed since the run's previous delivery.
+A `AlertGroup` is what one webhook delivery carries: one run's alerts of a group window,
+plus the count of alerts the rate limiter suppressed since the run's previous delivery.
+(Alertmanager gets alert *states* instead: `sinks.alert_conditions`.)
 """
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any, Final
+from typing import Any
 
 import msgspec
 
@@ -23,9 +24,6 @@ from runwatch.schemas.events import (
     RestartRequested,
     event_name,
 )
-
-ZERO_TIME: Final = "0001-01-01T00:00:00Z"
-"""Alertmanager's "unset" time (``endsAt`` of a firing alert)."""
 
 
 class Alert(msgspec.Struct, frozen=True, kw_only=True):
@@ -191,73 +189,6 @@ def console_lines(group: AlertGroup, max_per_min: float) -> list[str]:
             f"by the rate limit ({max_per_min:g}/min)"
         )
     return lines
-
-
-def _labels(a: Alert) -> dict[str, str]:
-    labels = {"alertname": a.kind, "run": a.run_id, "severity": a.severity}
-    if a.step is not None:
-        labels["step"] = str(a.step)
-    if a.rank is not None:
-        labels["rank"] = str(a.rank)
-    return labels
-
-
-def _common(dicts: list[dict[str, str]]) -> dict[str, str]:
-    if not dicts:
-        return {}
-    first = dicts[0]
-    return {k: v for k, v in first.items() if all(d.get(k) == v for d in dicts[1:])}
-
-
-def suppression_alert(group: AlertGroup, now_ns: int) -> Alert:
-    """The synthetic alert that reports a suppressed count to receivers with no notes field."""
-    return Alert(
-        alert_id=f"suppressed:{group.run_id}:{now_ns}",
-        run_id=group.run_id,
-        kind="runwatch_alerts_suppressed",
-        severity="warning",
-        step=None,
-        rank=None,
-        summary=f"{group.suppressed} alert(s) of run {group.run_id} suppressed by the rate limit",
-        description="see the console log or the archive for the suppressed verdicts",
-        ts_ns=now_ns,
-    )
-
-
-def alertmanager_payload(
-    group: AlertGroup, *, receiver: str = "runwatch", now_ns: int = 0
-) -> dict[str, Any]:
-    """The group as an Alertmanager webhook payload (version 4).
-
-    A suppressed count travels as one extra alert, ``runwatch_alerts_suppressed``.
-    """
-    alerts = list(group.alerts)
-    if group.suppressed:
-        alerts.append(suppression_alert(group, now_ns))
-    items: list[dict[str, Any]] = [
-        {
-            "status": "firing",
-            "labels": _labels(a),
-            "annotations": {"summary": a.summary, "description": a.description},
-            "startsAt": rfc3339(a.ts_ns),
-            "endsAt": ZERO_TIME,
-            "generatorURL": "",
-            "fingerprint": a.alert_id,
-        }
-        for a in alerts
-    ]
-    return {
-        "version": "4",
-        "groupKey": f'{{}}:{{run="{group.run_id}"}}',
-        "truncatedAlerts": 0,
-        "status": "firing",
-        "receiver": receiver,
-        "groupLabels": {"run": group.run_id},
-        "commonLabels": _common([i["labels"] for i in items]),
-        "commonAnnotations": _common([i["annotations"] for i in items]),
-        "externalURL": "",
-        "alerts": items,
-    }
 
 
 def runwatch_payload(group: AlertGroup, *, max_per_min: float) -> dict[str, Any]:

@@ -18,43 +18,31 @@ from __future__ import annotations
 import logging
 import random
 import sys
-import threading
-import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, Literal, TextIO
-from urllib.parse import urlsplit
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TextIO
 
 import msgspec
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from runwatch.schemas.events import AnomalyDetected, Severity
 from runwatch.schemas.records import Decoded, RawRecord, check
 from runwatch.schemas.topics import TopicNames, TopicRole
-from runwatch.sinks.alert_format import (
-    AlertGroup,
-    alert_of,
-    alertmanager_payload,
-    console_lines,
-    runwatch_payload,
-)
+from runwatch.sinks.alert_format import AlertGroup, alert_of, console_lines, runwatch_payload
 from runwatch.sinks.alert_log import DeliveryLog, Pending
 from runwatch.sinks.alert_policy import Grouper, Release, pages
 from runwatch.sinks.consumer import TopicPartitionKey
+from runwatch.sinks.delivery_figures import DeliveryFigures, receiver_label
 from runwatch.sinks.webhook import PostResult, RetryPolicy, post_json
 
 logger = logging.getLogger(__name__)
 
 CONSOLE = "console"
-WebhookFormat = Literal["runwatch", "alertmanager"]
 
 
 class AlertSettings(msgspec.Struct, frozen=True, kw_only=True):
     """How the alerts sink delivers.
 
     Attributes:
-        webhooks: URLs to POST each group to.
-        webhook_format: ``runwatch`` (its own JSON) or ``alertmanager`` (webhook v4).
-        receiver: The ``receiver`` field of Alertmanager payloads.
+        webhooks: URLs to POST each group to (runwatch's JSON, `runwatch_payload`).
         group_wait_s: How long a run's first alert waits for others to share its POST.
         max_alerts_per_min: Per-run rate limit (and burst).
         retry: Attempts, backoff and timeout of a POST.
@@ -66,8 +54,6 @@ class AlertSettings(msgspec.Struct, frozen=True, kw_only=True):
     """
 
     webhooks: tuple[str, ...] = ()
-    webhook_format: WebhookFormat = "runwatch"
-    receiver: str = "runwatch"
     group_wait_s: float = 2.0
     max_alerts_per_min: float = 20.0
     retry: RetryPolicy = RetryPolicy()
@@ -90,12 +76,6 @@ class AlertStats(msgspec.Struct, kw_only=True):
     retried: int = 0
 
 
-def receiver_label(url: str) -> str:
-    """A webhook's metric label: scheme, host and port only (paths often hold tokens)."""
-    parts = urlsplit(url)
-    return f"{parts.scheme}://{parts.hostname or ''}" + (f":{parts.port}" if parts.port else "")
-
-
 class _Backoff(msgspec.Struct):
     failures: int = 0
     next_s: float = 0.0
@@ -113,7 +93,8 @@ class AlertSink:
         log: The delivery log (its file lives in the state directory).
         out: Where console lines go.
         post: How to POST (`sinks.webhook.post_json`).
-        now_ns: Wall clock, for suppression notices.
+        figures: Where delivery figures go (served by the metrics exporter); a new one
+            when not given.
     """
 
     name = "alerts"
@@ -126,14 +107,13 @@ class AlertSink:
         *,
         out: TextIO | None = None,
         post: Poster = post_json,
-        now_ns: Callable[[], int] = time.time_ns,
+        figures: DeliveryFigures | None = None,
     ) -> None:
         self.settings = settings
         self.roles = topics.roles(TopicRole.ANOMALIES, TopicRole.COMMANDS, TopicRole.CONTROLLER)
         self.log = log
         self.out = out or sys.stdout
         self.post = post
-        self.now_ns = now_ns
         self.targets = ((CONSOLE,) if settings.console else ()) + settings.webhooks
         self.grouper = Grouper(
             settings.group_wait_s,
@@ -146,10 +126,10 @@ class AlertSink:
         self._last_now_s = 0.0
         self._backoff: dict[str, _Backoff] = {}
         self._rng = random.Random()
-        self._lock = threading.Lock()
-        self.delivered_posts: dict[str, int] = {}
-        self.failed_attempts: dict[str, int] = {}
-        self.collector = AlertCollector(self)
+        self.figures = figures or DeliveryFigures()
+        for url in settings.webhooks:
+            self.figures.add_receiver(url)
+        self.figures.add_pending_source(self._owed)
 
     @property
     def topics(self) -> list[str]:
@@ -232,23 +212,20 @@ class AlertSink:
             print(line, file=self.out)
         self.out.flush()
 
-    def _payload(self, group: AlertGroup) -> Any:
-        if self.settings.webhook_format == "alertmanager":
-            return alertmanager_payload(
-                group, receiver=self.settings.receiver, now_ns=self.now_ns()
-            )
-        return runwatch_payload(group, max_per_min=self.settings.max_alerts_per_min)
-
     def _send(self, url: str, group: AlertGroup, policy: RetryPolicy) -> PostResult:
-        result = self.post(url, self._payload(group), policy)
-        label = receiver_label(url)
-        with self._lock:
-            self.stats.posts += 1
-            failed = result.attempts - (1 if result.ok else 0)
-            self.failed_attempts[label] = self.failed_attempts.get(label, 0) + failed
-            if result.ok:
-                self.delivered_posts[label] = self.delivered_posts.get(label, 0) + 1
+        payload = runwatch_payload(group, max_per_min=self.settings.max_alerts_per_min)
+        result = self.post(url, payload, policy)
+        self.stats.posts += 1
+        self.figures.record(url, result.attempts, result.ok)
         return result
+
+    def _owed(self) -> dict[str, int]:
+        """Deliveries owed per receiver label (read by the metrics exporter's thread)."""
+        owed: dict[str, int] = {}
+        for p in list(self.log.owed.values()):
+            label = receiver_label(p.target)
+            owed[label] = owed.get(label, 0) + 1
+        return owed
 
     def _post(self, url: str, group: AlertGroup) -> bool:
         """Deliver now, or queue as pending; True when it went out."""
@@ -284,8 +261,8 @@ class AlertSink:
         the log (and come back with it) instead of being sent somewhere unasked.
         """
         once = self.settings.retry._replace(attempts=1)
-        owed = dict.fromkeys(p.target for p in self.log.pending())
-        for url in (u for u in owed if u in self.settings.webhooks):
+        receivers = dict.fromkeys(p.target for p in self.log.pending())
+        for url in (u for u in receivers if u in self.settings.webhooks):
             backoff = self._backoff.setdefault(url, _Backoff())
             if now_s < backoff.next_s:
                 continue
@@ -308,49 +285,3 @@ class AlertSink:
             file=sys.stderr,
             flush=True,
         )
-
-
-class AlertCollector:
-    """The alert sink's delivery figures for the metrics exporter (thread-safe).
-
-    * ``runwatch_alert_deliveries_pending{receiver}``: deliveries owed (retries spent,
-      retried with backoff until they go through);
-    * ``runwatch_alert_delivery_failed_attempts_total{receiver}``: POSTs that failed;
-    * ``runwatch_alert_deliveries_total{receiver}``: POSTs that went through.
-
-    ``receiver`` is the webhook's scheme, host and port.
-    """
-
-    def __init__(self, sink: AlertSink) -> None:
-        self.sink = sink
-
-    def collect(self) -> Iterator[Metric]:
-        """The metric families, from a snapshot."""
-        sink = self.sink
-        with sink._lock:
-            ok = dict(sink.delivered_posts)
-            failed = dict(sink.failed_attempts)
-        owed: dict[str, int] = {receiver_label(u): 0 for u in sink.settings.webhooks}
-        for p in list(sink.log.owed.values()):
-            label = receiver_label(p.target)
-            owed[label] = owed.get(label, 0) + 1
-        pending = GaugeMetricFamily(
-            "runwatch_alert_deliveries_pending",
-            "Alert deliveries owed to a receiver (retries spent; retried with backoff).",
-            labels=["receiver"],
-        )
-        attempts = CounterMetricFamily(
-            "runwatch_alert_delivery_failed_attempts",
-            "Webhook POSTs that failed (each retry counts).",
-            labels=["receiver"],
-        )
-        posts = CounterMetricFamily(
-            "runwatch_alert_deliveries", "Webhook POSTs that went through.", labels=["receiver"]
-        )
-        for label in sorted(owed):
-            pending.add_metric([label], owed[label])
-            attempts.add_metric([label], failed.get(label, 0))
-            posts.add_metric([label], ok.get(label, 0))
-        yield pending
-        yield attempts
-        yield posts

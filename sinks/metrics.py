@@ -18,13 +18,23 @@ being rendered). Served metrics (label ``run`` unless said otherwise):
   partition one sampling interval ago and that the exporter has not read yet (so the
   clock's ticks, landing every second, do not keep it above 0 for a consumer that keeps
   up; see `sinks.consumer.settled_lag`);
-* ``runwatch_runs_tracked``: runs with label sets.
+* ``runwatch_runs_tracked``: runs with label sets;
+* ``runwatch_run_last_event_timestamp_seconds``, ``runwatch_run_ended``: log time of the
+  run's newest event, and 1 once it ended (RunEnded): a run silent for long that has not
+  ended stopped reporting (``compose/prometheus/rules``);
+* ``runwatch_dead_letters_total{topic,stage}``: records the processors could not apply
+  (the deadletter topic), by the topic they were read from and the stage that failed;
+* ``runwatch_metrics_caught_up``: 1 once the exporter has read every partition to its
+  end since it started.
 
 The figures are a fold of the log: at every start the exporter replays the topics from
 the beginning of their retention (`sinks.consumer.StartFrom.REPLAY`, nothing committed),
 so a restart shows the same per-run gauges and counters as before it, finished runs
-included. Collectors of other sinks in the process (the alert sink's delivery figures)
-are served from the same registry.
+included. Until the replay has caught up (every partition's settled lag 0) only the lag
+and ``runwatch_metrics_caught_up 0`` are served: a scrape in the middle of the replay
+would show counters below their value, which Prometheus takes for a reset (a false jump
+in ``rate``/``increase``). Collectors of other sinks in the process (delivery figures of
+the alert receivers, the processors' group probe) are served from the same registry.
 """
 
 from __future__ import annotations
@@ -37,6 +47,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from runwatch.schemas.codec import DecodeError, decode
+from runwatch.schemas.events import DeadLetter, Event
 from runwatch.schemas.records import Decoded, RawRecord, check
 from runwatch.schemas.topics import TopicNames, TopicRole
 from runwatch.sinks.consumer import TopicPartitionKey
@@ -66,13 +78,15 @@ class FleetCollector:
         self.figures = figures
         self.lock = lock
         self.lag: dict[TopicPartitionKey, int] = {}
+        self.caught_up = False
 
     def collect(self) -> Iterator[Metric]:
-        """The metric families, from a consistent snapshot."""
+        """The metric families, from a consistent snapshot (only the lag before catching up)."""
         with self.lock:
+            caught_up = self.caught_up
             runs = sorted(self.figures.runs.values(), key=lambda f: f.run_id)
             live = {f.run_id: self.figures.live_ranks(f) for f in runs}
-            families = self._run_families(runs, live)
+            families = [*self._run_families(runs, live), self._dead_letters()]
             lag = GaugeMetricFamily(
                 "runwatch_consumer_lag_records",
                 "Records already in the partition one sampling interval ago that the "
@@ -81,11 +95,31 @@ class FleetCollector:
             )
             for (topic, partition), n in sorted(self.lag.items()):
                 lag.add_metric([topic, str(partition)], n)
+        done = GaugeMetricFamily(
+            "runwatch_metrics_caught_up",
+            "1 once the exporter has read every partition to its end since it started "
+            "(before that only the lag is served).",
+        )
+        done.add_metric([], 1.0 if caught_up else 0.0)
+        yield done
+        yield lag
+        if not caught_up:
+            return
         tracked = GaugeMetricFamily("runwatch_runs_tracked", "Runs with label sets.")
         tracked.add_metric([], len(runs))
         yield from families
-        yield lag
         yield tracked
+
+    def _dead_letters(self) -> Metric:
+        family = CounterMetricFamily(
+            "runwatch_dead_letters",
+            "Records the processors could not apply (the deadletter topic), by the topic "
+            "they were read from and the stage that failed (decode, fold, encode).",
+            labels=["topic", "stage"],
+        )
+        for (topic, stage), n in sorted(self.figures.dead_letters.items()):
+            family.add_metric([topic, stage], n)
+        return family
 
     def _run_families(self, runs: list[RunFigures], live: dict[str, int]) -> list[Metric]:
         out: list[Metric] = []
@@ -105,6 +139,16 @@ class FleetCollector:
         ranks = GaugeMetricFamily(
             "runwatch_run_live_ranks", "Ranks with a recent heartbeat (log time).", labels=["run"]
         )
+        last_event = GaugeMetricFamily(
+            "runwatch_run_last_event_timestamp_seconds",
+            "Log time of the run's newest event (its producers' clocks), seconds since the epoch.",
+            labels=["run"],
+        )
+        ended = GaugeMetricFamily(
+            "runwatch_run_ended",
+            "1 once the run ended (RunEnded), 0 while it runs.",
+            labels=["run"],
+        )
         anomalies = CounterMetricFamily(
             "runwatch_anomalies", "Anomaly verdicts, by kind.", labels=["run", "kind"]
         )
@@ -120,12 +164,14 @@ class FleetCollector:
             if fig.mfu_ratio is not None:
                 implausible.add_metric([fig.run_id], 1.0 if fig.mfu_implausible else 0.0)
             ranks.add_metric([fig.run_id], live[fig.run_id])
+            last_event.add_metric([fig.run_id], fig.last_ns / 1e9)
+            ended.add_metric([fig.run_id], 0.0 if fig.ended_ns is None else 1.0)
             for kind, n in sorted(fig.anomalies.items()):
                 anomalies.add_metric([fig.run_id, kind], n)
             restarts.add_metric([fig.run_id], fig.restarts)
             for outcome, n in sorted(fig.outcomes.items()):
                 outcomes.add_metric([fig.run_id, outcome], n)
-        return [*out, implausible, ranks, anomalies, restarts, outcomes]
+        return [*out, implausible, ranks, last_event, ended, anomalies, restarts, outcomes]
 
 
 class MetricsSink:
@@ -151,6 +197,7 @@ class MetricsSink:
             TopicRole.ANOMALIES,
             TopicRole.COMMANDS,
             TopicRole.CONTROLLER,
+            TopicRole.DEADLETTER,
         )
         self.figures = FleetFigures(policy)
         self.lock = threading.Lock()
@@ -161,6 +208,7 @@ class MetricsSink:
             self.registry.register(extra)
         self.server: Any = None
         self.mfu_warned: set[str] = set()
+        self.assigned: set[TopicPartitionKey] = set()
 
     @property
     def topics(self) -> list[str]:
@@ -186,18 +234,28 @@ class MetricsSink:
             self.server = None
 
     def on_assigned(self, partitions: Sequence[TopicPartitionKey]) -> None:
-        """Nothing to reload."""
+        """Remember the partitions: the figures are served once all are read to their end."""
+        self.assigned = set(partitions)
+
+    @staticmethod
+    def _event(record: RawRecord, role: str) -> Event | None:
+        if role == TopicRole.DEADLETTER:  # the processors' own output, no input role to check
+            try:
+                event = decode(record.value or b"")
+            except DecodeError:
+                return None
+            return event if isinstance(event, DeadLetter) else None
+        out = check(record, role)
+        return out.event if isinstance(out, Decoded) else None
 
     def handle(self, records: Sequence[RawRecord], now_s: float) -> None:
         """Fold a batch; then apply the cardinality rule."""
         decoded = []
         for record in records:
             role = self.roles.get(record.topic)
-            if role is None:
-                continue
-            out = check(record, role)
-            if isinstance(out, Decoded):
-                decoded.append((out.event, record.partition))
+            event = None if role is None else self._event(record, role)
+            if event is not None:
+                decoded.append((event, record.partition))
         with self.lock:
             for event, partition in decoded:
                 self.figures.apply(event, partition)
@@ -229,6 +287,13 @@ class MetricsSink:
         return {}
 
     def on_lag(self, lag: Mapping[TopicPartitionKey, int]) -> None:
-        """Keep the latest lag per partition for the next scrape."""
+        """Keep the latest lag per partition for the next scrape; note the first catch-up."""
         with self.lock:
             self.collector.lag = dict(lag)
+            if (
+                not self.collector.caught_up
+                and self.assigned
+                and self.assigned <= set(lag)
+                and not any(lag[tp] for tp in self.assigned)
+            ):
+                self.collector.caught_up = True

@@ -9,6 +9,9 @@ An MFU above 1 is impossible (the run declared a peak below what it achieves, or
 model size): it is kept as computed, never clamped, and the step is flagged
 (``mfu_implausible``) so the exporter can warn and export the flag.
 
+Dead letters (records the processors could not apply) are counted per source topic and
+stage, not per run: a bad record's run id cannot be trusted.
+
 Bounded cardinality: a run's label sets are dropped once the run ended (RunEnded) more
 than ``ended_retention_s`` of log time ago, or has been silent for ``stale_s`` of log time;
 "log time now" is the newest timestamp the exporter has read from any topic.
@@ -25,6 +28,7 @@ from runwatch.processors.core.runinfo import RunInfo
 from runwatch.schemas.events import (
     AnomalyDetected,
     CommandRejected,
+    DeadLetter,
     Event,
     EventPack,
     Heartbeat,
@@ -90,6 +94,7 @@ class FleetFigures:
         self.runs: dict[str, RunFigures] = {}
         self.tick_ns: dict[int, int] = {}
         self.newest_ns = 0
+        self.dead_letters: dict[tuple[str, str], int] = {}
 
     def _run(self, run_id: str) -> RunFigures:
         fig = self.runs.get(run_id)
@@ -99,6 +104,9 @@ class FleetFigures:
 
     def apply(self, event: Event, partition: int) -> None:
         """Fold one event read from ``partition`` of its topic (a pack: each of its events)."""
+        if isinstance(event, DeadLetter):
+            self._dead_letter(event)
+            return
         if type(event) is EventPack:
             for inner in event.events:
                 self.apply(inner, partition)
@@ -168,6 +176,15 @@ class FleetFigures:
             fig.restarts += 1
         else:
             fig.outcomes[label] = fig.outcomes.get(label, 0) + 1
+
+    def _dead_letter(self, event: DeadLetter) -> None:
+        """Count a record the processors could not apply, by its topic and stage.
+
+        Not deduplicated (a dead letter published twice counts twice): a flood of bad
+        records must not grow a set of ids; a rate is what the figure is for.
+        """
+        key = (event.source.topic, event.stage)
+        self.dead_letters[key] = self.dead_letters.get(key, 0) + 1
 
     def live_ranks(self, fig: RunFigures) -> int:
         """Ranks whose last heartbeat is within the live window of the run's log time."""

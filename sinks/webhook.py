@@ -76,7 +76,11 @@ def _post_once(url: str, body: bytes, timeout_s: float) -> tuple[int | None, str
             response.read()
             return int(response.status), ""
     except urllib.error.HTTPError as exc:
-        return int(exc.code), f"HTTP {exc.code} {exc.reason}"
+        try:
+            said = exc.read(300).decode(errors="replace").strip().splitlines()
+        except OSError:
+            said = []
+        return int(exc.code), f"HTTP {exc.code} {exc.reason}" + (f": {said[0]}" if said else "")
     except (urllib.error.URLError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
         return None, f"{type(exc).__name__}: {reason}"

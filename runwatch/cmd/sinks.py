@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import socket
 import sys
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +17,13 @@ from runwatch.common.errors import RunwatchError, UsageError
 HELP = "deliver alerts, serve Prometheus metrics and archive every event (idempotent consumers)"
 
 ENV_WEBHOOK = "RUNWATCH_ALERT_WEBHOOK"
+ENV_ALERTMANAGER = "RUNWATCH_ALERTMANAGER"
+
+WEBHOOK_FORMAT_GONE = (
+    "--webhook-format alertmanager is gone: it posted the payload Alertmanager sends to its "
+    "receivers, which Alertmanager's own API refuses (HTTP 400); post to Alertmanager with "
+    "--alertmanager URL (its API v2), or to a webhook with --webhook-format runwatch"
+)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -24,7 +33,42 @@ def configure(parser: argparse.ArgumentParser) -> None:
     sinks.add_argument("--alerts", action="store_true", help="console and webhook alerts")
     sinks.add_argument("--metrics", action="store_true", help="Prometheus exporter")
     sinks.add_argument("--archive", metavar="DIR", help="append every event to Parquet in DIR")
+    sinks.add_argument(
+        "--alertmanager",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="keep alert conditions current in the Alertmanager at URL (its API v2; "
+        "repeatable: every member of a cluster gets every alert; default: "
+        f"${ENV_ALERTMANAGER}, comma-separated)",
+    )
 
+    _alert_args(parser)
+    _alertmanager_args(parser)
+    _metrics_args(parser)
+    _archive_args(parser)
+
+    add("--bootstrap", help="Kafka bootstrap HOST:PORT (default: $RUNWATCH_BOOTSTRAP)")
+    add("--prefix", help="topic name prefix (default: runwatch)")
+    add(
+        "--group",
+        metavar="PREFIX",
+        help="consumer group prefix; groups are PREFIX-alerts, -metrics, -archive and "
+        "-alertmanager-<host>-<pid> (default: <topic prefix>-sinks)",
+    )
+    add(
+        "--session-timeout",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="a sinks process silent this long (killed) loses its partitions, so its "
+        "replacement waits at most this long for them; the broker allows 6 s at least "
+        "(default: %(default)s)",
+    )
+
+
+def _alert_args(parser: argparse.ArgumentParser) -> None:
+    """Flags of the console and webhook alerts (and their delivery, shared)."""
     alerts = parser.add_argument_group("alerts")
     alerts.add_argument(
         "--webhook",
@@ -37,7 +81,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--webhook-format",
         choices=["runwatch", "alertmanager"],
         default="runwatch",
-        help="payload: runwatch's own JSON or Alertmanager webhook v4 (default: %(default)s)",
+        help="payload: runwatch's own JSON; 'alertmanager' is gone (use --alertmanager URL) "
+        "(default: %(default)s)",
     )
     alerts.add_argument(
         "--webhook-attempts",
@@ -66,16 +111,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=60.0,
         metavar="S",
-        help="longest wait between tries of a delivery a receiver still owes "
-        "(default: %(default)s)",
+        help="longest wait between tries of a delivery a receiver (webhook or "
+        "Alertmanager) still owes (default: %(default)s)",
     )
     alerts.add_argument(
         "--group-wait-s",
         type=float,
         default=2.0,
         metavar="S",
-        help="a run's first alert waits this long for others to share its POST "
-        "(default: %(default)s)",
+        help="a run's first alert waits this long for others to share its POST; a new "
+        "Alertmanager alert waits this long for its labels to settle (default: %(default)s)",
     )
     alerts.add_argument(
         "--cause-wait-s",
@@ -95,8 +140,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--min-severity",
         choices=("info", "warning", "critical"),
         default="warning",
-        help="alert verdicts of at least this severity; info verdicts, such as a lone "
-        "grad-norm spike, stay in the anomalies topic and the metrics (default: %(default)s)",
+        help="alert verdicts of at least this severity (webhooks, console and "
+        "Alertmanager); info verdicts, such as a lone grad-norm spike, stay in the anomalies "
+        "topic and the metrics (default: %(default)s)",
     )
     alerts.add_argument("--no-console", action="store_true", help="no alert lines on stdout")
     alerts.add_argument(
@@ -111,6 +157,35 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="alert delivery log, pending deliveries included (default: $RUNWATCH_HOME/sinks)",
     )
 
+
+def _alertmanager_args(parser: argparse.ArgumentParser) -> None:
+    """Flags of the Alertmanager sink."""
+    am = parser.add_argument_group("alertmanager")
+    am.add_argument(
+        "--alertmanager-resend-s",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="post firing alerts again this often, each with endsAt 4 re-sends ahead "
+        "(Alertmanager's resolve_timeout is 5 min by default) (default: %(default)s)",
+    )
+    am.add_argument(
+        "--ui-url",
+        metavar="URL",
+        help="base URL of the web view (runwatch ui); each alert's generatorURL is its "
+        "run's page there (default: no link)",
+    )
+    am.add_argument(
+        "--runbook-url",
+        default="docs/runbooks.md",
+        metavar="URL",
+        help="where docs/runbooks.md is published; each alert's runbook_url is "
+        "URL#<its kind's section> (default: %(default)s)",
+    )
+
+
+def _metrics_args(parser: argparse.ArgumentParser) -> None:
+    """Flags of the Prometheus exporter."""
     metrics = parser.add_argument_group("metrics")
     metrics.add_argument(
         "--metrics-port",
@@ -129,6 +204,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "needs (default: %(default)s)",
     )
 
+    metrics.add_argument(
+        "--processors-group",
+        metavar="GROUP",
+        help="the processors' consumer group (their --app-id), whose lag and workers "
+        "/metrics shows; '' for none (default: <topic prefix>-processors)",
+    )
+
+
+def _archive_args(parser: argparse.ArgumentParser) -> None:
+    """Flags of the archive."""
     archive = parser.add_argument_group("archive")
     archive.add_argument(
         "--archive-flush-s",
@@ -145,43 +230,33 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="merge each stream's small files this often; 0 never (default: %(default)s)",
     )
 
-    add("--bootstrap", help="Kafka bootstrap HOST:PORT (default: $RUNWATCH_BOOTSTRAP)")
-    add("--prefix", help="topic name prefix (default: runwatch)")
-    add(
-        "--group",
-        metavar="PREFIX",
-        help="consumer group prefix; groups are PREFIX-alerts, -metrics, -archive "
-        "(default: <topic prefix>-sinks)",
-    )
-    add(
-        "--session-timeout",
-        type=float,
-        default=10.0,
-        metavar="S",
-        help="a sinks process silent this long (killed) loses its partitions, so its "
-        "replacement waits at most this long for them; the broker allows 6 s at least "
-        "(default: %(default)s)",
-    )
 
-
-def _validate(args: argparse.Namespace, webhooks: list[str]) -> None:
-    if not (args.alerts or args.metrics or args.archive):
-        raise UsageError("choose at least one sink: --alerts, --metrics or --archive DIR")
+def _validate(args: argparse.Namespace, webhooks: list[str], managers: list[str]) -> None:
+    if not (args.alerts or args.metrics or args.archive or managers):
+        raise UsageError(
+            "choose at least one sink: --alerts, --metrics, --archive DIR or --alertmanager URL"
+        )
+    if args.webhook_format == "alertmanager":
+        raise UsageError(WEBHOOK_FORMAT_GONE)
     if webhooks and not args.alerts:
         raise UsageError("--webhook needs --alerts")
-    for url in webhooks:
-        if not url.startswith(("http://", "https://")):
-            raise UsageError(f"--webhook expects an http(s) URL, got {url!r}")
+    for flag, urls in (("--webhook", webhooks), ("--alertmanager", managers)):
+        for url in urls:
+            if not url.startswith(("http://", "https://")):
+                raise UsageError(f"{flag} expects an http(s) URL, got {url!r}")
+    if args.ui_url and not args.ui_url.startswith(("http://", "https://")):
+        raise UsageError(f"--ui-url expects an http(s) URL, got {args.ui_url!r}")
     positive = (
         args.webhook_timeout_s,
         args.max_alerts_per_min,
         args.session_timeout,
         args.pending_max_delay_s,
+        args.alertmanager_resend_s,
     )
     if args.webhook_attempts < 1 or min(positive) <= 0:
         raise UsageError(
             "--webhook-attempts, --webhook-timeout-s, --max-alerts-per-min, "
-            "--pending-max-delay-s and --session-timeout must be > 0"
+            "--pending-max-delay-s, --alertmanager-resend-s and --session-timeout must be > 0"
         )
     non_negative = (
         args.group_wait_s,
@@ -206,29 +281,44 @@ def _webhooks(args: argparse.Namespace) -> list[str]:
     return [u.strip() for u in env.split(",") if u.strip()]
 
 
-def build_sinks(args: argparse.Namespace, topics: Any, webhooks: list[str]) -> list[Any]:
-    """The selected sinks, configured from ``args``."""
+def _alertmanagers(args: argparse.Namespace) -> list[str]:
+    if args.alertmanager:
+        return list(args.alertmanager)
+    env = os.environ.get(ENV_ALERTMANAGER, "")
+    return [u.strip() for u in env.split(",") if u.strip()]
+
+
+def build_sinks(
+    args: argparse.Namespace,
+    topics: Any,
+    webhooks: list[str],
+    managers: Sequence[str] = (),
+    collectors: Sequence[Any] = (),
+) -> list[Any]:
+    """The selected sinks, configured from ``args``; ``collectors`` are served with the metrics."""
     from runwatch.common.settings import runwatch_home
     from runwatch.sinks.alert_log import DeliveryLog
+    from runwatch.sinks.alertmanager import AlertmanagerSettings, AlertmanagerSink
     from runwatch.sinks.alerts import AlertSettings, AlertSink
     from runwatch.sinks.archive import ArchiveSink
+    from runwatch.sinks.delivery_figures import DeliveryFigures
     from runwatch.sinks.metrics import MetricsSink
     from runwatch.sinks.webhook import RetryPolicy
 
     out: list[Any] = []
-    collectors: list[Any] = []
+    figures = DeliveryFigures()
+    retry = RetryPolicy(
+        attempts=args.webhook_attempts,
+        base_delay_s=args.webhook_backoff_s,
+        timeout_s=args.webhook_timeout_s,
+    )
     if args.alerts:
         state_dir = Path(args.state_dir) if args.state_dir else runwatch_home() / "sinks"
         settings = AlertSettings(
             webhooks=tuple(webhooks),
-            webhook_format=args.webhook_format,
             group_wait_s=args.group_wait_s,
             max_alerts_per_min=args.max_alerts_per_min,
-            retry=RetryPolicy(
-                attempts=args.webhook_attempts,
-                base_delay_s=args.webhook_backoff_s,
-                timeout_s=args.webhook_timeout_s,
-            ),
+            retry=retry,
             console=not args.no_console,
             min_severity=args.min_severity,
             pending_max_delay_s=args.pending_max_delay_s,
@@ -236,11 +326,23 @@ def build_sinks(args: argparse.Namespace, topics: Any, webhooks: list[str]) -> l
         )
         group = args.group_prefix
         log = DeliveryLog(state_dir / f"{group}-alerts.jsonl")
-        alert_sink = AlertSink(settings, topics, log)
-        collectors.append(alert_sink.collector)
-        out.append(alert_sink)
+        out.append(AlertSink(settings, topics, log, figures=figures))
+    if managers:
+        am_settings = AlertmanagerSettings(
+            urls=tuple(managers),
+            min_severity=args.min_severity,
+            resend_s=args.alertmanager_resend_s,
+            horizon_s=4 * args.alertmanager_resend_s,
+            settle_s=args.group_wait_s,
+            retry=retry,
+            pending_max_delay_s=args.pending_max_delay_s,
+            ui_url=args.ui_url,
+            runbook_url=args.runbook_url,
+        )
+        out.append(AlertmanagerSink(am_settings, topics, figures=figures))
     if args.metrics:
-        out.append(MetricsSink(topics, collectors=collectors))
+        receivers = [figures] if (args.alerts or managers) else []
+        out.append(MetricsSink(topics, collectors=[*receivers, *collectors]))
     if args.archive:
         out.append(
             ArchiveSink(
@@ -257,16 +359,30 @@ def start_of(name: str, from_beginning: bool) -> Any:
 
     Alerts start from now unless ``from_beginning`` (a new group must not page the past);
     the archive from the beginning (holding the history is its job, and its file marks
-    skip what it holds); the metrics replay the log at every start (their figures are a
-    fold of it, so a restart shows what it showed before).
+    skip what it holds); the metrics and the Alertmanager sink replay the log at every
+    start (their figures and alert conditions are a fold of it, so a restart shows what it
+    showed before; the Alertmanager sink posts only what fires or ended recently).
     """
     from runwatch.sinks.consumer import StartFrom
 
     if name == "alerts":
         return StartFrom.EARLIEST if from_beginning else StartFrom.LATEST
-    if name == "metrics":
+    if name in ("metrics", "alertmanager"):
         return StartFrom.REPLAY
     return StartFrom.EARLIEST
+
+
+def group_of(sink: str, group_prefix: str) -> str:
+    """The consumer group of sink ``sink``.
+
+    ``PREFIX-<sink>``; the Alertmanager sink's is its process's own
+    (``PREFIX-alertmanager-<host>-<pid>``): every process must read every partition (a run's
+    facts are spread over four topics of different partition counts), as each of two
+    Prometheus servers evaluates every rule; it commits nothing.
+    """
+    if sink == "alertmanager":
+        return f"{group_prefix}-alertmanager-{socket.gethostname()}-{os.getpid()}"
+    return f"{group_prefix}-{sink}"
 
 
 _START_NOTE = {
@@ -289,6 +405,20 @@ def _serve(sink: Any, port: int, host: str) -> None:
             "(another exporter there? choose --metrics-port, 0 for any free port)"
         ) from None
     _say(f"metrics on http://{host}:{bound}/metrics")
+
+
+def _probe(args: argparse.Namespace, bootstrap: str, prefix: str) -> Any:
+    """The processors' group probe for /metrics (None: no --metrics, or no group)."""
+    if not args.metrics:
+        return None
+    from runwatch.common.settings import kafka_client_config
+    from runwatch.processors.fleet import default_app_id
+    from runwatch.sinks.group_probe import GroupProbe
+
+    group = default_app_id(prefix) if args.processors_group is None else args.processors_group
+    if not group:
+        return None
+    return GroupProbe(bootstrap, group, client_config=kafka_client_config())
 
 
 BOOTSTRAP_TIMEOUT_S = 10.0
@@ -314,12 +444,14 @@ def run(args: argparse.Namespace) -> int:
     from runwatch.sinks.consumer import SinkLoop, start_thread
 
     webhooks = _webhooks(args)
-    _validate(args, webhooks)
+    managers = _alertmanagers(args)
+    _validate(args, webhooks, managers)
     bootstrap = resolve_bootstrap(args.bootstrap)
     prefix = topic_prefix(args.prefix)
     topics = names(prefix)
     args.group_prefix = args.group or f"{prefix}-sinks"
-    sinks = build_sinks(args, topics, webhooks)
+    probe = _probe(args, bootstrap, prefix)
+    sinks = build_sinks(args, topics, webhooks, managers, [probe] if probe else [])
     try:
         for sink in sinks:
             if sink.name == "metrics":
@@ -329,6 +461,8 @@ def run(args: argparse.Namespace) -> int:
             if hasattr(sink, "close"):
                 sink.close()
         raise
+    if probe is not None:
+        probe.start()
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -340,7 +474,7 @@ def run(args: argparse.Namespace) -> int:
             sink,
             bootstrap=bootstrap,
             topics=getattr(sink, "topics", all_topics),
-            group_id=f"{args.group_prefix}-{sink.name}",
+            group_id=group_of(sink.name, args.group_prefix),
             stop=stop,
             client_config=kafka_client_config(),
             start=start,
@@ -361,6 +495,8 @@ def run(args: argparse.Namespace) -> int:
         for sink in sinks:
             if hasattr(sink, "close"):
                 sink.close()
+        if probe is not None:
+            probe.stop()
     failures = list(dict.fromkeys(_failure(lp, bootstrap) for lp, _ in loops if lp.error))
     if failures:
         raise RunwatchError("; ".join(failures))

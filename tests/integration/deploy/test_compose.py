@@ -156,14 +156,19 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     assert built.returncode == 0, f"building the images failed:\n{built.stderr}"
 
     tmp = tmp_path_factory.mktemp("compose")
-    k1, k2, k3, c1, c2, c3, metrics, prom = _free_ports(8)
+    k1, k2, k3, c1, c2, c3, metrics, prom, am = _free_ports(9)
     key = tmp / "command_key"
     key.write_text(uuid.uuid4().hex + uuid.uuid4().hex)
     key.chmod(0o444)  # the services run as uid 10001
     config = yaml.safe_load((REPO / "compose" / "prometheus" / "prometheus.yml").read_text())
-    targets = {"runwatch-sinks": f"127.0.0.1:{metrics}", "prometheus": f"127.0.0.1:{prom}"}
+    targets = {
+        "runwatch-sinks": f"127.0.0.1:{metrics}",
+        "prometheus": f"127.0.0.1:{prom}",
+        "alertmanager": f"127.0.0.1:{am}",
+    }
     for job in config["scrape_configs"]:
         job["static_configs"] = [{"targets": [targets[job["job_name"]]]}]
+    config["alerting"]["alertmanagers"] = [{"static_configs": [{"targets": [f"127.0.0.1:{am}"]}]}]
     config["global"]["scrape_interval"] = "2s"  # the shipped 15 s, shortened for the test
     prom_file = tmp / "prometheus.yml"
     prom_file.write_text(yaml.safe_dump(config))
@@ -180,6 +185,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         "KAFKA_3_CONTROLLER_PORT": c3,
         "RUNWATCH_METRICS_PORT": metrics,
         "PROMETHEUS_PORT": prom,
+        "ALERTMANAGER_PORT": am,
     }
     bootstrap = f"127.0.0.1:{k1},127.0.0.1:{k2},127.0.0.1:{k3}"
     env = {
@@ -329,6 +335,30 @@ def test_prometheus_scraped_the_exporter(stack: Stack) -> None:
         lambda r: bool(r) and float(r[0]["value"][1]) >= len(_runs_on_every_steps_partition()),
     )
     assert float(spikes[0]["value"][1]) == len(_runs_on_every_steps_partition())
+
+
+def test_prometheus_loaded_the_rules_and_found_the_alertmanager(stack: Stack) -> None:
+    def get(path: str) -> dict[str, Any]:
+        try:
+            with urllib.request.urlopen(f"{stack.prometheus_url}{path}", timeout=10) as reply:
+                return dict(json.loads(reply.read()).get("data") or {})
+        except OSError:
+            return {}
+
+    rules = _wait(
+        "Prometheus to load compose/prometheus/rules",
+        lambda: get("/api/v1/rules"),
+        lambda d: bool(d.get("groups")),
+    )
+    names = {r["name"] for g in rules["groups"] for r in g["rules"]}
+    assert {"RunwatchProcessorsDown", "RunwatchRunStoppedReporting"} <= names
+    managers = _wait(
+        "Prometheus to find the compose Alertmanager",
+        lambda: get("/api/v1/alertmanagers"),
+        lambda d: bool(d.get("activeAlertmanagers")),
+    )
+    (active,) = managers["activeAlertmanagers"]
+    assert active["url"].endswith(f":{stack.env['ALERTMANAGER_PORT']}/api/v2/alerts")
 
 
 def test_down_leaves_nothing_running(stack: Stack) -> None:

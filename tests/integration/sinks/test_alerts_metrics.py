@@ -118,20 +118,18 @@ def test_alerts_are_delivered_once_across_a_restart(
         ],
     )
     with Recorder(fail_first=2) as server:
-        settings = AlertSettings(
-            webhooks=(server.url,), group_wait_s=0.3, retry=FAST, webhook_format="alertmanager"
-        )
+        settings = AlertSettings(webhooks=(server.url,), group_wait_s=0.3, retry=FAST)
         out = io.StringIO()
         sink = AlertSink(settings, t, DeliveryLog(tmp_path / "state.jsonl"), out=out)
         with Running(sink, kafka_bootstrap, sink.topics, group):
             bodies = server.wait_for(lambda b: sum(len(x["alerts"]) for x in b) >= 4)
         sink.log.close()
-        fingerprints = sorted(a["fingerprint"] for b in bodies for a in b["alerts"])
-        assert fingerprints == sorted(
+        ids = sorted(a["id"] for b in bodies for a in b["alerts"])
+        assert ids == sorted(
             ["v-ra-loss_spike-30", "v-rb-hang-7", "restart_requested:c1", "command_rejected:c1"]
         )
         assert server.attempts >= 4  # two 500s were retried
-        assert {b["groupLabels"]["run"] for b in bodies} == {"ra", "rb"}
+        assert {b["run"] for b in bodies} == {"ra", "rb"}
         assert len(out.getvalue().splitlines()) == 4
 
         # a new process with the same group and state: old alerts stay quiet, new ones go out
@@ -139,7 +137,7 @@ def test_alerts_are_delivered_once_across_a_restart(
         again = AlertSink(settings, t, DeliveryLog(tmp_path / "state.jsonl"), out=io.StringIO())
         with Running(again, kafka_bootstrap, again.topics, group):
             bodies = server.wait_for(lambda b: len(b) >= len(bodies) + 1, timeout_s=60)
-        assert [a["fingerprint"] for a in bodies[-1]["alerts"]] == ["v-ra-straggler-31"]
+        assert [a["id"] for a in bodies[-1]["alerts"]] == ["v-ra-straggler-31"]
         assert again.stats.duplicates == 0
 
         # the same group with the state lost and offsets reset would re-alert: the delivery

@@ -228,7 +228,8 @@ def exporter_names_from_source(path: Path) -> set[str]:
 
 def _registries(module: Any) -> list[Any]:
     """Registries the exporter module holds or builds: module-level ones, and the
-    ``registry`` of its `MetricsSink` (one registry per sink, built without Kafka)."""
+    ``registry`` of its `MetricsSink` (one registry per sink, built without Kafka, told it
+    has caught up with its partitions so that it serves every family)."""
     from prometheus_client.registry import CollectorRegistry
 
     found = [v for v in vars(module).values() if isinstance(v, CollectorRegistry)]
@@ -236,7 +237,10 @@ def _registries(module: Any) -> list[Any]:
     if sink_class is not None:
         from runwatch.schemas.topics import names
 
-        found.append(sink_class(names()).registry)
+        sink = sink_class(names())
+        sink.on_assigned([("t", 0)])
+        sink.on_lag({("t", 0): 0})  # caught up: every family is served
+        found.append(sink.registry)
     return found
 
 

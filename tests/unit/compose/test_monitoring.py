@@ -5,6 +5,8 @@ from __future__ import annotations
 import itertools
 import json
 import re
+import shutil
+import subprocess
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -115,6 +117,62 @@ def test_prometheus_scrapes_the_sinks_exporter(
         for t in s["targets"]
     }  # fmt: skip
     assert f"127.0.0.1:{port}" in targets
+
+
+def test_prometheus_loads_the_shipped_rules(
+    prometheus_config: dict[str, Any], services: dict[str, dict[str, Any]]
+) -> None:
+    (pattern,) = prometheus_config["rule_files"]
+    folder, _, glob = pattern.rpartition("/")
+    host = _host_path(services["prometheus"], folder)
+    assert host == (COMPOSE_DIR / "prometheus" / "rules").resolve()
+    assert sorted(host.glob(glob)), f"{pattern} matches no shipped rule file"
+
+
+def test_prometheus_and_the_sinks_post_to_the_compose_alertmanager(
+    prometheus_config: dict[str, Any], services: dict[str, dict[str, Any]]
+) -> None:
+    (manager,) = prometheus_config["alerting"]["alertmanagers"]
+    (target,) = [t for s in manager["static_configs"] for t in s["targets"]]
+    host, port = target.rsplit(":", 1)
+    assert host == "127.0.0.1" and _service_on(services, int(port)) == "alertmanager"
+    command = services["sinks"]["command"]
+    assert command[command.index("--alertmanager") + 1] == f"http://127.0.0.1:{port}"
+
+
+def test_alertmanager_mounts_the_shipped_config_and_a_volume(
+    services: dict[str, dict[str, Any]],
+) -> None:
+    am = services["alertmanager"]
+    assert am["entrypoint"] == ["/usr/bin/prometheus-alertmanager"]
+    assert am["image"] == services["prometheus"]["image"], "Debian's package, same image"
+    config = _host_path(am, _flag(am["command"], "--config.file"))
+    assert config == (COMPOSE_DIR / "prometheus" / "alertmanager.yml").resolve()
+    storage = _flag(am["command"], "--storage.path")
+    assert storage in {t for s, t, *_ in (v.split(":") for v in am["volumes"]) if s[0] not in "./"}
+    assert _flag(am["command"], "--cluster.listen-address") == "", "one instance: no gossip"
+
+
+def _tool(name: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        pytest.skip(f"{name} is not installed: `make tools` installs it (root + apt-get)")
+    return path
+
+
+@pytest.mark.parametrize(
+    ("tool", "args", "path"),
+    [
+        ("promtool", ["check", "config"], PROMETHEUS_YML),
+        ("amtool", ["check-config"], COMPOSE_DIR / "prometheus" / "alertmanager.yml"),
+    ],
+    ids=["prometheus.yml", "alertmanager.yml"],
+)
+def test_the_shipped_configs_are_valid(tool: str, args: list[str], path: Path) -> None:
+    done = subprocess.run(
+        [_tool(tool), *args, str(path)], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
 
 
 # --- Grafana provisioning -----------------------------------------------------------------

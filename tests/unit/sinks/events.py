@@ -26,6 +26,8 @@ def anomaly(
     rank: int | None = 0,
     vid: str | None = None,
     ts_s: float = 100.0,
+    incarnation: int = 0,
+    severity: str | None = None,
 ) -> AnomalyDetected:
     return AnomalyDetected(
         run_id=run,
@@ -40,38 +42,53 @@ def anomaly(
         threshold=6.0,
         detail="loss 9 vs median 3.7",
         config_hash="cfg1",
-        severity=KINDS[kind].severity,  # as the detectors set it
+        incarnation=incarnation,
+        severity=severity or KINDS[kind].severity,  # as the detectors set it
     )
 
 
 def restart(
-    run: str = "r1", cid: str = "c1", ts_s: float = 101.0, cause: str = "v1"
+    run: str = "r1",
+    cid: str = "c1",
+    ts_s: float = 101.0,
+    cause: str = "v1",
+    incarnation: int = 0,
+    action: str = "respawn",
+    cause_kind: str = "dead_rank",
 ) -> RestartRequested:
     return RestartRequested(
         run_id=run,
         ts_ns=int(ts_s * S),
         command_id=cid,
-        action="respawn",
+        action=action,
         cause_verdict_id=cause,
-        cause_kind="dead_rank",
+        cause_kind=cause_kind,
+        incarnation=incarnation,
     )
 
 
-def completed(run: str = "r1", cid: str = "c1") -> RestartCompleted:
+def completed(run: str = "r1", cid: str = "c1", ts_s: float = 102.0) -> RestartCompleted:
     return RestartCompleted(
-        run_id=run, ts_ns=102 * S, command_id=cid, checkpoint_step=40, world_size=2, duration_s=3.5
+        run_id=run,
+        ts_ns=int(ts_s * S),
+        command_id=cid,
+        checkpoint_step=40,
+        world_size=2,
+        duration_s=3.5,
     )
 
 
-def failed(run: str = "r1", cid: str = "c1") -> RestartFailed:
-    return RestartFailed(run_id=run, ts_ns=102 * S, command_id=cid, reason="no checkpoint")
+def failed(run: str = "r1", cid: str = "c1", ts_s: float = 102.0) -> RestartFailed:
+    return RestartFailed(run_id=run, ts_ns=int(ts_s * S), command_id=cid, reason="no checkpoint")
 
 
-def rejected(run: str = "r1", cid: str = "c1") -> CommandRejected:
-    return CommandRejected(run_id=run, ts_ns=102 * S, command_id=cid, reason="bad signature")
+def rejected(run: str = "r1", cid: str = "c1", ts_s: float = 102.0) -> CommandRejected:
+    return CommandRejected(run_id=run, ts_ns=int(ts_s * S), command_id=cid, reason="bad signature")
 
 
-def started(run: str = "r1", incarnation: int = 0, ts_s: float = 1.0) -> RunStarted:
+def started(
+    run: str = "r1", incarnation: int = 0, ts_s: float = 1.0, tags: dict[str, str] | None = None
+) -> RunStarted:
     from runwatch.schemas.events import ModelFlopConfig
 
     return RunStarted(
@@ -79,6 +96,7 @@ def started(run: str = "r1", incarnation: int = 0, ts_s: float = 1.0) -> RunStar
         ts_ns=int(ts_s * S),
         world_size=2,
         incarnation=incarnation,
+        tags=tags or {},
         flop_config=ModelFlopConfig(
             n_params=1_000_000, n_layer=2, n_head=2, d_model=64, seq_len=64
         ),
@@ -106,5 +124,5 @@ def tick(partition: int = 0, ts_s: float = 3.0) -> Tick:
     return Tick(run_id="*", ts_ns=int(ts_s * S), partition=partition)
 
 
-def ended(run: str = "r1", ts_s: float = 5.0) -> RunEnded:
-    return RunEnded(run_id=run, ts_ns=int(ts_s * S), status="completed", final_step=1)
+def ended(run: str = "r1", ts_s: float = 5.0, status: str = "completed") -> RunEnded:
+    return RunEnded(run_id=run, ts_ns=int(ts_s * S), status=status, final_step=1)

@@ -6,7 +6,6 @@ import pytest
 from runwatch.sinks.alert_format import (
     AlertGroup,
     alert_of,
-    alertmanager_payload,
     console_lines,
     rfc3339,
     runwatch_payload,
@@ -70,33 +69,6 @@ def _group(suppressed=0):
         alerts=(alert_of(anomaly(kind="loss_spike")), alert_of(anomaly(kind="dead_rank", rank=1))),
         suppressed=suppressed,
     )
-
-
-def test_alertmanager_payload_shape():
-    p = alertmanager_payload(_group(), receiver="ops", now_ns=5)
-    assert p["version"] == "4" and p["status"] == "firing" and p["receiver"] == "ops"
-    assert p["groupLabels"] == {"run": "r1"}
-    assert p["groupKey"] == '{}:{run="r1"}'
-    assert p["commonLabels"] == {"run": "r1", "step": "30"}
-    first = p["alerts"][0]
-    assert first["labels"] == {
-        "alertname": "loss_spike",
-        "run": "r1",
-        "severity": "warning",
-        "step": "30",
-        "rank": "0",
-    }
-    assert first["fingerprint"] == "v-r1-loss_spike-30"
-    assert first["startsAt"] == "1970-01-01T00:01:40.000000Z"
-    assert set(first["annotations"]) == {"summary", "description"}
-    assert all(isinstance(v, str) for a in p["alerts"] for v in a["labels"].values())
-
-
-def test_alertmanager_payload_reports_suppressed_as_an_alert():
-    p = alertmanager_payload(_group(suppressed=7), now_ns=5)
-    extra = p["alerts"][-1]
-    assert extra["labels"]["alertname"] == "runwatch_alerts_suppressed"
-    assert "7 alert(s)" in extra["annotations"]["summary"]
 
 
 def test_runwatch_payload():

@@ -6,7 +6,8 @@ from runwatch.schemas.codec import encode, encode_key
 from runwatch.schemas.records import RawRecord
 from runwatch.schemas.topics import names
 from runwatch.sinks.alert_log import DeliveryLog
-from runwatch.sinks.alerts import AlertSettings, AlertSink, receiver_label
+from runwatch.sinks.alerts import AlertSettings, AlertSink
+from runwatch.sinks.delivery_figures import receiver_label
 from runwatch.sinks.webhook import RetryPolicy
 
 from .events import anomaly, completed, restart
@@ -62,21 +63,20 @@ def test_grouped_per_run_deduplicated_and_not_resent_after_a_restart(tmp_path):
         assert len(server.bodies) == 2
 
 
-def test_alertmanager_format_and_rate_limit_count(tmp_path):
+def test_the_rate_limit_counts_what_it_suppressed(tmp_path):
     records = [rec(T.anomalies, i, anomaly(step=i)) for i in range(5)]
     with Recorder() as server:
-        sink, out = make(tmp_path, server.url, webhook_format="alertmanager", max_alerts_per_min=2)
+        sink, out = make(tmp_path, server.url, max_alerts_per_min=2)
         sink.handle(records, now_s=0.0)
         sink.flush()
         (body,) = server.wait_for(lambda b: len(b) == 1)
-        assert body["version"] == "4" and len(body["alerts"]) == 2
+        assert len(body["alerts"]) == 2 and body["suppressed"] == 0
         assert sink.stats.suppressed == 3
         sink.handle([rec(T.anomalies, 9, anomaly(step=9))], now_s=30.0)
         sink.flush()
         second = server.wait_for(lambda b: len(b) == 2)[1]
-        names_ = [a["labels"]["alertname"] for a in second["alerts"]]
-        assert names_ == ["loss_spike", "runwatch_alerts_suppressed"]
-        assert "3 alert(s)" in second["alerts"][1]["annotations"]["summary"]
+        assert [a["id"] for a in second["alerts"]] == ["v-r1-loss_spike-9"]
+        assert second["suppressed"] == 3
         assert "3 alert(s) suppressed" in out.getvalue()
 
 
@@ -92,7 +92,7 @@ def test_a_dead_webhook_is_reported_and_does_not_block_the_console(tmp_path, cap
 def _samples(sink):
     return {
         (s.name, s.labels.get("receiver")): s.value
-        for family in sink.collector.collect()
+        for family in sink.figures.collect()
         for s in family.samples
     }
 

@@ -127,6 +127,8 @@ def test_the_exporter_warns_once_per_run_and_exports_the_flag(caplog):
     with caplog.at_level("WARNING", logger="runwatch.sinks.metrics"):
         sink.handle(records[:2], 0.0)
         sink.handle(records[2:], 0.0)
+    sink.on_assigned([(t.steps, 0)])
+    sink.on_lag({(t.steps, 0): 0})  # caught up: the figures are served
     warnings = [r.getMessage() for r in caplog.records if "MFU" in r.getMessage()]
     assert len(warnings) == 1 and "run r1: MFU 1.80" in warnings[0]
     samples = {
@@ -147,3 +149,91 @@ def test_packed_events_count_as_the_events_they_carry():
     assert packed.live_ranks(packed.runs["r1"]) == plain.live_ranks(plain.runs["r1"]) == 2
     steps = fold([started(), EventPack(run_id="r1", ts_ns=1, events=(step(n=6), step(n=7)))])
     assert steps.runs["r1"].last_step == 7
+
+
+def _dead_letter(topic="p.steps", stage="decode", offset=0):
+    from runwatch.schemas.events import DeadLetter, Provenance
+
+    return DeadLetter(
+        run_id="?",
+        ts_ns=1,
+        source=Provenance(topic=topic, partition=0, offset=offset),
+        reason="not msgpack",
+        stage=stage,
+    )
+
+
+def test_dead_letters_are_counted_by_topic_and_stage_not_run():
+    f = fold(
+        [
+            _dead_letter(offset=1),
+            _dead_letter(offset=2),
+            _dead_letter(topic="p.heartbeats", stage="fold"),
+        ]
+    )
+    assert f.dead_letters == {("p.steps", "decode"): 2, ("p.heartbeats", "fold"): 1}
+    assert f.runs == {}
+
+
+def _scrape(sink):
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in sink.registry.collect()
+        for s in family.samples
+    }
+
+
+def test_the_exporter_serves_its_figures_only_once_it_caught_up():
+    from runwatch.schemas.codec import encode, encode_key
+    from runwatch.schemas.records import RawRecord
+    from runwatch.schemas.topics import names
+    from runwatch.sinks.metrics import MetricsSink
+
+    t = names("p")
+    sink = MetricsSink(t)
+    items = [
+        (t.steps, started(ts_s=1)),
+        (t.steps, step(n=5, ts_s=42)),
+        (t.deadletter, _dead_letter(topic=t.steps)),
+        (t.deadletter, _dead_letter(topic=t.steps)),
+    ]
+    sink.handle(
+        [
+            RawRecord(tp, 0, i, encode_key(e.run_id), encode(e), 0)
+            for i, (tp, e) in enumerate(items)
+        ],
+        0.0,
+    )
+    sink.on_assigned([(t.steps, 0), (t.deadletter, 0)])
+    sink.on_lag({(t.steps, 0): 0})  # one partition still unsampled: not caught up
+    early = _scrape(sink)
+    assert early[("runwatch_metrics_caught_up", ())] == 0
+    assert not any(name.startswith(("runwatch_run_", "runwatch_dead")) for name, _ in early)
+    sink.on_lag({(t.steps, 0): 0, (t.deadletter, 0): 0})
+    served = _scrape(sink)
+    assert served[("runwatch_metrics_caught_up", ())] == 1
+    assert served[("runwatch_run_last_event_timestamp_seconds", (("run", "r1"),))] == 42.0
+    assert served[("runwatch_run_ended", (("run", "r1"),))] == 0
+    assert served[("runwatch_dead_letters_total", (("stage", "decode"), ("topic", "p.steps")))] == 2
+    sink.handle([RawRecord(t.steps, 0, 9, encode_key("r1"), encode(ended(ts_s=50)), 0)], 1.0)
+    assert _scrape(sink)[("runwatch_run_ended", (("run", "r1"),))] == 1
+    # a later rebalance does not hide the figures again
+    sink.on_assigned([(t.steps, 0), (t.deadletter, 0), (t.steps, 1)])
+    assert _scrape(sink)[("runwatch_metrics_caught_up", ())] == 1
+
+
+def test_group_lag_is_the_end_minus_the_commit():
+    from runwatch.sinks.group_probe import group_lag
+
+    committed = {("s", 0): 90, ("s", 1): 5, ("h", 0): 7}
+    ends = {("s", 0): 100, ("s", 1): 5, ("h", 0): 6}  # an end read before a later commit
+    assert group_lag(committed, ends) == {("s", 0): 10, ("s", 1): 0, ("h", 0): 0}
+    assert group_lag({("x", 0): 1}, {}) == {}
+
+
+def test_the_probe_serves_its_health_before_any_sample_and_the_figures_after():
+    from runwatch.sinks.group_probe import GroupProbe
+
+    probe = GroupProbe("127.0.0.1:9", "p-processors")  # never started: nothing sampled
+    names = {s.name for family in probe.collect() for s in family.samples}
+    assert names == {"runwatch_processor_probe_ok", "runwatch_processor_probe_failures_total"}

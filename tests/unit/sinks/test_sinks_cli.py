@@ -14,6 +14,10 @@ from runwatch.cli import main
         (["--alerts", "--max-alerts-per-min", "0"], "must be > 0"),
         (["--alerts", "--group-wait-s", "-1"], "must be >= 0"),
         (["--metrics", "--metrics-port", "70000"], "--metrics-port"),
+        (["--alertmanager", "am:9093"], "--alertmanager expects an http(s) URL"),
+        (["--alertmanager", "http://am", "--ui-url", "ui:8080"], "--ui-url expects"),
+        (["--alertmanager", "http://am", "--alertmanager-resend-s", "0"], "must be > 0"),
+        (["--alerts", "--webhook-format", "alertmanager"], "with --alertmanager URL"),
     ],
 )
 def test_bad_arguments_are_one_line_usage_errors(argv, message, capsys):
@@ -84,3 +88,29 @@ def test_new_groups_of_each_sink_start_where_documented():
     assert start_of("alerts", from_beginning=True) is StartFrom.EARLIEST
     assert start_of("metrics", from_beginning=False) is StartFrom.REPLAY
     assert start_of("archive", from_beginning=False) is StartFrom.EARLIEST
+    assert start_of("alertmanager", from_beginning=False) is StartFrom.REPLAY
+
+
+def test_every_alertmanager_sink_process_has_a_group_of_its_own():
+    import os
+    import socket
+
+    from runwatch.cmd.sinks import group_of
+
+    assert group_of("alerts", "p-sinks") == "p-sinks-alerts"
+    own = group_of("alertmanager", "p-sinks")
+    assert own == f"p-sinks-alertmanager-{socket.gethostname()}-{os.getpid()}"
+
+
+def test_the_alertmanager_sink_alone_is_a_choice(monkeypatch):
+    import argparse
+
+    from runwatch.cmd.sinks import _alertmanagers, _validate, configure
+
+    parser = argparse.ArgumentParser()
+    configure(parser)
+    monkeypatch.setenv("RUNWATCH_ALERTMANAGER", "http://a:9093, http://b:9093")
+    args = parser.parse_args([])
+    managers = _alertmanagers(args)
+    assert managers == ["http://a:9093", "http://b:9093"]
+    _validate(args, [], managers)  # no UsageError
