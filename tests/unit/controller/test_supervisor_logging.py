@@ -47,7 +47,7 @@ def test_a_restart_is_info_step_by_step_and_only_the_dead_rank_is_a_warning(tmp_
         for _ in range(50):  # the loop looks at the gang every 100 ms: nothing new, no line
             sup.observe(time.monotonic())
         assert len(caplog.records) == before
-        sup.execute(command(cause_kind="nan_loss", action="rollback"), time.monotonic())
+        sup.execute(command(cause_kind="nonfinite_loss", action="rollback"), time.monotonic())
         assert any(isinstance(e, RestartCompleted) for e in published)
     finally:
         sup.launcher.gang.stop(0.0, kill_now=True)
