@@ -7,7 +7,8 @@ variables are torchrun's (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORL
 ``MASTER_ADDR``, ``MASTER_PORT``, and on a node of a torchrun-style gang ``GROUP_RANK``,
 ``ROLE_*``, ``TORCHELASTIC_*``) plus runwatch's (``RUNWATCH_*``), so a script launched by
 ``torchrun`` reads the same struct with runwatch's fields left unset. The controller's
-writer is `controller.topology.NodeTopology.launch_env`.
+writer is `controller.topology.NodeTopology.launch_env`. Two more variables torchrun gives
+are defaults rather than contract (the agent's own environment wins): `LaunchEnv.defaults`.
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ ENV_RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
 ENV_MAX_RESTARTS = "TORCHELASTIC_MAX_RESTARTS"
 ENV_ELASTIC_RUN_ID = "TORCHELASTIC_RUN_ID"
 ENV_USE_AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"
+ENV_ERROR_FILE = "TORCHELASTIC_ERROR_FILE"
+ENV_NCCL_ASYNC_ERROR_HANDLING = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
+ENV_OMP_NUM_THREADS = "OMP_NUM_THREADS"
 ENV_BOOTSTRAP = "RUNWATCH_BOOTSTRAP"
 ENV_RUN_ID = "RUNWATCH_RUN_ID"
 ENV_TOPIC_PREFIX = "RUNWATCH_TOPIC_PREFIX"
@@ -44,6 +48,10 @@ DEFAULT_MASTER_ADDR = "127.0.0.1"
 DEFAULT_MASTER_PORT = 29500
 ROLE_NAME = "default"
 """torchrun's ``ROLE_NAME`` for a launch without roles."""
+UNLIMITED_RESTARTS = 2**31 - 1
+"""``TORCHELASTIC_MAX_RESTARTS`` of a gang with no restart limit: torchrun has no spelling
+for "no limit" (its default is 0), and a script comparing the restart count with it must
+never find the limit reached. Read back as None."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,10 +71,16 @@ class LaunchEnv:
         group_rank: This node's index (``GROUP_RANK``); None: not given. When set, the
             environment is torchrun's in full: also ``GROUP_WORLD_SIZE``, ``ROLE_NAME``,
             ``ROLE_RANK``, ``ROLE_WORLD_SIZE``, ``TORCHELASTIC_RESTART_COUNT`` (the
-            incarnation), ``TORCHELASTIC_RUN_ID`` (the run id) and
+            incarnation), ``TORCHELASTIC_MAX_RESTARTS`` (`UNLIMITED_RESTARTS` when there
+            is no limit), ``TORCHELASTIC_RUN_ID`` (the run id) and
             ``TORCHELASTIC_USE_AGENT_STORE=False`` (rank 0 serves the store).
         group_world_size: Nodes in the gang (``GROUP_WORLD_SIZE``).
+        role_name: torchrun's role (``ROLE_NAME``, ``--role``); written with the full
+            environment, or when not the default.
         max_restarts: ``TORCHELASTIC_MAX_RESTARTS``; None: not given (no limit).
+        error_file: Where the rank's ``@record`` entry point writes the exception that
+            ended it (``TORCHELASTIC_ERROR_FILE``, read by the agent when the rank exits
+            non-zero: `controller.error_file`); None: not given.
         run_id: The run (``RUNWATCH_RUN_ID``); None: not launched by runwatch.
         bootstrap: Kafka bootstrap address (``RUNWATCH_BOOTSTRAP``).
         prefix: Topic name prefix (``RUNWATCH_TOPIC_PREFIX``).
@@ -89,7 +103,9 @@ class LaunchEnv:
     local_world_size: int | None = None
     group_rank: int | None = None
     group_world_size: int | None = None
+    role_name: str = ROLE_NAME
     max_restarts: int | None = None
+    error_file: str | None = None
     run_id: str | None = None
     bootstrap: str | None = None
     prefix: str | None = None
@@ -121,24 +137,46 @@ class LaunchEnv:
             ENV_RESTART_FROM: self.restart_from,
             ENV_STACK_FILE: self.stack_file or None,
             ENV_RELAY_SOCKET: self.relay_socket or None,
+            ENV_ERROR_FILE: self.error_file or None,
+            ENV_GROUP_WORLD_SIZE: self.group_world_size,
+            ENV_MAX_RESTARTS: self.max_restarts,
         }
         env.update({name: str(value) for name, value in optional.items() if value is not None})
         if self.run_id is not None or self.incarnation:
             env[ENV_INCARNATION] = str(self.incarnation)
+        if self.group_rank is not None or self.role_name != ROLE_NAME:
+            env[ENV_ROLE_NAME] = self.role_name
         if self.group_rank is not None:
             env[ENV_GROUP_RANK] = str(self.group_rank)
-            env[ENV_ROLE_NAME] = ROLE_NAME
             env[ENV_ROLE_RANK] = str(self.rank)
             env[ENV_ROLE_WORLD_SIZE] = str(self.world_size)
             env[ENV_RESTART_COUNT] = str(self.incarnation)
             env[ENV_USE_AGENT_STORE] = "False"
+            env[ENV_MAX_RESTARTS] = str(
+                UNLIMITED_RESTARTS if self.max_restarts is None else self.max_restarts
+            )
             if self.run_id is not None:
                 env[ENV_ELASTIC_RUN_ID] = self.run_id
-        if self.group_world_size is not None:
-            env[ENV_GROUP_WORLD_SIZE] = str(self.group_world_size)
-        if self.max_restarts is not None:
-            env[ENV_MAX_RESTARTS] = str(self.max_restarts)
         return env
+
+    def defaults(self) -> dict[str, str]:
+        """What torchrun gives its workers unless its own environment already has it.
+
+        With the full environment (``group_rank`` set): ``TORCH_NCCL_ASYNC_ERROR_HANDLING=1``
+        (NCCL errors abort the rank instead of hanging it), and ``OMP_NUM_THREADS=1`` when
+        more than one rank shares the host (torchrun's guard against oversubscribing the
+        CPUs). The launcher puts them under the agent's environment and ``--env``
+        (`controller.gang.rank_environ`), so either wins.
+
+        Returns:
+            Variable name -> default value.
+        """
+        if self.group_rank is None:
+            return {}
+        out = {ENV_NCCL_ASYNC_ERROR_HANDLING: "1"}
+        if (self.local_world_size or 1) > 1:
+            out[ENV_OMP_NUM_THREADS] = "1"
+        return out
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> LaunchEnv:
@@ -166,6 +204,7 @@ class LaunchEnv:
 
         rank = number(ENV_RANK) or 0
         local_rank = number(ENV_LOCAL_RANK)
+        max_restarts = number(ENV_MAX_RESTARTS)
         return cls(
             rank=rank,
             world_size=number(ENV_WORLD_SIZE) or 1,
@@ -175,7 +214,9 @@ class LaunchEnv:
             local_world_size=number(ENV_LOCAL_WORLD_SIZE),
             group_rank=number(ENV_GROUP_RANK),
             group_world_size=number(ENV_GROUP_WORLD_SIZE),
-            max_restarts=number(ENV_MAX_RESTARTS),
+            role_name=env.get(ENV_ROLE_NAME) or ROLE_NAME,
+            max_restarts=None if max_restarts == UNLIMITED_RESTARTS else max_restarts,
+            error_file=env.get(ENV_ERROR_FILE) or None,
             run_id=env.get(ENV_RUN_ID) or None,
             bootstrap=env.get(ENV_BOOTSTRAP) or None,
             prefix=env.get(ENV_TOPIC_PREFIX) or None,
@@ -188,4 +229,4 @@ class LaunchEnv:
         )
 
 
-__all__ = ["LaunchEnv"]
+__all__ = ["ROLE_NAME", "UNLIMITED_RESTARTS", "LaunchEnv"]

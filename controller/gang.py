@@ -107,6 +107,10 @@ def rank_environ(
 ) -> dict[str, str]:
     """The environment of one rank: `node_environ`, then the rank's contract.
 
+    torchrun's defaults (`common.launch_env.LaunchEnv.defaults`:
+    ``TORCH_NCCL_ASYNC_ERROR_HANDLING``, ``OMP_NUM_THREADS``) fill in what neither the
+    controller's environment nor ``extra`` sets; the contract then wins over all of them.
+
     Args:
         base: The controller's environment.
         extra: Variables the gang record adds (``runwatch launch --env``).
@@ -116,6 +120,8 @@ def rank_environ(
         The environment.
     """
     env = node_environ(base, extra)
+    for name, value in launch.defaults().items():
+        env.setdefault(name, value)
     env.update(launch.to_environ())
     return env
 

@@ -192,6 +192,7 @@ def launch_env(
     local_rank: int,
     master_port: int,
     stack_file: str | None = None,
+    error_file: str | None = None,
 ) -> LaunchEnv:
     """The launch environment of one of this node's ranks in ``incarnation``.
 
@@ -201,6 +202,9 @@ def launch_env(
         local_rank: The rank's index on this node (the global rank on one host).
         master_port: The incarnation's rendezvous port.
         stack_file: Where the rank dumps its stacks when asked (`controller.stacks`).
+        error_file: Where the rank's ``@record`` entry point writes its exception
+            (``TORCHELASTIC_ERROR_FILE``; `controller.state.ControllerState.error_path`,
+            where the supervisor reads it when the rank exits non-zero).
 
     Returns:
         The struct whose `LaunchEnv.to_environ` the rank is started with (written by
@@ -214,6 +218,7 @@ def launch_env(
         run=spec.run,
         restart_from=None if resume is None else resume.env_value,
         stack_file=stack_file,
+        error_file=error_file,
     )
 
 
@@ -291,6 +296,9 @@ class LocalLauncher:
         node = incarnation.topology
         port = node.incarnation_port(incarnation.number) or free_port()
         state, number = self.state, incarnation.number
+        ranks = node.global_ranks
+        for rank in ranks:  # a relaunch of a run id may have left one of an old gang
+            state.error_path(number, rank).unlink(missing_ok=True)
         envs = [
             rank_environ(
                 self.environ,
@@ -301,11 +309,11 @@ class LocalLauncher:
                     local,
                     port,
                     str(state.stack_path(number, node.global_rank(local))),
+                    str(state.error_path(number, node.global_rank(local))),
                 ),
             )
             for local in node.local_ranks
         ]
-        ranks = node.global_ranks
         self.spares.resize(len(ranks))
         taken = self.spares.taken
         self.gang = Gang.launch(

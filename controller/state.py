@@ -7,6 +7,8 @@ One state directory per run (default ``$RUNWATCH_HOME/controller/<run_id>``)::
     processed.jsonl  one line per executed command id, appended and fsynced before acting
     logs/            inc<I>.rank<R>.log: each rank's stdout and stderr
     exit/            inc<I>.rank<R>: each rank's exit status, written by its shell wrapper
+    errors/          inc<I>.rank<R>.json: the exception a rank's ``@record`` entry point
+                     handed over (torchrun's ``TORCHELASTIC_ERROR_FILE``), when it wrote one
 
 ``gang.json`` (`GangFile`, version 2; a version 1 file, one flat record, is converted on
 read) is replaced atomically (write a temporary file, fsync, rename, fsync the
@@ -244,6 +246,7 @@ class ControllerState:
         self.root.mkdir(parents=True, exist_ok=True)
         (self.root / "logs").mkdir(exist_ok=True)
         (self.root / "exit").mkdir(exist_ok=True)
+        (self.root / "errors").mkdir(exist_ok=True)  # torch's @record does not create it
         self._processed: set[str] = set(self._read_processed())
 
     # ------------------------------------------------------------------ gang record
@@ -301,6 +304,10 @@ class ControllerState:
     def stack_path(self, incarnation: int, rank: int) -> Path:
         """Where a rank writes its Python stacks when asked (`producers.stackdump`)."""
         return self.root / "stacks" / f"inc{incarnation}.rank{rank}.txt"
+
+    def error_path(self, incarnation: int, rank: int) -> Path:
+        """Where a rank's ``@record`` entry point writes its exception (`controller.error_file`)."""
+        return self.root / "errors" / f"inc{incarnation}.rank{rank}.json"
 
 
 def read_gang_file(path: Path) -> GangFile | None:

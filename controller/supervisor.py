@@ -37,6 +37,7 @@ from typing import Protocol
 import msgspec
 
 from runwatch.controller.elastic import RankExit, count_failures, culprits, due_reports
+from runwatch.controller.error_file import read_root_cause
 from runwatch.controller.launcher import (
     HOST,
     RUNNING,
@@ -295,14 +296,21 @@ class RunSupervisor:
             how = "exited with an unknown status"
         else:
             how = f"exited with code {gone.code}"
+        # What the rank's @record entry point wrote (torchrun's TORCHELASTIC_ERROR_FILE)
+        root_cause = (
+            read_root_cause(self.state.error_path(self.record.incarnation, gone.rank))
+            if gone.abnormal
+            else ""
+        )
         log.log(
             logging.WARNING if gone.abnormal else logging.INFO,
-            "run %s incarnation %d: rank %d (pid %d) %s",
+            "run %s incarnation %d: rank %d (pid %d) %s%s",
             self.run_id,
             self.record.incarnation,
             gone.rank,
             pid,
             how,
+            f": {root_cause}" if root_cause else "",
         )
         if not self.spec.exit_evidence:
             return
@@ -317,6 +325,7 @@ class RunSupervisor:
                     pid=pid,
                     exit_code=gone.exit_code,
                     signal=gone.signal,
+                    root_cause=root_cause,
                 )
             )
         except Exception as exc:  # evidence is best effort: the silence timeout still holds

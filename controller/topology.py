@@ -41,7 +41,7 @@ from typing import Literal, TypeVar
 
 import msgspec
 
-from runwatch.common.launch_env import LaunchEnv
+from runwatch.common.launch_env import ROLE_NAME, LaunchEnv
 
 PORT_SPAN = 16
 """Incarnations cycle through this many consecutive rendezvous ports."""
@@ -72,6 +72,7 @@ class NodeTopology(msgspec.Struct, frozen=True, kw_only=True):
             default ``nnodes``: never shrink; `controller.membership` reads it).
         max_restarts: Restart commands the agent executes; one more fails the run. None:
             no limit (the processors' policy decides).
+        role: torchrun's role of every rank (``ROLE_NAME``, ``--role``).
         source: ``slurm`` when a value came from SLURM's variables, else ``flags``.
     """
 
@@ -82,6 +83,7 @@ class NodeTopology(msgspec.Struct, frozen=True, kw_only=True):
     master_port: int = 0
     min_nnodes: int = 1
     max_restarts: int | None = None
+    role: str = ROLE_NAME
     source: Source = "flags"
 
     def __post_init__(self) -> None:
@@ -103,6 +105,8 @@ class NodeTopology(msgspec.Struct, frozen=True, kw_only=True):
             raise TopologyError(f"--max-restarts must be >= 0, got {self.max_restarts}")
         if not self.master_addr:
             raise TopologyError("--master-addr must not be empty")
+        if not self.role:
+            raise TopologyError("--role must not be empty")
         if self.master_port == 0:
             if self.nnodes > 1:
                 raise TopologyError("several nodes need a fixed --master-port (not 0)")
@@ -149,6 +153,7 @@ class NodeTopology(msgspec.Struct, frozen=True, kw_only=True):
         run: RunBinding,
         restart_from: int | None = None,
         stack_file: str | None = None,
+        error_file: str | None = None,
     ) -> LaunchEnv:
         """The launch environment of one local rank (`common.launch_env.LaunchEnv`).
 
@@ -167,6 +172,8 @@ class NodeTopology(msgspec.Struct, frozen=True, kw_only=True):
                 first launch.
             stack_file: Where the rank dumps its stacks when its agent asks
                 (`controller.stacks`); None: not asked for.
+            error_file: Where the rank's ``@record`` entry point writes the exception
+                that ended it (``TORCHELASTIC_ERROR_FILE``); None: not given.
 
         Returns:
             The struct the rank is started with.
@@ -178,6 +185,7 @@ class NodeTopology(msgspec.Struct, frozen=True, kw_only=True):
             local_world_size=self.nproc_per_node,
             group_rank=self.node_rank,
             group_world_size=self.nnodes,
+            role_name=self.role,
             master_addr=self.master_addr,
             master_port=master_port,
             max_restarts=self.max_restarts,
@@ -188,6 +196,7 @@ class NodeTopology(msgspec.Struct, frozen=True, kw_only=True):
             checkpoint_dir=run.checkpoint_dir,
             restart_from=restart_from,
             stack_file=stack_file,
+            error_file=error_file,
             relay_socket=run.relay_socket,
         )
 
@@ -437,6 +446,7 @@ def resolve_topology(
     min_nnodes: int | None = None,
     max_restarts: int | None = None,
     run_id: str | None = None,
+    role: str = ROLE_NAME,
 ) -> Resolved:
     """This node's topology from `runwatch launch`'s flags and SLURM's variables.
 
@@ -451,6 +461,7 @@ def resolve_topology(
         min_nnodes: ``--min-nnodes`` (default: ``nnodes``, no shrinking).
         max_restarts: ``--max-restarts``.
         run_id: ``--run-id``.
+        role: ``--role`` (torchrun's ``ROLE_NAME``).
 
     Returns:
         The topology and the run id.
@@ -478,6 +489,7 @@ def resolve_topology(
                 nproc_per_node=nproc,
                 master_port=master_port or 0,
                 max_restarts=max_restarts,
+                role=role,
             ),
             run_id=run_id,
         )
@@ -516,6 +528,7 @@ def resolve_topology(
         master_port=port,
         min_nnodes=n if min_nnodes is None else min_nnodes,
         max_restarts=max_restarts,
+        role=role,
         source="slurm" if pick.used else "flags",
     )
     return Resolved(topology=topology, run_id=run_id)

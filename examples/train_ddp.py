@@ -121,7 +121,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threshold", action="append", default=[], metavar="NAME=VALUE")
     p.add_argument("--trace-dir", type=Path, help="write events, samples and metrics here")
     p.add_argument("--pg-timeout-s", type=float, default=120.0)
+    p.add_argument(
+        "--hold-after-step",
+        type=int,
+        metavar="K",
+        help="test gate: after step K of the first incarnation, every rank waits while "
+        "--hold-file exists (a resumed incarnation never holds)",
+    )
+    p.add_argument("--hold-file", type=Path, metavar="PATH", help="see --hold-after-step")
     args = p.parse_args(argv)
+    if (args.hold_after_step is None) != (args.hold_file is None):
+        p.error("--hold-after-step and --hold-file go together")
     args.inject = [*args.inject, os.environ.get("RUNWATCH_INJECT", "")]
     return args
 
@@ -379,6 +389,18 @@ class Trainer:
         report_checkpoints(results, self.emitter, self.rank)
         self.trace.checkpoints(results)
 
+    def _hold(self, step: int) -> None:
+        """Wait at the test gate after ``--hold-after-step`` (the first incarnation only).
+
+        Every rank waits while ``--hold-file`` exists or until a stop is requested: alive,
+        reporting nothing (a test raises the run's liveness thresholds for that).
+        """
+        args = self.args
+        if step != args.hold_after_step or self.incarnation != 0:
+            return
+        while args.hold_file.exists() and not self.stop.requested:
+            time.sleep(0.05)  # polling a file the test removes
+
     def run(self) -> str:
         """Train until ``--steps`` (or a stop); returns the RunEnded status."""
         args, rank, ws = self.args, self.rank, self.ws
@@ -418,6 +440,7 @@ class Trainer:
                 self.restart_from, done = None, step
                 if self.ckpt:
                     self._report_checkpoints(self.ckpt.poll())
+                self._hold(step)
                 if args.step_delay_s:
                     time.sleep(args.step_delay_s)
                 if stop:

@@ -48,6 +48,8 @@ MAX_ID_CHARS: Final = 256
 """Run ids, host names, verdict and command ids, hashes, tag keys."""
 MAX_TEXT_CHARS: Final = 4096
 """Paths, reasons, details, tag values."""
+MAX_ROOT_CAUSE_CHARS: Final = 512
+"""A rank's root cause (its exception's type and message, one line) in exit evidence."""
 MAX_MAP_ENTRIES: Final = 256
 """Tags and thresholds per run."""
 MAX_RECORD_BYTES: Final = 8 * 1024 * 1024
@@ -374,6 +376,10 @@ class RankExited(Event, frozen=True, kw_only=True, tag="rank_exited.v1"):
         pid: Process id of the rank (its wrapper's, which is its process group).
         exit_code: The exit code, None if killed by a signal or unknown.
         signal: The signal number that killed it, None if it exited or unknown.
+        root_cause: The exception that ended the rank, ``Type: message`` on one line, at
+            most `MAX_ROOT_CAUSE_CHARS` (what torch's ``@record`` wrote to the rank's
+            ``TORCHELASTIC_ERROR_FILE``); empty when the rank wrote none (killed by a
+            signal, no ``@record``, a clean exit, or evidence of an older agent).
     """
 
     rank: Rank
@@ -382,6 +388,7 @@ class RankExited(Event, frozen=True, kw_only=True, tag="rank_exited.v1"):
     pid: Small = 0
     exit_code: Annotated[int, Meta(ge=-(2**31), lt=2**31)] | None = None
     signal: Annotated[int, Meta(ge=1, le=128)] | None = None
+    root_cause: Annotated[str, Meta(max_length=MAX_ROOT_CAUSE_CHARS)] = ""
 
 
 PackableEvent = Heartbeat | StepCompleted

@@ -16,14 +16,16 @@ Exit evidence: a `schemas.events.RankExited` (the node agent saw a rank process 
 the current incarnation with a non-zero exit code, a signal or an unknown status raises
 ``dead_rank`` for that rank at once, its detail naming the rank, host, pid and exit
 status (the culprit; ``value`` is the status as a shell reports it, 128+N for signal N,
--1 unknown; ``threshold`` 0). It is the incarnation's one exit verdict: afterwards the silence and
-step scans and the hang check raise nothing more for the incarnation (its other ranks
-block in a collective on the dead peer, or exit because of it: consequences, not separate
-faults), and later RankExited events of it raise nothing. A rank the scans had already
-flagged dead gets no second verdict. A clean exit (code 0) raises nothing; the rank is
-flagged not live, so it is not reported silent while its peers finish. RankExited of
-another incarnation (an older gang, or one whose RunStarted is not in yet) and while the
-run is suspended are ignored. The next RunStarted clears the culprit.
+-1 unknown; ``threshold`` 0), and, when the rank's ``@record`` entry point left one, its
+root cause (``RankExited.root_cause``: the exception's type and message). It is the
+incarnation's one exit verdict: afterwards the silence and step scans and the hang check
+raise nothing more for the incarnation (its other ranks block in a collective on the dead
+peer, or exit because of it: consequences, not separate faults), and later RankExited
+events of it raise nothing. A rank the scans had already flagged dead gets no second
+verdict. A clean exit (code 0) raises nothing; the rank is flagged not live, so it is not
+reported silent while its peers finish. RankExited of another incarnation (an older gang,
+or one whose RunStarted is not in yet) and while the run is suspended are ignored. The
+next RunStarted clears the culprit.
 
 A RunEnded suspends every check until the next RunStarted, which starts a new incarnation
 with a fresh rank table.
@@ -336,6 +338,7 @@ def _on_rank_exited(
             host = f" on {event.host}" if event.host else ""
             pid = f", pid {event.pid}" if event.pid else ""
             code = event.exit_code if event.signal is None else 128 + event.signal
+            cause = f"; root cause: {event.root_cause}" if event.root_cause else ""
             out.emit(
                 "dead_rank",
                 _verdict_step(state),
@@ -343,7 +346,7 @@ def _on_rank_exited(
                 float(code) if code is not None else -1.0,
                 0.0,
                 f"rank {rank}{host} exited ({exit_status(event)}{pid}) {where}; "
-                f"its peers are blocked on it",
+                f"its peers are blocked on it{cause}",
             )
     return msgspec.structs.replace(
         state,

@@ -1,7 +1,10 @@
 """`runwatch launch`: start a torch gang the way torchrun does and serve its restart commands.
 
-With ``--log-format`` the script needs no runwatch code: the launcher turns rank 0's
-output into the run's events and heartbeats for its live ranks (`controller.logwatch`).
+It reads a torchrun command line as it is (`runwatch.cmd._torchrun`: torchrun's flags in
+both spellings, the script without ``--``), as well as runwatch's own form
+(``--nproc N -- COMMAND``). With ``--log-format`` the script needs no runwatch code: the
+launcher turns rank 0's output into the run's events and heartbeats for its live ranks
+(`controller.logwatch`).
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ import argparse
 import logging
 import os
 import secrets
+import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -19,6 +23,13 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from runwatch.cmd._supervision import add_supervision_args
+from runwatch.cmd._torchrun import (
+    DEFAULT_GRACE_S,
+    CountDevices,
+    LaunchSettings,
+    add_torchrun_args,
+    translate,
+)
 from runwatch.common.errors import UsageError
 from runwatch.controller.state import DEFAULT_SPARE_PRELOAD
 from runwatch.controller.topology import NodeTopology, TopologyError, resolve_topology
@@ -34,35 +45,67 @@ log = logging.getLogger("runwatch")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    """Add the arguments of `runwatch launch`."""
+    """Add the arguments of `runwatch launch`: one call per group of flags."""
     add_supervision_args(parser)
+    _add_gang_args(parser)
+    add_torchrun_args(parser)
+    _add_node_args(parser)
+    _add_watch_args(parser)
+    parser.add_argument(
+        "argv",
+        nargs=argparse.REMAINDER,
+        help="SCRIPT ARGS... (torchrun's form: run with python -u, see -m and --no-python) "
+        "or -- COMMAND ARGS...",
+    )
+
+
+def _add_gang_args(parser: argparse.ArgumentParser) -> None:
+    """The run, its directories, and how its ranks are stopped and shrunk."""
     parser.add_argument("--nproc", type=int, help="one host: ranks to start")
     parser.add_argument(
         "--run-id",
-        help="the run's id (default: slurm-<job>.<step> under srun, else "
+        help="the run's id (default: --rdzv-id, slurm-<job>.<step> under srun, else "
         "<script>-<time>-<random>; required with --nnodes > 1)",
     )
-    nodes = parser.add_argument_group(
-        "several nodes (one agent per node; under srun the defaults come from SLURM)"
+    parser.add_argument(
+        "--checkpoint-dir",
+        type=Path,
+        help="the gang's checkpoint root (RUNWATCH_CHECKPOINT_DIR); respawns resume from it",
     )
-    nodes.add_argument("--nnodes", type=int, help="nodes in the gang (SLURM_NNODES)")
-    nodes.add_argument(
-        "--node-rank", type=int, help="this node's index (SLURM_PROCID / SLURM_NODEID)"
+    parser.add_argument(
+        "--state-dir",
+        type=Path,
+        help="controller state (default: $RUNWATCH_HOME/controller/<run-id>, "
+        "with several nodes .../<run-id>/node<I>)",
     )
-    nodes.add_argument(
-        "--nproc-per-node",
+    parser.add_argument(
+        "--grace-s",
+        type=float,
+        help=f"SIGTERM grace before SIGKILL (default: {DEFAULT_GRACE_S:g}; "
+        "torchrun's --shutdown-timeout)",
+    )
+    parser.add_argument(
+        "--command-timeout",
+        type=float,
+        default=120.0,
+        metavar="SECONDS",
+        help="a dead gang without a restart command this long fails the run",
+    )
+    parser.add_argument(
+        "--rank-failure-budget",
         type=int,
-        help="ranks this node starts (SLURM_GPUS_ON_NODE, else SLURM_NTASKS_PER_NODE)",
+        default=2,
+        help="failures a rank may cause; one more shrinks the gang by one rank",
     )
-    nodes.add_argument(
-        "--master-addr", help="host of node 0 (the first host of SLURM_JOB_NODELIST)"
+    parser.add_argument("--min-nproc", type=int, default=1, help="never shrink below this")
+    parser.add_argument(
+        "--env", action="append", default=[], metavar="NAME=VALUE", help="extra rank variable"
     )
-    nodes.add_argument(
-        "--master-port",
-        type=int,
-        help="base rendezvous port; incarnation I uses PORT + I %% 16 (default 29500; "
-        "SLURM: MASTER_PORT or derived from SLURM_JOB_ID; one host: a free port)",
-    )
+
+
+def _add_node_args(parser: argparse.ArgumentParser) -> None:
+    """The flags of a gang of several nodes that are runwatch's own (torchrun's: its group)."""
+    nodes = parser.add_argument_group("several nodes (one agent per node)")
     nodes.add_argument(
         "--min-nnodes",
         type=int,
@@ -86,40 +129,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="restarts a node may cause (its rank named by the dead_rank or hang verdict); "
         "one more and it is dropped like a lost node, when --min-nnodes and the backend allow",
     )
-    nodes.add_argument(
-        "--max-restarts",
-        type=int,
-        help="restart commands to execute; one more fails the run (default: no limit)",
-    )
-    parser.add_argument(
-        "--checkpoint-dir",
-        type=Path,
-        help="the gang's checkpoint root (RUNWATCH_CHECKPOINT_DIR); respawns resume from it",
-    )
-    parser.add_argument(
-        "--state-dir",
-        type=Path,
-        help="controller state (default: $RUNWATCH_HOME/controller/<run-id>, "
-        "with several nodes .../<run-id>/node<I>)",
-    )
-    parser.add_argument("--grace-s", type=float, default=10.0, help="SIGTERM grace before SIGKILL")
-    parser.add_argument(
-        "--command-timeout",
-        type=float,
-        default=120.0,
-        metavar="SECONDS",
-        help="a dead gang without a restart command this long fails the run",
-    )
-    parser.add_argument(
-        "--rank-failure-budget",
-        type=int,
-        default=2,
-        help="failures a rank may cause; one more shrinks the gang by one rank",
-    )
-    parser.add_argument("--min-nproc", type=int, default=1, help="never shrink below this")
-    parser.add_argument(
-        "--env", action="append", default=[], metavar="NAME=VALUE", help="extra rank variable"
-    )
+
+
+def _add_watch_args(parser: argparse.ArgumentParser) -> None:
+    """How the ranks are watched and restarted: log lines, exit evidence, relay, spares."""
     parser.add_argument(
         "--log-format",
         choices=FORMATS,
@@ -170,87 +183,106 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="with --warm-spares: comma-separated modules a spare imports while it waits "
         "(default %(default)s; add the script's own heavy imports)",
     )
-    parser.add_argument("argv", nargs=argparse.REMAINDER, help="-- COMMAND ARGS...")
 
 
 def default_run_id(argv: list[str]) -> str:
-    """``<script stem>-<yyyymmdd-hhmmss>-<4 hex>``."""
-    script = next((a for a in argv if a.endswith(".py")), argv[0])
+    """``<script stem or module>-<yyyymmdd-hhmmss>-<4 hex>``."""
+    if "-m" in argv[:-1]:
+        script = argv[argv.index("-m") + 1].rpartition(".")[2]
+    else:
+        script = next((a for a in argv if a.endswith(".py")), argv[0])
     stem = Path(script).stem or "run"
     return f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
 
 
+def count_devices(kind: str) -> int:
+    """``--nproc-per-node cpu|gpu|xpu|auto`` counted on this host, as torchrun counts them.
+
+    Raises:
+        UsageError: The kind of device is not available here (or torch is not installed).
+    """
+    if kind == "cpu":
+        return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
+    try:
+        import torch
+    except ImportError:
+        raise UsageError(f"--nproc-per-node {kind} counts devices with torch: not here") from None
+    if kind == "auto":
+        if not torch.accelerator.is_available():
+            return count_devices("cpu")
+        return int(torch.accelerator.device_count())
+    module = torch.cuda if kind == "gpu" else torch.xpu
+    if not module.is_available():
+        raise UsageError(f"--nproc-per-node {kind}: no {kind.upper()} is available on this host")
+    return int(module.device_count())
+
+
 @dataclass(frozen=True)
 class LaunchPlan:
-    """Where this agent stands: its node, the run, its state directory.
+    """Where this agent stands: its node, the run, its state directory, its command.
 
     Attributes:
         topology: This node's place in the gang.
         run_id: The run (the same on every node).
         state_dir: This agent's own state directory.
+        settings: What the command line asks for (`runwatch.cmd._torchrun.translate`).
     """
 
     topology: NodeTopology
     run_id: str
     state_dir: Path
+    settings: LaunchSettings
 
 
-def resolve(args: argparse.Namespace, environ: Mapping[str, str]) -> LaunchPlan:
+def resolve(
+    args: argparse.Namespace,
+    environ: Mapping[str, str],
+    *,
+    devices: CountDevices = count_devices,
+) -> LaunchPlan:
     """This agent's topology, run id and state directory from the flags and SLURM.
+
+    Args:
+        args: The parsed command line.
+        environ: The launcher's environment (SLURM's and torchrun's ``PET_*`` variables).
+        devices: Counts ``--nproc-per-node cpu|gpu|xpu|auto``.
 
     Raises:
         UsageError: A bad combination (one line).
     """
     from runwatch.controller.state import default_state_dir
 
+    settings = translate(args, environ, python=sys.executable, count_devices=devices)
     try:
-        resolved = resolve_topology(
-            environ,
-            nproc=args.nproc,
-            nnodes=args.nnodes,
-            node_rank=args.node_rank,
-            nproc_per_node=args.nproc_per_node,
-            master_addr=args.master_addr,
-            master_port=args.master_port,
-            min_nnodes=args.min_nnodes,
-            max_restarts=args.max_restarts,
-            run_id=args.run_id,
-        )
+        resolved = resolve_topology(environ, **settings.topology_args())
     except TopologyError as exc:
         raise UsageError(str(exc)) from None
     topology = resolved.topology
-    given = (args.nproc, args.nnodes, args.nproc_per_node)
+    given = (settings.nproc, settings.nnodes, settings.nproc_per_node)
     if given == (None, None, None) and topology.source != "slurm":
         raise UsageError("give --nproc N (one host) or --nproc-per-node K (one node of several)")
     several = topology.nnodes > 1
     if several and resolved.run_id is None:
         raise UsageError(
-            f"--nnodes {topology.nnodes} needs --run-id (every node's agent names the same run)"
+            f"--nnodes {topology.nnodes} needs --run-id or --rdzv-id (every node's agent names "
+            f"the same run)"
         )
     if several and args.log_format is not None:
         raise UsageError("--log-format reads rank 0's output on one host: it needs --nnodes 1")
-    argv = _command(args)
-    run_id = resolved.run_id or default_run_id(argv)
+    run_id = resolved.run_id or default_run_id(list(settings.command))
     state_dir = args.state_dir or default_state_dir(run_id)
     if several and args.state_dir is None:
         state_dir = state_dir / f"node{topology.node_rank}"
-    return LaunchPlan(topology=topology, run_id=run_id, state_dir=state_dir.resolve())
+    return LaunchPlan(
+        topology=topology, run_id=run_id, state_dir=state_dir.resolve(), settings=settings
+    )
 
 
-def _command(args: argparse.Namespace) -> list[str]:
-    argv = list(args.argv)
-    if argv and argv[0] == "--":
-        argv = argv[1:]
-    if not argv:
-        raise UsageError("no command: runwatch launch --nproc N -- python train.py ...")
-    return argv
-
-
-def _validate(args: argparse.Namespace) -> list[str]:
-    argv = _command(args)
+def _validate(args: argparse.Namespace, settings: LaunchSettings) -> None:
+    argv = settings.command
     if args.min_nproc < 1 or args.rank_failure_budget < 0:
         raise UsageError("--min-nproc must be >= 1, --rank-failure-budget >= 0")
-    if args.grace_s < 0 or args.command_timeout <= 0:
+    if settings.grace_s < 0 or args.command_timeout <= 0:
         raise UsageError("--grace-s must be >= 0 and --command-timeout > 0")
     if args.node_failure_budget < 0:
         raise UsageError(f"--node-failure-budget must be >= 0, got {args.node_failure_budget}")
@@ -282,7 +314,6 @@ def _validate(args: argparse.Namespace) -> list[str]:
             raise UsageError(message) from None
         if args.tokens_per_step < 0:
             raise UsageError(f"--tokens-per-step must be >= 0, got {args.tokens_per_step}")
-    return argv
 
 
 def _rank_extra_env(args: argparse.Namespace) -> dict[str, str]:
@@ -294,9 +325,7 @@ def _rank_extra_env(args: argparse.Namespace) -> dict[str, str]:
     return env
 
 
-def _spec(
-    args: argparse.Namespace, argv: list[str], plan: LaunchPlan, run: RunBinding
-) -> LaunchSpec:
+def _spec(args: argparse.Namespace, plan: LaunchPlan, run: RunBinding) -> LaunchSpec:
     """What this agent is asked to do, from the flags (what happens goes in the record)."""
     from runwatch.controller.launcher import HOST
     from runwatch.controller.loop import commands_end_offsets
@@ -319,12 +348,12 @@ def _spec(
             checkpoint_dir=str(args.checkpoint_dir.resolve()) if args.checkpoint_dir else None,
             relay_socket=relay,
         ),
-        argv=tuple(argv),
+        argv=plan.settings.command,
         env=_rank_extra_env(args),
         topology=plan.topology,
         host=HOST,
         launch_offsets=commands_end_offsets(run.bootstrap, run.prefix),
-        grace_s=args.grace_s,
+        grace_s=plan.settings.grace_s,
         command_timeout_s=args.command_timeout,
         rank_failure_budget=args.rank_failure_budget,
         min_nproc=args.min_nproc,
@@ -345,9 +374,11 @@ def run(args: argparse.Namespace) -> int:
     from runwatch.controller.topology import RunBinding
     from runwatch.resolve import resolve_bootstrap
 
-    argv = _validate(args)
     plan = resolve(args, os.environ)
+    _validate(args, plan.settings)
     topology, run_id, state_dir = plan.topology, plan.run_id, plan.state_dir
+    for line in plan.settings.no_effect:
+        log.warning("runwatch launch: %s (no effect)", line)
     bootstrap = resolve_bootstrap(args.bootstrap)
     prefix = topic_prefix(args.prefix)
     try:
@@ -366,7 +397,7 @@ def run(args: argparse.Namespace) -> int:
                 f"{[p.pid for p in ranks]}): adopt it with `runwatch controller "
                 f"--state-dir {state_dir}`"
             )
-    spec = _spec(args, argv, plan, RunBinding(run_id=run_id, bootstrap=bootstrap, prefix=prefix))
+    spec = _spec(args, plan, RunBinding(run_id=run_id, bootstrap=bootstrap, prefix=prefix))
     # A relaunch of a run id continues its incarnations: the processors' policy issues at
     # most one command per (run, incarnation), so incarnation 0 again would get none.
     first = 0 if previous is None else previous.record.incarnation + 1

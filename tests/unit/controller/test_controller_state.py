@@ -115,8 +115,12 @@ def test_rank_env_contract():
         "ROLE_RANK": "1",
         "ROLE_WORLD_SIZE": "2",
         "TORCHELASTIC_RESTART_COUNT": "3",
+        "TORCHELASTIC_MAX_RESTARTS": "2147483647",  # no limit
         "TORCHELASTIC_RUN_ID": "r",
         "TORCHELASTIC_USE_AGENT_STORE": "False",
+        # torchrun's defaults, under the controller's environment
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+        "OMP_NUM_THREADS": "1",
     }
     # The rank reads back exactly what the controller wrote: one struct, both ends.
     assert LaunchEnv.from_environ(env) == launch
@@ -125,3 +129,28 @@ def test_rank_env_contract():
         base, {}, launch_env(one, Incarnation(1, one.topology, Resume(None)), 0, 1)
     )
     assert again["RUNWATCH_RESTART_FROM"] == "0" and "RUNWATCH_CHECKPOINT_DIR" not in again
+
+
+@pytest.mark.parametrize(
+    ("base", "extra", "threads"),
+    [
+        pytest.param({}, {}, "1", id="torchruns-default"),
+        pytest.param({"OMP_NUM_THREADS": "4"}, {}, "4", id="the-agents-environment-wins"),
+        pytest.param({"OMP_NUM_THREADS": "4"}, {"OMP_NUM_THREADS": "8"}, "8", id="env-flag-wins"),
+    ],
+)
+def test_torchruns_defaults_yield_to_the_agent_and_env(base, extra, threads):
+    launched = spec(checkpoint_dir="/ck")
+    launch = launch_env(launched, Incarnation(0, launched.topology), 0, 1234)
+    env = rank_environ(base | {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "0"}, extra, launch)
+    assert env["OMP_NUM_THREADS"] == threads
+    assert env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "0"
+
+
+def test_each_rank_is_given_its_own_error_file(tmp_path):
+    state = ControllerState(tmp_path / "s")
+    launched = spec()
+    path = str(state.error_path(2, 1))
+    launch = launch_env(launched, Incarnation(2, launched.topology), 1, 1234, error_file=path)
+    assert rank_environ({}, {}, launch)["TORCHELASTIC_ERROR_FILE"] == path
+    assert path.endswith("errors/inc2.rank1.json") and state.error_path(2, 1).parent.is_dir()

@@ -93,3 +93,44 @@ def test_a_command_before_the_peers_die_still_charges_the_culprit(tmp_path):
         assert [e.rank for e in published if isinstance(e, RankExited)] == [1]
     finally:
         sup.launcher.gang.stop(0.0, kill_now=True)
+
+
+# Rank 1 writes an error file the way torch's @record does (the real decorator is
+# exercised in tests/unit/torch/test_record_error_file.py), then exits 1; rank 0 exits 1
+# without one, as a peer failing its collective.
+RECORDING = (
+    "import json, os, sys\n"
+    "if os.environ['RANK'] == '1':\n"
+    "    message = {'message': 'ValueError: batch 7 has\\n  no tokens',\n"
+    "               'extraInfo': {'py_callstack': 'Traceback ...', 'timestamp': '1'}}\n"
+    "    with open(os.environ['TORCHELASTIC_ERROR_FILE'], 'w') as f:\n"
+    "        json.dump({'message': message}, f)\n"
+    "sys.exit(1)\n"
+)
+
+
+def test_the_exit_evidence_carries_the_root_cause_the_rank_recorded(tmp_path):
+    state = ControllerState(tmp_path / "state")
+    launched = spec(argv=(PY, "-c", RECORDING), bootstrap="127.0.0.1:1")
+    published: list[Event] = []
+    sup = supervisor(state, launched, record(launched, incarnation=2), publish=published.append)
+    sup.launch(None)
+    assert sup.launcher.gang.wait(60.0), "the ranks did not exit"
+    sup.observe(time.monotonic())
+    causes = {e.rank: e.root_cause for e in published if isinstance(e, RankExited)}
+    assert causes == {0: "", 1: "ValueError: batch 7 has no tokens"}
+    assert state.error_path(2, 1).is_file()  # left where it was: nothing is deleted
+
+
+def test_a_stale_error_file_is_not_read_as_a_new_ranks_root_cause(tmp_path):
+    state = ControllerState(tmp_path / "state")
+    stale = state.error_path(0, 0)
+    stale.write_text('{"message": {"message": "OldError: from an earlier gang"}}')
+    launched = spec(argv=(PY, "-c", "raise SystemExit(2)"), bootstrap="127.0.0.1:1", nproc=1)
+    published: list[Event] = []
+    sup = supervisor(state, launched, publish=published.append)
+    sup.launch(None)
+    assert sup.launcher.gang.wait(60.0), "the rank did not exit"
+    sup.observe(time.monotonic())
+    (gone,) = [e for e in published if isinstance(e, RankExited)]
+    assert (gone.exit_code, gone.root_cause) == (2, "")

@@ -221,6 +221,7 @@ def test_launch_env_is_torchruns_contract_plus_runwatchs():
         "MASTER_ADDR": "node0",
         "MASTER_PORT": "29503",
         "TORCHELASTIC_RESTART_COUNT": "3",
+        "TORCHELASTIC_MAX_RESTARTS": "2147483647",
         "TORCHELASTIC_RUN_ID": "r1",
         "TORCHELASTIC_USE_AGENT_STORE": "False",
         "RUNWATCH_BOOTSTRAP": "k:9092",

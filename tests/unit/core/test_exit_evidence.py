@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import msgspec
+
 from runwatch.processors.core.config import DetectorConfig, with_overrides
 from runwatch.processors.core.policy import fold_policy
 from runwatch.processors.core.replay import Record, replay
@@ -156,3 +158,18 @@ def test_replay_reproduces_the_verdict_and_the_state_round_trips() -> None:
     assert first.commands == again.commands
     assert live_state is not None
     assert decode_state("liveness", encode_state(live_state)) == live_state
+
+
+def test_the_verdict_carries_the_root_cause_the_rank_recorded() -> None:
+    events: list[Event] = [started(world_size=2), *lockstep(2, range(1, 11))]
+    failed = exited(1, 3 * S, code=1)
+    events += [msgspec.structs.replace(failed, root_cause="ValueError: batch 7 has no tokens")]
+    _, (verdict,) = fold_heartbeats(events, CFG)
+    assert verdict.kind == "dead_rank" and verdict.rank == 1
+    assert verdict.detail.endswith(
+        "its peers are blocked on it; root cause: ValueError: batch 7 has no tokens"
+    )
+    # Evidence without one (a signal, no @record, an older agent) reads as before.
+    _, (plain,) = fold_heartbeats([*events[:-1], failed], CFG)
+    assert plain.detail.endswith("its peers are blocked on it")
+    assert plain.verdict_id == verdict.verdict_id  # the same verdict, better described
