@@ -17,10 +17,12 @@ Readiness is a real metadata request (DescribeCluster) answered by the broker, n
 controller quorum of every node, one data directory each under the cluster's directory);
 `ephemeral_cluster` is its ``with`` form, with ``kill(node)`` / ``start(node)`` for tests.
 
-Modules: `config` (versions, JVM options, ports, cluster id, ``server.properties``), `jars`
-(the Maven assembly), `state` (`BrokerInfo`), `pids` (the JVM as an OS process),
-`readiness` (the DescribeCluster probe), `lifecycle` (`EmbeddedBroker` and shortcuts) and
-`cluster` (`EmbeddedCluster`).
+Modules, each importing only those before it: `config` (versions, JVM options, ports,
+cluster id, ``server.properties``), `files` (atomic and private writes, locks), `state`
+(`BrokerInfo`), `jars` (the Maven assembly), `pids` (the JVM as an OS process),
+`readiness` (the DescribeCluster probe), `process` (launching a JVM, stopping it),
+`lifecycle` (`EmbeddedBroker` and shortcuts), `cluster` (`EmbeddedCluster`) and `locate`
+(what runs from a data directory). No module uses another's private names.
 Everything public is re-exported here: import from ``runwatch.broker``.
 """
 
@@ -33,7 +35,8 @@ from runwatch.broker.cluster import (
 )
 from runwatch.broker.config import DEFAULT_JVM_OPTS, HOST, KAFKA_VERSION, default_data_dir
 from runwatch.broker.jars import assembly_pom, ensure_jars, kafka_libs_dir
-from runwatch.broker.lifecycle import EmbeddedBroker, ephemeral_broker, running_bootstrap
+from runwatch.broker.lifecycle import EmbeddedBroker, ephemeral_broker
+from runwatch.broker.locate import running_bootstrap
 from runwatch.broker.state import BrokerInfo, ClusterMember
 
 __all__ = [
