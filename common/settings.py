@@ -25,12 +25,17 @@ ENV_TOPIC_PREFIX = "RUNWATCH_TOPIC_PREFIX"
 ENV_REPLICATION_FACTOR = "RUNWATCH_REPLICATION_FACTOR"
 ENV_PARTITIONS = "RUNWATCH_PARTITIONS"
 
+ENV_SECURITY_PROTOCOL = "RUNWATCH_SECURITY_PROTOCOL"
+ENV_SASL_MECHANISM = "RUNWATCH_SASL_MECHANISM"
+ENV_SASL_USERNAME = "RUNWATCH_SASL_USERNAME"
+ENV_SASL_PASSWORD = "RUNWATCH_SASL_PASSWORD"
+
 # Client security settings read from the environment; names follow kafka-python's arguments.
 _SECURITY_ENV: dict[str, str] = {
-    "RUNWATCH_SECURITY_PROTOCOL": "security_protocol",
-    "RUNWATCH_SASL_MECHANISM": "sasl_mechanism",
-    "RUNWATCH_SASL_USERNAME": "sasl_plain_username",
-    "RUNWATCH_SASL_PASSWORD": "sasl_plain_password",
+    ENV_SECURITY_PROTOCOL: "security_protocol",
+    ENV_SASL_MECHANISM: "sasl_mechanism",
+    ENV_SASL_USERNAME: "sasl_plain_username",
+    ENV_SASL_PASSWORD: "sasl_plain_password",
     "RUNWATCH_SSL_CAFILE": "ssl_cafile",
     "RUNWATCH_SSL_CERTFILE": "ssl_certfile",
     "RUNWATCH_SSL_KEYFILE": "ssl_keyfile",

@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from runwatch.broker.acls import Scope
 from runwatch.broker.config import (
     DEFAULT_JVM_OPTS,
     HOST,
@@ -25,11 +26,18 @@ from runwatch.broker.config import (
     random_cluster_id,
     server_properties,
 )
-from runwatch.broker.files import file_lock, no_lock, tail, write_json
+from runwatch.broker.files import file_lock, no_lock, tail, write_json, write_private
 from runwatch.broker.jars import ensure_jars
 from runwatch.broker.pids import is_broker_process, reap, wait_pid_exit
 from runwatch.broker.process import Launched, java_command, run_tool, spawn, terminate
 from runwatch.broker.readiness import BrokerExited, await_ready, exit_probe
+from runwatch.broker.security import (
+    ADMIN_USER,
+    Credentials,
+    ensure_credentials,
+    is_secure,
+    write_env_files,
+)
 from runwatch.broker.state import BrokerInfo, ClusterMember
 from runwatch.common.errors import RunwatchError
 
@@ -76,6 +84,10 @@ class EmbeddedBroker:
     any later `EmbeddedBroker` on the same data directory finds it through the pid and state
     files. Usable as a context manager: ``with EmbeddedBroker(d) as info: ...`` starts it
     and stops it again.
+
+    A secure broker (``secure=True``, or a data directory made secure before) takes
+    SASL/SCRAM clients only, checks ACLs, and has a user per role
+    (`runwatch.broker.security`); every start applies the roles' ACLs of its `Scope`.
     """
 
     def __init__(
@@ -87,6 +99,8 @@ class EmbeddedBroker:
         libs_dir: Path | None = None,
         kafka_version: str = KAFKA_VERSION,
         member: ClusterMember | None = None,
+        secure: bool = False,
+        scope: Scope | None = None,
     ) -> None:
         """Describe a broker; nothing starts until `start`.
 
@@ -98,6 +112,10 @@ class EmbeddedBroker:
             kafka_version: Apache Kafka release to run.
             member: This broker is a node of a cluster (`EmbeddedCluster` passes it): its
                 id, ports, quorum and cluster id; None: a single-node cluster of its own.
+            secure: Make a new data directory secure (one formatted without security
+                cannot be made secure). A secure directory starts secure either way.
+            scope: The prefix and app id whose ACLs a secure start grants the roles;
+                None: `Scope.of` the topic prefix (``RUNWATCH_TOPIC_PREFIX``, ``runwatch``).
         """
         self.member = member
         if member is not None:
@@ -108,6 +126,8 @@ class EmbeddedBroker:
         self.jvm_opts = tuple(jvm_opts)
         self.kafka_version = kafka_version
         self.libs_dir = libs_dir
+        self.secure = secure
+        self.scope = scope
         self._proc: subprocess.Popen[bytes] | None = None
 
     # ---- files
@@ -186,8 +206,11 @@ class EmbeddedBroker:
             logs_dir=self.data_dir / "logs",
         )
 
-    def _format_storage(self, libs: Path) -> None:
-        if (self.kafka_log_dir / "meta.properties").is_file():
+    def _formatted(self) -> bool:
+        return (self.kafka_log_dir / "meta.properties").is_file()
+
+    def _format_storage(self, libs: Path, credentials: Credentials | None) -> None:
+        if self._formatted():
             return
         cmd = self._java_cmd(
             libs,
@@ -197,9 +220,29 @@ class EmbeddedBroker:
             self.member.cluster_id if self.member is not None else random_cluster_id(),
             "--config",
             str(self.properties_file),
+            *(credentials.format_arguments() if credentials is not None else ()),
             jvm_opts=TOOL_JVM_OPTS,
         )
         run_tool(cmd, "formatting the broker's storage")
+
+    def credentials(self) -> Credentials | None:
+        """The secure broker's credentials (created on its first start); None: not secure.
+
+        Raises:
+            RunwatchError: ``secure`` was asked of a data directory formatted without
+                security, or of a cluster's node.
+        """
+        if not (self.secure or is_secure(self.data_dir)):
+            return None
+        if self.member is not None:
+            raise RunwatchError("a cluster's nodes cannot be secure (yet): use one broker")
+        if not is_secure(self.data_dir) and self._formatted():
+            raise RunwatchError(
+                f"{self.data_dir} holds a broker formatted without security, and a data "
+                "directory's security is fixed when it is formatted: start the secure broker "
+                "in another --data-dir"
+            )
+        return ensure_credentials(self.data_dir)
 
     def start(self, *, timeout_s: float = 120.0) -> BrokerInfo:
         """Start the broker (a no-op when it already runs) and wait until it answers.
@@ -221,22 +264,57 @@ class EmbeddedBroker:
         with self.lock():
             launched = self.spawn()
             if isinstance(launched, BrokerInfo):
-                return launched
-            return self.await_started(launched, started_by=launched.started, timeout_s=timeout_s)
+                info = launched
+            else:
+                info = self.await_started(
+                    launched, started_by=launched.started, timeout_s=timeout_s
+                )
+            if info.secure:
+                self.grant(info)
+            return info
+
+    def grant(self, info: BrokerInfo, scope: Scope | None = None) -> None:
+        """Give a secure broker's roles their users and the ACLs of ``scope``.
+
+        Idempotent: existing users keep their passwords, existing ACLs stay. Writes each
+        user's ``credentials/<user>.env`` with the broker's current address.
+
+        Args:
+            info: The running broker.
+            scope: Whose ACLs; None: the broker's `scope`, else `Scope.of` the topic prefix.
+
+        Raises:
+            RunwatchError: the broker is not secure, or Kafka refused a user or an ACL.
+        """
+        from runwatch import admin
+        from runwatch.broker.acls import bindings, principals
+        from runwatch.common.settings import topic_prefix
+
+        credentials = self.credentials()
+        if credentials is None:
+            raise RunwatchError(f"the broker of {self.data_dir} is not secure: nothing to grant")
+        scope = scope or self.scope or Scope.of(topic_prefix())
+        as_admin = credentials.client_config(ADMIN_USER)
+        roles = {u: p for u, p in credentials.passwords.items() if u != ADMIN_USER}
+        admin.ensure_scram_users(info.bootstrap, roles, client_config=as_admin)
+        admin.apply_acls(info.bootstrap, bindings(scope, principals()), client_config=as_admin)
+        write_env_files(self.data_dir, credentials, info.bootstrap)
+        logger.info("granted the roles' ACLs for prefix %s, app id %s", scope.prefix, scope.app_id)
 
     def lock(self) -> contextlib.AbstractContextManager[None]:
         """The data directory's advisory lock: hold it around `spawn` and `terminate`."""
         return file_lock(self.data_dir / ".lock")
 
-    def _properties(self) -> tuple[int, int, bool, str]:
+    def _properties(self, credentials: Credentials | None) -> tuple[int, int, bool, str]:
         """The client port, controller port, whether the port was picked, the properties."""
         if self.member is None:
             port, controller_port, auto = _choose_ports(self.port, self._read_state())
+            security = credentials.broker_properties() if credentials is not None else None
             return (
                 port,
                 controller_port,
                 auto,
-                server_properties(port, controller_port, self.kafka_log_dir),
+                server_properties(port, controller_port, self.kafka_log_dir, security=security),
             )
         member = self.member
         for taken in (p for p in (member.port, member.controller_port) if not port_free(p)):
@@ -281,10 +359,14 @@ class EmbeddedBroker:
                 f"a broker process (pid {orphan}) runs from {self.data_dir} without a state "
                 "file; stop it with `runwatch broker stop` first"
             )
-        port, controller_port, auto, properties = self._properties()
+        credentials = self.credentials()
+        port, controller_port, auto, properties = self._properties(credentials)
         libs = ensure_jars(self.libs_dir, kafka_version=self.kafka_version)
-        self.properties_file.write_text(properties)
-        self._format_storage(libs)
+        if credentials is not None:  # it holds the admin's password
+            write_private(self.properties_file, properties)
+        else:
+            self.properties_file.write_text(properties)
+        self._format_storage(libs, credentials)
         started = time.monotonic()
         proc = spawn(
             self._java_cmd(libs, MAIN_CLASS, str(self.properties_file)),
@@ -312,12 +394,14 @@ class EmbeddedBroker:
         proc = launched.proc
         bootstrap = f"{HOST}:{launched.port}"
         node_id = self.member.node_id if self.member is not None else None
+        credentials = self.credentials()
         try:
             await_ready(
                 bootstrap,
                 deadline=started_by + timeout_s,
                 exited=exit_probe(proc),
                 node_id=node_id,
+                client_config=credentials.client_config(ADMIN_USER) if credentials else None,
             )
         except BrokerExited as exc:
             self._proc = None
@@ -343,6 +427,7 @@ class EmbeddedBroker:
             kafka_version=self.kafka_version,
             startup_s=round(time.monotonic() - launched.started, 2),
             node_id=node_id or 1,
+            secure=credentials is not None,
         )
         write_json(self.state_file, info.to_json())
         return info
@@ -434,7 +519,12 @@ class EmbeddedBroker:
 
 @contextlib.contextmanager
 def ephemeral_broker(
-    data_dir: Path, *, port: int | None = None, timeout_s: float = 120.0
+    data_dir: Path,
+    *,
+    port: int | None = None,
+    timeout_s: float = 120.0,
+    secure: bool = False,
+    scope: Scope | None = None,
 ) -> Iterator[BrokerInfo]:
     """Run a broker in ``data_dir`` for the duration of a ``with`` block (tests, demos).
 
@@ -442,11 +532,14 @@ def ephemeral_broker(
         data_dir: Its data directory (a temporary one, typically).
         port: Client port; None picks a free one.
         timeout_s: Longest to wait for it to answer.
+        secure: Run it secure (`EmbeddedBroker`); `runwatch.broker.security.load_credentials`
+            of ``data_dir`` then has every user's password.
+        scope: Whose ACLs a secure broker grants (`EmbeddedBroker`).
 
     Yields:
         The running broker.
     """
-    broker = EmbeddedBroker(data_dir, port=port)
+    broker = EmbeddedBroker(data_dir, port=port, secure=secure, scope=scope)
     info = broker.start(timeout_s=timeout_s)
     try:
         yield info

@@ -24,3 +24,16 @@ def running_bootstrap(data_dir: Path | None = None) -> str | None:
         return cluster.bootstrap if cluster is not None else None
     info = EmbeddedBroker(data_dir).running(clean_stale=False)
     return info.bootstrap if info is not None else None
+
+
+def running_secure(data_dir: Path | None = None) -> bool:
+    """True if the embedded broker of ``data_dir`` runs and is secure (clients must log in).
+
+    Args:
+        data_dir: The broker's data directory; `default_data_dir()` when None.
+    """
+    directory = data_dir if data_dir is not None else default_data_dir()
+    if is_cluster_dir(directory):
+        return False
+    info = EmbeddedBroker(data_dir).running(clean_stale=False)
+    return info is not None and info.secure
