@@ -289,6 +289,7 @@ def _rank_extra_env(args: argparse.Namespace) -> dict[str, str]:
 
 def run(args: argparse.Namespace) -> int:
     """Launch the gang, then serve its commands until the run ends."""
+    from runwatch.admin import warn_if_no_authorizer
     from runwatch.common.settings import topic_prefix
     from runwatch.controller.agent import build_controller, load_keys
     from runwatch.controller.gang import Gang
@@ -308,6 +309,7 @@ def run(args: argparse.Namespace) -> int:
     topology, run_id, state_dir = plan.topology, plan.run_id, plan.state_dir
     bootstrap = resolve_bootstrap(args.bootstrap)
     prefix = topic_prefix(args.prefix)
+    warn_if_no_authorizer(bootstrap, prefix, "controller")
     try:
         lock_state_dir(state_dir)
     except StateLocked as exc:

@@ -308,6 +308,8 @@ def _failure(loop: Any, bootstrap: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Start every selected sink in its own thread; stop on SIGINT or SIGTERM."""
+    from runwatch.admin import warn_if_no_authorizer
+    from runwatch.broker.acls import default_sinks_group
     from runwatch.common.settings import kafka_client_config, topic_prefix
     from runwatch.resolve import resolve_bootstrap
     from runwatch.schemas.topics import names
@@ -318,7 +320,7 @@ def run(args: argparse.Namespace) -> int:
     bootstrap = resolve_bootstrap(args.bootstrap)
     prefix = topic_prefix(args.prefix)
     topics = names(prefix)
-    args.group_prefix = args.group or f"{prefix}-sinks"
+    args.group_prefix = args.group or default_sinks_group(prefix)
     sinks = build_sinks(args, topics, webhooks)
     try:
         for sink in sinks:
@@ -329,6 +331,7 @@ def run(args: argparse.Namespace) -> int:
             if hasattr(sink, "close"):
                 sink.close()
         raise
+    warn_if_no_authorizer(bootstrap, prefix, "sinks")
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
