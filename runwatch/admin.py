@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -152,6 +153,7 @@ def create_topics(
     *,
     replication: Replication | None = None,
     timeout_s: float = 30.0,
+    client_config: Mapping[str, Any] | None = None,
 ) -> dict[str, bool]:
     """Create the topics of ``specs`` unless they exist, then wait until metadata shows them.
 
@@ -164,6 +166,7 @@ def create_topics(
         replication: Replication factor and ``min.insync.replicas`` of the new topics;
             None chooses them from the cluster's size (`cluster_replication`).
         timeout_s: Longest to wait for the brokers, for creation and for leaders.
+        client_config: Security settings for kafka-python; None: `kafka_client_config()`.
 
     Returns:
         Topic name -> True if this call created it, False if it existed already.
@@ -178,7 +181,7 @@ def create_topics(
         return {}
     by_name = {spec.name: spec for spec in specs}
     created: dict[str, bool] = {}
-    with admin_client(bootstrap, timeout_s=timeout_s) as admin:
+    with admin_client(bootstrap, timeout_s=timeout_s, client_config=client_config) as admin:
         rule = replication if replication is not None else _replication(_broker_count(admin), None)
         request: dict[str, dict[str, Any]] = {
             spec.name: {
@@ -396,16 +399,71 @@ def apply_acls(
     with admin_client(bootstrap, timeout_s=timeout_s, client_config=client_config) as admin:
         try:
             result = admin.create_acls(acls)
+            failed = list(result.get("failed", []))
+            if failed:
+                reasons = ", ".join(sorted({getattr(e, "__name__", str(e)) for e in failed}))
+                raise RunwatchError(
+                    f"Kafka at {bootstrap} refused {len(failed)} of {len(acls)} ACLs: {reasons} "
+                    "(ACLs need an authorizer and a credential allowed to alter them: the admin's)"
+                )
+            _await_acls(admin, acls, deadline=time.monotonic() + timeout_s)
         except KafkaError as exc:
             raise RunwatchError(f"creating ACLs on {bootstrap} failed: {exc}") from None
-    failed = list(result.get("failed", []))
-    if failed:
-        reasons = ", ".join(sorted({getattr(e, "__name__", str(e)) for e in failed}))
-        raise RunwatchError(
-            f"Kafka at {bootstrap} refused {len(failed)} of {len(acls)} ACLs: {reasons} "
-            "(ACLs need an authorizer and a credential allowed to alter them: the admin's)"
-        )
     return len(acls)
+
+
+def _any_acl() -> Any:
+    """A DescribeAcls filter matching every ACL."""
+    from kafka.admin import (
+        ACLFilter,
+        ACLOperation,
+        ACLPermissionType,
+        ACLResourcePatternType,
+        ResourcePatternFilter,
+        ResourceType,
+    )
+
+    return ACLFilter(
+        principal=None,
+        host=None,
+        operation=ACLOperation.ANY,
+        permission_type=ACLPermissionType.ANY,
+        resource_pattern=ResourcePatternFilter(ResourceType.ANY, None, ACLResourcePatternType.ANY),
+    )
+
+
+def _acl_key(acl: Any) -> tuple[Any, ...]:
+    pattern = acl.resource_pattern
+    return (
+        acl.principal,
+        acl.host,
+        acl.operation,
+        acl.permission_type,
+        pattern.resource_type,
+        pattern.resource_name,
+        pattern.pattern_type,
+    )
+
+
+def _await_acls(admin: KafkaAdminClient, acls: Sequence[Any], *, deadline: float) -> None:
+    """Wait until the broker answering ``admin`` enforces every ACL of ``acls``.
+
+    CreateAcls returns once the controller committed them; each broker applies the
+    metadata a moment later. DescribeAcls is answered from the broker's own authorizer,
+    so once it lists them, that broker enforces them.
+
+    Raises:
+        RunwatchError: they are not all listed by ``deadline``.
+    """
+    wanted = {_acl_key(acl) for acl in acls}
+    while True:
+        listed, _ = admin.describe_acls(_any_acl())
+        missing = wanted - {_acl_key(acl) for acl in listed}
+        if not missing:
+            return
+        if time.monotonic() > deadline:
+            raise RunwatchError(f"{len(missing)} ACLs are not in force after they were created")
+        time.sleep(0.1)  # the broker applies the controller's metadata on its own schedule
 
 
 def ensure_scram_users(
@@ -438,25 +496,35 @@ def ensure_scram_users(
     from kafka.errors import KafkaError
 
     kind = ScramMechanism[mechanism.upper().replace("-", "_")]
+
+    def having(admin: KafkaAdminClient) -> set[str]:
+        described = admin.describe_user_scram_credentials(sorted(passwords))
+        return {
+            user
+            for user, info in described.items()
+            if any(c["mechanism"] == kind for c in info.get("credential_infos") or [])
+        }
+
+    deadline = time.monotonic() + timeout_s
     with admin_client(bootstrap, timeout_s=timeout_s, client_config=client_config) as admin:
         try:
-            described = admin.describe_user_scram_credentials(sorted(passwords))
-            have = {
-                user
-                for user, info in described.items()
-                if any(c["mechanism"] == kind for c in info.get("credential_infos") or [])
-            }
-            new = sorted(set(passwords) - have)
+            new = sorted(set(passwords) - having(admin))
             if not new:
                 return []
             errors = admin.alter_user_scram_credentials(
                 [UserScramCredentialUpsertion(u, kind, passwords[u], iterations=8192) for u in new]
             )
+            refused = {user: why for user, why in errors.items() if why}
+            if refused:
+                raise RunwatchError(f"Kafka at {bootstrap} refused SCRAM users: {refused}")
+            # In force once the broker lists them (it applies the controller's metadata
+            # a moment after the alteration was committed).
+            while not set(new) <= having(admin):
+                if time.monotonic() > deadline:
+                    raise RunwatchError(f"SCRAM users {new} not in force after their creation")
+                time.sleep(0.1)
         except KafkaError as exc:
             raise RunwatchError(f"creating SCRAM users on {bootstrap} failed: {exc}") from None
-    refused = {user: why for user, why in errors.items() if why}
-    if refused:
-        raise RunwatchError(f"Kafka at {bootstrap} refused SCRAM users: {refused}")
     return new
 
 
@@ -478,26 +546,11 @@ def authorizer_enabled(
         True (an authorizer), False (none), None (could not tell: unreachable, or
         another error).
     """
-    from kafka.admin import (
-        ACLFilter,
-        ACLOperation,
-        ACLPermissionType,
-        ACLResourcePatternType,
-        ResourcePatternFilter,
-        ResourceType,
-    )
     from kafka.errors import ClusterAuthorizationFailedError, KafkaError, SecurityDisabledError
 
-    everything = ACLFilter(
-        principal=None,
-        host=None,
-        operation=ACLOperation.ANY,
-        permission_type=ACLPermissionType.ANY,
-        resource_pattern=ResourcePatternFilter(ResourceType.ANY, None, ACLResourcePatternType.ANY),
-    )
     try:
         with admin_client(bootstrap, timeout_s=timeout_s, client_config=client_config) as admin:
-            admin.describe_acls(everything)
+            admin.describe_acls(_any_acl())
     except SecurityDisabledError:
         return False
     except ClusterAuthorizationFailedError:

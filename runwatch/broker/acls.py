@@ -65,8 +65,8 @@ class Pattern(enum.StrEnum):
 class Operation(enum.StrEnum):
     """Operations runwatch grants (kafka-python's ``ACLOperation`` names).
 
-    Read, Write and Create each imply Describe on the same resource (Kafka's rule), so
-    Describe is granted alone only where nothing else is.
+    Read and Write each imply Describe on the same resource (Kafka's rule; Create does
+    not), so Describe is granted only where neither is.
     """
 
     READ = "READ"
@@ -86,7 +86,7 @@ TOPIC_ACCESS: Final[Mapping[Role, Mapping[str, tuple[Operation, ...]]]] = {
         "checkpoints": (R, C),
         "anomalies": (R, W, C),
         "commands": (W, C),
-        "controller": (C,),
+        "controller": (C, D),  # D: it waits for the topics it creates to show up
         "deadletter": (W, C),
     },
     Role.CONTROLLER: {
