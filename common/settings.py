@@ -29,6 +29,8 @@ ENV_SECURITY_PROTOCOL = "RUNWATCH_SECURITY_PROTOCOL"
 ENV_SASL_MECHANISM = "RUNWATCH_SASL_MECHANISM"
 ENV_SASL_USERNAME = "RUNWATCH_SASL_USERNAME"
 ENV_SASL_PASSWORD = "RUNWATCH_SASL_PASSWORD"
+ENV_TRAINER_SASL_USERNAME = "RUNWATCH_TRAINER_SASL_USERNAME"
+ENV_TRAINER_SASL_PASSWORD = "RUNWATCH_TRAINER_SASL_PASSWORD"
 
 # Client security settings read from the environment; names follow kafka-python's arguments.
 _SECURITY_ENV: dict[str, str] = {
@@ -40,6 +42,8 @@ _SECURITY_ENV: dict[str, str] = {
     "RUNWATCH_SSL_CERTFILE": "ssl_certfile",
     "RUNWATCH_SSL_KEYFILE": "ssl_keyfile",
 }
+
+_TRAINER_LOGIN = (ENV_TRAINER_SASL_USERNAME, ENV_TRAINER_SASL_PASSWORD)
 
 SECURITY_PROTOCOLS: tuple[str, ...] = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 """Values `RUNWATCH_SECURITY_PROTOCOL` may take (Kafka's `security.protocol`)."""
@@ -85,6 +89,34 @@ def kafka_client_config(environ: dict[str, str] | None = None) -> dict[str, str]
     """Security settings for kafka-python clients, read from `RUNWATCH_*` variables."""
     env = os.environ if environ is None else environ
     return {arg: env[var] for var, arg in _SECURITY_ENV.items() if env.get(var)}
+
+
+def ranks_environ(environ: Mapping[str, str]) -> dict[str, str]:
+    """A launcher's environment as its ranks get it: the trainer's Kafka login, not its own.
+
+    ``runwatch launch`` logs in as the controller (`RUNWATCH_SASL_USERNAME`); its ranks run
+    user code and should log in as a trainer. With `RUNWATCH_TRAINER_SASL_USERNAME` and
+    `RUNWATCH_TRAINER_SASL_PASSWORD` set, a rank gets them as its `RUNWATCH_SASL_USERNAME`
+    and `RUNWATCH_SASL_PASSWORD`, and the launcher's own password never reaches it. Without
+    them the ranks inherit the launcher's login (one credential for both).
+
+    Args:
+        environ: The launcher's environment.
+
+    Returns:
+        A new mapping; the ``RUNWATCH_TRAINER_SASL_*`` variables are not in it.
+    """
+    env = {k: v for k, v in environ.items() if k not in _TRAINER_LOGIN}
+    user, password = (environ.get(var) for var in _TRAINER_LOGIN)
+    if user and password:
+        env[ENV_SASL_USERNAME] = user
+        env[ENV_SASL_PASSWORD] = password
+    return env
+
+
+def ranks_share_the_launchers_login(environ: Mapping[str, str]) -> bool:
+    """True when a launcher logs in with SASL and its ranks would get the same login."""
+    return bool(environ.get(ENV_SASL_USERNAME)) and not all(environ.get(v) for v in _TRAINER_LOGIN)
 
 
 def _security_env(environ: Mapping[str, str] | None) -> dict[str, str]:

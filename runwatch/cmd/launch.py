@@ -290,7 +290,11 @@ def _rank_extra_env(args: argparse.Namespace) -> dict[str, str]:
 def run(args: argparse.Namespace) -> int:
     """Launch the gang, then serve its commands until the run ends."""
     from runwatch.admin import warn_if_no_authorizer
-    from runwatch.common.settings import topic_prefix
+    from runwatch.common.settings import (
+        ENV_SASL_USERNAME,
+        ranks_share_the_launchers_login,
+        topic_prefix,
+    )
     from runwatch.controller.agent import build_controller, load_keys
     from runwatch.controller.gang import Gang
     from runwatch.controller.loop import commands_end_offsets
@@ -310,6 +314,13 @@ def run(args: argparse.Namespace) -> int:
     bootstrap = resolve_bootstrap(args.bootstrap)
     prefix = topic_prefix(args.prefix)
     warn_if_no_authorizer(bootstrap, prefix, "controller")
+    if ranks_share_the_launchers_login(os.environ):
+        logging.getLogger("runwatch.controller").warning(
+            "the ranks log in to Kafka with the launcher's own credential (%s): set "
+            "RUNWATCH_TRAINER_SASL_USERNAME and RUNWATCH_TRAINER_SASL_PASSWORD to give them "
+            "the trainer's (docs/security.md)",
+            os.environ.get(ENV_SASL_USERNAME),
+        )
     try:
         lock_state_dir(state_dir)
     except StateLocked as exc:

@@ -185,6 +185,8 @@ def test_a_launched_gang_is_respawned_with_a_controller_credential(
     topics = names(prefix)
     script = REPO / "tests" / "integration" / "controller" / "print_nanogpt.py"
     env = {**_as(secure_kafka, "controller"), "RUNWATCH_COMMAND_KEY": COMMAND_KEY}
+    env["RUNWATCH_TRAINER_SASL_USERNAME"] = "trainer"  # what its ranks log in as
+    env["RUNWATCH_TRAINER_SASL_PASSWORD"] = secure_kafka.password("trainer")
     args = [sys.executable, "-m", "runwatch.cli", "launch"]
     args += ["--bootstrap", secure_kafka.bootstrap, "--prefix", prefix, "--nproc", "2"]
     args += ["--run-id", run, "--state-dir", str(tmp_path / "state"), "--grace-s", "5"]
@@ -220,4 +222,5 @@ def test_a_launched_gang_is_respawned_with_a_controller_credential(
         "stopped",
         "completed",
     ]
-    assert "no ACLs" not in log.read_text()
+    said = log.read_text()
+    assert "no ACLs" not in said and "launcher's own credential" not in said

@@ -229,3 +229,44 @@ def test_faust_is_imported_lazily() -> None:
         "assert 'faust' not in sys.modules, 'faust imported eagerly'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+LAUNCHER = {**SCRAM, "RUNWATCH_SASL_USERNAME": "controller", "RUNWATCH_SASL_PASSWORD": "ctl"}
+
+
+def test_ranks_log_in_as_the_trainer_when_the_launcher_has_its_credential() -> None:
+    from runwatch.common.settings import ranks_environ, ranks_share_the_launchers_login
+
+    env = {**LAUNCHER, "RUNWATCH_TRAINER_SASL_USERNAME": "trainer"}
+    env["RUNWATCH_TRAINER_SASL_PASSWORD"] = "trn"
+    ranks = ranks_environ(env)
+    assert kafka_client_config(ranks)["sasl_plain_username"] == "trainer"
+    assert ranks["RUNWATCH_SASL_PASSWORD"] == "trn"
+    assert "ctl" not in ranks.values()  # the controller's password never reaches user code
+    assert not any(k.startswith("RUNWATCH_TRAINER_") for k in ranks)
+    assert not ranks_share_the_launchers_login(env)
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [{}, {"RUNWATCH_TRAINER_SASL_USERNAME": "trainer"}],
+    ids=["no-trainer-credential", "half-a-credential"],
+)
+def test_without_a_trainer_credential_ranks_share_the_launchers(extra: dict[str, str]) -> None:
+    from runwatch.common.settings import ranks_environ, ranks_share_the_launchers_login
+
+    env = {**LAUNCHER, **extra}
+    ranks = ranks_environ(env)
+    assert kafka_client_config(ranks) == kafka_client_config(LAUNCHER)
+    assert ranks_share_the_launchers_login(env)
+    assert not ranks_share_the_launchers_login({})  # no SASL at all: nothing shared
+
+
+def test_the_controller_gives_its_ranks_the_trainer_login() -> None:
+    from runwatch.controller.gang import node_environ
+
+    env = {**LAUNCHER, "RUNWATCH_COMMAND_KEY": "k" * 32}
+    env |= {"RUNWATCH_TRAINER_SASL_USERNAME": "trainer", "RUNWATCH_TRAINER_SASL_PASSWORD": "trn"}
+    ranks = node_environ(env, {"EXTRA": "1"})
+    assert ranks["RUNWATCH_SASL_USERNAME"] == "trainer" and ranks["EXTRA"] == "1"
+    assert "RUNWATCH_COMMAND_KEY" not in ranks and "ctl" not in ranks.values()
