@@ -270,3 +270,40 @@ def test_the_controller_gives_its_ranks_the_trainer_login() -> None:
     ranks = node_environ(env, {"EXTRA": "1"})
     assert ranks["RUNWATCH_SASL_USERNAME"] == "trainer" and ranks["EXTRA"] == "1"
     assert "RUNWATCH_COMMAND_KEY" not in ranks and "ctl" not in ranks.values()
+
+
+def test_the_password_can_come_from_a_file(tmp_path: Path) -> None:
+    secret = tmp_path / "password"
+    secret.write_text("from-a-file\n")
+    env = {k: v for k, v in SCRAM.items() if k != "RUNWATCH_SASL_PASSWORD"}
+    env["RUNWATCH_SASL_PASSWORD_FILE"] = str(secret)
+    assert kafka_client_config(env)["sasl_plain_password"] == "from-a-file"
+    assert faust_broker_settings(env)["broker_credentials"].password == "from-a-file"
+    assert (
+        kafka_client_config({**env, "RUNWATCH_SASL_PASSWORD": "wins"})["sasl_plain_password"]
+        == "wins"
+    )
+
+
+@pytest.mark.parametrize("content", [None, "  \n"], ids=["missing", "empty"])
+def test_an_unusable_password_file_is_a_clear_error(tmp_path: Path, content: str | None) -> None:
+    from runwatch.common.errors import UsageError
+
+    secret = tmp_path / "password"
+    if content is not None:
+        secret.write_text(content)
+    env = {"RUNWATCH_SASL_PASSWORD_FILE": str(secret)}
+    with pytest.raises(UsageError, match="RUNWATCH_SASL_PASSWORD_FILE"):
+        kafka_client_config(env)
+
+
+def test_a_trainer_password_file_reaches_the_ranks_as_theirs(tmp_path: Path) -> None:
+    from runwatch.common.settings import ranks_environ
+
+    env = {**LAUNCHER, "RUNWATCH_SASL_PASSWORD_FILE": "/run/secrets/controller"}
+    env |= {"RUNWATCH_TRAINER_SASL_USERNAME": "trainer"}
+    env |= {"RUNWATCH_TRAINER_SASL_PASSWORD_FILE": "/run/secrets/trainer"}
+    ranks = ranks_environ(env)
+    assert ranks["RUNWATCH_SASL_USERNAME"] == "trainer"
+    assert ranks["RUNWATCH_SASL_PASSWORD_FILE"] == "/run/secrets/trainer"
+    assert "RUNWATCH_SASL_PASSWORD" not in ranks  # the launcher's own is not passed on
