@@ -234,12 +234,20 @@ def _existing(admin: KafkaAdminClient, refused: list[str]) -> dict[str, bool]:
     if not refused:
         return {}
     described = {t.get("name"): int(t.get("error_code", 0)) for t in admin.describe_topics(refused)}
-    missing = sorted(name for name in refused if described.get(name, -1) != 0)
-    if missing:
+    hidden = sorted(n for n in refused if described.get(n) == _TOPIC_AUTHORIZATION_FAILED)
+    missing = sorted(
+        n for n in refused if described.get(n, -1) not in (0, _TOPIC_AUTHORIZATION_FAILED)
+    )
+    if hidden or missing:
+        what = []
+        if missing:
+            what.append(f"{', '.join(missing)}, which do not exist")
+        if hidden:
+            what.append(f"{', '.join(hidden)}, which this credential may not even see")
         raise RunwatchError(
-            f"not authorized to create topic(s) {', '.join(missing)}, and they do not exist: "
-            "create them with a credential allowed to (an admin's, or the processors' role: "
-            "`runwatch topics create`, docs/security.md)"
+            f"not authorized to create topic(s) {'; '.join(what)}: create the catalogue with "
+            "a credential allowed to (an admin's, or the processors' role: `runwatch topics "
+            "create`, docs/security.md)"
         )
     return dict.fromkeys(refused, False)
 

@@ -128,7 +128,13 @@ class Trainer:
     """A scripted gang: rank 0 emits steps and checkpoints, every rank heartbeats."""
 
     def __init__(
-        self, bootstrap: str, prefix: str, run_id: str, world_size: int = 2, seed: int = 0
+        self,
+        bootstrap: str,
+        prefix: str,
+        run_id: str,
+        world_size: int = 2,
+        seed: int = 0,
+        client_config: dict[str, Any] | None = None,
     ) -> None:
         self.bootstrap, self.prefix, self.run_id, self.world_size = (
             bootstrap,
@@ -136,6 +142,7 @@ class Trainer:
             run_id,
             world_size,
         )
+        self.client_config = client_config  # a role's login (security settings)
         self.rng = random.Random(seed)
         self.emitters: list[RunEmitter] = []
         self.incarnation = 0
@@ -151,6 +158,7 @@ class Trainer:
                 rank=r,
                 world_size=self.world_size,
                 incarnation=incarnation,
+                client_config=self.client_config,
             )
             for r in range(self.world_size)
         ]
