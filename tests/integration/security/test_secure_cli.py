@@ -213,3 +213,17 @@ def test_a_component_says_it_once_at_start(kafka_bootstrap: str, tmp_path: Path)
         sinks.stop()
     warned = [line for line in lines if "checks no ACLs" in line]
     assert len(warned) == 1 and "WARNING runwatch.sinks" in warned[0], lines
+
+
+def test_a_client_without_a_login_is_told_to_source_one(
+    secure_kafka: SecureKafka, tmp_path: Path
+) -> None:
+    """A command that finds the secure embedded broker by itself needs a role's login."""
+    (tmp_path / "broker").symlink_to(secure_kafka.data_dir)  # $RUNWATCH_HOME/broker
+    bare = _cli("status", env={"RUNWATCH_HOME": str(tmp_path)})
+    assert bare.returncode != 0
+    assert "is secure: connect as a role" in bare.stderr
+    assert "runwatch broker env" in bare.stderr
+    login = {k: v for k, v in secure_kafka.environ("sinks").items() if k != "RUNWATCH_BOOTSTRAP"}
+    found = _cli("status", "--prefix", "nothing", env={"RUNWATCH_HOME": str(tmp_path), **login})
+    assert found.returncode == 0, found.stderr

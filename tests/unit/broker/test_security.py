@@ -97,3 +97,21 @@ def test_an_env_file_connects_as_its_user(tmp_path: Path) -> None:
     env = dict(line.split("=", 1) for line in shell.stdout.splitlines() if "=" in line)
     assert env["RUNWATCH_BOOTSTRAP"] == "127.0.0.1:9999"
     assert kafka_client_config(env) == creds.client_config("trainer")
+
+
+def test_a_data_directory_formatted_plain_cannot_become_secure(tmp_path: Path) -> None:
+    from runwatch.broker import EmbeddedBroker
+
+    (tmp_path / "kafka-logs").mkdir()
+    (tmp_path / "kafka-logs" / "meta.properties").write_text("cluster.id=x\n")
+    assert EmbeddedBroker(tmp_path).credentials() is None  # plain stays plain
+    with pytest.raises(RunwatchError, match="formatted without security"):
+        EmbeddedBroker(tmp_path, secure=True).credentials()
+    assert not is_secure(tmp_path)  # and nothing was written
+
+
+def test_a_secure_data_directory_stays_secure_without_the_flag(tmp_path: Path) -> None:
+    from runwatch.broker import EmbeddedBroker
+
+    made = EmbeddedBroker(tmp_path, secure=True).credentials()
+    assert made is not None and EmbeddedBroker(tmp_path).credentials() == made
