@@ -40,6 +40,8 @@ from runwatch.common.settings import (
     ENV_SASL_PASSWORD,
     ENV_SASL_USERNAME,
     ENV_SECURITY_PROTOCOL,
+    ENV_TRAINER_SASL_PASSWORD,
+    ENV_TRAINER_SASL_USERNAME,
 )
 
 ADMIN_USER: Final = "admin"
@@ -108,14 +110,22 @@ class Credentials:
         }
 
     def environ(self, user: str, bootstrap: str) -> dict[str, str]:
-        """The ``RUNWATCH_*`` variables a process needs to connect as ``user``."""
-        return {
+        """The ``RUNWATCH_*`` variables a process needs to connect as ``user``.
+
+        The controller's also carry the trainer's login for the ranks ``runwatch launch``
+        starts (`common.settings.ranks_environ`).
+        """
+        env = {
             ENV_BOOTSTRAP: bootstrap,
             ENV_SECURITY_PROTOCOL: PROTOCOL,
             ENV_SASL_MECHANISM: MECHANISM,
             ENV_SASL_USERNAME: user,
             ENV_SASL_PASSWORD: self.password(user),
         }
+        if user == Role.CONTROLLER.value:
+            env[ENV_TRAINER_SASL_USERNAME] = Role.TRAINER.value
+            env[ENV_TRAINER_SASL_PASSWORD] = self.password(Role.TRAINER.value)
+        return env
 
     def env_snippet(self, user: str, bootstrap: str) -> str:
         """Shell lines exporting `environ` (``eval "$(runwatch broker env trainer)"``)."""

@@ -184,9 +184,9 @@ def test_a_launched_gang_is_respawned_with_a_controller_credential(
     secure_kafka.grant(prefix, f"{prefix}-app")
     topics = names(prefix)
     script = REPO / "tests" / "integration" / "controller" / "print_nanogpt.py"
+    # The controller's login carries the trainer's, for its ranks (`broker env controller`).
     env = {**_as(secure_kafka, "controller"), "RUNWATCH_COMMAND_KEY": COMMAND_KEY}
-    env["RUNWATCH_TRAINER_SASL_USERNAME"] = "trainer"  # what its ranks log in as
-    env["RUNWATCH_TRAINER_SASL_PASSWORD"] = secure_kafka.password("trainer")
+    assert env["RUNWATCH_TRAINER_SASL_USERNAME"] == "trainer"
     args = [sys.executable, "-m", "runwatch.cli", "launch"]
     args += ["--bootstrap", secure_kafka.bootstrap, "--prefix", prefix, "--nproc", "2"]
     args += ["--run-id", run, "--state-dir", str(tmp_path / "state"), "--grace-s", "5"]

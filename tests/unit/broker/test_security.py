@@ -115,3 +115,15 @@ def test_a_secure_data_directory_stays_secure_without_the_flag(tmp_path: Path) -
 
     made = EmbeddedBroker(tmp_path, secure=True).credentials()
     assert made is not None and EmbeddedBroker(tmp_path).credentials() == made
+
+
+def test_the_controllers_login_gives_its_ranks_the_trainers(tmp_path: Path) -> None:
+    from runwatch.common.settings import ranks_environ
+
+    creds = ensure_credentials(tmp_path)
+    launcher = creds.environ("controller", "127.0.0.1:1")
+    assert kafka_client_config(launcher) == creds.client_config("controller")
+    ranks = ranks_environ(launcher)
+    assert kafka_client_config(ranks) == creds.client_config("trainer")
+    assert creds.password("controller") not in ranks.values()
+    assert "RUNWATCH_TRAINER_SASL_USERNAME" not in creds.environ("sinks", "127.0.0.1:1")
