@@ -16,6 +16,7 @@ from typing import Any
 
 from kafka import KafkaConsumer, TopicPartition
 
+from runwatch.common.settings import kafka_client_config
 from runwatch.procs import ManagedProcess
 from runwatch.producers import RunEmitter
 from runwatch.schemas.codec import decode
@@ -87,11 +88,18 @@ def workers(
 
 
 class Reader:
-    """Reads a topic from the beginning, accumulating decoded events across waits."""
+    """Reads a topic from the beginning, accumulating decoded events across waits.
 
-    def __init__(self, bootstrap: str, topic: str) -> None:
+    It logs in with ``client_config`` (kafka-python security settings), else with the
+    ``RUNWATCH_*`` variables of the environment (`kafka_client_config`), as runwatch does.
+    """
+
+    def __init__(
+        self, bootstrap: str, topic: str, client_config: dict[str, Any] | None = None
+    ) -> None:
+        login = kafka_client_config() if client_config is None else client_config
         self.consumer = KafkaConsumer(
-            bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False
+            bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False, **login
         )
         parts = self.consumer.partitions_for_topic(topic) or set()
         tps = [TopicPartition(topic, p) for p in sorted(parts)]
