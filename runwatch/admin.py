@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
@@ -578,11 +579,13 @@ NO_AUTHORIZER_WARNING = (
 """What every component says once at start on a cluster without an authorizer."""
 
 
-def warn_if_no_authorizer(bootstrap: str, prefix: str, component: str) -> bool | None:
+def warn_if_no_authorizer(bootstrap: str, prefix: str, component: str) -> threading.Thread:
     """Say once, at a component's start, when Kafka enforces no ACLs (a WARNING line).
 
     Processors, controllers (``runwatch launch`` / ``runwatch controller``), sinks and the
-    web view call it once, after their broker answered.
+    web view call it once, after their broker answered. The check (`authorizer_enabled`:
+    a connection and a DescribeAcls, up to 5 s) runs in a daemon thread, so no start waits
+    on it: an adopting controller, for one, reads its gang's log from where it took over.
 
     Args:
         bootstrap: Kafka bootstrap address.
@@ -590,9 +593,15 @@ def warn_if_no_authorizer(bootstrap: str, prefix: str, component: str) -> bool |
         component: Who says it: the logger is ``runwatch.<component>``.
 
     Returns:
-        What `authorizer_enabled` found.
+        The started thread (joined by tests; nobody needs to wait for it).
     """
-    found = authorizer_enabled(bootstrap, timeout_s=5.0)
-    if found is False:
-        logging.getLogger(f"runwatch.{component}").warning(NO_AUTHORIZER_WARNING, bootstrap, prefix)
-    return found
+
+    def check() -> None:
+        if authorizer_enabled(bootstrap, timeout_s=5.0) is False:
+            logging.getLogger(f"runwatch.{component}").warning(
+                NO_AUTHORIZER_WARNING, bootstrap, prefix
+            )
+
+    thread = threading.Thread(target=check, name="runwatch-authorizer-check", daemon=True)
+    thread.start()
+    return thread

@@ -176,9 +176,9 @@ def test_the_no_authorizer_warning_is_said_only_without_one(
         for name, value in secure_kafka.environ("sinks").items():
             monkeypatch.setenv(name, value)
     with caplog.at_level(logging.WARNING, logger="runwatch"):
-        found = admin.warn_if_no_authorizer(bootstrap, "p", "sinks")
+        admin.warn_if_no_authorizer(bootstrap, "p", "sinks").join(timeout=30)
     said = [r for r in caplog.records if r.name == "runwatch.sinks"]
-    assert found is secure
+    assert admin.authorizer_enabled(bootstrap) is secure
     assert len(said) == (0 if secure else 1)
     if not secure:
         assert "can forge verdicts" in said[0].getMessage()
@@ -204,7 +204,8 @@ def test_a_component_says_it_once_at_start(kafka_bootstrap: str, tmp_path: Path)
     )
     try:
         deadline = time.monotonic() + 60
-        while "archive (group" not in sinks.log_tail(50):  # it said what it started
+        # it said what it started, and (from its own thread) the warning
+        while not all(s in sinks.log_tail(50) for s in ("archive (group", "checks no ACLs")):
             assert sinks.returncode is None, sinks.log_tail(50)
             assert time.monotonic() < deadline, sinks.log_tail(50)
             time.sleep(0.2)  # polling a log file
