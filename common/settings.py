@@ -25,15 +25,31 @@ ENV_TOPIC_PREFIX = "RUNWATCH_TOPIC_PREFIX"
 ENV_REPLICATION_FACTOR = "RUNWATCH_REPLICATION_FACTOR"
 ENV_PARTITIONS = "RUNWATCH_PARTITIONS"
 
+ENV_SECURITY_PROTOCOL = "RUNWATCH_SECURITY_PROTOCOL"
+ENV_SASL_MECHANISM = "RUNWATCH_SASL_MECHANISM"
+ENV_SASL_USERNAME = "RUNWATCH_SASL_USERNAME"
+ENV_SASL_PASSWORD = "RUNWATCH_SASL_PASSWORD"
+ENV_SASL_PASSWORD_FILE = "RUNWATCH_SASL_PASSWORD_FILE"
+ENV_TRAINER_SASL_USERNAME = "RUNWATCH_TRAINER_SASL_USERNAME"
+ENV_TRAINER_SASL_PASSWORD = "RUNWATCH_TRAINER_SASL_PASSWORD"
+ENV_TRAINER_SASL_PASSWORD_FILE = "RUNWATCH_TRAINER_SASL_PASSWORD_FILE"
+
 # Client security settings read from the environment; names follow kafka-python's arguments.
 _SECURITY_ENV: dict[str, str] = {
-    "RUNWATCH_SECURITY_PROTOCOL": "security_protocol",
-    "RUNWATCH_SASL_MECHANISM": "sasl_mechanism",
-    "RUNWATCH_SASL_USERNAME": "sasl_plain_username",
-    "RUNWATCH_SASL_PASSWORD": "sasl_plain_password",
+    ENV_SECURITY_PROTOCOL: "security_protocol",
+    ENV_SASL_MECHANISM: "sasl_mechanism",
+    ENV_SASL_USERNAME: "sasl_plain_username",
+    ENV_SASL_PASSWORD: "sasl_plain_password",
     "RUNWATCH_SSL_CAFILE": "ssl_cafile",
     "RUNWATCH_SSL_CERTFILE": "ssl_certfile",
     "RUNWATCH_SSL_KEYFILE": "ssl_keyfile",
+}
+
+# A launcher's variables for its ranks' login -> the ranks' own variables.
+_TRAINER_LOGIN: dict[str, str] = {
+    ENV_TRAINER_SASL_USERNAME: ENV_SASL_USERNAME,
+    ENV_TRAINER_SASL_PASSWORD: ENV_SASL_PASSWORD,
+    ENV_TRAINER_SASL_PASSWORD_FILE: ENV_SASL_PASSWORD_FILE,
 }
 
 SECURITY_PROTOCOLS: tuple[str, ...] = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
@@ -76,16 +92,76 @@ def replication_factor(explicit: int | None = None) -> int | None:
     return factor
 
 
-def kafka_client_config(environ: dict[str, str] | None = None) -> dict[str, str]:
-    """Security settings for kafka-python clients, read from `RUNWATCH_*` variables."""
-    env = os.environ if environ is None else environ
-    return {arg: env[var] for var, arg in _SECURITY_ENV.items() if env.get(var)}
+def kafka_client_config(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Security settings for kafka-python clients, read from `RUNWATCH_*` variables.
+
+    The password is `RUNWATCH_SASL_PASSWORD`, or else the content of the file
+    `RUNWATCH_SASL_PASSWORD_FILE` names (surrounding whitespace stripped).
+
+    Raises:
+        UsageError: `RUNWATCH_SASL_PASSWORD_FILE` cannot be read or is empty.
+    """
+    return {_SECURITY_ENV[var]: value for var, value in _security_env(environ).items()}
+
+
+def _read_password(path: str) -> str:
+    try:
+        password = Path(path).read_text().strip()
+    except OSError as exc:
+        raise UsageError(f"{ENV_SASL_PASSWORD_FILE}={path}: cannot read it: {exc}") from None
+    if not password:
+        raise UsageError(f"{ENV_SASL_PASSWORD_FILE}={path} is empty")
+    return password
+
+
+def ranks_environ(environ: Mapping[str, str]) -> dict[str, str]:
+    """A launcher's environment as its ranks get it: the trainer's Kafka login, not its own.
+
+    ``runwatch launch`` logs in as the controller (`RUNWATCH_SASL_USERNAME`); its ranks run
+    user code and should log in as a trainer. With `RUNWATCH_TRAINER_SASL_USERNAME` and
+    `RUNWATCH_TRAINER_SASL_PASSWORD` (or `..._PASSWORD_FILE`) set, a rank gets them as its
+    `RUNWATCH_SASL_USERNAME` and `RUNWATCH_SASL_PASSWORD` (``_FILE``), and the launcher's
+    own login variables are not passed on. Without them the ranks inherit the launcher's
+    login (one credential for both). The ranks run as the launcher's OS user, so this keeps
+    honest code to the trainer's rights; it is no wall against code that reads the
+    launcher's process (docs/security.md).
+
+    Args:
+        environ: The launcher's environment.
+
+    Returns:
+        A new mapping; the ``RUNWATCH_TRAINER_SASL_*`` variables are not in it.
+    """
+    env = {k: v for k, v in environ.items() if k not in _TRAINER_LOGIN}
+    if _has_trainer_login(environ):
+        for own in _TRAINER_LOGIN.values():
+            env.pop(own, None)
+        env.update({ours: environ[var] for var, ours in _TRAINER_LOGIN.items() if environ.get(var)})
+    return env
+
+
+def _has_trainer_login(environ: Mapping[str, str]) -> bool:
+    return bool(environ.get(ENV_TRAINER_SASL_USERNAME)) and bool(
+        environ.get(ENV_TRAINER_SASL_PASSWORD) or environ.get(ENV_TRAINER_SASL_PASSWORD_FILE)
+    )
+
+
+def ranks_share_the_launchers_login(environ: Mapping[str, str]) -> bool:
+    """True when a launcher logs in with SASL and its ranks would get the same login."""
+    return bool(environ.get(ENV_SASL_USERNAME)) and not _has_trainer_login(environ)
 
 
 def _security_env(environ: Mapping[str, str] | None) -> dict[str, str]:
-    """The non-empty `RUNWATCH_*` security variables, by variable name."""
+    """The non-empty `RUNWATCH_*` security variables, by variable name.
+
+    The password is read from `RUNWATCH_SASL_PASSWORD_FILE` when only that is set.
+    """
     env = os.environ if environ is None else environ
-    return {var: env[var] for var in _SECURITY_ENV if env.get(var)}
+    found = {var: env[var] for var in _SECURITY_ENV if env.get(var)}
+    path = env.get(ENV_SASL_PASSWORD_FILE)
+    if path and ENV_SASL_PASSWORD not in found:
+        found[ENV_SASL_PASSWORD] = _read_password(path)
+    return found
 
 
 def validate_sasl_mechanism(mechanism: str) -> str:

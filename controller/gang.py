@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import IO
 
 from runwatch.common.launch_env import LaunchEnv
+from runwatch.common.settings import ranks_environ
 from runwatch.controller.state import RankProcess
 
 WRAPPER = (
@@ -91,13 +92,16 @@ def free_port() -> int:
 def node_environ(base: Mapping[str, str], extra: Mapping[str, str]) -> dict[str, str]:
     """What every rank of this node shares: ``base`` without `SCRUBBED_ENV`, then ``extra``.
 
+    The ranks log in to Kafka as the trainer when the controller's environment has its
+    credential (`common.settings.ranks_environ`), never with the controller's own.
+
     A warm spare starts with it (`controller.spares`); a rank adds its contract.
 
     Args:
         base: The controller's environment.
         extra: Variables the gang record adds (``runwatch launch --env``).
     """
-    env = {k: v for k, v in base.items() if k not in SCRUBBED_ENV}
+    env = ranks_environ({k: v for k, v in base.items() if k not in SCRUBBED_ENV})
     env.update(extra)
     return env
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 
 from runwatch.common.errors import UsageError
-from runwatch.common.settings import ENV_BOOTSTRAP, ENV_PARTITIONS
+from runwatch.common.settings import ENV_BOOTSTRAP, ENV_PARTITIONS, ENV_SASL_USERNAME
 from runwatch.schemas.topics import parse_partitions
 
 
@@ -64,10 +64,15 @@ def _find_bootstrap(explicit: str | None) -> str:
     env = os.environ.get(ENV_BOOTSTRAP)
     if env:
         return env
-    from runwatch.broker import running_bootstrap
+    from runwatch.broker import running_bootstrap, running_secure
 
     address = running_bootstrap()
     if address:
+        if running_secure() and not os.environ.get(ENV_SASL_USERNAME):
+            raise UsageError(
+                f"the embedded broker at {address} is secure: connect as a role, e.g. "
+                '`eval "$(runwatch broker env processors)"` (docs/security.md)'
+            )
         return address
     raise UsageError(
         "no Kafka broker: pass --bootstrap HOST:PORT, set RUNWATCH_BOOTSTRAP, "

@@ -12,15 +12,22 @@ keeps everything in one data directory (default ``$RUNWATCH_HOME/broker``)::
     broker.json         the state: bootstrap address, pid, ports, data dir
 
 Readiness is a real metadata request (DescribeCluster) answered by the broker, never a sleep.
+``secure=True`` (``runwatch broker start --secure``) adds SASL/SCRAM, the StandardAuthorizer
+and a user per role with the roles' ACLs (`security`, `acls`); the data directory then also
+holds ``credentials/`` (0700: ``credentials.json`` and a ``<user>.env`` per user, 0600).
 
 `EmbeddedCluster` runs N such nodes on loopback as one replicated cluster (a static
 controller quorum of every node, one data directory each under the cluster's directory);
 `ephemeral_cluster` is its ``with`` form, with ``kill(node)`` / ``start(node)`` for tests.
 
-Modules: `config` (versions, JVM options, ports, cluster id, ``server.properties``), `jars`
-(the Maven assembly), `state` (`BrokerInfo`), `pids` (the JVM as an OS process),
-`readiness` (the DescribeCluster probe), `lifecycle` (`EmbeddedBroker` and shortcuts) and
-`cluster` (`EmbeddedCluster`).
+Modules, each importing only those before it: `config` (versions, JVM options, ports,
+cluster id, ``server.properties``), `files` (atomic and private writes, locks), `state`
+(`BrokerInfo`), `jars` (the Maven assembly), `pids` (the JVM as an OS process),
+`readiness` (the DescribeCluster probe), `process` (launching a JVM, stopping it),
+`acls` (the roles and their ACLs, for any cluster), `security` (a secure broker's
+users, passwords and properties), `lifecycle` (`EmbeddedBroker` and shortcuts), `cluster`
+(`EmbeddedCluster`) and `locate` (what runs from a data directory). No module uses
+another's private names.
 Everything public is re-exported here: import from ``runwatch.broker``.
 """
 
@@ -33,7 +40,8 @@ from runwatch.broker.cluster import (
 )
 from runwatch.broker.config import DEFAULT_JVM_OPTS, HOST, KAFKA_VERSION, default_data_dir
 from runwatch.broker.jars import assembly_pom, ensure_jars, kafka_libs_dir
-from runwatch.broker.lifecycle import EmbeddedBroker, ephemeral_broker, running_bootstrap
+from runwatch.broker.lifecycle import EmbeddedBroker, ephemeral_broker
+from runwatch.broker.locate import running_bootstrap, running_secure
 from runwatch.broker.state import BrokerInfo, ClusterMember
 
 __all__ = [
@@ -54,4 +62,5 @@ __all__ = [
     "is_cluster_dir",
     "kafka_libs_dir",
     "running_bootstrap",
+    "running_secure",
 ]

@@ -21,17 +21,18 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from runwatch.broker._files import _file_lock, _write_json
 from runwatch.broker.config import (
     DEFAULT_JVM_OPTS,
     HOST,
     KAFKA_VERSION,
-    _pick_port,
-    _port_free,
-    _random_cluster_id,
     default_data_dir,
+    pick_port,
+    port_free,
+    random_cluster_id,
 )
-from runwatch.broker.lifecycle import EmbeddedBroker, _Launched
+from runwatch.broker.files import file_lock, write_json
+from runwatch.broker.lifecycle import EmbeddedBroker
+from runwatch.broker.process import Launched
 from runwatch.broker.state import BrokerInfo, ClusterMember
 from runwatch.common.errors import RunwatchError
 
@@ -211,7 +212,7 @@ class EmbeddedCluster:
         the data, stays).
         """
         if previous is not None and all(
-            _port_free(n.port) and _port_free(n.controller_port) for n in previous.nodes
+            port_free(n.port) and port_free(n.controller_port) for n in previous.nodes
         ):
             return previous
         if previous is not None:
@@ -221,19 +222,19 @@ class EmbeddedCluster:
         for node_id in range(1, self.nodes + 1):
             if self.port is not None and previous is None:
                 port = self.port + node_id - 1
-                if not _port_free(port):
+                if not port_free(port):
                     raise RunwatchError(
                         f"port {port} on {HOST} (node {node_id}) is taken: stop what listens "
                         "there or choose another --port"
                     )
             else:
-                port = _pick_port(avoid=taken)
+                port = pick_port(avoid=taken)
             taken.append(port)
-            controller_port = _pick_port(avoid=taken)
+            controller_port = pick_port(avoid=taken)
             taken.append(controller_port)
             nodes.append(NodeLayout(node_id, port, controller_port))
         return ClusterLayout(
-            cluster_id=previous.cluster_id if previous is not None else _random_cluster_id(),
+            cluster_id=previous.cluster_id if previous is not None else random_cluster_id(),
             kafka_version=self.kafka_version,
             nodes=tuple(nodes),
         )
@@ -330,31 +331,31 @@ class EmbeddedCluster:
         if node is not None:
             self._check_node(node)
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        with _file_lock(self.data_dir / ".lock"):
+        with file_lock(self.data_dir / ".lock"):
             self._check_not_single()
             previous = self._read_layout()
             live = self.running()
             layout = previous if live is not None and previous else self._new_layout(previous)
             if layout != previous:
-                _write_json(self.layout_file, layout.to_json())
+                write_json(self.layout_file, layout.to_json())
             wanted = [n for n in layout.nodes if node is None or n.node_id == node]
             with contextlib.ExitStack() as locks:
-                launched: list[tuple[EmbeddedBroker, _Launched]] = []
+                launched: list[tuple[EmbeddedBroker, Launched]] = []
                 try:
                     for spec in wanted:
                         broker = self._broker(layout, spec)
-                        locks.enter_context(broker._lock())
-                        result = broker._spawn()
-                        if isinstance(result, _Launched):
+                        locks.enter_context(broker.lock())
+                        result = broker.spawn()
+                        if isinstance(result, Launched):
                             launched.append((broker, result))
                     for broker, result in launched:
-                        broker._await(result, started_by=result.started, timeout_s=timeout_s)
+                        broker.await_started(result, started_by=result.started, timeout_s=timeout_s)
                 except BaseException:
                     for broker, _ in launched:
                         broker.signal_stop()
                     for broker, result in launched:
                         with contextlib.suppress(RunwatchError, OSError):
-                            broker._terminate(result.proc.pid, timeout_s=15.0)
+                            broker.terminate(result.proc.pid, timeout_s=15.0)
                     raise
         info = self.running()
         if info is None:
@@ -382,15 +383,15 @@ class EmbeddedCluster:
             for n in layout.nodes
             if node is None or n.node_id == node
         ]
-        pids = {node_id: broker._live_pid() for node_id, broker in brokers}
+        pids = {node_id: broker.live_pid() for node_id, broker in brokers}
         for _, broker in brokers:
             broker.signal_stop()
         stopped = []
         for node_id, broker in brokers:
             pid = pids[node_id]
             if pid is not None:
-                with broker._lock():
-                    broker._terminate(pid, timeout_s=timeout_s)
+                with broker.lock():
+                    broker.terminate(pid, timeout_s=timeout_s)
                 stopped.append(node_id)
         return stopped
 

@@ -5,15 +5,10 @@ from __future__ import annotations
 import base64
 import socket
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from runwatch.common.errors import RunwatchError
 from runwatch.common.settings import runwatch_home
-
-if TYPE_CHECKING:
-    from runwatch.broker.state import BrokerInfo
 
 KAFKA_VERSION = "4.4.0"
 """The Apache Kafka release the embedded broker runs (the pom's default, passed to Maven)."""
@@ -35,11 +30,23 @@ DEFAULT_JVM_OPTS: tuple[str, ...] = (
 )
 """JVM options: a small heap, for laptops and 2-core CI machines."""
 
-_TOOL_JVM_OPTS = ("-Xmx256m", "-Djava.awt.headless=true")  # short-lived StorageTool
-_PACKAGE_ROOT = Path(__file__).resolve().parents[2]
-_ASSEMBLY_DIR = _PACKAGE_ROOT / "compose" / "kafka-embedded"
-_MAIN_CLASS = "kafka.Kafka"
-_STORAGE_TOOL = "kafka.tools.StorageTool"
+TOOL_JVM_OPTS: tuple[str, ...] = ("-Xmx256m", "-Djava.awt.headless=true")
+"""JVM options of the short-lived StorageTool (formatting a data directory)."""
+
+ASSEMBLY_DIR = Path(__file__).resolve().parents[2] / "compose" / "kafka-embedded"
+"""The Maven assembly of the broker's jars and its log4j2 configuration."""
+
+MAIN_CLASS = "kafka.Kafka"
+"""The broker's main class (also how a pid is recognised as a broker)."""
+
+STORAGE_TOOL = "kafka.tools.StorageTool"
+"""Kafka's storage tool, which formats a KRaft data directory."""
+
+CLIENT_LISTENER = "PLAINTEXT"
+"""The client listener's name (and protocol) of a broker without security."""
+
+SECURE_LISTENER = "SASL_PLAINTEXT"
+"""The client listener's name (and protocol) of a secure broker (`runwatch.broker.security`)."""
 
 
 def default_data_dir() -> Path:
@@ -47,7 +54,7 @@ def default_data_dir() -> Path:
     return runwatch_home() / "broker"
 
 
-def _port_free(port: int, host: str = HOST) -> bool:
+def port_free(port: int, host: str = HOST) -> bool:
     """True if nothing listens on ``host:port`` (a TIME_WAIT leftover counts as free)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -58,7 +65,8 @@ def _port_free(port: int, host: str = HOST) -> bool:
     return True
 
 
-def _pick_port(host: str = HOST, avoid: Sequence[int] = ()) -> int:
+def pick_port(host: str = HOST, avoid: Sequence[int] = ()) -> int:
+    """A port nothing listens on now, other than ``avoid``."""
     while True:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             sock.bind((host, 0))
@@ -67,7 +75,7 @@ def _pick_port(host: str = HOST, avoid: Sequence[int] = ()) -> int:
             return port
 
 
-def _random_cluster_id() -> str:
+def random_cluster_id() -> str:
     """A Kafka cluster id: 16 random bytes, URL-safe base64 without padding, no leading '-'."""
     while True:
         cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
@@ -75,40 +83,7 @@ def _random_cluster_id() -> str:
             return cid
 
 
-def _choose_ports(requested: int | None, previous: BrokerInfo | None) -> tuple[int, int, bool]:
-    """The client port, the controller port, and whether the client port was picked.
-
-    Args:
-        requested: The client port asked for; None picks one (reusing ``previous``'s
-            automatically chosen port while it is free).
-        previous: The broker's last recorded state, if any.
-
-    Raises:
-        RunwatchError: when ``requested`` is taken.
-    """
-    if requested is not None:
-        if not _port_free(requested):
-            raise RunwatchError(
-                f"port {requested} on {HOST} is taken: stop what listens there or choose "
-                "another with --port"
-            )
-        port, auto = requested, False
-    elif previous is not None and previous.port_auto and _port_free(previous.port):
-        port, auto = previous.port, True
-    else:
-        port, auto = _pick_port(), True
-    if (
-        previous is not None
-        and previous.controller_port != port
-        and _port_free(previous.controller_port)
-    ):
-        controller_port = previous.controller_port
-    else:
-        controller_port = _pick_port(avoid=(port,))
-    return port, controller_port, auto
-
-
-def _server_properties(
+def server_properties(
     port: int,
     controller_port: int,
     log_dirs: Path,
@@ -116,6 +91,7 @@ def _server_properties(
     node_id: int = 1,
     voters: str | None = None,
     replicas: int = 1,
+    security: Mapping[str, str] | None = None,
 ) -> str:
     """The text of ``server.properties`` for a KRaft node that is broker and controller.
 
@@ -128,20 +104,25 @@ def _server_properties(
         replicas: Nodes in the cluster: the replication factor of Kafka's internal topics
             and the default for new topics, with ``min.insync.replicas`` from
             `schemas.topics.replication_for` (the rule the catalogue uses).
+        security: The properties of a secure broker (`runwatch.broker.security`): the
+            client listener is then `SECURE_LISTENER` (SASL) and the controller listener
+            authenticates too; None: both listeners are PLAINTEXT, without an authorizer.
     """
     from runwatch.schemas.topics import replication_for
 
     rule = replication_for(replicas)
     rf, isr = str(rule.factor), str(rule.min_insync)
+    client = CLIENT_LISTENER if security is None else SECURE_LISTENER
+    protocol = "PLAINTEXT" if security is None else "SASL_PLAINTEXT"
     props = {
         "process.roles": "broker,controller",
         "node.id": str(node_id),
         "controller.quorum.voters": voters or f"{node_id}@{HOST}:{controller_port}",
-        "listeners": f"PLAINTEXT://{HOST}:{port},CONTROLLER://{HOST}:{controller_port}",
-        "advertised.listeners": f"PLAINTEXT://{HOST}:{port}",
+        "listeners": f"{client}://{HOST}:{port},CONTROLLER://{HOST}:{controller_port}",
+        "advertised.listeners": f"{client}://{HOST}:{port}",
         "controller.listener.names": "CONTROLLER",
-        "inter.broker.listener.name": "PLAINTEXT",
-        "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+        "inter.broker.listener.name": client,
+        "listener.security.protocol.map": f"{client}:{protocol},CONTROLLER:{protocol}",
         "log.dirs": str(log_dirs),
         "num.partitions": "1",
         "default.replication.factor": rf,
@@ -160,6 +141,7 @@ def _server_properties(
         "num.io.threads": "4",
         "num.recovery.threads.per.data.dir": "1",
         "log.retention.check.interval.ms": "60000",
+        **(security or {}),
     }
     body = "".join(f"{key}={value}\n" for key, value in props.items())
     return "# Generated by runwatch on every `broker start`; edits are overwritten.\n" + body

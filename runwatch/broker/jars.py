@@ -14,8 +14,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from runwatch.broker._files import _file_lock, _write_json
-from runwatch.broker.config import _ASSEMBLY_DIR, KAFKA_VERSION
+from runwatch.broker.config import ASSEMBLY_DIR, KAFKA_VERSION
+from runwatch.broker.files import file_lock, write_json
 from runwatch.common.errors import RunwatchError
 from runwatch.common.settings import runwatch_home
 
@@ -49,7 +49,7 @@ def assembly_pom() -> Path:
         RunwatchError: when runwatch does not run from its source tree (editable install or
             checkout), so the pom is not there.
     """
-    pom = _ASSEMBLY_DIR / "pom.xml"
+    pom = ASSEMBLY_DIR / "pom.xml"
     if not pom.is_file():
         raise RunwatchError(
             f"cannot find {pom}: fetching the Kafka jars needs runwatch's source tree "
@@ -77,11 +77,17 @@ def _require_tool(name: str, hint: str) -> str:
     return path
 
 
-def _require_java() -> str:
+def require_java() -> str:
+    """The path of ``java``.
+
+    Raises:
+        RunwatchError: no ``java`` on PATH.
+    """
     return _require_tool("java", "install a Java 17+ runtime (e.g. openjdk-17-jre-headless)")
 
 
-def _last_meaningful_line(output: str) -> str:
+def last_meaningful_line(output: str) -> str:
+    """The root cause in a tool's output: its last line that is not boilerplate (ANSI-free)."""
     lines = []
     for raw in output.splitlines():
         line = _ANSI_ESCAPE.sub("", raw).strip()
@@ -124,10 +130,10 @@ def ensure_jars(
     libs = kafka_libs_dir(kafka_version) if libs_dir is None else libs_dir
     if _jars_complete(libs, kafka_version):
         return libs
-    with _file_lock(libs.parent / ".fetch.lock"):
+    with file_lock(libs.parent / ".fetch.lock"):
         if _jars_complete(libs, kafka_version):
             return libs
-        _require_java()
+        require_java()
         mvn = _require_tool("mvn", "install Maven 3.6+ (e.g. apt-get install maven) to fetch Kafka")
         pom = assembly_pom()
         libs.mkdir(parents=True, exist_ok=True)
@@ -155,7 +161,7 @@ def ensure_jars(
                 "(is Maven Central reachable?)"
             ) from exc
         if done.returncode != 0:
-            line = _last_meaningful_line(done.stdout + "\n" + done.stderr)
+            line = last_meaningful_line(done.stdout + "\n" + done.stderr)
             raise RunwatchError(
                 f"mvn failed fetching Kafka {kafka_version} jars (is Maven Central reachable?): "
                 f"{line}"
@@ -163,5 +169,5 @@ def ensure_jars(
         jars = sorted(p.name for p in libs.glob("*.jar"))
         if f"kafka_2.13-{kafka_version}.jar" not in jars:
             raise RunwatchError(f"mvn succeeded but {libs} has no kafka_2.13-{kafka_version}.jar")
-        _write_json(libs / _MARKER, {"kafka_version": kafka_version, "jars": jars})
+        write_json(libs / _MARKER, {"kafka_version": kafka_version, "jars": jars})
         return libs

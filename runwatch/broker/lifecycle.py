@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import logging
 import os
@@ -13,39 +12,69 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from runwatch.broker._files import _file_lock, _no_lock, _tail, _write_json
+from runwatch.broker.acls import Scope
 from runwatch.broker.config import (
-    _ASSEMBLY_DIR,
-    _MAIN_CLASS,
-    _STORAGE_TOOL,
-    _TOOL_JVM_OPTS,
     DEFAULT_JVM_OPTS,
     HOST,
     KAFKA_VERSION,
-    _choose_ports,
-    _port_free,
-    _random_cluster_id,
-    _server_properties,
+    MAIN_CLASS,
+    STORAGE_TOOL,
+    TOOL_JVM_OPTS,
     default_data_dir,
+    pick_port,
+    port_free,
+    random_cluster_id,
+    server_properties,
 )
-from runwatch.broker.jars import _last_meaningful_line, _require_java, ensure_jars
-from runwatch.broker.pids import _is_broker_process, _reap, _wait_pid_exit
-from runwatch.broker.readiness import _await_ready, _BrokerExited, _exit_probe
+from runwatch.broker.files import file_lock, no_lock, tail, write_json, write_private
+from runwatch.broker.jars import ensure_jars
+from runwatch.broker.pids import is_broker_process, reap, wait_pid_exit
+from runwatch.broker.process import Launched, java_command, run_tool, spawn, terminate
+from runwatch.broker.readiness import BrokerExited, await_ready, exit_probe
+from runwatch.broker.security import (
+    ADMIN_USER,
+    Credentials,
+    ensure_credentials,
+    is_secure,
+    write_env_files,
+)
 from runwatch.broker.state import BrokerInfo, ClusterMember
 from runwatch.common.errors import RunwatchError
 
 logger = logging.getLogger("runwatch.broker")  # the package's logger, as before the split
 
 
-@dataclasses.dataclass(frozen=True)
-class _Launched:
-    """A broker JVM just spawned, not yet answering."""
+def _choose_ports(requested: int | None, previous: BrokerInfo | None) -> tuple[int, int, bool]:
+    """The client port, the controller port, and whether the client port was picked.
 
-    proc: subprocess.Popen[bytes]
-    port: int
-    controller_port: int
-    auto: bool
-    started: float
+    Args:
+        requested: The client port asked for; None picks one (reusing ``previous``'s
+            automatically chosen port while it is free).
+        previous: The broker's last recorded state, if any.
+
+    Raises:
+        RunwatchError: when ``requested`` is taken.
+    """
+    if requested is not None:
+        if not port_free(requested):
+            raise RunwatchError(
+                f"port {requested} on {HOST} is taken: stop what listens there or choose "
+                "another with --port"
+            )
+        port, auto = requested, False
+    elif previous is not None and previous.port_auto and port_free(previous.port):
+        port, auto = previous.port, True
+    else:
+        port, auto = pick_port(), True
+    if (
+        previous is not None
+        and previous.controller_port != port
+        and port_free(previous.controller_port)
+    ):
+        controller_port = previous.controller_port
+    else:
+        controller_port = pick_port(avoid=(port,))
+    return port, controller_port, auto
 
 
 class EmbeddedBroker:
@@ -55,6 +84,10 @@ class EmbeddedBroker:
     any later `EmbeddedBroker` on the same data directory finds it through the pid and state
     files. Usable as a context manager: ``with EmbeddedBroker(d) as info: ...`` starts it
     and stops it again.
+
+    A secure broker (``secure=True``, or a data directory made secure before) takes
+    SASL/SCRAM clients only, checks ACLs, and has a user per role
+    (`runwatch.broker.security`); every start applies the roles' ACLs of its `Scope`.
     """
 
     def __init__(
@@ -66,6 +99,8 @@ class EmbeddedBroker:
         libs_dir: Path | None = None,
         kafka_version: str = KAFKA_VERSION,
         member: ClusterMember | None = None,
+        secure: bool = False,
+        scope: Scope | None = None,
     ) -> None:
         """Describe a broker; nothing starts until `start`.
 
@@ -77,6 +112,10 @@ class EmbeddedBroker:
             kafka_version: Apache Kafka release to run.
             member: This broker is a node of a cluster (`EmbeddedCluster` passes it): its
                 id, ports, quorum and cluster id; None: a single-node cluster of its own.
+            secure: Make a new data directory secure (one formatted without security
+                cannot be made secure). A secure directory starts secure either way.
+            scope: The prefix and app id whose ACLs a secure start grants the roles;
+                None: `Scope.of` the topic prefix (``RUNWATCH_TOPIC_PREFIX``, ``runwatch``).
         """
         self.member = member
         if member is not None:
@@ -87,6 +126,8 @@ class EmbeddedBroker:
         self.jvm_opts = tuple(jvm_opts)
         self.kafka_version = kafka_version
         self.libs_dir = libs_dir
+        self.secure = secure
+        self.scope = scope
         self._proc: subprocess.Popen[bytes] | None = None
 
     # ---- files
@@ -142,7 +183,7 @@ class EmbeddedBroker:
         if not self.pid_file.exists():
             return None
         pid = self._read_pid()
-        if pid is not None and _is_broker_process(pid):
+        if pid is not None and is_broker_process(pid):
             state = self._read_state()
             if state is not None and state.pid == pid:
                 return state
@@ -157,30 +198,51 @@ class EmbeddedBroker:
     def _java_cmd(
         self, libs: Path, main: str, *args: str, jvm_opts: Sequence[str] | None = None
     ) -> list[str]:
-        cmd = [_require_java(), *(self.jvm_opts if jvm_opts is None else jvm_opts)]
-        log4j = _ASSEMBLY_DIR / "log4j2.xml"
-        if log4j.is_file():
-            cmd.append(f"-Dlog4j2.configurationFile={log4j}")
-        cmd += [f"-Dkafka.logs.dir={self.data_dir / 'logs'}", "-cp", f"{libs}/*", main, *args]
-        return cmd
+        return java_command(
+            libs,
+            main,
+            *args,
+            jvm_opts=self.jvm_opts if jvm_opts is None else jvm_opts,
+            logs_dir=self.data_dir / "logs",
+        )
 
-    def _format_storage(self, libs: Path) -> None:
-        if (self.kafka_log_dir / "meta.properties").is_file():
+    def _formatted(self) -> bool:
+        return (self.kafka_log_dir / "meta.properties").is_file()
+
+    def _format_storage(self, libs: Path, credentials: Credentials | None) -> None:
+        if self._formatted():
             return
         cmd = self._java_cmd(
             libs,
-            _STORAGE_TOOL,
+            STORAGE_TOOL,
             "format",
             "--cluster-id",
-            self.member.cluster_id if self.member is not None else _random_cluster_id(),
+            self.member.cluster_id if self.member is not None else random_cluster_id(),
             "--config",
             str(self.properties_file),
-            jvm_opts=_TOOL_JVM_OPTS,
+            *(credentials.format_arguments() if credentials is not None else ()),
+            jvm_opts=TOOL_JVM_OPTS,
         )
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
-        if done.returncode != 0:
-            line = _last_meaningful_line(done.stdout + "\n" + done.stderr)
-            raise RunwatchError(f"formatting the broker's storage failed: {line}")
+        run_tool(cmd, "formatting the broker's storage")
+
+    def credentials(self) -> Credentials | None:
+        """The secure broker's credentials (created on its first start); None: not secure.
+
+        Raises:
+            RunwatchError: ``secure`` was asked of a data directory formatted without
+                security, or of a cluster's node.
+        """
+        if not (self.secure or is_secure(self.data_dir)):
+            return None
+        if self.member is not None:
+            raise RunwatchError("a cluster's nodes cannot be secure (yet): use one broker")
+        if not is_secure(self.data_dir) and self._formatted():
+            raise RunwatchError(
+                f"{self.data_dir} holds a broker formatted without security, and a data "
+                "directory's security is fixed when it is formatted: start the secure broker "
+                "in another --data-dir"
+            )
+        return ensure_credentials(self.data_dir)
 
     def start(self, *, timeout_s: float = 120.0) -> BrokerInfo:
         """Start the broker (a no-op when it already runs) and wait until it answers.
@@ -199,18 +261,88 @@ class EmbeddedBroker:
                 exited or did not answer in time (with the tail of its output).
         """
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        with self._lock():
-            launched = self._spawn()
+        with self.lock():
+            launched = self.spawn()
             if isinstance(launched, BrokerInfo):
-                return launched
-            return self._await(launched, started_by=launched.started, timeout_s=timeout_s)
+                info = launched
+            else:
+                info = self.await_started(
+                    launched, started_by=launched.started, timeout_s=timeout_s
+                )
+            if info.secure:
+                self.grant(info)
+            return info
 
-    def _lock(self) -> contextlib.AbstractContextManager[None]:
-        """The data directory's advisory lock, held while starting or stopping."""
-        return _file_lock(self.data_dir / ".lock")
+    def grant(self, info: BrokerInfo, scope: Scope | None = None) -> None:
+        """Give a secure broker's roles their users and the ACLs of ``scope``.
 
-    def _spawn(self) -> BrokerInfo | _Launched:
-        """Launch the JVM without waiting for it (hold `_lock`); a running broker's info."""
+        Idempotent: existing users keep their passwords, existing ACLs stay. Writes each
+        user's ``credentials/<user>.env`` with the broker's current address.
+
+        Args:
+            info: The running broker.
+            scope: Whose ACLs; None: the broker's `scope`, else `Scope.of` the topic prefix.
+
+        Raises:
+            RunwatchError: the broker is not secure, or Kafka refused a user or an ACL.
+        """
+        from runwatch import admin
+        from runwatch.broker.acls import bindings, principals
+        from runwatch.common.settings import topic_prefix
+
+        credentials = self.credentials()
+        if credentials is None:
+            raise RunwatchError(f"the broker of {self.data_dir} is not secure: nothing to grant")
+        scope = scope or self.scope or Scope.of(topic_prefix())
+        as_admin = credentials.client_config(ADMIN_USER)
+        roles = {u: p for u, p in credentials.passwords.items() if u != ADMIN_USER}
+        admin.ensure_scram_users(info.bootstrap, roles, client_config=as_admin)
+        admin.apply_acls(info.bootstrap, bindings(scope, principals()), client_config=as_admin)
+        write_env_files(self.data_dir, credentials, info.bootstrap)
+        logger.info("granted the roles' ACLs for prefix %s, app id %s", scope.prefix, scope.app_id)
+
+    def lock(self) -> contextlib.AbstractContextManager[None]:
+        """The data directory's advisory lock: hold it around `spawn` and `terminate`."""
+        return file_lock(self.data_dir / ".lock")
+
+    def _properties(self, credentials: Credentials | None) -> tuple[int, int, bool, str]:
+        """The client port, controller port, whether the port was picked, the properties."""
+        if self.member is None:
+            port, controller_port, auto = _choose_ports(self.port, self._read_state())
+            security = credentials.broker_properties() if credentials is not None else None
+            return (
+                port,
+                controller_port,
+                auto,
+                server_properties(port, controller_port, self.kafka_log_dir, security=security),
+            )
+        member = self.member
+        for taken in (p for p in (member.port, member.controller_port) if not port_free(p)):
+            raise RunwatchError(
+                f"port {taken} on {HOST} of node {member.node_id} is taken: stop what "
+                "listens there (the cluster's nodes keep their ports)"
+            )
+        properties = server_properties(
+            member.port,
+            member.controller_port,
+            self.kafka_log_dir,
+            node_id=member.node_id,
+            voters=member.voters,
+            replicas=member.nodes,
+        )
+        return member.port, member.controller_port, False, properties
+
+    def spawn(self) -> BrokerInfo | Launched:
+        """Launch the JVM without waiting for it (hold `lock`).
+
+        Returns:
+            The running broker's state when one runs already, else what `await_started`
+            waits on.
+
+        Raises:
+            RunwatchError: another port was asked of a running broker, a broker process
+                runs without a state file, a port is taken, or the jars or java are missing.
+        """
         self.data_dir.mkdir(parents=True, exist_ok=True)
         current = self.running()
         if current is not None:
@@ -222,81 +354,66 @@ class EmbeddedBroker:
             logger.info("broker already running at %s", current.bootstrap)
             return current
         orphan = self._read_pid()
-        if orphan is not None and _is_broker_process(orphan):
+        if orphan is not None and is_broker_process(orphan):
             raise RunwatchError(
                 f"a broker process (pid {orphan}) runs from {self.data_dir} without a state "
                 "file; stop it with `runwatch broker stop` first"
             )
-        if self.member is None:
-            port, controller_port, auto = _choose_ports(self.port, self._read_state())
-            properties = _server_properties(port, controller_port, self.kafka_log_dir)
-        else:
-            member = self.member
-            port, controller_port, auto = member.port, member.controller_port, False
-            for taken in (p for p in (port, controller_port) if not _port_free(p)):
-                raise RunwatchError(
-                    f"port {taken} on {HOST} of node {member.node_id} is taken: stop what "
-                    "listens there (the cluster's nodes keep their ports)"
-                )
-            properties = _server_properties(
-                port,
-                controller_port,
-                self.kafka_log_dir,
-                node_id=member.node_id,
-                voters=member.voters,
-                replicas=member.nodes,
-            )
+        credentials = self.credentials()
+        port, controller_port, auto, properties = self._properties(credentials)
         libs = ensure_jars(self.libs_dir, kafka_version=self.kafka_version)
-        self.properties_file.write_text(properties)
-        self._format_storage(libs)
-        cmd = self._java_cmd(libs, _MAIN_CLASS, str(self.properties_file))
+        if credentials is not None:  # it holds the admin's password
+            write_private(self.properties_file, properties)
+        else:
+            self.properties_file.write_text(properties)
+        self._format_storage(libs, credentials)
         started = time.monotonic()
-        with self.out_file.open("ab") as out:
-            out.write(
-                f"--- runwatch: starting Kafka {self.kafka_version} on {HOST}:{port}\n".encode()
-            )
-            out.flush()
-            proc = subprocess.Popen(
-                cmd,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                cwd=self.data_dir,
-                start_new_session=True,
-            )
+        proc = spawn(
+            self._java_cmd(libs, MAIN_CLASS, str(self.properties_file)),
+            out_file=self.out_file,
+            cwd=self.data_dir,
+            banner=f"starting Kafka {self.kafka_version} on {HOST}:{port}",
+        )
         self._proc = proc
         self.pid_file.write_text(f"{proc.pid}\n")
-        return _Launched(proc, port, controller_port, auto, started)
+        return Launched(proc, port, controller_port, auto, started)
 
-    def _await(self, launched: _Launched, *, started_by: float, timeout_s: float) -> BrokerInfo:
-        """Wait until a `_spawn`-ed broker answers; record and return its state.
+    def await_started(
+        self, launched: Launched, *, started_by: float, timeout_s: float
+    ) -> BrokerInfo:
+        """Wait until a `spawn`-ed broker answers; record and return its state.
 
         Args:
-            launched: What `_spawn` returned.
+            launched: What `spawn` returned.
             started_by: `time.monotonic()` the ``timeout_s`` counts from.
             timeout_s: Longest to wait.
+
+        Raises:
+            RunwatchError: the broker exited, or did not answer in time (it is stopped).
         """
         proc = launched.proc
         bootstrap = f"{HOST}:{launched.port}"
         node_id = self.member.node_id if self.member is not None else None
+        credentials = self.credentials()
         try:
-            _await_ready(
+            await_ready(
                 bootstrap,
                 deadline=started_by + timeout_s,
-                exited=_exit_probe(proc),
+                exited=exit_probe(proc),
                 node_id=node_id,
+                client_config=credentials.client_config(ADMIN_USER) if credentials else None,
             )
-        except _BrokerExited as exc:
+        except BrokerExited as exc:
             self._proc = None
             self.pid_file.unlink(missing_ok=True)
             raise RunwatchError(
                 self._failure(f"the broker exited with status {exc.status}")
             ) from None
         except KeyboardInterrupt:
-            self._terminate(proc.pid, timeout_s=15.0)
+            self.terminate(proc.pid, timeout_s=15.0)
             raise
         except TimeoutError:
-            self._terminate(proc.pid, timeout_s=15.0)
+            self.terminate(proc.pid, timeout_s=15.0)
             raise RunwatchError(
                 self._failure(f"the broker did not answer on {bootstrap} within {timeout_s:.0f} s")
             ) from None
@@ -310,29 +427,26 @@ class EmbeddedBroker:
             kafka_version=self.kafka_version,
             startup_s=round(time.monotonic() - launched.started, 2),
             node_id=node_id or 1,
+            secure=credentials is not None,
         )
-        _write_json(self.state_file, info.to_json())
+        write_json(self.state_file, info.to_json())
         return info
 
     def _failure(self, summary: str) -> str:
-        tail = _tail(self.out_file, 12)
-        body = "\n".join(f"  | {line}" for line in tail)
+        body = "\n".join(f"  | {line}" for line in tail(self.out_file, 12))
         return f"{summary} during startup; last lines of {self.out_file}:\n{body}"
 
     # ---- stop
-    def _terminate(self, pid: int, *, timeout_s: float) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
-        if not _wait_pid_exit(pid, timeout_s):
-            logger.warning("broker pid %d ignored SIGTERM for %.0f s; killing it", pid, timeout_s)
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-            _wait_pid_exit(pid, 10.0)
+    def terminate(self, pid: int, *, timeout_s: float) -> None:
+        """Stop the broker process ``pid`` (hold `lock`): SIGTERM, then SIGKILL; reap it.
+
+        Args:
+            pid: The broker's pid (`live_pid`, or a `Launched` process's).
+            timeout_s: Longest to wait for a clean exit before SIGKILL.
+        """
+        terminate(pid, timeout_s=timeout_s, proc=self._proc)
         if self._proc is not None and self._proc.pid == pid:
-            self._proc.wait(timeout=10.0)
             self._proc = None
-        else:
-            _reap(pid)
         self.pid_file.unlink(missing_ok=True)
 
     def stop(self, *, timeout_s: float = 30.0) -> bool:
@@ -344,27 +458,28 @@ class EmbeddedBroker:
         Returns:
             True if a running broker was stopped, False if none ran.
         """
-        with self._lock() if self.data_dir.is_dir() else _no_lock():
+        with self.lock() if self.data_dir.is_dir() else no_lock():
             info = self.running()
             if info is None:
                 pid = self._read_pid()
-                if pid is None or not _is_broker_process(pid):
+                if pid is None or not is_broker_process(pid):
                     return False
-                self._terminate(pid, timeout_s=timeout_s)  # pid file without state
+                self.terminate(pid, timeout_s=timeout_s)  # pid file without state
                 return True
-            self._terminate(info.pid, timeout_s=timeout_s)
+            self.terminate(info.pid, timeout_s=timeout_s)
             return True
 
-    def _live_pid(self) -> int | None:
+    def live_pid(self) -> int | None:
+        """The pid of this data directory's broker process while it lives, else None."""
         pid = self._read_pid()
-        return pid if pid is not None and _is_broker_process(pid) else None
+        return pid if pid is not None and is_broker_process(pid) else None
 
     def signal_stop(self) -> None:
         """Send SIGTERM to the broker, if it runs, without waiting (`stop` then waits).
 
         A cluster asks every node at once, so none waits on a quorum that is going away.
         """
-        pid = self._live_pid()
+        pid = self.live_pid()
         if pid is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)
@@ -378,19 +493,19 @@ class EmbeddedBroker:
         Returns:
             True if a running broker was killed, False if none ran.
         """
-        with self._lock() if self.data_dir.is_dir() else _no_lock():
-            pid = self._live_pid()
+        with self.lock() if self.data_dir.is_dir() else no_lock():
+            pid = self.live_pid()
             if pid is None:
                 return False
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            if not _wait_pid_exit(pid, timeout_s):
+            if not wait_pid_exit(pid, timeout_s):
                 raise RunwatchError(f"broker pid {pid} survived SIGKILL for {timeout_s:.0f} s")
             if self._proc is not None and self._proc.pid == pid:
                 self._proc.wait(timeout=10.0)
                 self._proc = None
             else:
-                _reap(pid)
+                reap(pid)
             self.pid_file.unlink(missing_ok=True)
             return True
 
@@ -402,28 +517,14 @@ class EmbeddedBroker:
         self.stop()
 
 
-def running_bootstrap(data_dir: Path | None = None) -> str | None:
-    """The address of the embedded broker if its state file exists and its process lives.
-
-    For a cluster's directory (`EmbeddedCluster`): every node's address, comma-separated,
-    while at least one node runs.
-
-    Args:
-        data_dir: The broker's data directory; `default_data_dir()` when None.
-    """
-    from runwatch.broker.cluster import EmbeddedCluster, is_cluster_dir
-
-    directory = data_dir if data_dir is not None else default_data_dir()
-    if is_cluster_dir(directory):
-        cluster = EmbeddedCluster(directory).running()
-        return cluster.bootstrap if cluster is not None else None
-    info = EmbeddedBroker(data_dir).running(clean_stale=False)
-    return info.bootstrap if info is not None else None
-
-
 @contextlib.contextmanager
 def ephemeral_broker(
-    data_dir: Path, *, port: int | None = None, timeout_s: float = 120.0
+    data_dir: Path,
+    *,
+    port: int | None = None,
+    timeout_s: float = 120.0,
+    secure: bool = False,
+    scope: Scope | None = None,
 ) -> Iterator[BrokerInfo]:
     """Run a broker in ``data_dir`` for the duration of a ``with`` block (tests, demos).
 
@@ -431,11 +532,14 @@ def ephemeral_broker(
         data_dir: Its data directory (a temporary one, typically).
         port: Client port; None picks a free one.
         timeout_s: Longest to wait for it to answer.
+        secure: Run it secure (`EmbeddedBroker`); `runwatch.broker.security.load_credentials`
+            of ``data_dir`` then has every user's password.
+        scope: Whose ACLs a secure broker grants (`EmbeddedBroker`).
 
     Yields:
         The running broker.
     """
-    broker = EmbeddedBroker(data_dir, port=port)
+    broker = EmbeddedBroker(data_dir, port=port, secure=secure, scope=scope)
     info = broker.start(timeout_s=timeout_s)
     try:
         yield info

@@ -8,7 +8,7 @@ import select
 import time
 from pathlib import Path
 
-from runwatch.broker.config import _MAIN_CLASS
+from runwatch.broker.config import MAIN_CLASS
 
 
 def _proc_state(pid: int) -> str | None:
@@ -20,7 +20,7 @@ def _proc_state(pid: int) -> str | None:
     return stat.rsplit(")", 1)[-1].split()[0]
 
 
-def _is_broker_process(pid: int) -> bool:
+def is_broker_process(pid: int) -> bool:
     """True if ``pid`` is alive (not a zombie) and, where /proc tells, runs ``kafka.Kafka``."""
     if pid <= 0:
         return False
@@ -36,18 +36,18 @@ def _is_broker_process(pid: int) -> bool:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
         return True  # no /proc (macOS): trust the pid
-    return _MAIN_CLASS.encode() in cmdline
+    return MAIN_CLASS.encode() in cmdline
 
 
-def _reap(pid: int) -> None:
+def reap(pid: int) -> None:
     """Collect ``pid``'s exit status if it is our child, so it leaves no zombie."""
     with contextlib.suppress(ChildProcessError, OSError):
         os.waitpid(pid, os.WNOHANG)
 
 
-def _wait_pid_exit(pid: int, timeout_s: float) -> bool:
+def wait_pid_exit(pid: int, timeout_s: float) -> bool:
     """Wait until ``pid`` exits (an event on Linux via pidfd); True if it did in time."""
-    if not _is_broker_process(pid):
+    if not is_broker_process(pid):
         return True
     pidfd_open = getattr(os, "pidfd_open", None)
     if pidfd_open is not None:
@@ -66,7 +66,7 @@ def _wait_pid_exit(pid: int, timeout_s: float) -> bool:
                 os.close(fd)
     deadline = time.monotonic() + timeout_s  # no pidfd: poll the pid
     while time.monotonic() < deadline:
-        if not _is_broker_process(pid):
+        if not is_broker_process(pid):
             return True
         time.sleep(0.1)
-    return not _is_broker_process(pid)
+    return not is_broker_process(pid)

@@ -6,18 +6,25 @@ import logging
 import socket
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 logger = logging.getLogger("runwatch.broker")  # the package's logger, as before the split
 
 
-class _BrokerExited(Exception):
+class BrokerExited(Exception):
+    """The broker's JVM exited while it was awaited.
+
+    Attributes:
+        status: Its exit status.
+    """
+
     def __init__(self, status: int) -> None:
         super().__init__(status)
         self.status = status
 
 
-def _exit_probe(proc: subprocess.Popen[bytes]) -> Callable[[float], int | None]:
+def exit_probe(proc: subprocess.Popen[bytes]) -> Callable[[float], int | None]:
     """A function that waits up to ``s`` seconds for ``proc`` to exit; its status or None."""
 
     def wait(timeout_s: float) -> int | None:
@@ -29,19 +36,21 @@ def _exit_probe(proc: subprocess.Popen[bytes]) -> Callable[[float], int | None]:
     return wait
 
 
-def _await_ready(
+def await_ready(
     bootstrap: str,
     *,
     deadline: float,
     exited: Callable[[float], int | None],
     node_id: int | None = None,
+    client_config: Mapping[str, Any] | None = None,
 ) -> None:
     """Wait until the broker at ``bootstrap`` answers DescribeCluster with an unfenced broker.
 
     With ``node_id`` (a node of a cluster), that broker itself must be listed unfenced: the
     controller quorum has accepted its registration. Between attempts it waits on the
-    process's exit (``exited``), so a crash surfaces at once. Raises `_BrokerExited` or
-    `TimeoutError`.
+    process's exit (``exited``), so a crash surfaces at once. A secure broker is asked
+    with its admin's ``client_config`` (SASL settings for kafka-python). Raises
+    `BrokerExited` or `TimeoutError`.
     """
     from kafka import KafkaAdminClient
     from kafka.errors import KafkaError
@@ -50,7 +59,7 @@ def _await_ready(
     while True:
         status = exited(0.0)
         if status is not None:
-            raise _BrokerExited(status)
+            raise BrokerExited(status)
         remaining_s = deadline - time.monotonic()
         if remaining_s <= 0:
             raise TimeoutError(bootstrap)
@@ -60,7 +69,7 @@ def _await_ready(
         except OSError:
             status = exited(min(0.2, max(0.0, remaining_s)))
             if status is not None:
-                raise _BrokerExited(status) from None
+                raise BrokerExited(status) from None
             continue
         try:
             admin = KafkaAdminClient(
@@ -68,6 +77,7 @@ def _await_ready(
                 client_id="runwatch-readiness",
                 bootstrap_timeout_ms=int(min(5.0, remaining_s) * 1000),
                 request_timeout_ms=int(min(10.0, max(1.0, remaining_s)) * 1000),
+                **(client_config or {}),
             )
             try:
                 cluster = admin.describe_cluster()
@@ -81,4 +91,4 @@ def _await_ready(
             logger.debug("broker at %s not ready yet: %s", bootstrap, exc)
         status = exited(min(0.2, max(0.0, deadline - time.monotonic())))
         if status is not None:
-            raise _BrokerExited(status)
+            raise BrokerExited(status)

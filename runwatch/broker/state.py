@@ -14,7 +14,7 @@ class BrokerInfo:
     """A running embedded broker, as recorded in its state file.
 
     Attributes:
-        bootstrap: ``host:port`` of the PLAINTEXT listener, for clients.
+        bootstrap: ``host:port`` of the client listener.
         pid: Process id of the broker's JVM.
         data_dir: The broker's data directory.
         port: Client (PLAINTEXT) port.
@@ -23,6 +23,8 @@ class BrokerInfo:
         kafka_version: The Apache Kafka release it runs.
         startup_s: Seconds from launching the JVM to the first answered metadata request.
         node_id: The node's id (``node.id``): 1 for a single broker, 1..N in a cluster.
+        secure: True when clients must authenticate (SASL/SCRAM) and ACLs are checked
+            (`runwatch.broker.security`).
     """
 
     bootstrap: str
@@ -34,6 +36,7 @@ class BrokerInfo:
     kafka_version: str = KAFKA_VERSION
     startup_s: float = 0.0
     node_id: int = 1
+    secure: bool = False
 
     def to_json(self) -> dict[str, Any]:
         """The state-file form (paths as strings)."""
@@ -54,6 +57,7 @@ class BrokerInfo:
             kafka_version=str(raw.get("kafka_version", KAFKA_VERSION)),
             startup_s=float(raw.get("startup_s", 0.0)),
             node_id=int(raw.get("node_id", 1)),
+            secure=bool(raw.get("secure", False)),
         )
 
 

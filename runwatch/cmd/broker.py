@@ -3,6 +3,10 @@
 ``start --nodes N`` (N >= 2) runs a replicated cluster of N KRaft nodes on loopback in the
 data directory; later commands on that directory (``stop``, ``status``, ``logs``) find the
 cluster by its ``cluster.json`` and cover every node, or one with ``--node``.
+
+``start --secure`` runs a single broker that takes SASL/SCRAM-SHA-512 clients only and
+checks ACLs, with a user per role (`runwatch.broker.security`); ``env USER`` prints the
+variables a process needs to connect as one of them.
 """
 
 from __future__ import annotations
@@ -18,8 +22,9 @@ from runwatch.common.errors import UsageError
 
 if TYPE_CHECKING:
     from runwatch.broker import EmbeddedBroker, EmbeddedCluster
+    from runwatch.broker.acls import Scope
 
-HELP = "run the embedded Apache Kafka broker or a local cluster (start, stop, status, logs)"
+HELP = "run the embedded Apache Kafka broker or a local cluster (start, stop, status, logs, env)"
 
 _FOLLOW_POLL_S = 0.5
 
@@ -60,6 +65,23 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="run a replicated cluster of N KRaft nodes (default: 1, or the recorded cluster)",
     )
+    start.add_argument(
+        "--secure",
+        action="store_true",
+        help="SASL/SCRAM-SHA-512 clients only, ACLs checked, one user per role (the default "
+        "for a deployment; a data directory's security is fixed at its first start)",
+    )
+    start.add_argument(
+        "--prefix",
+        default=None,
+        help="secure: grant the roles the topics of this prefix "
+        "(default: $RUNWATCH_TOPIC_PREFIX or runwatch)",
+    )
+    start.add_argument(
+        "--app-id",
+        default=None,
+        help="secure: the processors' app id to grant (default: <prefix>-processors)",
+    )
     start.add_argument("--timeout", type=float, default=120.0, metavar="S", help="seconds to wait")
     add("stop", "stop the broker (SIGTERM, then SIGKILL after --timeout)").add_argument(
         "--timeout", type=float, default=30.0, metavar="S", help="seconds to wait"
@@ -68,6 +90,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     logs = add("logs", "print the broker's log (logs/server.log in the data dir)")
     logs.add_argument("-n", "--lines", type=int, default=50, help="last N lines")
     logs.add_argument("-f", "--follow", action="store_true", help="keep printing new lines")
+    env = add("env", "print the shell variables that connect as USER to the secure broker")
+    env.add_argument(
+        "user", metavar="USER", help="admin, or a role: trainer, processors, controller, sinks"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -83,7 +109,10 @@ def run(args: argparse.Namespace) -> int:
     if args.action == "logs" and args.lines < 0:
         raise UsageError(f"-n must be >= 0, not {args.lines}")
     data_dir = args.data_dir if args.data_dir is not None else default_data_dir()
+    secure = getattr(args, "secure", False)
     if (nodes is not None and nodes > 1) or (nodes is None and is_cluster_dir(data_dir)):
+        if secure or args.action == "env":
+            raise UsageError("a secure broker is a single node: start it in another --data-dir")
         cluster = EmbeddedCluster(data_dir, nodes=nodes, port=port)
         if args.node is not None and not 1 <= args.node <= cluster.nodes:
             raise UsageError(f"--node must be 1..{cluster.nodes}, not {args.node}")
@@ -92,9 +121,11 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--node {args.node}: {data_dir} holds a single broker (node 1)")
     if nodes == 1 and is_cluster_dir(data_dir):
         raise UsageError(f"{data_dir} holds a cluster; use another --data-dir for one broker")
-    broker = EmbeddedBroker(args.data_dir, port=port)
+    broker = EmbeddedBroker(args.data_dir, port=port, secure=secure, scope=_scope(args))
     if args.action == "start":
         return _start(broker, args.timeout)
+    if args.action == "env":
+        return _env(broker, args.user)
     if args.action == "stop":
         return _stop(broker, args.timeout)
     if args.action == "status":
@@ -137,7 +168,20 @@ def _run_cluster(cluster: EmbeddedCluster, args: argparse.Namespace) -> int:
     raise UsageError(f"unknown action {args.action!r}")
 
 
+def _scope(args: argparse.Namespace) -> Scope | None:
+    """The grants' scope of ``start --secure`` (None when neither flag is given)."""
+    from runwatch.broker.acls import Scope
+    from runwatch.common.settings import topic_prefix
+
+    prefix, app_id = getattr(args, "prefix", None), getattr(args, "app_id", None)
+    if prefix is None and app_id is None:
+        return None
+    return Scope.of(topic_prefix(prefix), app_id)
+
+
 def _start(broker: EmbeddedBroker, timeout_s: float) -> int:
+    from runwatch.broker.security import credentials_dir
+
     already = broker.running()
     info = broker.start(timeout_s=timeout_s)
     print(info.bootstrap)
@@ -146,6 +190,28 @@ def _start(broker: EmbeddedBroker, timeout_s: float) -> int:
         f"Kafka {info.kafka_version} {how}: pid {info.pid}, data {info.data_dir}",
         file=sys.stderr,
     )
+    if info.secure:
+        where = credentials_dir(info.data_dir)
+        print(
+            "secure: SASL/SCRAM-SHA-512 clients only, ACLs checked; a user per role "
+            f"(trainer, processors, controller, sinks) and admin, passwords in {where}/"
+            "<user>.env (0600). Connect as one with: "
+            'eval "$(runwatch broker env trainer)"',
+            file=sys.stderr,
+        )
+    return 0
+
+
+def _env(broker: EmbeddedBroker, user: str) -> int:
+    from runwatch.broker.security import load_credentials
+
+    info = broker.running()
+    if info is None:
+        print(f"no broker runs from {broker.data_dir}", file=sys.stderr)
+        return 1
+    if not info.secure:
+        raise UsageError(f"the broker of {broker.data_dir} is not secure: no users")
+    sys.stdout.write(load_credentials(broker.data_dir).env_snippet(user, info.bootstrap))
     return 0
 
 

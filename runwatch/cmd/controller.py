@@ -43,6 +43,7 @@ def _state_dirs(root: Path) -> list[Path]:
 
 def run(args: argparse.Namespace) -> int:
     """Adopt every running gang under ``--state-dir`` and serve until they all ended."""
+    from runwatch.admin import warn_if_no_authorizer
     from runwatch.common.settings import topic_prefix
     from runwatch.controller.agent import build_controller, load_keys
     from runwatch.controller.launcher import HOST
@@ -94,6 +95,7 @@ def run(args: argparse.Namespace) -> int:
     bootstrap = args.bootstrap or bootstraps.pop()
     check_reachable(bootstrap)  # the records' broker is not resolved by resolve_bootstrap
     prefix = topic_prefix(args.prefix or prefixes.pop())
+    warn_if_no_authorizer(bootstrap, prefix, "controller")
     keys = load_keys()
     controller, runs = build_controller(states, keys, bootstrap, prefix)
     for r in runs:

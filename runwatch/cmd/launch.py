@@ -367,7 +367,12 @@ def _spec(args: argparse.Namespace, plan: LaunchPlan, run: RunBinding) -> Launch
 
 def run(args: argparse.Namespace) -> int:
     """Launch the gang, then serve its commands until the run ends."""
-    from runwatch.common.settings import topic_prefix
+    from runwatch.admin import warn_if_no_authorizer
+    from runwatch.common.settings import (
+        ENV_SASL_USERNAME,
+        ranks_share_the_launchers_login,
+        topic_prefix,
+    )
     from runwatch.controller.agent import build_controller, load_keys
     from runwatch.controller.gang import Gang
     from runwatch.controller.state import ControllerState, GangFile, StateLocked, lock_state_dir
@@ -381,6 +386,14 @@ def run(args: argparse.Namespace) -> int:
         log.warning("runwatch launch: %s (no effect)", line)
     bootstrap = resolve_bootstrap(args.bootstrap)
     prefix = topic_prefix(args.prefix)
+    warn_if_no_authorizer(bootstrap, prefix, "controller")
+    if ranks_share_the_launchers_login(os.environ):
+        logging.getLogger("runwatch.controller").warning(
+            "the ranks log in to Kafka with the launcher's own credential (%s): set "
+            "RUNWATCH_TRAINER_SASL_USERNAME and RUNWATCH_TRAINER_SASL_PASSWORD to give them "
+            "the trainer's (docs/security.md)",
+            os.environ.get(ENV_SASL_USERNAME),
+        )
     try:
         lock_state_dir(state_dir)
     except StateLocked as exc:

@@ -216,7 +216,7 @@ def _choose(
 
 def run(args: argparse.Namespace) -> int:
     """Create the topics if needed, then run a faust worker until stopped."""
-    from runwatch.admin import cluster_replication, create_catalogue
+    from runwatch.admin import cluster_replication, create_catalogue, warn_if_no_authorizer
     from runwatch.common.gc_tuning import tune_for_throughput
     from runwatch.common.settings import faust_broker_settings, replication_factor, topic_prefix
     from runwatch.processors.app import create_app
@@ -263,6 +263,7 @@ def run(args: argparse.Namespace) -> int:
         logging.getLogger("runwatch").warning(
             "no RUNWATCH_COMMAND_KEY: restart commands go out unsigned and controllers refuse them"
         )
+    warn_if_no_authorizer(bootstrap, prefix, "processors")
     # The changelogs get the catalogue's replication: both from the cluster's size.
     rule = cluster_replication(bootstrap, factor=replication_factor(args.replication_factor))
     create_catalogue(bootstrap, prefix=prefix, partitions=partitions, replication=rule)

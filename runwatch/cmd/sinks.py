@@ -438,6 +438,8 @@ def _failure(loop: Any, bootstrap: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Start every selected sink in its own thread; stop on SIGINT or SIGTERM."""
+    from runwatch.admin import warn_if_no_authorizer
+    from runwatch.broker.acls import default_sinks_group
     from runwatch.common.settings import kafka_client_config, topic_prefix
     from runwatch.resolve import resolve_bootstrap
     from runwatch.schemas.topics import names
@@ -449,7 +451,7 @@ def run(args: argparse.Namespace) -> int:
     bootstrap = resolve_bootstrap(args.bootstrap)
     prefix = topic_prefix(args.prefix)
     topics = names(prefix)
-    args.group_prefix = args.group or f"{prefix}-sinks"
+    args.group_prefix = args.group or default_sinks_group(prefix)
     probe = _probe(args, bootstrap, prefix)
     sinks = build_sinks(args, topics, webhooks, managers, [probe] if probe else [])
     try:
@@ -463,6 +465,7 @@ def run(args: argparse.Namespace) -> int:
         raise
     if probe is not None:
         probe.start()
+    warn_if_no_authorizer(bootstrap, prefix, "sinks")
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())

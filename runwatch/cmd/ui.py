@@ -30,6 +30,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Follow the processors' state and serve the pages until Ctrl-C."""
+    from runwatch.admin import warn_if_no_authorizer
     from runwatch.common.errors import UsageError
     from runwatch.common.settings import topic_prefix
     from runwatch.processors.fleet import default_app_id
@@ -53,6 +54,7 @@ def run(args: argparse.Namespace) -> int:
     server = UiServer(data, host=args.host, port=args.port)
     try:
         check_reachable(bootstrap)
+        warn_if_no_authorizer(bootstrap, prefix, "ui")
         data.start()
     except BaseException:
         server.close()

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from runwatch.broker.config import _server_properties
+from runwatch.broker.config import server_properties
 from runwatch.common.errors import UsageError
 from runwatch.common.settings import ENV_REPLICATION_FACTOR, replication_factor
 from runwatch.schemas.topics import Replication, replication_for
@@ -51,13 +51,13 @@ def test_the_override_comes_from_the_flag_then_the_environment(
 
 def test_a_cluster_node_uses_the_same_rule_for_kafkas_own_topics(tmp_path: Path) -> None:
     voters = "1@127.0.0.1:1001,2@127.0.0.1:1002,3@127.0.0.1:1003"
-    node = _props(_server_properties(9002, 1002, tmp_path, node_id=2, voters=voters, replicas=3))
+    node = _props(server_properties(9002, 1002, tmp_path, node_id=2, voters=voters, replicas=3))
     assert node["node.id"] == "2" and node["controller.quorum.voters"] == voters
     assert node["offsets.topic.replication.factor"] == "3"
     assert node["default.replication.factor"] == "3" and node["min.insync.replicas"] == "2"
     assert node["transaction.state.log.min.isr"] == "2"
     assert node["unclean.leader.election.enable"] == "false"
-    single = _props(_server_properties(9092, 9093, tmp_path))
+    single = _props(server_properties(9092, 9093, tmp_path))
     assert single["controller.quorum.voters"] == "1@127.0.0.1:9093"
     assert single["offsets.topic.replication.factor"] == "1"
     assert single["min.insync.replicas"] == "1"

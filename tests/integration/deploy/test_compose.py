@@ -5,6 +5,10 @@ changed), the stack comes up under its own project name on free loopback ports (
 networking), runs stream from the host through `RunEmitter`, one processor container is
 SIGKILLed mid-stream, and the survivor must carry every run to its verdict with nothing lost;
 every audit agrees, Prometheus has scraped the exporter, and `down` leaves nothing behind.
+
+The stack runs with per-role users and ACLs: the test makes every user's password file, the
+host's trainers log in as trainer, and everything else the host reads (groups, changelogs,
+the audit) it reads with the sinks' read-only login.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import pytest
 import yaml
 
 from runwatch import admin
+from runwatch.broker.security import users
 from runwatch.cmd.audit import render
 from runwatch.processors.audit import audit, load_run_log
 from runwatch.processors.core.config import DetectorConfig
@@ -46,6 +51,8 @@ APP_ID = f"{PREFIX}-processors"
 STEPS = 40
 KILL_AFTER = 20  # steps 1..20 with both workers, 21..40 with the survivor
 SPIKE_AT = 32
+USERS = users()
+"""The Kafka users the stack's brokers create: one password file each."""
 UP_S = 600.0  # a cold 2-core machine: three JVMs, two faust workers, the sinks' replay
 WAIT_S = 180.0
 
@@ -98,6 +105,16 @@ class Stack:
     env: dict[str, str]
     bootstrap: str
     prometheus_url: str
+    users: Path
+
+    def login(self, user: str) -> dict[str, str]:
+        """kafka-python's settings to log in as ``user`` (a role, or admin)."""
+        return {
+            "security_protocol": "SASL_PLAINTEXT",
+            "sasl_mechanism": "SCRAM-SHA-512",
+            "sasl_plain_username": user,
+            "sasl_plain_password": (self.users / user).read_text(),
+        }
 
     def run(self, *args: str, timeout_s: float = 120.0) -> str:
         cmd = [*self.compose, "-p", self.project, "-f", str(COMPOSE_FILE), *args]
@@ -160,6 +177,12 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     key = tmp / "command_key"
     key.write_text(uuid.uuid4().hex + uuid.uuid4().hex)
     key.chmod(0o444)  # the services run as uid 10001
+    users_dir = tmp / "kafka-users"  # one password per user, read by brokers and services
+    users_dir.mkdir()
+    for user in USERS:
+        (users_dir / user).write_text(uuid.uuid4().hex)  # no trailing newline
+        (users_dir / user).chmod(0o444)
+    users_dir.chmod(0o755)
     config = yaml.safe_load((REPO / "compose" / "prometheus" / "prometheus.yml").read_text())
     targets = {
         "runwatch-sinks": f"127.0.0.1:{metrics}",
@@ -193,12 +216,21 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         **{k: str(v) for k, v in ports.items()},
         "RUNWATCH_BOOTSTRAP": bootstrap,
         "RUNWATCH_COMMAND_KEY_PATH": str(key),
+        "RUNWATCH_KAFKA_USERS_DIR": str(users_dir),
         "PROMETHEUS_CONFIG": str(prom_file),
         "KAFKA_CLUSTER_ID": admin_cluster_id(),
         "GRAFANA_ADMIN_PASSWORD": uuid.uuid4().hex,  # required by the file, Grafana not started
     }
     compose = [*compose, "--env-file", str(empty_env)]
-    running = Stack(compose, project, env, bootstrap, f"http://127.0.0.1:{prom}")
+    running = Stack(compose, project, env, bootstrap, f"http://127.0.0.1:{prom}", users_dir)
+    host_login = {
+        "RUNWATCH_SECURITY_PROTOCOL": "SASL_PLAINTEXT",
+        "RUNWATCH_SASL_MECHANISM": "SCRAM-SHA-512",
+        "RUNWATCH_SASL_USERNAME": "sinks",
+        "RUNWATCH_SASL_PASSWORD_FILE": str(users_dir / "sinks"),
+    }
+    saved = {k: os.environ.get(k) for k in host_login}
+    os.environ.update(host_login)  # the host reads as the sinks' read-only user
     try:
         running.run("up", "-d", timeout_s=UP_S)
         yield running
@@ -207,6 +239,11 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         raise
     finally:
         running.down()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def _venv_python() -> str:
@@ -273,7 +310,10 @@ def test_a_processor_killed_mid_stream_the_other_takes_over(stack: Stack) -> Non
     _wait("both workers in the group", lambda: _group_members(stack.bootstrap), lambda n: n == 2)
 
     runs = _runs_on_every_steps_partition()
-    trainers = {run: Trainer(stack.bootstrap, PREFIX, run, seed=i) for i, run in enumerate(runs)}
+    trainers = {
+        run: Trainer(stack.bootstrap, PREFIX, run, seed=i, client_config=stack.login("trainer"))
+        for i, run in enumerate(runs)
+    }
     try:
         for t in trainers.values():
             t.start(0)
@@ -359,6 +399,20 @@ def test_prometheus_loaded_the_rules_and_found_the_alertmanager(stack: Stack) ->
     )
     (active,) = managers["activeAlertmanagers"]
     assert active["url"].endswith(f":{stack.env['ALERTMANAGER_PORT']}/api/v2/alerts")
+
+
+def test_a_trainer_cannot_forge_a_verdict_on_the_stack(stack: Stack) -> None:
+    """The stack's brokers check ACLs: the trainer's login writes steps, never anomalies."""
+    from kafka import KafkaProducer
+    from kafka.errors import TopicAuthorizationFailedError
+
+    producer = KafkaProducer(bootstrap_servers=stack.bootstrap, **stack.login("trainer"))
+    try:
+        producer.send(names(PREFIX).steps, key=b"forger", value=b"{}").get(timeout=30)
+        with pytest.raises(TopicAuthorizationFailedError):
+            producer.send(names(PREFIX).anomalies, key=b"victim", value=b"{}").get(timeout=30)
+    finally:
+        producer.close(timeout=5)
 
 
 def test_down_leaves_nothing_running(stack: Stack) -> None:

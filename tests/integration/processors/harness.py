@@ -16,6 +16,7 @@ from typing import Any
 
 from kafka import KafkaConsumer, TopicPartition
 
+from runwatch.common.settings import kafka_client_config
 from runwatch.procs import ManagedProcess
 from runwatch.producers import RunEmitter
 from runwatch.schemas.codec import decode
@@ -87,11 +88,18 @@ def workers(
 
 
 class Reader:
-    """Reads a topic from the beginning, accumulating decoded events across waits."""
+    """Reads a topic from the beginning, accumulating decoded events across waits.
 
-    def __init__(self, bootstrap: str, topic: str) -> None:
+    It logs in with ``client_config`` (kafka-python security settings), else with the
+    ``RUNWATCH_*`` variables of the environment (`kafka_client_config`), as runwatch does.
+    """
+
+    def __init__(
+        self, bootstrap: str, topic: str, client_config: dict[str, Any] | None = None
+    ) -> None:
+        login = kafka_client_config() if client_config is None else client_config
         self.consumer = KafkaConsumer(
-            bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False
+            bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False, **login
         )
         parts = self.consumer.partitions_for_topic(topic) or set()
         tps = [TopicPartition(topic, p) for p in sorted(parts)]
@@ -128,7 +136,13 @@ class Trainer:
     """A scripted gang: rank 0 emits steps and checkpoints, every rank heartbeats."""
 
     def __init__(
-        self, bootstrap: str, prefix: str, run_id: str, world_size: int = 2, seed: int = 0
+        self,
+        bootstrap: str,
+        prefix: str,
+        run_id: str,
+        world_size: int = 2,
+        seed: int = 0,
+        client_config: dict[str, Any] | None = None,
     ) -> None:
         self.bootstrap, self.prefix, self.run_id, self.world_size = (
             bootstrap,
@@ -136,6 +150,7 @@ class Trainer:
             run_id,
             world_size,
         )
+        self.client_config = client_config  # a role's login (security settings)
         self.rng = random.Random(seed)
         self.emitters: list[RunEmitter] = []
         self.incarnation = 0
@@ -151,6 +166,7 @@ class Trainer:
                 rank=r,
                 world_size=self.world_size,
                 incarnation=incarnation,
+                client_config=self.client_config,
             )
             for r in range(self.world_size)
         ]

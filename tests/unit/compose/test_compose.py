@@ -14,7 +14,14 @@ from typing import Any
 import pytest
 
 from runwatch import cli
-from runwatch.common.settings import _SECURITY_ENV, ENV_BOOTSTRAP
+from runwatch.broker.acls import Role
+from runwatch.broker.security import ADMIN_USER, AUTHORIZER, users
+from runwatch.common.settings import (
+    _SECURITY_ENV,
+    ENV_BOOTSTRAP,
+    ENV_SASL_PASSWORD,
+    ENV_SASL_USERNAME,
+)
 
 from .support import (
     COMPOSE_DIR,
@@ -26,7 +33,15 @@ from .support import (
 
 RUNWATCH_SERVICES = ("topics", "processors", "controller", "sinks")
 BROKERS = ("kafka-1", "kafka-2", "kafka-3")
-SECURITY_VARS = sorted(_SECURITY_ENV)
+SHARED_SECURITY_VARS = sorted(set(_SECURITY_ENV) - {ENV_SASL_USERNAME, ENV_SASL_PASSWORD})
+"""Security settings every service reads from .env; the login is each service's own."""
+LOGINS = {
+    "topics": ADMIN_USER,
+    "processors": Role.PROCESSORS.value,
+    "controller": Role.CONTROLLER.value,
+    "sinks": Role.SINKS.value,
+}
+"""The Kafka user each runwatch service logs in as."""
 TOP_LEVEL = {"name", "services", "volumes", "secrets", "networks", "configs"}
 CONDITIONS = {"service_started", "service_healthy", "service_completed_successfully"}
 
@@ -249,15 +264,51 @@ def test_security_settings_reach_every_kafka_client(
 ) -> None:
     env = raw_compose["services"][service]["environment"]
     assert isinstance(env, dict), f"{service}: write environment as a mapping"
-    for var in [ENV_BOOTSTRAP, *SECURITY_VARS]:
+    for var in [ENV_BOOTSTRAP, *SHARED_SECURITY_VARS]:
         assert var in env, f"{service} does not pass {var} through"
         assert var in variables_in(str(env[var])), f"{service}: {var} is not read from .env"
 
 
+@pytest.mark.parametrize(("service", "user"), LOGINS.items())
+def test_every_service_logs_in_as_its_role_with_its_own_secret(
+    service: str, user: str, services: dict[str, dict[str, Any]], compose: dict[str, Any]
+) -> None:
+    svc = services[service]
+    env = svc["environment"]
+    assert env["RUNWATCH_SECURITY_PROTOCOL"] == "SASL_PLAINTEXT"
+    assert env["RUNWATCH_SASL_MECHANISM"] == "SCRAM-SHA-512"
+    assert env["RUNWATCH_SASL_USERNAME"] == user
+    assert "RUNWATCH_SASL_PASSWORD" not in env, "keep passwords out of the environment"
+    secret = f"kafka_{user}"
+    assert env["RUNWATCH_SASL_PASSWORD_FILE"] == f"/run/secrets/{secret}"
+    assert secret in svc["secrets"]
+    assert compose["secrets"][secret]["file"] == f"./secrets/kafka/{user}"
+    others = {f"kafka_{u}" for u in users()} - {secret}
+    if service == "controller":  # its ranks log in as trainer (ranks_environ)
+        assert env["RUNWATCH_TRAINER_SASL_USERNAME"] == Role.TRAINER.value
+        assert env["RUNWATCH_TRAINER_SASL_PASSWORD_FILE"] == "/run/secrets/kafka_trainer"
+        others.discard("kafka_trainer")
+    assert not others & set(svc["secrets"]), f"{service} holds another role's password"
+
+
+def test_every_user_has_a_password_file(compose: dict[str, Any]) -> None:
+    files = {k: v["file"] for k, v in compose["secrets"].items() if k.startswith("kafka_")}
+    assert files == {f"kafka_{u}": f"./secrets/kafka/{u}" for u in users()}
+
+
+def test_the_topics_service_applies_the_roles_acls(services: dict[str, dict[str, Any]]) -> None:
+    command = services["topics"]["command"]
+    assert command[command.index("--acls") + 1] == "apply"
+    for name in ("processors", "sinks"):  # the names the ACLs grant: the defaults
+        assert "--app-id" not in services[name]["command"]
+        assert "--group" not in services[name]["command"]
+
+
 def test_every_security_variable_is_in_env_example(env_example: dict[str, str]) -> None:
-    for var in SECURITY_VARS:
+    for var in SHARED_SECURITY_VARS:
         assert var in env_example, var
-        assert env_example[var] == "", f"{var}: leave empty in the example (PLAINTEXT default)"
+        assert env_example[var] == "", f"{var}: leave empty in the example (the defaults)"
+    assert env_example["RUNWATCH_KAFKA_USERS_DIR"] == "./secrets/kafka"
 
 
 @pytest.mark.parametrize("service", ["processors", "controller"])
@@ -338,6 +389,38 @@ class TestKafka:
         assert env["KAFKA_UNCLEAN_LEADER_ELECTION_ENABLE"] == "false"
         assert env["KAFKA_AUTO_CREATE_TOPICS_ENABLE"] == "false"
 
+    def test_scram_logins_only_and_acls_checked(self, env: dict[str, str]) -> None:
+        protocols = dict(
+            p.split(":") for p in env["KAFKA_LISTENER_SECURITY_PROTOCOL_MAP"].split(",")
+        )
+        assert set(protocols.values()) == {"SASL_PLAINTEXT"}, "a listener without a login"
+        assert env["KAFKA_INTER_BROKER_LISTENER_NAME"] == "SASL_PLAINTEXT"
+        assert env["KAFKA_AUTHORIZER_CLASS_NAME"] == AUTHORIZER
+        assert env["KAFKA_SUPER_USERS"] == f"User:{ADMIN_USER}"
+        assert env["KAFKA_ALLOW_EVERYONE_IF_NO_ACL_FOUND"] == "false"
+
+    def test_the_same_security_properties_as_the_embedded_broker(self, env: dict[str, str]) -> None:
+        """Every property of a secure embedded broker, as a KAFKA_ variable of the image."""
+        embedded = ensure_credentials_free_properties()
+        for prop, value in embedded.items():
+            var = _kafka_env_name(prop)
+            assert var in env, f"{prop} ({var}) is not set on the compose brokers"
+            if "jaas" not in prop:
+                assert env[var] == value, (prop, env[var], value)
+
+    def test_the_brokers_password_comes_from_the_users_dir(
+        self, kafka: dict[str, Any], env: dict[str, str]
+    ) -> None:
+        jaas = [v for k, v in env.items() if k.endswith("_SASL_JAAS_CONFIG")]
+        assert len(jaas) == 2
+        ref = f"${{dir:{env['SCRAM_USERS_DIR']}:{ADMIN_USER}}}"
+        for value in jaas:
+            passwords = re.findall(r'(?:password|user_admin)="([^"]*)"', value)
+            assert passwords and all(p == ref for p in passwords), value
+        assert env["KAFKA_CONFIG_PROVIDERS"] == "dir"
+        mounts = [v for v in kafka["volumes"] if v.split(":")[1] == env["SCRAM_USERS_DIR"]]
+        assert mounts == [f"./secrets/kafka:{env['SCRAM_USERS_DIR']}:ro"]
+
     def test_cluster_id_is_a_base64_uuid(self, env: dict[str, str]) -> None:
         raw = base64.urlsafe_b64decode(env["CLUSTER_ID"] + "==")
         assert len(env["CLUSTER_ID"]) == 22 and len(raw) == 16
@@ -367,3 +450,15 @@ def test_gitignored_secret_and_tls_dirs() -> None:
     for d in ("secrets", "tls"):
         ignore = (COMPOSE_DIR / d / ".gitignore").read_text().split()
         assert ignore[0] == "*", d
+
+
+def _kafka_env_name(prop: str) -> str:
+    """The image's KAFKA_ variable of a property (kafka-run: `_` -> `.`, `__` -> `_`, `___` -> `-`)."""
+    return "KAFKA_" + prop.replace("_", "__").replace("-", "___").replace(".", "_").upper()
+
+
+def ensure_credentials_free_properties() -> dict[str, str]:
+    """A secure embedded broker's properties (with throwaway passwords)."""
+    from runwatch.broker.security import Credentials
+
+    return Credentials(dict.fromkeys(users(), "x")).broker_properties()

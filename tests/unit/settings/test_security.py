@@ -229,3 +229,81 @@ def test_faust_is_imported_lazily() -> None:
         "assert 'faust' not in sys.modules, 'faust imported eagerly'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+LAUNCHER = {**SCRAM, "RUNWATCH_SASL_USERNAME": "controller", "RUNWATCH_SASL_PASSWORD": "ctl"}
+
+
+def test_ranks_log_in_as_the_trainer_when_the_launcher_has_its_credential() -> None:
+    from runwatch.common.settings import ranks_environ, ranks_share_the_launchers_login
+
+    env = {**LAUNCHER, "RUNWATCH_TRAINER_SASL_USERNAME": "trainer"}
+    env["RUNWATCH_TRAINER_SASL_PASSWORD"] = "trn"
+    ranks = ranks_environ(env)
+    assert kafka_client_config(ranks)["sasl_plain_username"] == "trainer"
+    assert ranks["RUNWATCH_SASL_PASSWORD"] == "trn"
+    assert "ctl" not in ranks.values()  # the controller's password never reaches user code
+    assert not any(k.startswith("RUNWATCH_TRAINER_") for k in ranks)
+    assert not ranks_share_the_launchers_login(env)
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [{}, {"RUNWATCH_TRAINER_SASL_USERNAME": "trainer"}],
+    ids=["no-trainer-credential", "half-a-credential"],
+)
+def test_without_a_trainer_credential_ranks_share_the_launchers(extra: dict[str, str]) -> None:
+    from runwatch.common.settings import ranks_environ, ranks_share_the_launchers_login
+
+    env = {**LAUNCHER, **extra}
+    ranks = ranks_environ(env)
+    assert kafka_client_config(ranks) == kafka_client_config(LAUNCHER)
+    assert ranks_share_the_launchers_login(env)
+    assert not ranks_share_the_launchers_login({})  # no SASL at all: nothing shared
+
+
+def test_the_controller_gives_its_ranks_the_trainer_login() -> None:
+    from runwatch.controller.gang import node_environ
+
+    env = {**LAUNCHER, "RUNWATCH_COMMAND_KEY": "k" * 32}
+    env |= {"RUNWATCH_TRAINER_SASL_USERNAME": "trainer", "RUNWATCH_TRAINER_SASL_PASSWORD": "trn"}
+    ranks = node_environ(env, {"EXTRA": "1"})
+    assert ranks["RUNWATCH_SASL_USERNAME"] == "trainer" and ranks["EXTRA"] == "1"
+    assert "RUNWATCH_COMMAND_KEY" not in ranks and "ctl" not in ranks.values()
+
+
+def test_the_password_can_come_from_a_file(tmp_path: Path) -> None:
+    secret = tmp_path / "password"
+    secret.write_text("from-a-file\n")
+    env = {k: v for k, v in SCRAM.items() if k != "RUNWATCH_SASL_PASSWORD"}
+    env["RUNWATCH_SASL_PASSWORD_FILE"] = str(secret)
+    assert kafka_client_config(env)["sasl_plain_password"] == "from-a-file"
+    assert faust_broker_settings(env)["broker_credentials"].password == "from-a-file"
+    assert (
+        kafka_client_config({**env, "RUNWATCH_SASL_PASSWORD": "wins"})["sasl_plain_password"]
+        == "wins"
+    )
+
+
+@pytest.mark.parametrize("content", [None, "  \n"], ids=["missing", "empty"])
+def test_an_unusable_password_file_is_a_clear_error(tmp_path: Path, content: str | None) -> None:
+    from runwatch.common.errors import UsageError
+
+    secret = tmp_path / "password"
+    if content is not None:
+        secret.write_text(content)
+    env = {"RUNWATCH_SASL_PASSWORD_FILE": str(secret)}
+    with pytest.raises(UsageError, match="RUNWATCH_SASL_PASSWORD_FILE"):
+        kafka_client_config(env)
+
+
+def test_a_trainer_password_file_reaches_the_ranks_as_theirs(tmp_path: Path) -> None:
+    from runwatch.common.settings import ranks_environ
+
+    env = {**LAUNCHER, "RUNWATCH_SASL_PASSWORD_FILE": "/run/secrets/controller"}
+    env |= {"RUNWATCH_TRAINER_SASL_USERNAME": "trainer"}
+    env |= {"RUNWATCH_TRAINER_SASL_PASSWORD_FILE": "/run/secrets/trainer"}
+    ranks = ranks_environ(env)
+    assert ranks["RUNWATCH_SASL_USERNAME"] == "trainer"
+    assert ranks["RUNWATCH_SASL_PASSWORD_FILE"] == "/run/secrets/trainer"
+    assert "RUNWATCH_SASL_PASSWORD" not in ranks  # the launcher's own is not passed on
