@@ -70,8 +70,8 @@ class Principal(enum.StrEnum):
     PROCESSORS = "processors"
     """The stream processors: verdicts, commands, dead letters, the clock's Ticks."""
     CONTROLLER = "controller"
-    """The node agent: restart outcomes; it also speaks for a gang that only prints logs
-    (its steps, heartbeats and exits) and announces a run's end."""
+    """The node agent: restart outcomes; it also speaks for its ranks (a gang that only
+    prints logs, relayed ranks' events, exits) and announces a run's end."""
     SINKS = "sinks"
     """Alerts, metrics, the archive, the web view, the audit: readers only."""
 
@@ -108,7 +108,9 @@ class RoleSpec(msgspec.Struct, frozen=True, kw_only=True):
         carries: The event types a record of this topic may hold.
         packs: What an `EventPack` on this topic may hold (empty: no packs here). Only
             the topic's own high-volume event, so one record never feeds two reducers.
-        writers: Who may write records to it (ARCHITECTURE, "Who may write what").
+        writers: Who may write records to it (ARCHITECTURE, "Who may write what"; Kafka's
+            ACLs in a secured deployment, `runwatch.broker.acls`).
+        readers: Who may read it.
         folding: How the processors fold it; None: they do not.
         partitions: Default partition count (`DEFAULT_PARTITIONS` has the reasoning).
         compacted: ``cleanup.policy=compact`` (keep the latest record per key).
@@ -120,6 +122,7 @@ class RoleSpec(msgspec.Struct, frozen=True, kw_only=True):
     carries: tuple[type[Event], ...]
     packs: tuple[type[Event], ...] = ()
     writers: frozenset[Principal]
+    readers: frozenset[Principal]
     folding: Folding | None = None
     partitions: int
     compacted: bool = False
@@ -136,6 +139,7 @@ ROLES: Final[Mapping[TopicRole, RoleSpec]] = {
             role=TopicRole.RUNS,
             carries=(RunStarted, RunEnded),
             writers=frozenset({Principal.TRAINER, Principal.CONTROLLER}),
+            readers=frozenset({Principal.PROCESSORS, Principal.CONTROLLER, Principal.SINKS}),
             partitions=8,
             compacted=True,
             retention_ms=None,
@@ -146,6 +150,7 @@ ROLES: Final[Mapping[TopicRole, RoleSpec]] = {
             carries=(RunStarted, StepCompleted, RunEnded, EventPack),
             packs=(StepCompleted,),
             writers=frozenset({Principal.TRAINER, Principal.CONTROLLER}),
+            readers=frozenset({Principal.PROCESSORS, Principal.SINKS}),
             folding=Folding(state=StateKind.STEPS, table="step-health", order=1),
             partitions=16,
             retention_ms=-1,
@@ -156,6 +161,7 @@ ROLES: Final[Mapping[TopicRole, RoleSpec]] = {
             carries=(RunStarted, Heartbeat, RunEnded, Tick, RankExited, EventPack),
             packs=(Heartbeat,),
             writers=frozenset({Principal.TRAINER, Principal.CONTROLLER, Principal.PROCESSORS}),
+            readers=frozenset({Principal.PROCESSORS, Principal.SINKS}),
             folding=Folding(state=StateKind.LIVENESS, table="liveness", order=3),
             partitions=64,
             retention_ms=4 * WEEK_MS,
@@ -164,7 +170,8 @@ ROLES: Final[Mapping[TopicRole, RoleSpec]] = {
         RoleSpec(
             role=TopicRole.CHECKPOINTS,
             carries=(CheckpointCommitted, CheckpointFailed),
-            writers=frozenset({Principal.TRAINER}),
+            writers=frozenset({Principal.TRAINER, Principal.CONTROLLER}),
+            readers=frozenset({Principal.PROCESSORS, Principal.SINKS}),
             folding=Folding(state=StateKind.CHECKPOINTS, table="checkpoints", order=2),
             partitions=8,
             retention_ms=-1,
@@ -174,6 +181,7 @@ ROLES: Final[Mapping[TopicRole, RoleSpec]] = {
             role=TopicRole.ANOMALIES,
             carries=(AnomalyDetected,),
             writers=frozenset({Principal.PROCESSORS}),
+            readers=frozenset({Principal.PROCESSORS, Principal.CONTROLLER, Principal.SINKS}),
             folding=Folding(state=StateKind.POLICY, table="policy", order=0),
             partitions=8,
             retention_ms=-1,
@@ -183,6 +191,7 @@ ROLES: Final[Mapping[TopicRole, RoleSpec]] = {
             role=TopicRole.COMMANDS,
             carries=(RestartRequested,),
             writers=frozenset({Principal.PROCESSORS}),
+            readers=frozenset({Principal.CONTROLLER, Principal.SINKS}),
             partitions=4,
             retention_ms=-1,
             description="RestartRequested, signed, from the policy to the controller",
@@ -191,6 +200,7 @@ ROLES: Final[Mapping[TopicRole, RoleSpec]] = {
             role=TopicRole.CONTROLLER,
             carries=(RestartCompleted, RestartFailed, CommandRejected, AgentReady),
             writers=frozenset({Principal.CONTROLLER}),
+            readers=frozenset({Principal.CONTROLLER, Principal.SINKS}),
             partitions=4,
             retention_ms=-1,
             description="RestartCompleted / RestartFailed / CommandRejected / AgentReady",
@@ -199,6 +209,7 @@ ROLES: Final[Mapping[TopicRole, RoleSpec]] = {
             role=TopicRole.DEADLETTER,
             carries=(DeadLetter,),
             writers=frozenset({Principal.PROCESSORS}),
+            readers=frozenset({Principal.SINKS}),
             partitions=4,
             retention_ms=4 * WEEK_MS,
             description="DeadLetter: undecodable records with the reason",

@@ -36,16 +36,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from runwatch.schemas.topics import DEFAULT_PARTITIONS, names
+from runwatch.schemas.topics import ROLES, Principal, TopicRole, names
 
-
-class Role(enum.StrEnum):
-    """A component's role: one principal each in a deployment."""
-
-    TRAINER = "trainer"
-    PROCESSORS = "processors"
-    CONTROLLER = "controller"
-    SINKS = "sinks"
+Role = Principal
+"""A component's role: one principal each in a deployment (`schemas.topics.Principal`)."""
 
 
 class Resource(enum.StrEnum):
@@ -77,32 +71,33 @@ class Operation(enum.StrEnum):
 
 R, W, C, D = Operation.READ, Operation.WRITE, Operation.CREATE, Operation.DESCRIBE
 
-TOPIC_ACCESS: Final[Mapping[Role, Mapping[str, tuple[Operation, ...]]]] = {
-    Role.TRAINER: {"runs": (W,), "steps": (W,), "heartbeats": (W,), "checkpoints": (W,)},
-    Role.PROCESSORS: {
-        "runs": (R, C),
-        "steps": (R, C),
-        "heartbeats": (R, W, C),  # W: the clock's Ticks
-        "checkpoints": (R, C),
-        "anomalies": (R, W, C),
-        "commands": (W, C),
-        "controller": (C, D),  # D: it waits for the topics it creates to show up
-        "deadletter": (W, C),
-    },
-    Role.CONTROLLER: {
-        "runs": (R, W),
-        "steps": (W,),
-        "heartbeats": (W,),  # RankExited, RunEnded, relayed ranks' heartbeats
-        "checkpoints": (W,),  # relayed ranks' checkpoint events
-        "anomalies": (R,),
-        "commands": (R,),
-        "controller": (R, W),
-    },
-    Role.SINKS: dict.fromkeys(DEFAULT_PARTITIONS, (R,)),
-}
-"""Role -> catalogue topic (short name) -> the operations it is allowed there."""
 
-VERDICT_TOPICS: Final = ("anomalies", "commands", "deadletter")
+def _topic_access(role: Role) -> dict[TopicRole, tuple[Operation, ...]]:
+    """What ``role`` may do on each catalogue topic.
+
+    Read and Write are the catalogue's (`schemas.topics.RoleSpec.readers` and
+    ``writers``: who may write what is spelled there, once). On top of them the processors
+    create every catalogue topic, and Describe where they neither read nor write (they
+    wait for the topics they create to show up).
+    """
+    out: dict[TopicRole, tuple[Operation, ...]] = {}
+    for topic, spec in ROLES.items():
+        ops = [op for op, who in ((R, spec.readers), (W, spec.writers)) if role in who]
+        if role is Role.PROCESSORS:
+            ops += [C] if ops else [C, D]
+        if ops:
+            out[topic] = tuple(ops)
+    return out
+
+
+TOPIC_ACCESS: Final[Mapping[Role, Mapping[TopicRole, tuple[Operation, ...]]]] = {
+    role: _topic_access(role) for role in Role
+}
+"""Role -> catalogue topic -> the operations it is allowed there."""
+
+VERDICT_TOPICS: Final = tuple(
+    topic for topic, spec in ROLES.items() if spec.writers == {Principal.PROCESSORS}
+)
 """The topics whose records steer restarts or judge runs: written by the processors only."""
 
 
@@ -173,8 +168,8 @@ def acls_of(role: Role, scope: Scope) -> tuple[Acl, ...]:
     """
     topics = names(scope.prefix)
     out = [
-        Acl(Resource.TOPIC, Pattern.LITERAL, getattr(topics, short), ops)
-        for short, ops in TOPIC_ACCESS[role].items()
+        Acl(Resource.TOPIC, Pattern.LITERAL, topics.of(topic), ops)
+        for topic, ops in TOPIC_ACCESS[role].items()
     ]
     internal = f"{scope.app_id}-"  # <app id>-<table>-changelog, <app id>-__assignor-__leader
     if role is Role.PROCESSORS:
