@@ -129,6 +129,8 @@ STATE_CACHE_RUNS: Final = 4096
 state, ~4 KB a 32-rank liveness state, so tens of MB at most per table."""
 STATE_WRITE_ATTEMPTS: Final = 5
 """Attempts at writing a batch's states before the worker stops (backoff 0.1 s, doubling)."""
+STATE_ACK_TIMEOUT_S: Final = 120.0
+"""Longest a flush waits for Kafka to acknowledge its state writes before the worker stops."""
 
 
 def output_topic(event: Event, topics: TopicNames) -> str:
@@ -365,22 +367,34 @@ class _Agent:
             delay_s = min(1.0, delay_s * 2)
 
     async def write_dirty(self) -> None:
-        """Write every state folded and not yet written, retrying the ones that failed.
+        """Write every state folded and not yet written, and wait until Kafka stored each.
+
+        A state counts as written only once its changelog record is acknowledged by Kafka
+        (`RunTable.last_sent`); one whose write raised or whose record Kafka refused is
+        written again (`STATE_WRITE_ATTEMPTS`).
 
         Raises:
-            StateWriteError: Some state still not written after `STATE_WRITE_ATTEMPTS`.
+            StateWriteError: Some state still not stored after `STATE_WRITE_ATTEMPTS`, or
+                Kafka did not answer for `STATE_ACK_TIMEOUT_S`.
         """
         pending = {encode_key(run_id): (run_id, kept) for run_id, kept in self.dirty.items()}
         delay_s = 0.1
+        error: BaseException | None = None
         for attempt in range(1, STATE_WRITE_ATTEMPTS + 1):
             failed: dict[bytes, tuple[str, tuple[bytes, Any]]] = {}
-            error: Exception | None = None
-            for key, (run_id, (value, state)) in pending.items():
+            sent: list[tuple[bytes, str, tuple[bytes, Any], Any]] = []
+            for key, (run_id, kept) in pending.items():
                 try:
                     self.faults.check(self.changelog)
-                    self.table[key] = value
+                    self.table[key] = kept[0]
                 except Exception as exc:
-                    failed[key], error = (run_id, (value, state)), exc
+                    failed[key], error = (run_id, kept), exc
+                else:
+                    sent.append((key, run_id, kept, self.table.last_sent))
+            acks = await self._acknowledged([fut for *_, fut in sent])
+            for (key, run_id, (value, state), _), ack in zip(sent, acks, strict=True):
+                if isinstance(ack, BaseException):
+                    failed[key], error = (run_id, (value, state)), ack
                 else:
                     del self.dirty[run_id]
                     self.decoded.put(key, value, state)
@@ -404,6 +418,22 @@ class _Agent:
             f"{len(pending)} states of the {self.role} table not written after "
             f"{STATE_WRITE_ATTEMPTS} attempts: {error!r}"
         )
+
+    async def _acknowledged(self, sent: list[Any]) -> list[Any]:
+        """Kafka's answer to each changelog record in ``sent``: its metadata, or the error.
+
+        Raises:
+            StateWriteError: No answer for every record within `STATE_ACK_TIMEOUT_S`.
+        """
+        if not sent:
+            return []
+        _, waiting = await asyncio.wait(sent, timeout=STATE_ACK_TIMEOUT_S)  # cancels nothing
+        if waiting:
+            raise StateWriteError(
+                f"{self.role}: Kafka did not acknowledge {len(waiting)} of {len(sent)} state "
+                f"writes within {STATE_ACK_TIMEOUT_S:.0f} s"
+            )
+        return [fut.exception() or fut.result() for fut in sent]
 
     async def halt(self, events: list[Any], exc: BaseException) -> None:
         """Stop the worker over a batch that failed half-way (and stays pinned).
