@@ -44,7 +44,7 @@ import faust
 from aiokafka.structs import ConsumerRecord
 
 from runwatch.common.settings import faust_broker_settings, runwatch_home
-from runwatch.processors import transport
+from runwatch.processors import compat, transport
 from runwatch.processors.core.config import DetectorConfig
 from runwatch.processors.core.state_codec import DecodedStates, decode_state
 from runwatch.processors.logread import partition_for
@@ -277,7 +277,7 @@ class _Agent:
         Raises:
             StateWriteError: Still unknown after `METADATA_TIMEOUT_S`.
         """
-        client = self.app.producer._ensure_producer().client  # type: ignore[attr-defined]
+        client = compat.producer_client(self.app)
         missing = [t for t in self.needs_metadata if client.cluster.partitions_for_topic(t) is None]
         if not missing:
             return
@@ -529,7 +529,12 @@ def create_app(
 
     Returns:
         The app; run it with `run_worker`.
+
+    Raises:
+        compat.InternalsMoved: faust, aiokafka or mode are not the versions the engine
+            is written against, and an internal it uses moved.
     """
+    compat.check()
     app = transport.App(  # faust.App, with a retry backoff sized for outages
         settings.app_id,
         broker=f"kafka://{settings.bootstrap}",

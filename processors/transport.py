@@ -44,6 +44,7 @@ from aiokafka.structs import ConsumerRecord
 from faust.transport.drivers import aiokafka as driver
 from faust.types import TP
 
+from runwatch.processors import compat
 from runwatch.processors.settings import DEFAULT_STATE_FLUSH_S
 
 FAUST_LOGGER: Final = logging.getLogger("faust.transport.runwatch")
@@ -91,23 +92,6 @@ def _with_metadata_backoff(client: object) -> None:
     client.__class__ = _BackoffClient  # same layout, one method more: no state to move
 
 
-def set_retry_backoff(consumer: aiokafka.AIOKafkaConsumer, backoff_ms: int) -> None:
-    """Give a consumer that has not started yet ``backoff_ms`` as its retry backoff.
-
-    Raises:
-        RuntimeError: aiokafka's consumer no longer has the attributes this sets.
-    """
-    client = getattr(consumer, "_client", None)
-    if not hasattr(consumer, "_retry_backoff_ms") or not hasattr(client, "_retry_backoff"):
-        raise RuntimeError(
-            f"aiokafka {aiokafka.__version__}: AIOKafkaConsumer has no _retry_backoff_ms / "
-            "_client._retry_backoff; processors.transport needs updating"
-        )
-    consumer._retry_backoff_ms = backoff_ms  # read by start() for the fetcher and coordinator
-    client._retry_backoff = backoff_ms / 1000  # type: ignore[union-attr]
-    _with_metadata_backoff(client)
-
-
 class _BackoffProducer(aiokafka.AIOKafkaProducer):  # type: ignore[misc]
     def __init__(self, **kwargs: Any) -> None:
         kwargs.setdefault("retry_backoff_ms", RETRY_BACKOFF_MS)
@@ -137,27 +121,14 @@ then folded records 1.7 s old). 50 ms bounds that stall; idle, it costs 20 empty
 a second."""
 
 
-def set_fetch_max_wait(consumer: aiokafka.AIOKafkaConsumer, wait_ms: int) -> None:
-    """Give a consumer that has not started yet ``wait_ms`` as its ``fetch_max_wait_ms``.
-
-    Raises:
-        RuntimeError: aiokafka's consumer no longer has the attribute this sets.
-    """
-    if not hasattr(consumer, "_fetch_max_wait_ms"):
-        raise RuntimeError(
-            f"aiokafka {aiokafka.__version__}: AIOKafkaConsumer has no _fetch_max_wait_ms; "
-            "processors.transport needs updating"
-        )
-    consumer._fetch_max_wait_ms = wait_ms  # read by start() for the fetcher
-
-
 class _ConsumerThread(driver.AIOKafkaConsumerThread):
     logger = FAUST_LOGGER
 
     def _create_consumer(self, loop: asyncio.AbstractEventLoop) -> aiokafka.AIOKafkaConsumer:
         consumer = super()._create_consumer(loop)
-        set_retry_backoff(consumer, RETRY_BACKOFF_MS)
-        set_fetch_max_wait(consumer, FETCH_MAX_WAIT_MS)
+        compat.set_retry_backoff(consumer, RETRY_BACKOFF_MS)
+        _with_metadata_backoff(compat.client_of(consumer))
+        compat.set_fetch_max_wait(consumer, FETCH_MAX_WAIT_MS)
         return consumer
 
 
@@ -189,7 +160,7 @@ class Consumer(driver.Consumer):
                 yield item
             return
         t_wait = time.perf_counter()
-        records, active = await self._wait_next_records(timeout)
+        records, active = await compat.next_records(self, timeout)
         if records is None or self.should_stop:
             return
         ingest.stats.note("wait_ms", 1000 * (time.perf_counter() - t_wait))
@@ -206,9 +177,9 @@ class Consumer(driver.Consumer):
             for tp, record in self.scheduler.iterate(rest):
                 if not self.flow_active or self.app.consumer_generation_id != generation_id:
                     break
-                if active is None or tp in active or tp in self._buffered_partitions:
+                if active is None or tp in active or tp in compat.buffered_partitions(self):
                     self.app.monitor.track_tp_end_offset(tp, self.highwater(tp))
-                    yield tp, self._to_message(tp, record)
+                    yield tp, compat.to_message(self, tp, record)
         # Whole or not at all: a stop cancels the fetcher, and a round or flush cut off
         # half-way could not be flushed by the stop (`BatchIngest.flush_at_stop`).
         if batch:
@@ -218,22 +189,11 @@ class Consumer(driver.Consumer):
 
     def ack_range(self, tp: TP, first: int, last: int) -> None:
         """Acknowledge offsets ``first..last`` of ``tp`` (applied whole) for faust's commits."""
-        committed = self._committed_offset[tp]
-        if committed is not None:
-            first = max(first, committed)  # as `ack`: nothing below the committed offset
-        if first > last:
-            return
-        offsets = range(first, last + 1)
-        self._acked[tp].extend(offsets)
-        self._acked_index[tp].update(offsets)
-        self._n_acked += len(offsets)
+        compat.ack_range(self, tp, first, last)
 
     async def committed_offset(self, tp: TP) -> int | None:
         """The group's committed offset of ``tp`` as the broker has it (None: no commit)."""
-        thread = self._thread
-        consumer = thread._ensure_consumer()
-        offset = await thread.call_thread(consumer.committed, driver.ensure_aiokafka_TP(tp))
-        return None if offset is None else int(offset)
+        return await compat.committed_offset(self, tp)
 
     async def on_partitions_revoked(self, revoked: set[TP]) -> None:
         """Let the batch in flight finish and commit it, then revoke as faust does."""
@@ -446,7 +406,7 @@ class Checkpoint:
         # latency.py, nothing committed during a 20 s load), and awaited, the commit (a
         # flush, then an offset commit through the consumer thread, up to 280 ms under
         # load) held up every verdict behind it.
-        consumer._n_acked = 0  # faust's count towards broker_commit_every: ours is above
+        compat.reset_ack_count(consumer)
         now = time.monotonic()
         interval_s = consumer.app.conf.broker_commit_interval
         if now - self.last_commit_s >= interval_s and self.commit_done():
@@ -703,7 +663,7 @@ class BatchIngest:
     async def _round(self, consumer: Consumer, records: Mapping[Any, Sequence[Any]]) -> None:
         app = consumer.app
         generation = app.consumer_generation_id
-        active = consumer._get_active_partitions()
+        active = compat.active_partitions(consumer)
         take: dict[TP, tuple[int, Sequence[Any]]] = {}
         for raw_tp, recs in records.items():
             tp = _tp(raw_tp)
@@ -756,7 +716,7 @@ class BatchIngest:
             log.info("batch path: rebalanced while applying a round; not acknowledging it")
             self.checkpoint.abort()
             return
-        inbound = getattr(app.monitor, "stream_inbound_time", None)
+        inbound = compat.inbound_times(app)
         now = time.monotonic()
         for tp, (start, recs) in take.items():
             last = recs[-1].offset
