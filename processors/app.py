@@ -1,7 +1,7 @@
 """The faust-streaming app: one table of reducer states per input topic, batches in.
 
 No agents: the consumer hands each fetched round of input records, whole per-partition
-batches, to `_BatchSink` (`processors.transport.BatchIngest` does the Kafka side: the
+batches, to `_BatchSink` (`processors.engine.BatchIngest` does the Kafka side: the
 next offset due per partition, refusing and re-seeking a batch that skips offsets,
 acknowledging applied batches as offset ranges into faust's commit tracking). faust runs
 the group, the assignment, the tables and their recovery, the commits and the worker.
@@ -44,7 +44,7 @@ import faust
 from aiokafka.structs import ConsumerRecord
 
 from runwatch.common.settings import faust_broker_settings, runwatch_home
-from runwatch.processors import compat, transport
+from runwatch.processors import compat, engine
 from runwatch.processors.core.config import DetectorConfig
 from runwatch.processors.core.state_codec import DecodedStates, decode_state
 from runwatch.processors.logread import partition_for
@@ -381,13 +381,13 @@ class _Agent:
 
 
 class _BatchSink:
-    """The batch path's body (`processors.transport.BatchSink`): rounds folded, then flushed.
+    """The batch path's body (`processors.engine.BatchSink`): rounds folded, then flushed.
 
     A round holds, per assigned input partition, consecutive records in offset order.
     The rules are the agents': decode each record once, fold each role's records through
     `fold_batch` (the audit's replay), publish every output and dead letter and wait for
     Kafka's acknowledgement, then write the states (retried in place), in the steps of
-    `processors.transport.Checkpoint`, which `BatchIngest` commits every
+    `processors.engine.Checkpoint`, which `BatchIngest` commits every
     `processors.settings.DEFAULT_STATE_FLUSH_S`: until then a run's newest state is kept
     in its role's body (`_Agent.unwritten`) and the next round folds from it. A round or a
     checkpoint step that cannot be done whole stops the worker without returning (nothing
@@ -400,10 +400,10 @@ class _BatchSink:
         self.sent: list[Any] = []  # the producer's futures of every output since the last flush
 
     @property
-    def stats(self) -> transport.RoundStats:
-        """The batch path's timing summary (`processors.transport.RoundStats`)."""
-        ingest = self.app.batch_ingest if isinstance(self.app, transport.App) else None
-        return ingest.stats if ingest is not None else transport.RoundStats()
+    def stats(self) -> engine.RoundStats:
+        """The batch path's timing summary (`processors.engine.RoundStats`)."""
+        ingest = self.app.batch_ingest if isinstance(self.app, engine.App) else None
+        return ingest.stats if ingest is not None else engine.RoundStats()
 
     async def __call__(self, batches: Mapping[Any, Sequence[ConsumerRecord]]) -> None:
         grouped: dict[str, list[RawRecord]] = {}
@@ -535,7 +535,7 @@ def create_app(
             is written against, and an internal it uses moved.
     """
     compat.check()
-    app = transport.App(  # faust.App, with a retry backoff sized for outages
+    app = engine.App(  # faust.App, with a retry backoff sized for outages
         settings.app_id,
         broker=f"kafka://{settings.bootstrap}",
         store=store_url(settings.store),  # memory, or RocksDB under the data dir

@@ -6,7 +6,7 @@ uses their internals two ways, both listed here:
 * **calls and attributes**: the accessors below (`ack_range`, `set_retry_backoff`, ...)
   are the only code that reads or writes a private attribute or calls a private method
   of those packages; each fails loudly (`InternalsMoved`) when what it touches is gone;
-* **overrides**: runwatch's subclasses (`processors.transport`, `processors.stores`,
+* **overrides**: runwatch's subclasses (`processors.engine`, `processors.stores`,
   `runwatch.cmd.processors`) replace private methods. An override of a method that was
   renamed upstream is silently never called, so each one is listed in `INTERNALS` too.
 
@@ -80,7 +80,7 @@ INTERNALS: Final[tuple[Internal, ...]] = (
         f"{_DRIVER}.Producer",
         "_producer_type",
         "property",
-        "override: the producer class (transport.Producer)",
+        "override: the producer class (engine.Producer)",
     ),
     Internal(f"{_DRIVER}.Producer", "_ensure_producer", "method", "producer_client", ("self",)),
     Internal(
@@ -124,14 +124,14 @@ INTERNALS: Final[tuple[Internal, ...]] = (
         "faust.app.base.App",
         "_new_transport",
         "method",
-        "override: runwatch's transport (transport.App)",
+        "override: runwatch's transport (engine.App)",
         ("self",),
     ),
     Internal(
         "faust.app.base.App",
         "_new_producer_transport",
         "method",
-        "override: runwatch's transport (transport.App)",
+        "override: runwatch's transport (engine.App)",
         ("self",),
     ),
     Internal(

@@ -53,7 +53,7 @@ class ProcessorSettings(msgspec.Struct, frozen=True, kw_only=True):
             ``$RUNWATCH_HOME/processors/<app id>``.
         batch_max: Most records of one fetched round, all partitions together.
         state_flush_s: Longest a folded round waits for its states to
-            be written and its offsets acknowledged (`processors.transport.BatchIngest`):
+            be written and its offsets acknowledged (`processors.engine.BatchIngest`):
             longer writes each run's state once for more rounds, and leaves a crash more
             to fold again.
         tick_interval_s: How often the clock writes a Tick into every heartbeat partition.

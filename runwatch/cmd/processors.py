@@ -334,7 +334,7 @@ def watch_broker(bootstrap: str) -> logging.Handler:
     """
     from runwatch.common.errors import BrokerUnreachable
     from runwatch.logsummary import BrokerWatch
-    from runwatch.processors.transport import RETRY_BACKOFF_MS
+    from runwatch.processors.engine import RETRY_BACKOFF_MS
     from runwatch.reachability import check_reachable
 
     def answers() -> bool:

@@ -1,4 +1,4 @@
-"""The batch path's bookkeeping (`processors.transport.BatchIngest`, `Checkpoint`), decision by decision.
+"""The batch path's bookkeeping (`processors.engine.BatchIngest`, `Checkpoint`), case by case.
 
 What is tested here is this module's own logic: which records of a fetched round it
 applies, which it refuses, where it seeks, when it flushes and what it acknowledges. The consumer below is a
@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 import pytest
 from faust.types import TP
 
-from runwatch.processors.transport import BatchIngest
+from runwatch.processors.engine import BatchIngest
 
 IN = TP("in", 0)
 OTHER = TP("in", 1)

@@ -1,4 +1,16 @@
-"""faust's Kafka transport with a retry backoff sized for outages, not for blips.
+"""The processing engine: whole batches from Kafka into the fold, made durable by a Checkpoint.
+
+faust runs the consumer group, the assignment, the tables and their recovery, the offset
+commits and the worker; this module replaces how records reach the fold and how a fold
+becomes durable:
+
+* `BatchIngest`: `Consumer.getmany` hands it every fetched round of input records, whole
+  per-partition batches; it keeps each partition's next offset due, refuses and re-seeks a
+  batch that skips offsets, and feeds the rest to the app's `BatchSink` (the fold);
+* `Checkpoint`: the commit protocol, ARCHITECTURE rule 6 as numbered steps (outputs
+  acknowledged, states written and acknowledged, offsets acknowledged, commit started);
+* faust's Kafka transport (`App`, `Consumer`, `Producer`), subclassed for the above and
+  for a retry backoff sized for outages, not for blips.
 
 aiokafka retries everything that fails on a connection (metadata refresh, fetch, group
 coordinator lookup, heartbeat, produce) after a fixed ``retry_backoff_ms`` of 100 ms, and
@@ -6,14 +18,14 @@ has no growing reconnect backoff. While a broker is down, each of the worker's r
 (its consumer's fetcher, coordinator and metadata synchroniser, its producer's sender)
 fails at once and tries again 100 ms later: measured on one worker over a 16 s broker stop
 (`bench/outage.py`), 1,070 refused connection attempts and 1,398 error lines. faust passes
-no ``retry_backoff_ms`` to aiokafka, so this transport does:
+no ``retry_backoff_ms`` to aiokafka, so this module does:
 
 * the producer through faust's own hook (``Producer._producer_type``);
 * the consumer, whose construction faust does not expose, by setting the backoff on the
   consumer and its client right after faust builds it and before it starts (the fetcher
-  and the coordinator are created in ``start()`` from it). `set_retry_backoff` checks the
-  attributes exist, so an aiokafka that renames them fails the worker's start loudly
-  rather than silently going back to 100 ms.
+  and the coordinator are created in ``start()`` from it). `compat.set_retry_backoff`
+  checks the attributes exist, so an aiokafka that renames them fails the worker's start
+  loudly rather than silently going back to 100 ms.
 
 Worse, aiokafka's producer sender spins without any backoff while a partition's leader is
 unknown and the broker refuses connections (`_BackoffClient`): the busy loop of a worker
@@ -23,7 +35,8 @@ metadata update.
 `RETRY_BACKOFF_MS` is the one figure: a retry after a failed request (a broker gone, a
 leader moved) waits this long. 500 ms keeps a failover after a leader move well under a
 second while cutting the outage loop five-fold; the log lines are summarised on top
-(`runwatch.logsummary`).
+(`runwatch.logsummary`). Every private name of faust, aiokafka and mode used here is
+listed in `processors.compat`.
 """
 
 from __future__ import annotations
@@ -87,7 +100,7 @@ def _with_metadata_backoff(client: object) -> None:
     if type(client) is not AIOKafkaClient:
         raise RuntimeError(
             f"aiokafka {aiokafka.__version__}: expected an AIOKafkaClient, got "
-            f"{type(client).__name__}; processors.transport needs updating"
+            f"{type(client).__name__}; processors.engine needs updating"
         )
     client.__class__ = _BackoffClient  # same layout, one method more: no state to move
 
@@ -280,7 +293,7 @@ class App(faust.App):
 
 
 # --------------------------------------------------------------------------------------
-# The batch ingestion path.
+# The engine: batches in, checkpoints out.
 
 
 class BatchSink(Protocol):
