@@ -26,7 +26,7 @@ Latency of a spike, two ways (every clock is this machine's):
   producer when it sends the verdict): the worker's part, without the verdict's own
   delivery.
 
-The worker runs with `processors.transport.RoundStats` on (``RUNWATCH_BATCH_STATS_S``), and
+The worker runs with `processors.engine.RoundStats` on (``RUNWATCH_BATCH_STATS_S``), and
 the summary of its lines from the loaded window is printed: records per round, fetch wait,
 fold per round; publish, table writes and acks per flush.
 

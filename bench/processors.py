@@ -6,16 +6,15 @@ Phases, against one backlog produced once:
    through the same `fold_batch` (no faust, no outputs published, no state written): what
    consuming, decoding and folding cost on their own. It is measured again right before
    each worker, so a worker and its ceiling run under the same load of the box.
-1. Throughput: one `runwatch processors` worker (a subprocess) per ``--ingest`` mode, each
-   with its own app id, drains the same backlog in turn. Sustained events/s is measured
-   from the group's committed offsets (what the worker has durably processed), from the
-   first commit to the last, so worker start-up is not counted. Each mode's ratio is its
-   worker over the ceiling measured just before it; the headline ``ratio`` is the last
-   mode's. On a shared box the load of other processes moves wall-clock figures between
+1. Throughput: one `runwatch processors` worker (a subprocess) drains the backlog.
+   Sustained events/s is measured from the group's committed offsets (what the worker has
+   durably processed), from the first commit to the last, so worker start-up is not
+   counted. The ``ratio`` is the worker over the ceiling measured just before it. On a
+   shared box the load of other processes moves wall-clock figures between
    two measurements, so CPU per event (the worker's process, every thread; the ceiling's
    process) is printed too, with its ratio (``cpu_ratio``): the part of the comparison the
    neighbours' load does not move.
-2. Latency: with the last mode's worker idle, a paced stream of steps where every 20th
+2. Latency: with the worker idle, a paced stream of steps where every 20th
    step of a run is a loss spike; latency is from just before `send` of the spike to the
    moment a consumer of the anomalies topic reads its verdict.
 
@@ -24,7 +23,6 @@ faust) to split the per-event cost into decode, fold and the rest (faust, aiokaf
 changelog writes).
 
 Usage: python bench/processors.py [--bootstrap HOST:PORT] [--runs 200] [--steps 60]
-       [--ingest stream,batch]
 """
 
 from __future__ import annotations
@@ -115,12 +113,11 @@ def start_worker(
     partitions: int,
     log: Path,
     app_id: str,
-    ingest: str,
     batch_max: int | None,
 ) -> ManagedProcess:
     args = [
         "processors", "--bootstrap", bootstrap, "--prefix", prefix, "--app-id", app_id,
-        "--partitions", str(partitions), "--ingest", ingest,
+        "--partitions", str(partitions),
         *(["--batch-max", str(batch_max)] if batch_max is not None else []),
         "--set", "hang_timeout_s=3600", "--set", "dead_rank_timeout_s=3600",
     ]  # fmt: skip
@@ -201,7 +198,6 @@ def throughput(
     partitions: int,
     worker_log: Path,
     stack: ExitStack,
-    ingest: str,
     batch_max: int | None,
 ) -> tuple[dict[str, float], ManagedProcess]:
     """One worker of a new app id drains the backlog; returns its figures and the worker."""
@@ -209,8 +205,8 @@ def throughput(
     inputs = [topics.steps, topics.heartbeats]
     consumer = KafkaConsumer(bootstrap_servers=bootstrap)
     target = end_total(consumer, inputs)
-    app_id = f"{prefix}-{ingest}-app"
-    worker = start_worker(bootstrap, prefix, partitions, worker_log, app_id, ingest, batch_max)
+    app_id = f"{prefix}-app"
+    worker = start_worker(bootstrap, prefix, partitions, worker_log, app_id, batch_max)
     stack.callback(worker.stop)  # also when the measurement fails
     samples: list[tuple[float, int, float]] = []
     deadline = time.monotonic() + 600
@@ -323,21 +319,14 @@ def main() -> int:
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--spikes", type=int, default=200)
     parser.add_argument(
-        "--ingest",
-        default="stream,batch",
-        help="worker ingest modes to measure in turn, comma-separated; the last one is the "
-        "worker of the ratio and of the latency phase (default: stream,batch)",
-    )
-    parser.add_argument(
         "--batch-max",
         type=int,
         default=None,
-        help="the workers' --batch-max, and the ceiling's records per getmany (default: "
-        "the worker's default for its --ingest, processors.settings.BATCH_MAX)",
+        help="the worker's --batch-max, and the ceiling's records per getmany (default: "
+        "the worker's, processors.settings.BATCH_MAX)",
     )
     args = parser.parse_args()
     exit_on_sigterm()  # stop the children it started when it is stopped itself
-    modes = [m.strip() for m in args.ingest.split(",") if m.strip()]
     with ExitStack() as stack:
         bootstrap = args.bootstrap
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
@@ -353,57 +342,32 @@ def main() -> int:
             "produce_s": produce(bootstrap, prefix, events),
         }
         del events
-        per_mode: dict[str, dict[str, float]] = {}
-        for i, mode in enumerate(modes):
-            # The ceiling right before each worker: the box's load drifts over minutes.
-            ceil = ceiling(bootstrap, prefix, args.batch_max or BATCH_MAX[mode])
-            figures, worker = throughput(
-                bootstrap,
-                prefix,
-                args.partitions,
-                tmp / f"worker-{mode}.log",
-                stack,
-                mode,
-                args.batch_max,
-            )
-            per_mode[mode] = {**figures, **ceil}
-            if i < len(modes) - 1:
-                worker.stop()  # only the last mode's worker stays for the latency phase
-        tput.update(per_mode[modes[-1]])
-        tput["ingest"] = modes[-1]  # type: ignore[assignment]
-        tput["batch_max"] = args.batch_max or BATCH_MAX[modes[-1]]
+        batch_max = args.batch_max or BATCH_MAX
+        # The ceiling right before the worker: the box's load drifts over minutes.
+        tput.update(ceiling(bootstrap, prefix, batch_max))
+        figures, _ = throughput(
+            bootstrap, prefix, args.partitions, tmp / "worker.log", stack, args.batch_max
+        )
+        tput.update(figures)
+        tput["batch_max"] = batch_max
         tput["ratio"] = tput["events_per_s"] / tput["ceiling_events_per_s"]
         tput["cpu_ratio"] = tput["ceiling_cpu_us_per_event"] / tput["cpu_us_per_event"]
-        for mode, figures in per_mode.items():
-            tput[f"{mode}_events_per_s"] = figures["events_per_s"]
-            tput[f"{mode}_ceiling_events_per_s"] = figures["ceiling_events_per_s"]
-            tput[f"{mode}_ratio"] = figures["events_per_s"] / figures["ceiling_events_per_s"]
-            tput[f"{mode}_cpu_us_per_event"] = figures["cpu_us_per_event"]
-            tput[f"{mode}_cpu_ratio"] = (
-                figures["ceiling_cpu_us_per_event"] / figures["cpu_us_per_event"]
-            )
         lat = latency(bootstrap, prefix, args.spikes)
     parts = breakdown(min(args.runs, 50), args.steps)
     print(
         f"throughput: {tput['events']} events ({args.runs} runs x {args.steps} steps x "
         f"(1 step + {WORLD} heartbeats)), one worker, {args.partitions} partitions"
     )
-    for mode, figures in per_mode.items():
-        print(
-            f"  ceiling (aiokafka getmany + decode + fold_batch, no faust), just before: "
-            f"{figures['ceiling_events_per_s']:,.0f} events/s, "
-            f"{figures['ceiling_cpu_us_per_event']:.1f} us CPU per event"
-        )
-        print(
-            f"  worker, --ingest {mode}: sustained {figures['events_per_s']:,.0f} events/s "
-            f"(drained in {figures['drain_s']:.1f} s), "
-            f"{figures['events_per_s'] / figures['ceiling_events_per_s']:.2f} of the ceiling; "
-            f"{figures['cpu_us_per_event']:.1f} us CPU per event (ceiling/worker "
-            f"{figures['ceiling_cpu_us_per_event'] / figures['cpu_us_per_event']:.2f})"
-        )
     print(
-        f"  ratio (--ingest {modes[-1]} worker / ceiling): {tput['ratio']:.2f} in events/s "
-        f"(goal >= 0.6), {tput['cpu_ratio']:.2f} in CPU per event"
+        f"  ceiling (aiokafka getmany + decode + fold_batch, no faust), just before: "
+        f"{tput['ceiling_events_per_s']:,.0f} events/s, "
+        f"{tput['ceiling_cpu_us_per_event']:.1f} us CPU per event"
+    )
+    print(
+        f"  worker: sustained {tput['events_per_s']:,.0f} events/s "
+        f"(drained in {tput['drain_s']:.1f} s), {tput['ratio']:.2f} of the ceiling "
+        f"(goal >= 0.6); {tput['cpu_us_per_event']:.1f} us CPU per event (ceiling/worker "
+        f"{tput['cpu_ratio']:.2f})"
     )
     print(
         f"latency: {lat['detected']}/{lat['spikes']} spikes, produce -> verdict readable: "

@@ -169,7 +169,11 @@ def start_worker(bootstrap: str, prefix: str, root: Path, name: str) -> ManagedP
     for s in SETS:
         args += ["--set", s]
     env = {**os.environ, "RUNWATCH_COMMAND_KEY": COMMAND_KEY}
-    return ManagedProcess.runwatch(name, args, root / f"{name}.log", env=env, cwd=root)
+    # One log per incarnation: a restarted worker must not overwrite its predecessor's.
+    log = next(
+        root / f"{name}-{n}.log" for n in range(1000) if not (root / f"{name}-{n}.log").exists()
+    )
+    return ManagedProcess.runwatch(name, args, log, env=env, cwd=root)
 
 
 def percentile(values: list[float], q: float) -> float:

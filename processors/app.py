@@ -1,77 +1,24 @@
-"""The faust-streaming app: one table of reducer states per input topic, two ways in.
+"""The faust-streaming app: one table of reducer states per input topic, batches in.
 
-``ProcessorSettings.ingest`` chooses how records reach the fold:
+No agents: the consumer hands each fetched round of input records, whole per-partition
+batches, to `_BatchSink` (`processors.engine.BatchIngest` does the Kafka side: the
+next offset due per partition, refusing and re-seeking a batch that skips offsets,
+acknowledging applied batches as offset ranges into faust's commit tracking). faust runs
+the group, the assignment, the tables and their recovery, the commits and the worker.
 
-* ``stream``: one agent per input topic, records one by one through faust's conductor,
-  stream and acks, below (the path before the batch one; still selectable);
-* ``batch`` (the default): no agents. The consumer hands each fetched round of input records, whole
-  per-partition batches, to `_BatchSink` (`processors.transport.BatchIngest` does the
-  Kafka side: the next offset due per partition, refusing and re-seeking a batch that
-  skips offsets, acknowledging applied batches as offset ranges into faust's commit
-  tracking). faust still runs the group, the assignment, the tables and their recovery,
-  the commits and the worker. The rules are the same as the agents': one decode per
-  record, `fold_batch` per role, outputs published and acknowledged by Kafka before the
-  states are written (retried in place), nothing acknowledged before its states are
-  written, and a round that cannot be applied whole stops the worker. Only the timing
-  differs: states are written by a flush every few rounds
-  (`processors.settings.DEFAULT_STATE_FLUSH_S`), each run's newest state once, and
-  the rounds since the last flush are acknowledged after it. None of faust's
-  per-message machinery (Message objects, increfs, the ack-on-close of ``take_events``)
-  is on that path, so what follows about pinning concerns the stream path only.
+The rules (ARCHITECTURE, docs/processors.md): one decode per record, `fold_batch` per
+role, outputs published and acknowledged by Kafka before the states are written, a state
+written only once Kafka acknowledged its changelog record (retried in place), nothing
+acknowledged before its states are written, and a round that cannot be applied whole
+stops the worker. States are written by a flush every few rounds
+(`processors.settings.DEFAULT_STATE_FLUSH_S`), each run's newest state once, and the
+rounds since the last flush are acknowledged after it.
 
-Each agent takes batches of raw records (``stream.take_events``), decodes each record once,
-folds the batch through the pure core (`processors.pipeline.fold_batch`, the replay the
-audit runs) and then, in this order:
-
-1. publishes the verdicts and dead letters and waits until Kafka acknowledged them;
-2. writes the new states to its table (a changelog topic co-partitioned with the input).
-
-A batch is applied whole or not at all (ARCHITECTURE rule 6). How faust-streaming 0.15
-acknowledges decides how that is kept:
-
-* ``take_events`` turns stream acks off and acks every event of a batch in the ``finally``
-  of its generator: when the agent asks for the next batch, when the generator is closed
-  after an exception escaped the agent body (asyncio finalizes it), and when the stream
-  stops (``Stream.on_stop`` closes its buffering generators, *while the agent may still
-  be applying the batch*). So a batch whose states were never written is acked, hence
-  committed, by an agent crash, and even by a plain shutdown in the middle of a batch;
-  after a crash the supervisor restarts the agent, which goes on with the next records,
-  and the failed ones are never delivered again.
-* ``Consumer.commit`` commits, per partition, the end of the first run of consecutive
-  acked offsets. It checks for a gap at the head only against a committed offset that is
-  truthy and more than one below the lowest acked offset: with no commit yet (a new
-  app id), or a one-record gap, it commits past unacked records. An unacked batch is
-  therefore only safe while nothing after it in its partition is acked either.
-* A table assignment sends the changelog record first (``on_key_set`` ->
-  ``send_changelog``, which picks the partition from the *producer's* metadata,
-  synchronously) and updates the in-memory store after it: a failed send leaves the
-  store as it was, so retrying the assignment is safe. Before committing offsets,
-  faust flushes the producer, so a committed offset never passes a changelog record still
-  in flight.
-
-That was the bug of a fresh deployment: the producer fetches its metadata when it starts,
-before the tables declare their changelog topics, and aiokafka refreshes it only every
-five minutes, so every first state write of a new app id failed on a partition lookup
-(``partitions_for_topic(...)`` None), after the verdicts were out; the batch was acked,
-the state lost, and the policy issued a second command for one incarnation.
-
-So an agent here:
-
-* folds nothing before its producer knows the metadata of its changelog topic and of
-  every topic it publishes to (`_Agent.wait_for_metadata`: forced refreshes, bounded by
-  `METADATA_TIMEOUT_S`, logged while it waits);
-* retries a failed state write in place (`STATE_WRITE_ATTEMPTS`, forcing a metadata
-  refresh between attempts): reassigning the same bytes is idempotent;
-* holds its own reference on every message of a batch from the moment it receives it
-  (``Message.incref``) and drops it only once the states are written: until then no ack
-  of faust's can complete the batch, whatever closes the generator;
-* when a batch cannot be applied whole (a write that keeps failing, a publish that
-  fails, the metadata wait timing out, an interruption half-way), keeps it pinned,
-  processes nothing after it in any partition of the agent, and stops the worker
-  (``App.crash``; the process exits non-zero). Restarted, the worker reads the batch
-  again from the committed offset; the states still hold the offset they last applied
-  and skip nothing they have not seen, the folds recompute the same verdicts with the
-  same ids, and consumers see at worst an identical duplicate.
+Before the first fold a role waits until its producer knows the metadata of its changelog
+topic and of every topic it publishes to (`_Agent.wait_for_metadata`): the producer
+fetches its metadata when it starts, before the tables declare their changelog topics,
+and aiokafka refreshes it only every five minutes, so every first state write of a new
+app id once failed on a partition lookup after the verdicts were out.
 
 No exception from input reaches this shell: decode, fold and state encoding are isolated
 per record in the shared fold path and end as dead letters (ARCHITECTURE rule 7).
@@ -89,6 +36,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
@@ -96,11 +44,11 @@ import faust
 from aiokafka.structs import ConsumerRecord
 
 from runwatch.common.settings import faust_broker_settings, runwatch_home
-from runwatch.processors import transport
+from runwatch.processors import compat, engine
 from runwatch.processors.core.config import DetectorConfig
 from runwatch.processors.core.state_codec import DecodedStates, decode_state
 from runwatch.processors.logread import partition_for
-from runwatch.processors.pipeline import fold_batch, fold_chunks
+from runwatch.processors.pipeline import fold_chunks
 from runwatch.processors.settings import ProcessorSettings, changelog_topic
 from runwatch.processors.stores import RunRocksStore, RunTable, store_url
 from runwatch.schemas.codec import encode, encode_key
@@ -129,6 +77,8 @@ STATE_CACHE_RUNS: Final = 4096
 state, ~4 KB a 32-rank liveness state, so tens of MB at most per table."""
 STATE_WRITE_ATTEMPTS: Final = 5
 """Attempts at writing a batch's states before the worker stops (backoff 0.1 s, doubling)."""
+STATE_ACK_TIMEOUT_S: Final = 120.0
+"""Longest a flush waits for Kafka to acknowledge its state writes before the worker stops."""
 
 
 def output_topic(event: Event, topics: TopicNames) -> str:
@@ -138,6 +88,37 @@ def output_topic(event: Event, topics: TopicNames) -> str:
     if isinstance(event, RestartRequested):
         return topics.commands
     return topics.anomalies
+
+
+@dataclass(frozen=True, slots=True)
+class Unwritten:
+    """A run's state folded and not yet stored.
+
+    Attributes:
+        data: The state's table bytes, as the changelog record will carry them.
+        state: The decoded state the next fold starts from.
+    """
+
+    data: bytes
+    state: Any
+
+
+@dataclass(frozen=True, slots=True)
+class Lent:
+    """What a fold is using of a run's state: where it came from, not the state itself.
+
+    A reference to the state held while folding would pin every version the fold makes of
+    a liveness state's RankTable (`DecodedStates`).
+
+    Attributes:
+        key: The run's table key.
+        data: The bytes the state was decoded from (stored, or `Unwritten.data`).
+        unwritten: Whether it came from `_Agent.unwritten` (then it must not be lost).
+    """
+
+    key: bytes
+    data: bytes
+    unwritten: bool
 
 
 class StateWriteError(RuntimeError):
@@ -172,7 +153,7 @@ class StateWriteFaults:
 
 
 class _Agent:
-    """The body of one agent: batch in, verdicts out, states written, or the worker stops."""
+    """One role's table and what goes with it: the states folded and not yet written."""
 
     def __init__(
         self,
@@ -199,11 +180,8 @@ class _Agent:
         self.key_partitions: dict[bytes, tuple[int, str]] = {}  # key -> (partition, run id)
         self.run_partitions: dict[str, int] = {}  # run id -> partition (states not written)
         self.decoded = DecodedStates(self.kind, STATE_CACHE_RUNS)  # type: ignore[arg-type]
-        self.dirty: dict[str, tuple[bytes, Any]] = {}  # run -> (bytes, state) folded, unwritten
-        # run -> (key, bytes, whether from `dirty`) of each state a fold is using. Not the
-        # state itself: a reference held while folding pins every version the fold makes
-        # of a liveness state's RankTable (`DecodedStates`).
-        self.lent: dict[str, tuple[bytes, bytes, bool]] = {}
+        self.unwritten: dict[str, Unwritten] = {}  # run -> its state folded, not yet stored
+        self.lent: dict[str, Lent] = {}  # run -> what a fold is using (`Lent`)
 
     def load(self, run_id: str) -> Any:
         """The newest state of ``run_id`` (None: none yet): folded and not written, or stored.
@@ -211,15 +189,15 @@ class _Agent:
         The state is handed to the fold (`DecodedStates.take`); `absorb` takes it back.
         """
         key = encode_key(run_id)
-        kept = self.dirty.pop(run_id, None)
+        kept = self.unwritten.pop(run_id, None)
         if kept is not None:
-            self.lent[run_id] = (key, kept[0], True)
-            return kept[1]
+            self.lent[run_id] = Lent(key, kept.data, unwritten=True)
+            return kept.state
         raw = self.table.get(key)
         if raw is None:
             return None
         state = self.decoded.take(key, raw)
-        self.lent[run_id] = (key, raw, False)
+        self.lent[run_id] = Lent(key, raw, unwritten=False)
         return state
 
     def absorb(self, encoded: Mapping[str, bytes], states: Mapping[str, Any]) -> None:
@@ -231,22 +209,22 @@ class _Agent:
                 in ``encoded`` holds the state `load` gave (`processors.pipeline.BatchResult`).
         """
         for run_id, data in encoded.items():
-            self.dirty[run_id] = (data, states[run_id])
-        for run_id, (key, raw, unwritten) in self.lent.items():
+            self.unwritten[run_id] = Unwritten(data, states[run_id])
+        for run_id, lent in self.lent.items():
             if run_id in encoded:
                 continue
             state = states.get(run_id)
-            if unwritten:  # never lose a state not yet written
+            if lent.unwritten:  # never lose a state not yet written
                 if state is None:
-                    state = decode_state(self.kind, raw)  # type: ignore[arg-type]
-                self.dirty[run_id] = (raw, state)
+                    state = decode_state(self.kind, lent.data)  # type: ignore[arg-type]
+                self.unwritten[run_id] = Unwritten(lent.data, state)
             elif state is not None:
-                self.decoded.put(key, raw, state)
+                self.decoded.put(lent.key, lent.data, state)
         self.lent.clear()
 
     def discard(self) -> None:
         """Drop the states not written (their records are read again)."""
-        self.dirty.clear()
+        self.unwritten.clear()
         self.lent.clear()
 
     def runs_in_partition(self, partition: int) -> Iterable[str]:
@@ -263,10 +241,10 @@ class _Agent:
                 where, run_id = self._partition_of(key)
                 if where == partition:
                     stored.append(run_id)
-        if not self.dirty and not self.lent:
+        if not self.unwritten and not self.lent:
             return stored
         known = set(stored)
-        unwritten = [*self.dirty, *(run for run, lent in self.lent.items() if lent[2])]
+        unwritten = [*self.unwritten, *(run for run, lent in self.lent.items() if lent.unwritten)]
         return [
             *stored,
             *(
@@ -293,55 +271,13 @@ class _Agent:
             known = self.key_partitions[key] = (partition_for(run_id, count), run_id)
         return known
 
-    async def __call__(self, stream: Any) -> None:
-        async for events in stream.take_events(
-            self.settings.batch_max, within=self.settings.batch_within_s
-        ):
-            # Our own reference on every message of the batch, taken before anything else:
-            # faust's acks of the batch (the generator's finally, also run by Stream.on_stop
-            # while the batch is still being applied) cannot complete it until we let go.
-            _pin(events)
-            try:
-                await self.apply(events)
-            except asyncio.CancelledError:
-                # Interrupted half-way: the batch stays pinned, so it is never committed.
-                if not self.app.should_stop:  # a restart on rebalance: stop the worker too
-                    asyncio.get_running_loop().create_task(
-                        self.app.crash(StateWriteError(f"{self.role}: batch interrupted"))
-                    )
-                raise
-            except Exception as exc:  # a batch that cannot be applied whole stops the worker
-                await self.halt(events, exc)
-            else:
-                _unpin(events)  # applied whole: the generator's ack may now complete it
-
-    async def apply(self, events: list[Any]) -> None:
-        """Fold one batch, publish its outputs, then write its states (rule 6)."""
-        await self.wait_for_metadata()  # at once when known; new assignments included
-        records = [
-            RawRecord(
-                e.message.topic,
-                e.message.partition,
-                e.message.offset,
-                e.key,
-                e.value,
-                int((e.message.timestamp or 0) * 1000),
-            )
-            for e in events
-        ]
-        good, dead = split(records, self.role)
-        result = fold_batch(self.role, good, self.load, self.runs_in_partition, self.cfg)
-        self.absorb(result.encoded, result.states)
-        await self.publish([*dead, *result.dead, *(self.finish(o) for o in result.outputs)])
-        await self.write_dirty()
-
     async def wait_for_metadata(self) -> None:
         """Return once the producer knows every topic this agent writes to.
 
         Raises:
             StateWriteError: Still unknown after `METADATA_TIMEOUT_S`.
         """
-        client = self.app.producer._ensure_producer().client  # type: ignore[attr-defined]
+        client = compat.producer_client(self.app)
         missing = [t for t in self.needs_metadata if client.cluster.partitions_for_topic(t) is None]
         if not missing:
             return
@@ -364,26 +300,38 @@ class _Agent:
             await asyncio.sleep(delay_s)
             delay_s = min(1.0, delay_s * 2)
 
-    async def write_dirty(self) -> None:
-        """Write every state folded and not yet written, retrying the ones that failed.
+    async def write_unwritten(self) -> None:
+        """Write every state folded and not yet written, and wait until Kafka stored each.
+
+        A state counts as written only once its changelog record is acknowledged by Kafka
+        (`RunTable.last_sent`); one whose write raised or whose record Kafka refused is
+        written again (`STATE_WRITE_ATTEMPTS`).
 
         Raises:
-            StateWriteError: Some state still not written after `STATE_WRITE_ATTEMPTS`.
+            StateWriteError: Some state still not stored after `STATE_WRITE_ATTEMPTS`, or
+                Kafka did not answer for `STATE_ACK_TIMEOUT_S`.
         """
-        pending = {encode_key(run_id): (run_id, kept) for run_id, kept in self.dirty.items()}
+        pending = {encode_key(run_id): (run_id, kept) for run_id, kept in self.unwritten.items()}
         delay_s = 0.1
+        error: BaseException | None = None
         for attempt in range(1, STATE_WRITE_ATTEMPTS + 1):
-            failed: dict[bytes, tuple[str, tuple[bytes, Any]]] = {}
-            error: Exception | None = None
-            for key, (run_id, (value, state)) in pending.items():
+            failed: dict[bytes, tuple[str, Unwritten]] = {}
+            sent: list[tuple[bytes, str, Unwritten, Any]] = []
+            for key, (run_id, kept) in pending.items():
                 try:
                     self.faults.check(self.changelog)
-                    self.table[key] = value
+                    self.table[key] = kept.data
                 except Exception as exc:
-                    failed[key], error = (run_id, (value, state)), exc
+                    failed[key], error = (run_id, kept), exc
                 else:
-                    del self.dirty[run_id]
-                    self.decoded.put(key, value, state)
+                    sent.append((key, run_id, kept, self.table.last_sent))
+            acks = await self._acknowledged([fut for *_, fut in sent])
+            for (key, run_id, kept, _), ack in zip(sent, acks, strict=True):
+                if isinstance(ack, BaseException):
+                    failed[key], error = (run_id, kept), ack
+                else:
+                    del self.unwritten[run_id]
+                    self.decoded.put(key, kept.data, kept.state)
             if not failed:
                 return
             log.warning(
@@ -405,21 +353,21 @@ class _Agent:
             f"{STATE_WRITE_ATTEMPTS} attempts: {error!r}"
         )
 
-    async def halt(self, events: list[Any], exc: BaseException) -> None:
-        """Stop the worker over a batch that failed half-way (and stays pinned).
+    async def _acknowledged(self, sent: list[Any]) -> list[Any]:
+        """Kafka's answer to each changelog record in ``sent``: its metadata, or the error.
 
-        Never returns: the agent waits to be cancelled by the stop, so it processes no
-        record after the batch (an ack after it could let faust commit past it).
+        Raises:
+            StateWriteError: No answer for every record within `STATE_ACK_TIMEOUT_S`.
         """
-        log.error(
-            "%s: a batch of %d records could not be applied whole (%r); stopping the worker "
-            "without committing it, a restart applies it again",
-            self.role,
-            len(events),
-            exc,
-        )
-        await self.app.crash(exc)
-        await asyncio.Event().wait()
+        if not sent:
+            return []
+        _, waiting = await asyncio.wait(sent, timeout=STATE_ACK_TIMEOUT_S)  # cancels nothing
+        if waiting:
+            raise StateWriteError(
+                f"{self.role}: Kafka did not acknowledge {len(waiting)} of {len(sent)} state "
+                f"writes within {STATE_ACK_TIMEOUT_S:.0f} s"
+            )
+        return [fut.exception() or fut.result() for fut in sent]
 
     async def send(self, events: Sequence[Event]) -> list[Any]:
         """Hand ``events`` to the producer; returns the futures of their acknowledgements."""
@@ -431,25 +379,19 @@ class _Agent:
             for e in events
         ]
 
-    async def publish(self, events: list[Event]) -> None:
-        """Send ``events`` and wait until Kafka acknowledged every one."""
-        if events:
-            await asyncio.gather(*await self.send(events))
-
 
 class _BatchSink:
-    """The batch path's body (`processors.transport.BatchSink`): rounds folded, then flushed.
+    """The batch path's body (`processors.engine.BatchSink`): rounds folded, then flushed.
 
     A round holds, per assigned input partition, consecutive records in offset order.
     The rules are the agents': decode each record once, fold each role's records through
     `fold_batch` (the audit's replay), publish every output and dead letter and wait for
-    Kafka's acknowledgement, then write the states (retried in place). The write waits for
-    the flush `BatchIngest` asks for every `processors.settings.DEFAULT_STATE_FLUSH_S`:
-    until then a run's newest state is kept in its role's body (`_Agent.dirty`) and the
-    next round folds from it, and only after the flush are the rounds' offsets
-    acknowledged. A round or a flush that cannot be applied whole stops the worker
-    without returning (nothing after it is processed, nothing since the last flush
-    acknowledged).
+    Kafka's acknowledgement, then write the states (retried in place), in the steps of
+    `processors.engine.Checkpoint`, which `BatchIngest` commits every
+    `processors.settings.DEFAULT_STATE_FLUSH_S`: until then a run's newest state is kept
+    in its role's body (`_Agent.unwritten`) and the next round folds from it. A round or a
+    checkpoint step that cannot be done whole stops the worker without returning (nothing
+    after it is processed, nothing since the last checkpoint acknowledged).
     """
 
     def __init__(self, app: faust.App, roles: dict[str, _Agent]) -> None:
@@ -458,10 +400,10 @@ class _BatchSink:
         self.sent: list[Any] = []  # the producer's futures of every output since the last flush
 
     @property
-    def stats(self) -> transport.RoundStats:
-        """The batch path's timing summary (`processors.transport.RoundStats`)."""
-        ingest = self.app.batch_ingest if isinstance(self.app, transport.App) else None
-        return ingest.stats if ingest is not None else transport.RoundStats()
+    def stats(self) -> engine.RoundStats:
+        """The batch path's timing summary (`processors.engine.RoundStats`)."""
+        ingest = self.app.batch_ingest if isinstance(self.app, engine.App) else None
+        return ingest.stats if ingest is not None else engine.RoundStats()
 
     async def __call__(self, batches: Mapping[Any, Sequence[ConsumerRecord]]) -> None:
         grouped: dict[str, list[RawRecord]] = {}
@@ -485,7 +427,7 @@ class _BatchSink:
         The fold goes in chunks of about `FOLD_CHUNK_EVENTS` events, and each chunk's
         outputs are handed to the producer as soon as the chunk is folded: a verdict
         waits for the fold of its chunk, not of the whole round. Every output is still
-        acknowledged by Kafka before any state folded with it is written (`flush`).
+        acknowledged by Kafka before any state folded with it is written (`Checkpoint`).
         """
         agents = [self.roles[topic] for topic in by_topic]
         for agent in agents:
@@ -505,27 +447,31 @@ class _BatchSink:
             agent.absorb(encoded, states)
         self.stats.note("fold_ms", 1000 * (time.perf_counter() - t0))
 
-    async def flush(self) -> None:
-        """Wait until Kafka acknowledged every output since the last flush, then write states."""
+    async def outputs_acknowledged(self) -> None:
+        """Return once Kafka acknowledged every output handed over since the last checkpoint."""
+        t0 = time.perf_counter()
+        sent, self.sent = self.sent, []
         try:
-            t1 = time.perf_counter()
-            sent, self.sent = self.sent, []
             if sent:
-                await asyncio.gather(*sent)  # acknowledged, all of them, before any state write
-            t2 = time.perf_counter()
-            ingest = self.app.batch_ingest if isinstance(self.app, transport.App) else None
-            if ingest is not None:
-                await ingest.before_writes()  # the commit started after the last flush
+                await asyncio.gather(*sent)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            await self._stop("the outputs of the last rounds", exc)
+        self.stats.note("publish_ms", 1000 * (time.perf_counter() - t0))
+
+    async def write_states(self) -> None:
+        """Write every role's unwritten states; return once Kafka acknowledged each one."""
+        t0 = time.perf_counter()
+        try:
             for agent in self.roles.values():
-                if agent.dirty:
-                    await agent.write_dirty()
+                if agent.unwritten:
+                    await agent.write_unwritten()
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             await self._stop("the states of the last rounds", exc)
-        stats = self.stats
-        stats.note("publish_ms", 1000 * (t2 - t1))
-        stats.note("write_ms", 1000 * (time.perf_counter() - t2))
+        self.stats.note("write_ms", 1000 * (time.perf_counter() - t0))
 
     def discard(self) -> None:
         """Drop every state not written and the futures of outputs not waited for."""
@@ -551,18 +497,6 @@ counts its events). A round may hold hundreds of thousands of events under a bac
 burst; at a few microseconds an event, a verdict that waited for the whole round's fold
 waited a second. Chunks cost nothing in throughput: the states of a chunk are carried to
 the next in memory, exactly as one fold carries them from record to record."""
-
-
-def _pin(events: list[Any]) -> None:
-    """One more reference per message: the batch's acks can no longer complete it."""
-    for event in events:
-        event.message.incref()
-
-
-def _unpin(events: list[Any]) -> None:
-    """Drop the reference `_pin` took (faust's own ack of the batch then completes it)."""
-    for event in events:
-        event.message.decref()
 
 
 def _data_dir(settings: ProcessorSettings) -> Path:
@@ -595,8 +529,13 @@ def create_app(
 
     Returns:
         The app; run it with `run_worker`.
+
+    Raises:
+        compat.InternalsMoved: faust, aiokafka or mode are not the versions the engine
+            is written against, and an internal it uses moved.
     """
-    app = transport.App(  # faust.App, with a retry backoff sized for outages
+    compat.check()
+    app = engine.App(  # faust.App, with a retry backoff sized for outages
         settings.app_id,
         broker=f"kafka://{settings.bootstrap}",
         store=store_url(settings.store),  # memory, or RocksDB under the data dir
@@ -621,9 +560,8 @@ def create_app(
         broker_rebalance_timeout=max(20.0, 2 * settings.session_timeout_s),
         broker_commit_every=10_000,
         broker_commit_interval=1.0,
-        stream_buffer_maxsize=20_000,
-        # The batch path's round: at most this many records per fetch, all partitions.
-        broker_max_poll_records=settings.batch_max if settings.ingest == "batch" else None,
+        # A round: at most this many records per fetch, all partitions.
+        broker_max_poll_records=settings.batch_max,
         worker_redirect_stdouts=False,
         **faust_broker_settings(),
     )
@@ -659,15 +597,10 @@ def create_app(
             partitions=settings.partitions_of(role),
             acks=True,
         )
-        body = _Agent(app, role, table, settings, cfg, topics, finish, faults)
-        if settings.ingest == "batch":
-            sources.append(source)
-            bodies[topic_name] = body
-        else:
-            app.agent(source, name=f"runwatch.{role}")(body.__call__)
-    if settings.ingest == "batch":
-        app.ingest_batches(sources, _BatchSink(app, bodies), settings.state_flush_s)
-    log.info("ingest: %s, store: %s", settings.ingest, settings.store)
+        sources.append(source)
+        bodies[topic_name] = _Agent(app, role, table, settings, cfg, topics, finish, faults)
+    app.ingest_batches(sources, _BatchSink(app, bodies), settings.state_flush_s)
+    log.info("store: %s", settings.store)
 
     @app.timer(settings.tick_interval_s, on_leader=True, name="runwatch.clock")  # type: ignore[untyped-decorator]
     async def clock() -> None:

@@ -10,17 +10,13 @@ from runwatch.schemas.topics import default_partitions
 
 DEFAULT_APP_ID = "runwatch-processors"
 
-Ingest = Literal["stream", "batch"]
-"""How a worker takes its input records: faust's per-record stream, or whole batches."""
-INGEST_MODES: Final[tuple[str, ...]] = get_args(Ingest)
-DEFAULT_INGEST: Final[Ingest] = "batch"
 Store = Literal["memory", "rocksdb"]
 """Where a worker keeps its tables (`processors.stores`): process memory, or RocksDB on
 local disk, which a successor on the same host reopens instead of replaying it all."""
 STORES: Final[tuple[str, ...]] = get_args(Store)
 DEFAULT_STORE: Final[Store] = "memory"
-BATCH_MAX: Final[dict[str, int]] = {"stream": 5000, "batch": 20_000}
-"""Default `ProcessorSettings.batch_max` per ingest mode. A batch-path round costs a few
+BATCH_MAX: Final = 20_000
+"""Default `ProcessorSettings.batch_max`. A round costs a few
 fixed waits (a fetch handed across faust's consumer thread, the publish, the commit
 bookkeeping) whatever its size, so larger rounds drain a backlog faster; without a
 backlog a round is only what one fetch brought, so the bound does not add latency then."""
@@ -52,16 +48,12 @@ class ProcessorSettings(msgspec.Struct, frozen=True, kw_only=True):
             (`runwatch processors` reads it from the metadata): the partitions of that
             role's table (its changelog must be co-partitioned with the input) and of the
             Tick fan-out. A role not named has the catalogue's default.
-        ingest: ``stream`` (faust agents, one record at a time through faust's stream)
-            or ``batch`` (whole per-partition batches, `processors.transport.BatchIngest`).
         store: ``memory`` or ``rocksdb`` (`processors.stores`).
         data_dir: The worker's faust data dir (RocksDB databases live there); None:
             ``$RUNWATCH_HOME/processors/<app id>``.
-        batch_max: Most records an agent folds at once (on the batch path: most records
-            of one fetched round, all partitions together).
-        batch_within_s: Longest an agent waits to fill a batch.
-        state_flush_s: On the batch path, longest a folded round waits for its states to
-            be written and its offsets acknowledged (`processors.transport.BatchIngest`):
+        batch_max: Most records of one fetched round, all partitions together.
+        state_flush_s: Longest a folded round waits for its states to
+            be written and its offsets acknowledged (`processors.engine.BatchIngest`):
             longer writes each run's state once for more rounds, and leaves a crash more
             to fold again.
         tick_interval_s: How often the clock writes a Tick into every heartbeat partition.
@@ -80,11 +72,9 @@ class ProcessorSettings(msgspec.Struct, frozen=True, kw_only=True):
     prefix: str = "runwatch"
     app_id: str = DEFAULT_APP_ID
     partitions: dict[str, int] = {}
-    ingest: Ingest = DEFAULT_INGEST
     store: Store = DEFAULT_STORE
     data_dir: str | None = None
-    batch_max: int = 5000
-    batch_within_s: float = 0.05
+    batch_max: int = BATCH_MAX
     state_flush_s: float = DEFAULT_STATE_FLUSH_S
     tick_interval_s: float = 1.0
     session_timeout_s: float = 10.0

@@ -70,24 +70,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--batch-max",
         type=int,
         default=None,
-        help="most records an agent folds at once; on the batch path, most records of one "
-        "fetched round (default: 5000 stream, 20000 batch)",
+        help="most records of one fetched round, all partitions together (default: 20000)",
     )
     parser.add_argument(
         "--state-flush-interval",
         type=float,
         default=None,
         metavar="SECONDS",
-        help="batch path: longest a folded round waits for its states to be written and its "
+        help="longest a folded round waits for its states to be written and its "
         "offsets committed; longer writes each run's state once for more rounds, and leaves "
         "more for a crash to fold again (default: 0.2)",
-    )
-    parser.add_argument(
-        "--ingest",
-        default=None,
-        metavar="{stream,batch}",
-        help="stream: faust agents, record by record; batch: whole per-partition batches "
-        "under faust's group, tables and commits (default: $RUNWATCH_INGEST, else batch)",
     )
     parser.add_argument(
         "--store",
@@ -223,10 +215,8 @@ def run(args: argparse.Namespace) -> int:
     from runwatch.processors.fleet import default_app_id
     from runwatch.processors.settings import (
         BATCH_MAX,
-        DEFAULT_INGEST,
         DEFAULT_STATE_FLUSH_S,
         DEFAULT_STORE,
-        INGEST_MODES,
         STORES,
         ProcessorSettings,
     )
@@ -234,11 +224,10 @@ def run(args: argparse.Namespace) -> int:
     from runwatch.resolve import partition_counts, resolve_bootstrap
     from runwatch.schemas.signing import load_key
 
-    ingest = _choose("--ingest", args.ingest, "RUNWATCH_INGEST", DEFAULT_INGEST, INGEST_MODES)
     store = _choose("--store", args.store, "RUNWATCH_STORE", DEFAULT_STORE, STORES)
     if store == "rocksdb" and (why := rocksdb_missing()) is not None:
         raise UsageError(why)
-    batch_max = BATCH_MAX[ingest] if args.batch_max is None else args.batch_max
+    batch_max = BATCH_MAX if args.batch_max is None else args.batch_max
     if batch_max < 1 or min(args.tick_interval, args.session_timeout, args.shutdown_timeout) <= 0:
         raise UsageError(
             "--tick-interval, --batch-max, --session-timeout and --shutdown-timeout must be "
@@ -273,7 +262,6 @@ def run(args: argparse.Namespace) -> int:
         prefix=prefix,
         app_id=app_id,
         partitions=input_partitions(bootstrap, prefix, app_id),
-        ingest=ingest,  # type: ignore[arg-type]
         store=store,  # type: ignore[arg-type]
         data_dir=args.data_dir,
         batch_max=batch_max,
@@ -346,7 +334,7 @@ def watch_broker(bootstrap: str) -> logging.Handler:
     """
     from runwatch.common.errors import BrokerUnreachable
     from runwatch.logsummary import BrokerWatch
-    from runwatch.processors.transport import RETRY_BACKOFF_MS
+    from runwatch.processors.engine import RETRY_BACKOFF_MS
     from runwatch.reachability import check_reachable
 
     def answers() -> bool:

@@ -1,7 +1,7 @@
-"""`runwatch processors --ingest/--store`: a value it does not know is one line and exit 2.
+"""`runwatch processors --store`: a value it does not know is one line and exit 2.
 
-Each is read from its flag, else its environment variable (`RUNWATCH_INGEST`,
-`RUNWATCH_STORE`); both ways are checked.
+It is read from its flag, else its environment variable (`RUNWATCH_STORE`); both ways are
+checked.
 """
 
 from __future__ import annotations
@@ -13,13 +13,12 @@ import sys
 import pytest
 
 CASES = [
-    ("--ingest", "RUNWATCH_INGEST", "foo", "--ingest expects one of stream, batch, got 'foo'"),
     ("--store", "RUNWATCH_STORE", "redis", "--store expects one of memory, rocksdb, got 'redis'"),
 ]
 
 
 @pytest.mark.parametrize("via", ["flag", "env"])
-@pytest.mark.parametrize(("option", "env_name", "bad", "message"), CASES, ids=["ingest", "store"])
+@pytest.mark.parametrize(("option", "env_name", "bad", "message"), CASES, ids=["store"])
 def test_an_unknown_value_is_a_usage_error(
     option: str, env_name: str, bad: str, message: str, via: str
 ) -> None:

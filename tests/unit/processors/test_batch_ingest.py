@@ -1,11 +1,11 @@
-"""The batch path's bookkeeping (`processors.transport.BatchIngest`), decision by decision.
+"""The batch path's bookkeeping (`processors.engine.BatchIngest`, `Checkpoint`), case by case.
 
 What is tested here is this module's own logic: which records of a fetched round it
 applies, which it refuses, where it seeks, when it flushes and what it acknowledges. The consumer below is a
 stand-in that records the calls BatchIngest makes on faust's consumer (seek, ack of a
 range, the committed offset); it claims nothing about Kafka or faust. That the path works
 against a real broker and real faust workers is shown by the integration tests in
-tests/integration/processors/, run with ``RUNWATCH_INGEST=batch``.
+tests/integration/processors/.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 import pytest
 from faust.types import TP
 
-from runwatch.processors.transport import BatchIngest
+from runwatch.processors.engine import BatchIngest
 
 IN = TP("in", 0)
 OTHER = TP("in", 1)
@@ -85,7 +85,10 @@ class Sink:
         if self.fail is not None:
             raise self.fail
 
-    async def flush(self) -> None:
+    async def outputs_acknowledged(self) -> None:
+        pass
+
+    async def write_states(self) -> None:
         if self.fail_flush is not None:
             raise self.fail_flush
         self.flushes += 1

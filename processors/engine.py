@@ -1,4 +1,16 @@
-"""faust's Kafka transport with a retry backoff sized for outages, not for blips.
+"""The processing engine: whole batches from Kafka into the fold, made durable by a Checkpoint.
+
+faust runs the consumer group, the assignment, the tables and their recovery, the offset
+commits and the worker; this module replaces how records reach the fold and how a fold
+becomes durable:
+
+* `BatchIngest`: `Consumer.getmany` hands it every fetched round of input records, whole
+  per-partition batches; it keeps each partition's next offset due, refuses and re-seeks a
+  batch that skips offsets, and feeds the rest to the app's `BatchSink` (the fold);
+* `Checkpoint`: the commit protocol, ARCHITECTURE rule 6 as numbered steps (outputs
+  acknowledged, states written and acknowledged, offsets acknowledged, commit started);
+* faust's Kafka transport (`App`, `Consumer`, `Producer`), subclassed for the above and
+  for a retry backoff sized for outages, not for blips.
 
 aiokafka retries everything that fails on a connection (metadata refresh, fetch, group
 coordinator lookup, heartbeat, produce) after a fixed ``retry_backoff_ms`` of 100 ms, and
@@ -6,14 +18,14 @@ has no growing reconnect backoff. While a broker is down, each of the worker's r
 (its consumer's fetcher, coordinator and metadata synchroniser, its producer's sender)
 fails at once and tries again 100 ms later: measured on one worker over a 16 s broker stop
 (`bench/outage.py`), 1,070 refused connection attempts and 1,398 error lines. faust passes
-no ``retry_backoff_ms`` to aiokafka, so this transport does:
+no ``retry_backoff_ms`` to aiokafka, so this module does:
 
 * the producer through faust's own hook (``Producer._producer_type``);
 * the consumer, whose construction faust does not expose, by setting the backoff on the
   consumer and its client right after faust builds it and before it starts (the fetcher
-  and the coordinator are created in ``start()`` from it). `set_retry_backoff` checks the
-  attributes exist, so an aiokafka that renames them fails the worker's start loudly
-  rather than silently going back to 100 ms.
+  and the coordinator are created in ``start()`` from it). `compat.set_retry_backoff`
+  checks the attributes exist, so an aiokafka that renames them fails the worker's start
+  loudly rather than silently going back to 100 ms.
 
 Worse, aiokafka's producer sender spins without any backoff while a partition's leader is
 unknown and the broker refuses connections (`_BackoffClient`): the busy loop of a worker
@@ -23,7 +35,8 @@ metadata update.
 `RETRY_BACKOFF_MS` is the one figure: a retry after a failed request (a broker gone, a
 leader moved) waits this long. 500 ms keeps a failover after a leader move well under a
 second while cutting the outage loop five-fold; the log lines are summarised on top
-(`runwatch.logsummary`).
+(`runwatch.logsummary`). Every private name of faust, aiokafka and mode used here is
+listed in `processors.compat`.
 """
 
 from __future__ import annotations
@@ -34,6 +47,7 @@ import logging
 import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
 import aiokafka
@@ -43,6 +57,7 @@ from aiokafka.structs import ConsumerRecord
 from faust.transport.drivers import aiokafka as driver
 from faust.types import TP
 
+from runwatch.processors import compat
 from runwatch.processors.settings import DEFAULT_STATE_FLUSH_S
 
 FAUST_LOGGER: Final = logging.getLogger("faust.transport.runwatch")
@@ -85,26 +100,9 @@ def _with_metadata_backoff(client: object) -> None:
     if type(client) is not AIOKafkaClient:
         raise RuntimeError(
             f"aiokafka {aiokafka.__version__}: expected an AIOKafkaClient, got "
-            f"{type(client).__name__}; processors.transport needs updating"
+            f"{type(client).__name__}; processors.engine needs updating"
         )
     client.__class__ = _BackoffClient  # same layout, one method more: no state to move
-
-
-def set_retry_backoff(consumer: aiokafka.AIOKafkaConsumer, backoff_ms: int) -> None:
-    """Give a consumer that has not started yet ``backoff_ms`` as its retry backoff.
-
-    Raises:
-        RuntimeError: aiokafka's consumer no longer has the attributes this sets.
-    """
-    client = getattr(consumer, "_client", None)
-    if not hasattr(consumer, "_retry_backoff_ms") or not hasattr(client, "_retry_backoff"):
-        raise RuntimeError(
-            f"aiokafka {aiokafka.__version__}: AIOKafkaConsumer has no _retry_backoff_ms / "
-            "_client._retry_backoff; processors.transport needs updating"
-        )
-    consumer._retry_backoff_ms = backoff_ms  # read by start() for the fetcher and coordinator
-    client._retry_backoff = backoff_ms / 1000  # type: ignore[union-attr]
-    _with_metadata_backoff(client)
 
 
 class _BackoffProducer(aiokafka.AIOKafkaProducer):  # type: ignore[misc]
@@ -136,27 +134,14 @@ then folded records 1.7 s old). 50 ms bounds that stall; idle, it costs 20 empty
 a second."""
 
 
-def set_fetch_max_wait(consumer: aiokafka.AIOKafkaConsumer, wait_ms: int) -> None:
-    """Give a consumer that has not started yet ``wait_ms`` as its ``fetch_max_wait_ms``.
-
-    Raises:
-        RuntimeError: aiokafka's consumer no longer has the attribute this sets.
-    """
-    if not hasattr(consumer, "_fetch_max_wait_ms"):
-        raise RuntimeError(
-            f"aiokafka {aiokafka.__version__}: AIOKafkaConsumer has no _fetch_max_wait_ms; "
-            "processors.transport needs updating"
-        )
-    consumer._fetch_max_wait_ms = wait_ms  # read by start() for the fetcher
-
-
 class _ConsumerThread(driver.AIOKafkaConsumerThread):
     logger = FAUST_LOGGER
 
     def _create_consumer(self, loop: asyncio.AbstractEventLoop) -> aiokafka.AIOKafkaConsumer:
         consumer = super()._create_consumer(loop)
-        set_retry_backoff(consumer, RETRY_BACKOFF_MS)
-        set_fetch_max_wait(consumer, FETCH_MAX_WAIT_MS)
+        compat.set_retry_backoff(consumer, RETRY_BACKOFF_MS)
+        _with_metadata_backoff(compat.client_of(consumer))
+        compat.set_fetch_max_wait(consumer, FETCH_MAX_WAIT_MS)
         return consumer
 
 
@@ -188,7 +173,7 @@ class Consumer(driver.Consumer):
                 yield item
             return
         t_wait = time.perf_counter()
-        records, active = await self._wait_next_records(timeout)
+        records, active = await compat.next_records(self, timeout)
         if records is None or self.should_stop:
             return
         ingest.stats.note("wait_ms", 1000 * (time.perf_counter() - t_wait))
@@ -205,9 +190,9 @@ class Consumer(driver.Consumer):
             for tp, record in self.scheduler.iterate(rest):
                 if not self.flow_active or self.app.consumer_generation_id != generation_id:
                     break
-                if active is None or tp in active or tp in self._buffered_partitions:
+                if active is None or tp in active or tp in compat.buffered_partitions(self):
                     self.app.monitor.track_tp_end_offset(tp, self.highwater(tp))
-                    yield tp, self._to_message(tp, record)
+                    yield tp, compat.to_message(self, tp, record)
         # Whole or not at all: a stop cancels the fetcher, and a round or flush cut off
         # half-way could not be flushed by the stop (`BatchIngest.flush_at_stop`).
         if batch:
@@ -217,22 +202,11 @@ class Consumer(driver.Consumer):
 
     def ack_range(self, tp: TP, first: int, last: int) -> None:
         """Acknowledge offsets ``first..last`` of ``tp`` (applied whole) for faust's commits."""
-        committed = self._committed_offset[tp]
-        if committed is not None:
-            first = max(first, committed)  # as `ack`: nothing below the committed offset
-        if first > last:
-            return
-        offsets = range(first, last + 1)
-        self._acked[tp].extend(offsets)
-        self._acked_index[tp].update(offsets)
-        self._n_acked += len(offsets)
+        compat.ack_range(self, tp, first, last)
 
     async def committed_offset(self, tp: TP) -> int | None:
         """The group's committed offset of ``tp`` as the broker has it (None: no commit)."""
-        thread = self._thread
-        consumer = thread._ensure_consumer()
-        offset = await thread.call_thread(consumer.committed, driver.ensure_aiokafka_TP(tp))
-        return None if offset is None else int(offset)
+        return await compat.committed_offset(self, tp)
 
     async def on_partitions_revoked(self, revoked: set[TP]) -> None:
         """Let the batch in flight finish and commit it, then revoke as faust does."""
@@ -319,28 +293,138 @@ class App(faust.App):
 
 
 # --------------------------------------------------------------------------------------
-# The batch ingestion path.
+# The engine: batches in, checkpoints out.
 
 
 class BatchSink(Protocol):
-    """Applies whole per-partition batches of raw records, in two steps: fold, then flush.
+    """Folds whole per-partition batches of raw records and makes their results durable.
 
     A call gets, per assigned partition, consecutive records in offset order: it folds
-    them, hands their outputs to the producer and keeps their new states. `flush` waits
-    until Kafka acknowledged every output handed over since the last flush, then writes
-    every kept state; only then are the rounds before it applied. `discard` drops the kept
-    states (the rounds they came from are read again). Raising, or never returning, leaves
-    every round since the last flush unacknowledged.
+    them, hands their outputs to the producer and keeps their new states in memory. The
+    `Checkpoint` then asks, in its order, for the outputs to be acknowledged by Kafka
+    (`outputs_acknowledged`) and for the kept states to be written and acknowledged
+    (`write_states`); only after both are the rounds before it applied. `discard` drops
+    the kept states (the rounds they came from are read again). Raising, or never
+    returning, leaves every round since the last checkpoint unacknowledged.
     """
 
     async def __call__(self, batches: Mapping[TP, Sequence[ConsumerRecord]]) -> None:
         """Fold one round and hand its outputs to the producer; keep its states."""
 
-    async def flush(self) -> None:
-        """Wait for the outputs handed over so far, then write every kept state."""
+    async def outputs_acknowledged(self) -> None:
+        """Return once Kafka acknowledged every output handed over so far."""
+
+    async def write_states(self) -> None:
+        """Write every kept state; return once Kafka acknowledged each changelog record."""
 
     def discard(self) -> None:
         """Drop the kept states and outputs' futures: their rounds are read again."""
+
+
+@dataclass(frozen=True, slots=True)
+class FoldedRange:
+    """Offsets ``first..last`` of ``tp``, folded in rebalance generation ``generation``."""
+
+    tp: TP
+    first: int
+    last: int
+    generation: int
+
+
+class Checkpoint:
+    """The commit protocol: the rounds folded since the last checkpoint, made durable whole.
+
+    Rounds are folded into it (`add`, after the sink folded them); `commit` makes them
+    durable in ARCHITECTURE's order (rule 6, docs/processors.md rules 3 and 4), each step
+    only once the one before it is done:
+
+    1. outputs: wait until Kafka acknowledged every verdict, command and dead letter the
+       rounds handed to the producer (publish, then write);
+    2. the offset commit started by the previous checkpoint: wait until it is done (faust's
+       commit flushes its producer buffer until it is empty, which state writes would keep
+       from happening; its error fails this checkpoint);
+    3. states: write each run's newest state once and wait until Kafka acknowledged each
+       changelog record (`BatchSink.write_states`: a refused write is retried, then fails);
+    4. offsets: acknowledge each folded range of the current rebalance generation into
+       faust's offset tracking (`Consumer.ack_range`); ranges of an older generation are
+       not acknowledged (read again, by their partition's new owner);
+    5. commit: start faust's offset commit of what step 4 acknowledged, at most once per
+       ``broker_commit_interval``; it runs beside the next rounds, and step 2 of the next
+       checkpoint waits for it.
+
+    A step that raises ends the checkpoint there: nothing is acknowledged, so nothing is
+    committed past a record whose state is not stored, and the caller stops the worker.
+    `abort` drops the rounds instead (a rebalance): their states are discarded and they
+    are read again from the committed offsets.
+    """
+
+    def __init__(self, sink: BatchSink) -> None:
+        """A checkpoint of ``sink``'s rounds, empty."""
+        self.sink = sink
+        self.ranges: list[FoldedRange] = []
+        self.opened_s: float | None = None  # when the oldest range was folded (monotonic)
+        self.committing: asyncio.Future[Any] | None = None  # the offset commit of step 5
+        self.last_commit_s = time.monotonic()
+
+    def add(self, folded: FoldedRange, now_s: float) -> None:
+        """Note a range the sink folded (its outputs handed over, its states kept)."""
+        if self.opened_s is None:
+            self.opened_s = now_s
+        self.ranges.append(folded)
+
+    def abort(self) -> None:
+        """Drop every range and the sink's kept states: they are read again."""
+        self.sink.discard()
+        self.ranges.clear()
+        self.opened_s = None
+
+    async def commit(self, consumer: Consumer) -> None:
+        """Make the rounds since the last checkpoint durable, in the numbered steps above.
+
+        Raises:
+            Exception: What a step raised; nothing of this checkpoint is acknowledged.
+        """
+        if self.opened_s is None:
+            return
+        await self.sink.outputs_acknowledged()  # 1
+        await self.previous_commit()  # 2
+        await self.sink.write_states()  # 3
+        generation = consumer.app.consumer_generation_id  # 4
+        for folded in self.ranges:
+            if folded.generation == generation:
+                consumer.ack_range(folded.tp, folded.first, folded.last)
+        self.ranges.clear()
+        self.opened_s = None
+        self._maybe_start_commit(consumer)  # 5
+
+    async def previous_commit(self) -> None:
+        """Return once the offset commit started by the last checkpoint is done.
+
+        Raises:
+            Exception: The commit's own error.
+        """
+        committing = self.committing
+        if committing is not None:
+            await asyncio.shield(committing)
+            self.committing = None
+
+    def commit_done(self) -> bool:
+        """Whether no offset commit started by a checkpoint is still running."""
+        return self.committing is None or self.committing.done()
+
+    def _maybe_start_commit(self, consumer: Consumer) -> None:
+        # Started here and not awaited: faust's own commit task cannot be relied on under
+        # load (it flushes faust's producer buffer first, which returns only once the
+        # buffer is empty, and the table writes kept it from ever emptying: bench/
+        # latency.py, nothing committed during a 20 s load), and awaited, the commit (a
+        # flush, then an offset commit through the consumer thread, up to 280 ms under
+        # load) held up every verdict behind it.
+        compat.reset_ack_count(consumer)
+        now = time.monotonic()
+        interval_s = consumer.app.conf.broker_commit_interval
+        if now - self.last_commit_s >= interval_s and self.commit_done():
+            self.last_commit_s = now
+            self.committing = asyncio.ensure_future(consumer.commit())
 
 
 REVOKE_WAIT_S: Final = 30.0
@@ -451,11 +535,11 @@ class BatchIngest:
     4. awaits the sink with the round's batches (fold, outputs handed to the producer),
        moves each partition's next offset past its batch, and keeps the batch's range;
     5. once ``flush_interval_s`` has passed since the oldest range kept (checked after
-       each round, and after each fetch that brought none), flushes the sink (outputs
-       acknowledged by Kafka, then states written) and only then acknowledges the kept
-       ranges in faust's offset tracking (`Consumer.ack_range`), so faust's commit
-       machinery commits them; nothing is acknowledged past a record whose state is not
-       written. A revocation flushes before it commits.
+       each round, and after each fetch that brought none), commits the `Checkpoint`
+       (outputs acknowledged by Kafka, states written and acknowledged, only then the
+       ranges acknowledged in faust's offset tracking and an offset commit started);
+       nothing is acknowledged past a record whose state is not stored. A revocation
+       commits the checkpoint before faust's own commit.
 
     A round whose rebalance generation changed while it was applied is not acknowledged
     (its records are read again; the states skip what they applied, by offset).
@@ -475,11 +559,13 @@ class BatchIngest:
         self.idle = asyncio.Event()
         self.idle.set()
         self.stats = RoundStats.from_env()
-        self.last_commit_s = time.monotonic()
-        self.committing: asyncio.Future[Any] | None = None  # the commit started after a flush
-        self.unflushed: list[tuple[TP, int, int, int]] = []  # (tp, first, last, generation)
-        self.unflushed_since: float | None = None  # when the oldest of them was folded
+        self.checkpoint = Checkpoint(sink)
         self.interrupted = False  # a round or flush was cancelled half-way: never flush again
+
+    @property
+    def unflushed_since(self) -> float | None:
+        """When the oldest round not yet checkpointed was folded (None: there is none)."""
+        return self.checkpoint.opened_s
 
     def forget(self) -> None:
         """Drop every cursor: each partition's next batch starts from the group's commit.
@@ -492,14 +578,9 @@ class BatchIngest:
             log.warning(
                 "batch path: %d folded batches not flushed; dropping their states, they are "
                 "read again from the committed offsets",
-                len(self.unflushed),
+                len(self.checkpoint.ranges),
             )
-        self._drop_unflushed()
-
-    def _drop_unflushed(self) -> None:
-        self.sink.discard()
-        self.unflushed.clear()
-        self.unflushed_since = None
+        self.checkpoint.abort()
 
     async def wait_idle(self, timeout_s: float) -> bool:
         """Wait until no round, nor its commit, is in flight.
@@ -516,23 +597,13 @@ class BatchIngest:
             log.warning("batch path: the commit after the last round failed: %r", exc)
         return True
 
-    def commit_done(self) -> bool:
-        """Whether no commit started after a round is still running."""
-        return self.committing is None or self.committing.done()
-
     async def before_writes(self) -> None:
-        """Return once the commit started after the last round is done.
-
-        The sink calls it before it writes states: faust's commit flushes its producer
-        buffer until it is empty, which writes would keep from happening.
+        """Return once the offset commit the last checkpoint started is done (its step 2).
 
         Raises:
-            Exception: The commit's own error (the round then is not applied whole).
+            Exception: The commit's own error.
         """
-        committing = self.committing
-        if committing is not None:
-            await asyncio.shield(committing)
-            self.committing = None
+        await self.checkpoint.previous_commit()
 
     async def round(self, consumer: Consumer, records: Mapping[Any, Sequence[Any]]) -> None:
         """Fold one fetched round of records of this path's topics; flush when one is due."""
@@ -591,46 +662,21 @@ class BatchIngest:
             await self.flush(consumer)
 
     async def flush(self, consumer: Consumer) -> None:
-        """Flush the sink, then acknowledge every range folded before it.
+        """Commit the checkpoint: the rounds folded since the last one, made durable whole.
 
-        Ranges folded in an older rebalance generation are not acknowledged (read again).
-        Raises what the sink's flush raised, acknowledging nothing.
+        Raises what a step of `Checkpoint.commit` raised, acknowledging nothing.
         """
         if self.unflushed_since is None:
             return
-        stats = self.stats
         t_flush = time.perf_counter()
-        await self.sink.flush()
-        generation = consumer.app.consumer_generation_id
-        for tp, first, last, folded_in in self.unflushed:
-            if folded_in == generation:
-                consumer.ack_range(tp, first, last)
-        self.unflushed.clear()
-        self.unflushed_since = None
-        # A commit starts here, after a flush, once per ``broker_commit_interval``, and runs
-        # beside the next rounds' fetch, fold and publish; the next flush's table writes
-        # wait for it (`before_writes`). faust's own commit task cannot be relied on under
-        # load: it flushes faust's producer buffer first, which returns only once the
-        # buffer is empty, and the table writes kept it from ever emptying
-        # (bench/latency.py: nothing committed during a 20 s load); with no write until
-        # the commit is done, the flush ends. Awaited here, the commit (a flush, then an
-        # offset commit through the consumer thread, up to 280 ms under load) held up
-        # every verdict behind it; it used to be every ``broker_commit_every`` (10,000)
-        # acks, which under a backlog was every round.
-        consumer._n_acked = 0
-        now = time.monotonic()
-        if now - self.last_commit_s >= consumer.app.conf.broker_commit_interval and (
-            self.commit_done()
-        ):
-            self.last_commit_s = now
-            self.committing = asyncio.ensure_future(consumer.commit())
-        if stats.interval_s:
-            stats.note("flush_ms", 1000 * (time.perf_counter() - t_flush))
+        await self.checkpoint.commit(consumer)
+        if self.stats.interval_s:
+            self.stats.note("flush_ms", 1000 * (time.perf_counter() - t_flush))
 
     async def _round(self, consumer: Consumer, records: Mapping[Any, Sequence[Any]]) -> None:
         app = consumer.app
         generation = app.consumer_generation_id
-        active = consumer._get_active_partitions()
+        active = compat.active_partitions(consumer)
         take: dict[TP, tuple[int, Sequence[Any]]] = {}
         for raw_tp, recs in records.items():
             tp = _tp(raw_tp)
@@ -681,15 +727,13 @@ class BatchIngest:
             # The revocation did not wait for this round: its states and those of every
             # round not flushed may belong to partitions this worker no longer holds.
             log.info("batch path: rebalanced while applying a round; not acknowledging it")
-            self._drop_unflushed()
+            self.checkpoint.abort()
             return
-        inbound = getattr(app.monitor, "stream_inbound_time", None)
+        inbound = compat.inbound_times(app)
         now = time.monotonic()
-        if self.unflushed_since is None:
-            self.unflushed_since = now
         for tp, (start, recs) in take.items():
             last = recs[-1].offset
-            self.unflushed.append((tp, start, last, generation))
+            self.checkpoint.add(FoldedRange(tp, start, last, generation), now)
             cursor = self.cursors[tp]
             cursor.expected, cursor.gap = last + 1, None
             if inbound is not None:

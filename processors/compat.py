@@ -1,0 +1,359 @@
+"""Every private name of faust-streaming, aiokafka and mode the processors rely on.
+
+The engine is written against the exact versions in `PINS` (pyproject pins them too). It
+uses their internals two ways, both listed here:
+
+* **calls and attributes**: the accessors below (`ack_range`, `set_retry_backoff`, ...)
+  are the only code that reads or writes a private attribute or calls a private method
+  of those packages; each fails loudly (`InternalsMoved`) when what it touches is gone;
+* **overrides**: runwatch's subclasses (`processors.engine`, `processors.stores`,
+  `runwatch.cmd.processors`) replace private methods. An override of a method that was
+  renamed upstream is silently never called, so each one is listed in `INTERNALS` too.
+
+`check` verifies every entry of `INTERNALS` against the installed packages (a method with
+the parameters the code passes or overrides, a property, an attribute its class's
+constructor sets) and raises `InternalsMoved` naming each one that moved; `create_app`
+calls it before anything starts, and ``tests/unit/processors/test_compat.py`` runs it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from collections.abc import Mapping
+from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any, Final, Literal
+
+PINS: Final[Mapping[str, str]] = {
+    "faust-streaming": "0.15.3",
+    "aiokafka": "0.14.0",
+    "mode-streaming": "0.7.1",
+}
+"""The versions the internals below were read from (pyproject.toml pins the same)."""
+
+Kind = Literal["method", "property", "attribute", "function"]
+
+
+@dataclass(frozen=True, slots=True)
+class Internal:
+    """One private name runwatch uses.
+
+    Attributes:
+        owner: Dotted path of the class (or module) that has it.
+        name: The attribute's name.
+        kind: ``method`` (with ``params``, ``self`` first), ``property``, ``attribute``
+            (set by the owner's constructor: ``self.<name> =`` in its source), or
+            ``function`` (module level, with ``params``).
+        used_by: Where runwatch uses it, and how.
+        params: The parameter names a method or function must have, in order.
+    """
+
+    owner: str
+    name: str
+    kind: Kind
+    used_by: str
+    params: tuple[str, ...] = ()
+
+
+_AIOKAFKA_CONSUMER = "aiokafka.consumer.consumer.AIOKafkaConsumer"
+_CLIENT = "aiokafka.client.AIOKafkaClient"
+_DRIVER = "faust.transport.drivers.aiokafka"
+_FAUST_CONSUMER = "faust.transport.consumer.Consumer"
+_ROCKS = "faust.stores.rocksdb.Store"
+
+INTERNALS: Final[tuple[Internal, ...]] = (
+    # aiokafka
+    Internal(
+        _CLIENT,
+        "_metadata_update",
+        "method",
+        "override: backoff after a failed metadata update (`_BackoffClient`)",
+        ("self", "cluster_metadata", "topics"),
+    ),
+    Internal(_CLIENT, "_retry_backoff", "attribute", "set_retry_backoff"),
+    Internal(_AIOKAFKA_CONSUMER, "_client", "attribute", "set_retry_backoff"),
+    Internal(_AIOKAFKA_CONSUMER, "_retry_backoff_ms", "attribute", "set_retry_backoff"),
+    Internal(_AIOKAFKA_CONSUMER, "_fetch_max_wait_ms", "attribute", "set_fetch_max_wait"),
+    # faust: the producer, the consumer thread, the consumer, the app
+    Internal(
+        f"{_DRIVER}.Producer",
+        "_producer_type",
+        "property",
+        "override: the producer class (engine.Producer)",
+    ),
+    Internal(f"{_DRIVER}.Producer", "_ensure_producer", "method", "producer_client", ("self",)),
+    Internal(
+        f"{_DRIVER}.AIOKafkaConsumerThread",
+        "_create_consumer",
+        "method",
+        "override: configure the consumer before it starts",
+        ("self", "loop"),
+    ),
+    Internal(
+        f"{_DRIVER}.AIOKafkaConsumerThread",
+        "_ensure_consumer",
+        "method",
+        "committed_offset",
+        ("self",),
+    ),
+    Internal(
+        f"{_DRIVER}.Consumer",
+        "_new_consumer_thread",
+        "method",
+        "override: runwatch's consumer thread",
+        ("self",),
+    ),
+    Internal(
+        f"{_DRIVER}.Consumer", "_wait_next_records", "method", "next_records", ("self", "timeout")
+    ),
+    Internal(
+        f"{_DRIVER}.Consumer", "_to_message", "method", "to_message", ("self", "tp", "record")
+    ),
+    Internal(
+        f"{_DRIVER}.Consumer", "_get_active_partitions", "method", "active_partitions", ("self",)
+    ),
+    Internal(_DRIVER, "ensure_aiokafka_TP", "function", "committed_offset", ("tp",)),
+    Internal(f"{_DRIVER}.Consumer", "_thread", "attribute", "committed_offset"),
+    Internal(_FAUST_CONSUMER, "_acked", "attribute", "ack_range"),
+    Internal(_FAUST_CONSUMER, "_acked_index", "attribute", "ack_range"),
+    Internal(_FAUST_CONSUMER, "_committed_offset", "attribute", "ack_range"),
+    Internal(_FAUST_CONSUMER, "_n_acked", "attribute", "ack_range, reset_ack_count"),
+    Internal(_FAUST_CONSUMER, "_buffered_partitions", "attribute", "buffered_partitions"),
+    Internal(
+        "faust.app.base.App",
+        "_new_transport",
+        "method",
+        "override: runwatch's transport (engine.App)",
+        ("self",),
+    ),
+    Internal(
+        "faust.app.base.App",
+        "_new_producer_transport",
+        "method",
+        "override: runwatch's transport (engine.App)",
+        ("self",),
+    ),
+    Internal(
+        "faust.sensors.monitor.Monitor",
+        "stream_inbound_time",
+        "attribute",
+        "inbound_times: faust's livelock detector reads it",
+    ),
+    # faust: tables and the RocksDB store
+    Internal(
+        "faust.tables.base.Collection",
+        "_new_store_by_url",
+        "method",
+        "override: RunTable's RocksDB store",
+        ("self", "url"),
+    ),
+    Internal(_ROCKS, "_set", "method", "override: RunRocksStore", ("self", "key", "value")),
+    Internal(_ROCKS, "_get", "method", "override: RunRocksStore", ("self", "key")),
+    Internal(_ROCKS, "_contains", "method", "override: RunRocksStore", ("self", "key")),
+    Internal(_ROCKS, "_del", "method", "override: RunRocksStore", ("self", "key")),
+    Internal(_ROCKS, "_db_for_partition", "method", "RunRocksStore", ("self", "partition")),
+    Internal(_ROCKS, "_visible_keys", "method", "RunRocksStore.partition_keys", ("self", "db")),
+    Internal(_ROCKS, "_key_index", "attribute", "RunRocksStore._set"),
+    # faust's worker (mode's Worker underneath)
+    Internal(
+        "faust.worker.Worker",
+        "_schedule_shutdown",
+        "method",
+        "override: a bounded stop (runwatch.cmd.processors)",
+        ("self", "signal"),
+    ),
+    Internal(
+        "mode.worker.Worker",
+        "_signal_stop_time",
+        "attribute",
+        "runwatch.cmd.processors: the first stop signal",
+    ),
+    Internal("faust.worker.Worker", "spinner", "attribute", "runwatch.cmd.processors: no spinner"),
+)
+"""Every private name of faust, aiokafka and mode that runwatch calls, reads, writes or
+overrides."""
+
+
+class InternalsMoved(RuntimeError):
+    """An internal of faust, aiokafka or mode that runwatch uses is not where it was."""
+
+
+def installed_versions() -> dict[str, str | None]:
+    """The installed version of each package in `PINS` (None: not installed)."""
+    found: dict[str, str | None] = {}
+    for package in PINS:
+        try:
+            found[package] = version(package)
+        except PackageNotFoundError:
+            found[package] = None
+    return found
+
+
+def _resolve(dotted: str) -> Any:
+    try:
+        return importlib.import_module(dotted)
+    except ImportError:
+        module, _, name = dotted.rpartition(".")
+        return getattr(importlib.import_module(module), name)
+
+
+def _constructor_sets(owner: type, name: str) -> bool:
+    """Whether a constructor in ``owner``'s classes assigns ``self.<name>``."""
+    for klass in owner.__mro__:
+        for method in ("__init__", "__post_init__"):
+            fun = klass.__dict__.get(method)
+            if fun is None:
+                continue
+            try:
+                source = inspect.getsource(fun)
+            except (OSError, TypeError):
+                continue
+            if f"self.{name} =" in source or f"self.{name}:" in source:
+                return True
+    return name in getattr(owner, "__annotations__", {}) or hasattr(owner, name)
+
+
+def problem(internal: Internal) -> str | None:
+    """What is wrong with ``internal`` in the installed packages (None: it is as expected)."""
+    where = f"{internal.owner}.{internal.name}"
+    try:
+        owner = _resolve(internal.owner)
+    except (ImportError, AttributeError) as exc:
+        return f"{internal.owner}: cannot import ({exc})"
+    if internal.kind == "attribute":
+        return None if _constructor_sets(owner, internal.name) else f"{where}: not set"
+    found = inspect.getattr_static(owner, internal.name, None)
+    if found is None:
+        return f"{where}: missing"
+    if internal.kind == "property":
+        return None if isinstance(found, property) else f"{where}: not a property"
+    fun = getattr(owner, internal.name)
+    if not callable(fun):
+        return f"{where}: not callable"
+    params = tuple(inspect.signature(fun).parameters)
+    if params[: len(internal.params)] != internal.params:
+        return f"{where}: parameters {params}, expected {internal.params}"
+    return None
+
+
+def check() -> None:
+    """Raise when an internal runwatch uses moved; say which, and the versions.
+
+    Raises:
+        InternalsMoved: One or more entries of `INTERNALS` do not hold.
+    """
+    problems = [p for p in map(problem, INTERNALS) if p is not None]
+    if problems:
+        raise InternalsMoved(
+            f"runwatch's processors are written against {dict(PINS)}, installed "
+            f"{installed_versions()}; these internals moved: {'; '.join(problems)}"
+        )
+
+
+def _moved(what: str) -> InternalsMoved:
+    return InternalsMoved(
+        f"{what} is gone (installed {installed_versions()}, written against {dict(PINS)})"
+    )
+
+
+# ----------------------------------------------------------------------------------------
+# Accessors: the only code that touches the internals above.
+
+
+def set_retry_backoff(consumer: Any, backoff_ms: int) -> None:
+    """Give an aiokafka consumer that has not started yet ``backoff_ms`` as retry backoff.
+
+    Raises:
+        InternalsMoved: aiokafka's consumer no longer has the attributes this sets.
+    """
+    client = getattr(consumer, "_client", None)
+    if not hasattr(consumer, "_retry_backoff_ms") or not hasattr(client, "_retry_backoff"):
+        raise _moved("AIOKafkaConsumer._retry_backoff_ms / _client._retry_backoff")
+    consumer._retry_backoff_ms = backoff_ms  # read by start() for the fetcher and coordinator
+    client._retry_backoff = backoff_ms / 1000
+
+
+def set_fetch_max_wait(consumer: Any, wait_ms: int) -> None:
+    """Give an aiokafka consumer that has not started yet ``wait_ms`` as ``fetch_max_wait_ms``.
+
+    Raises:
+        InternalsMoved: aiokafka's consumer no longer has the attribute this sets.
+    """
+    if not hasattr(consumer, "_fetch_max_wait_ms"):
+        raise _moved("AIOKafkaConsumer._fetch_max_wait_ms")
+    consumer._fetch_max_wait_ms = wait_ms  # read by start() for the fetcher
+
+
+def client_of(consumer: Any) -> Any:
+    """The `AIOKafkaClient` of an aiokafka consumer.
+
+    Raises:
+        InternalsMoved: The consumer has no ``_client``.
+    """
+    client = getattr(consumer, "_client", None)
+    if client is None:
+        raise _moved("AIOKafkaConsumer._client")
+    return client
+
+
+def producer_client(app: Any) -> Any:
+    """The `AIOKafkaClient` of a faust app's producer (its metadata: ``client.cluster``)."""
+    return app.producer._ensure_producer().client
+
+
+async def next_records(consumer: Any, timeout_s: float) -> tuple[Any, Any]:
+    """The next records faust fetched: ``(records by TP or None, active TPs or None)``."""
+    return await consumer._wait_next_records(timeout_s)
+
+
+def to_message(consumer: Any, tp: Any, record: Any) -> Any:
+    """A fetched record as faust's ``ConsumerMessage``."""
+    return consumer._to_message(tp, record)
+
+
+def buffered_partitions(consumer: Any) -> set[Any]:
+    """Partitions faust keeps records of while they are not active."""
+    return consumer._buffered_partitions  # type: ignore[no-any-return]
+
+
+def active_partitions(consumer: Any) -> set[Any]:
+    """The partitions faust's consumer delivers records of now."""
+    return consumer._get_active_partitions()  # type: ignore[no-any-return]
+
+
+def ack_range(consumer: Any, tp: Any, first: int, last: int) -> None:
+    """Acknowledge offsets ``first..last`` of ``tp`` in faust's offset tracking.
+
+    faust's ``Consumer.ack`` does this one `Message` at a time; its commit then commits,
+    per partition, the end of the first run of consecutive acknowledged offsets.
+    """
+    committed = consumer._committed_offset[tp]
+    if committed is not None:
+        first = max(first, committed)  # as faust's ack: nothing below the committed offset
+    if first > last:
+        return
+    offsets = range(first, last + 1)
+    consumer._acked[tp].extend(offsets)
+    consumer._acked_index[tp].update(offsets)
+    consumer._n_acked += len(offsets)
+
+
+def reset_ack_count(consumer: Any) -> None:
+    """Zero faust's count of acks towards ``broker_commit_every`` (the engine commits)."""
+    consumer._n_acked = 0
+
+
+async def committed_offset(consumer: Any, tp: Any) -> int | None:
+    """The group's committed offset of ``tp`` as the broker has it (None: no commit)."""
+    from faust.transport.drivers import aiokafka as driver
+
+    thread = consumer._thread
+    client = thread._ensure_consumer()
+    offset = await thread.call_thread(client.committed, driver.ensure_aiokafka_TP(tp))
+    return None if offset is None else int(offset)
+
+
+def inbound_times(app: Any) -> dict[Any, float] | None:
+    """The per-partition time of the last record in, which faust's livelock detector reads."""
+    return getattr(app.monitor, "stream_inbound_time", None)
