@@ -69,7 +69,9 @@ def _incarnation_state(state: LivenessState, event: RunStarted) -> LivenessState
         last_index=state.last_index,
         incarnation=event.incarnation,
         thresholds=dict(event.thresholds),
-        log_time_ns=max(state.log_time_ns, event.ts_ns),
+        # The new gang's clock, not the old incarnation's log time: a time one bad record
+        # pushed ahead must not carry into the next incarnation (issue 19, finding 2).
+        log_time_ns=event.ts_ns,
         started_ns=event.ts_ns,
         expected_ranks=event.world_size,
         known_ranks=event.world_size,

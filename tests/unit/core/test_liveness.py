@@ -245,3 +245,22 @@ def test_hot_path_field_order_is_pinned() -> None:
         "exit_rank",
         "last_index",
     )
+
+
+def test_a_time_pushed_ahead_does_not_carry_into_the_next_incarnation() -> None:
+    # A record dated far ahead moved incarnation 0's log time; the next gang's start uses
+    # its own clock, so its first ticks raise no startup hang (issue 19, finding 2).
+    ahead = 10_000 * S
+    events: list[Event] = [
+        started(world_size=2),
+        hb(0, 1, 1 * S),
+        hb(1, 1, 1 * S),
+        hb(0, 2, ahead),
+        started(world_size=2, ts_ns=20 * S, incarnation=1),
+        tick(30 * S),
+        tick(40 * S),
+    ]
+    state, verdicts = fold_heartbeats(events, CFG)
+    assert state is not None and state.incarnation == 1
+    assert state.log_time_ns == 40 * S
+    assert [v for v in verdicts if v.incarnation == 1] == []
