@@ -142,3 +142,34 @@ def test_a_future_dated_incarnation_never_carries_into_the_next(
 
 def test_every_input_topic_is_stamped_by_the_broker() -> None:
     assert {role for role, spec in ROLES.items() if spec.broker_time} == set(INPUTS)
+
+
+def test_a_forged_huge_hang_timeout_does_not_disable_hang_detection(
+    kafka_bootstrap: str, topic_prefix: str, make_topics: Any, attacker: KafkaProducer
+) -> None:
+    # Issue 19, finding 1: `RunStarted.thresholds` of `hang_timeout_s: 1e12` switched hang
+    # detection off for the run. A run's thresholds are clamped into their ranges.
+    make_topics(topic_prefix, partitions=1)
+    topics = names(topic_prefix)
+    run = "victim"
+    now_ms = int(time.time() * 1000)
+    then_ns = (now_ms - 2 * DAY_MS) * 1_000_000  # two days ago: the past is not bounded
+    started = _raw(
+        type="run_started.v1",
+        run_id=run,
+        ts_ns=then_ns,
+        world_size=1,
+        thresholds={"hang_timeout_s": 1e12, "dead_rank_timeout_s": 1e12},
+    )
+    _send(attacker, topics.heartbeats, run, started, now_ms)
+    beat = _raw(type="heartbeat.v1", run_id=run, ts_ns=then_ns, rank=0, step=1)
+    _send(attacker, topics.heartbeats, run, beat, now_ms)
+    tick = _raw(type="tick.v1", run_id="*", ts_ns=now_ms * 1_000_000, partition=0)
+    _send(attacker, topics.heartbeats, "*", tick, now_ms)
+    attacker.flush(30)
+
+    result, dead, _ = _fold_log(kafka_bootstrap, topics)
+
+    assert dead == []
+    hangs = [a for a in result.anomalies if a.kind == "hang"]
+    assert [(a.run_id, a.threshold) for a in hangs] == [(run, 86_400.0)]

@@ -264,3 +264,19 @@ def test_a_time_pushed_ahead_does_not_carry_into_the_next_incarnation() -> None:
     assert state is not None and state.incarnation == 1
     assert state.log_time_ns == 40 * S
     assert [v for v in verdicts if v.incarnation == 1] == []
+
+
+def test_a_huge_run_hang_timeout_does_not_disable_hang_detection() -> None:
+    # A forged RunStarted announcing hang_timeout_s: 1e12 (issue 19, finding 1): the run's
+    # threshold is clamped to a day, so a gang silent for two days is still a hang.
+    day = 86_400 * S
+    events: list[Event] = [
+        started(world_size=1, thresholds={"hang_timeout_s": 1e12, "dead_rank_timeout_s": 1e12}),
+        hb(0, 1, 1 * S),
+        tick(1 * S + day // 2),
+        tick(1 * S + 2 * day),
+    ]
+    _, verdicts = fold_heartbeats(events, CFG)
+    kinds_seen = [(v.kind, v.threshold) for v in verdicts]
+    assert ("hang", 86_400.0) in kinds_seen
+    assert ("dead_rank", 86_400.0) in kinds_seen
