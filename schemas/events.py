@@ -59,6 +59,9 @@ MAX_NESTING: Final = 32
 MAX_PACK_EVENTS: Final = 4096
 """Most events one `EventPack` carries (a node's 8 ranks for 512 steps, or 4,096 ranks'
 heartbeats of one step); at ~120 bytes a heartbeat, such a pack stays under Kafka's 1 MiB."""
+MAX_LISTED_RANKS: Final = 1024
+"""Most ranks one verdict lists (`AnomalyDetected.ranks`; ``rank_count`` says how many in all):
+a 131,072-rank gang gone silent is one verdict of a few kilobytes, not one of a megabyte."""
 MAX_DEADLETTER_PAYLOAD_BYTES: Final = 512 * 1024
 """A dead letter keeps at most this much of the record (the record itself stays in its
 topic, at the offset the dead letter names); its base64 stays under Kafka's 1 MiB."""
@@ -484,6 +487,12 @@ class AnomalyDetected(Event, frozen=True, kw_only=True, tag="anomaly.v1"):
         incarnation: The gang incarnation (from the run's latest RunStarted) it concerns.
         severity: How much it matters (see `Severity`); verdicts recorded before severities
             existed read as ``warning`` (every verdict paged then).
+        ranks: Every rank a run-wide scan found at fault, ascending, at most
+            `MAX_LISTED_RANKS` of them (``rank`` is the first; one ``dead_rank`` verdict per
+            scan names them all, not one verdict per rank); empty for a verdict about one
+            rank or none (older verdicts too).
+        rank_count: How many ranks the verdict concerns (``ranks`` may list fewer); 0
+            when ``ranks`` is empty.
     """
 
     verdict_id: Id
@@ -500,6 +509,8 @@ class AnomalyDetected(Event, frozen=True, kw_only=True, tag="anomaly.v1"):
     config_hash: Id = ""
     incarnation: Small = 0
     severity: Severity = "warning"
+    ranks: Annotated[tuple[Rank, ...], Meta(max_length=MAX_LISTED_RANKS)] = ()
+    rank_count: Annotated[int, Meta(ge=0, le=MAX_RANKS)] = 0
 
 
 class RestartRequested(Event, frozen=True, kw_only=True, tag="restart_requested.v1"):

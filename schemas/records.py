@@ -7,6 +7,18 @@ A packed record (`schemas.events.EventPack`) is rejected whole when any event in
 not belong on the topic (`schemas.topics.RoleSpec.packs`), or belongs to another run (the codec
 refuses that pack); it is not unpacked here: the shared fold does that
 (`processors.core.replay.unpack`), so every reader applies the same events.
+
+Time is bounded by the broker (docs/core.md, "Records that steer decisions"). On a topic
+whose role has `schemas.topics.RoleSpec.broker_time` (created with
+``message.timestamp.type=LogAppendTime``), the record's timestamp is the broker's clock at
+append, which no writer sets. An event (or any event of a pack) whose ``ts_ns`` is more
+than `MAX_FUTURE_SKEW_NS` past that stamp is a dead letter with the reason ``future_ts``;
+a `schemas.events.Tick` later than the stamp is clamped to it, so a forged Tick can say
+only "now". A record with no broker stamp (``timestamp_ms <= 0``: a record built in
+memory, or a message format older than Kafka 0.10) is not bounded. Every reader (the live
+processors, the audit, replay, the sinks) checks records here, so all of them see the same
+events.
+
 Nothing is dropped: every rejected record becomes a `DeadLetter` (stage ``decode``) with
 the reason and the raw bytes, cut to the dead letter's bounds so that the dead letter
 itself is always a valid event that fits in a Kafka record (the record stays in its topic
@@ -16,7 +28,9 @@ at the offset the dead letter names). `check` never raises, whatever the record 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import NamedTuple
+from typing import Final, NamedTuple
+
+import msgspec
 
 from runwatch.schemas.codec import DecodeError, decode
 from runwatch.schemas.events import (
@@ -31,6 +45,17 @@ from runwatch.schemas.events import (
     Tick,
 )
 from runwatch.schemas.topics import ROLES, TopicRole
+
+MAX_FUTURE_SKEW_NS: Final = 300 * 1_000_000_000
+"""How far (5 minutes) an event's ``ts_ns`` may lie past its record's broker timestamp.
+
+A trainer's clock that NTP keeps is within milliseconds of the broker's; batching and
+retries delay a record's append, which only puts the broker's stamp *later* than the
+event. Five minutes covers a badly drifting host and is still far below the timeouts a
+future time could trip (`processors.core.config.DetectorConfig.dead_rank_timeout_s` is
+300 s by default, `hang_timeout_s` 600 s)."""
+FUTURE_TS: Final = "future_ts"
+"""The reason a dead letter for an event dated past its broker time starts with."""
 
 
 class RawRecord(NamedTuple):
@@ -116,8 +141,40 @@ def _check(record: RawRecord, role: TopicRole) -> Decoded | DeadLetter:
         return dead_letter(record, f"record key {key!r} is not the run id {expected_key!r}")
     if not event.run_id:
         return dead_letter(record, "empty run_id")
+    if spec.broker_time and record.timestamp_ms > 0:
+        bounded = _bound_time(record, event)
+        if isinstance(bounded, DeadLetter):
+            return bounded
+        event = bounded
     source = Provenance(topic=record.topic, partition=record.partition, offset=record.offset)
     return Decoded(source, event)
+
+
+def _bound_time(record: RawRecord, event: AnyEvent) -> AnyEvent | DeadLetter:
+    """``event`` with its time bounded by the record's broker timestamp (module docstring).
+
+    Rules, in order:
+        1. A Tick later than the broker's stamp is clamped to it.
+        2. An event, or a pack with an event, dated more than `MAX_FUTURE_SKEW_NS` past
+           the stamp is a dead letter (``future_ts``).
+        3. Anything else is kept as it is.
+    """
+    broker_ns = record.timestamp_ms * 1_000_000
+    if isinstance(event, Tick):
+        if event.ts_ns > broker_ns:
+            return msgspec.structs.replace(event, ts_ns=broker_ns)
+        return event
+    latest = event.ts_ns
+    if isinstance(event, EventPack):
+        latest = max(latest, max(inner.ts_ns for inner in event.events))
+    if latest > broker_ns + MAX_FUTURE_SKEW_NS:
+        ahead_s = (latest - broker_ns) / 1e9
+        return dead_letter(
+            record,
+            f"{FUTURE_TS}: ts_ns {latest} is {ahead_s:.1f} s past the record's broker time "
+            f"{broker_ns} (bound {MAX_FUTURE_SKEW_NS / 1e9:.0f} s)",
+        )
+    return event
 
 
 def split(records: Iterable[RawRecord], role: TopicRole) -> tuple[list[Decoded], list[DeadLetter]]:

@@ -116,6 +116,11 @@ class RoleSpec(msgspec.Struct, frozen=True, kw_only=True):
         compacted: ``cleanup.policy=compact`` (keep the latest record per key).
         retention_ms: ``retention.ms``; None keeps the broker's default; -1 keeps forever.
         description: What the topic carries, for humans.
+        broker_time: ``message.timestamp.type=LogAppendTime``: the broker stamps each
+            record with its own clock on append, whatever the writer says, and a reader
+            bounds the time an event claims by that stamp (`schemas.records`,
+            docs/core.md "Records that steer decisions"). True for the topics trainers
+            write (the inputs), whose times steer verdicts.
     """
 
     role: TopicRole
@@ -128,6 +133,7 @@ class RoleSpec(msgspec.Struct, frozen=True, kw_only=True):
     compacted: bool = False
     retention_ms: int | None
     description: str
+    broker_time: bool = False
 
 
 WEEK_MS: Final = 7 * 24 * 3600 * 1000
@@ -144,6 +150,7 @@ ROLES: Final[Mapping[TopicRole, RoleSpec]] = {
             compacted=True,
             retention_ms=None,
             description="RunStarted / RunEnded: model FLOP config, plan, peak, thresholds",
+            broker_time=True,
         ),
         RoleSpec(
             role=TopicRole.STEPS,
@@ -155,6 +162,7 @@ ROLES: Final[Mapping[TopicRole, RoleSpec]] = {
             partitions=16,
             retention_ms=-1,
             description="StepCompleted (alone or packed): loss, grad norm, step time, tokens",
+            broker_time=True,
         ),
         RoleSpec(
             role=TopicRole.HEARTBEATS,
@@ -166,6 +174,7 @@ ROLES: Final[Mapping[TopicRole, RoleSpec]] = {
             partitions=64,
             retention_ms=4 * WEEK_MS,
             description="Heartbeat per rank per step (or packs), Tick from the clock",
+            broker_time=True,
         ),
         RoleSpec(
             role=TopicRole.CHECKPOINTS,
@@ -176,6 +185,7 @@ ROLES: Final[Mapping[TopicRole, RoleSpec]] = {
             partitions=8,
             retention_ms=-1,
             description="CheckpointCommitted / CheckpointFailed",
+            broker_time=True,
         ),
         RoleSpec(
             role=TopicRole.ANOMALIES,
@@ -321,6 +331,7 @@ class TopicSpec(msgspec.Struct, frozen=True, kw_only=True):
         compacted: True: ``cleanup.policy=compact`` (keep the latest record per key).
         retention_ms: ``retention.ms``; None keeps the broker's default; -1 keeps forever.
         carries: What the topic carries, for humans.
+        broker_time: True: ``message.timestamp.type=LogAppendTime`` (`RoleSpec.broker_time`).
     """
 
     name: str
@@ -328,12 +339,15 @@ class TopicSpec(msgspec.Struct, frozen=True, kw_only=True):
     compacted: bool
     retention_ms: int | None
     carries: str
+    broker_time: bool = False
 
     def configs(self) -> dict[str, str]:
         """Topic configs to create it with."""
         out = {"cleanup.policy": "compact" if self.compacted else "delete"}
         if self.retention_ms is not None and not self.compacted:
             out["retention.ms"] = str(self.retention_ms)
+        if self.broker_time:
+            out["message.timestamp.type"] = "LogAppendTime"
         return out
 
 
@@ -459,6 +473,7 @@ def catalogue(
             compacted=spec.compacted,
             retention_ms=spec.retention_ms,
             carries=spec.description,
+            broker_time=spec.broker_time,
         )
         for role, spec in ROLES.items()
     ]

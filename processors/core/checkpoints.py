@@ -13,6 +13,7 @@ from typing import Final
 
 import msgspec
 
+from runwatch.processors.core.bounds import check_step
 from runwatch.schemas.events import (
     CheckpointCommitted,
     CheckpointFailed,
@@ -116,11 +117,16 @@ def fold_checkpoint(
 
     Returns:
         The new catalogue (no verdicts: checkpoints inform, they do not alarm).
+
+    Raises:
+        BoundError: A step outside ``[0, 2**53)`` (`processors.core.bounds`).
     """
     if state is None:
         state = CheckpointCatalogue(run_id=event.run_id)
     elif source.offset <= state.last_offset:
         return state
+    if isinstance(event, CheckpointCommitted | CheckpointFailed):
+        check_step(event.step, -1, "checkpoint step")
     if isinstance(event, CheckpointCommitted):
         info = CheckpointInfo(
             event.step, event.path, event.ts_ns, event.size_bytes, event.write_s, event.blocked_s

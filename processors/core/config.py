@@ -114,6 +114,76 @@ class DetectorConfig(msgspec.Struct, frozen=True, kw_only=True):
 DEFAULT_CONFIG: Final = DetectorConfig()
 VALID_KEYS: Final[tuple[str, ...]] = DetectorConfig.__struct_fields__
 
+DAY_S: Final = 86_400.0
+RUN_THRESHOLD_BOUNDS: Final[Mapping[str, tuple[float, float]]] = {
+    "loss_window": (5, 4096),
+    "loss_min_periods": (2, 4096),
+    "loss_z_thresh": (2.0, 1000.0),
+    "grad_window": (5, 4096),
+    "grad_min_periods": (2, 4096),
+    "grad_z_thresh": (2.0, 1000.0),
+    "grad_min_ratio": (1.0, 1000.0),
+    "loss_shift_k": (0.0, 100.0),
+    "loss_shift_h": (0.0, 10_000.0),
+    "max_loss": (1e-3, 1e9),
+    "divergence_uniform_factor": (0.0, 1000.0),
+    "collapse_steps": (2, 100_000),
+    "collapse_band_nats": (1e-3, 10.0),
+    "collapse_learned_nats": (1e-3, 100.0),
+    "restart_check_steps": (0, 10_000),
+    "restart_z_thresh": (1.0, 1000.0),
+    "restart_pair_z_thresh": (1.0, 1000.0),
+    "rank_heartbeat_threshold": (1, 1_000_000),
+    "dead_rank_timeout_s": (1.0, DAY_S),
+    "hang_timeout_s": (1.0, DAY_S),
+    "startup_timeout_s": (1.0, DAY_S),
+    "straggler_ratio": (1.01, 100.0),
+    "straggler_steps": (1, 100_000),
+    "restart_budget": (0, 100),
+    "restart_budget_window_steps": (1, 1_000_000_000),
+    "history_steps": (5, 8192),
+    "min_scale_rel": (1e-9, 1.0),
+}
+"""The range a run's own threshold (``RunStarted.thresholds``) is clamped into, per field.
+
+A run may tune its detectors, but a trainer's credential can write any run's RunStarted,
+so no announced value may switch a detector off or make a state unstorable: a timeout is
+at most a day (``hang_timeout_s: 1e12`` still detects a hang, after a day), a window or a
+history at most a few thousand steps (memory), a step threshold at most a million (the
+state's integers stay far inside int64). The operator's own configuration
+(``runwatch processors --set``) is trusted and not bounded here. ``mfu_convention`` is not
+a number and has no entry. docs/core.md, "Records that steer decisions"."""
+
+
+def bounded_thresholds(thresholds: Mapping[str, float]) -> dict[str, float]:
+    """A run's thresholds with each bounded field clamped into `RUN_THRESHOLD_BOUNDS`.
+
+    Rules, in order:
+        1. A field without bounds (unknown, or not a number) is passed on as announced
+           (`with_overrides` judges it).
+        2. A NaN is dropped: the processor's value applies.
+        3. A value below or above the field's range becomes the range's end (an infinite
+           ``max_loss`` too: a run cannot remove the ceiling the processor set).
+        4. Anything else is kept.
+
+    Args:
+        thresholds: ``RunStarted.thresholds`` as announced.
+
+    Returns:
+        The thresholds the run's detectors use.
+    """
+    out: dict[str, float] = {}
+    for key, value in thresholds.items():
+        bounds = RUN_THRESHOLD_BOUNDS.get(key)
+        if bounds is None or not isinstance(value, int | float) or isinstance(value, bool):
+            out[key] = value
+            continue
+        if math.isnan(value):
+            continue
+        low, high = bounds
+        out[key] = low if value < low else high if value > high else value
+    return out
+
 
 @lru_cache(maxsize=256)
 def config_hash(cfg: DetectorConfig) -> str:
@@ -208,11 +278,13 @@ def _cached_overrides(cfg: DetectorConfig, items: tuple[tuple[str, float], ...])
 
 
 def effective_config(cfg: DetectorConfig, thresholds: Mapping[str, float]) -> DetectorConfig:
-    """``cfg`` with a run's own thresholds applied; invalid run thresholds are ignored.
+    """``cfg`` with a run's own thresholds applied, bounded; invalid ones are ignored.
 
-    A run cannot crash the processor by announcing a bad threshold: when the overrides do
-    not validate, the processor's configuration is used unchanged (the run's state keeps
-    the thresholds it announced, so the report shows them).
+    Each announced value is first clamped into its sane range (`bounded_thresholds`), so
+    no run disables a detector or makes its state unstorable. A run cannot crash the
+    processor by announcing a bad threshold: when the overrides do not validate, the
+    processor's configuration is used unchanged (the run's state keeps the thresholds it
+    announced, so the report shows them).
 
     Args:
         cfg: The processor's configuration.
@@ -224,16 +296,18 @@ def effective_config(cfg: DetectorConfig, thresholds: Mapping[str, float]) -> De
     if not thresholds:
         return cfg
     try:
-        return _cached_overrides(cfg, tuple(sorted(thresholds.items())))
+        return _cached_overrides(cfg, tuple(sorted(bounded_thresholds(thresholds).items())))
     except ValueError:
         return cfg
 
 
 __all__ = [
     "DEFAULT_CONFIG",
+    "RUN_THRESHOLD_BOUNDS",
     "VALID_KEYS",
     "DetectorConfig",
     "MfuConvention",
+    "bounded_thresholds",
     "config_hash",
     "effective_config",
     "with_overrides",

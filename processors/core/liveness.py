@@ -45,6 +45,7 @@ from typing import Final
 
 import msgspec
 
+from runwatch.processors.core.bounds import MAX_STEP, MAX_STEP_JUMP, check_incarnation, check_step
 from runwatch.processors.core.config import DetectorConfig, effective_config
 from runwatch.processors.core.liveness_scans import Gang, Verdicts, step_scan, time_scan
 from runwatch.processors.core.liveness_state import NEVER, LivenessState
@@ -69,7 +70,9 @@ def _incarnation_state(state: LivenessState, event: RunStarted) -> LivenessState
         last_index=state.last_index,
         incarnation=event.incarnation,
         thresholds=dict(event.thresholds),
-        log_time_ns=max(state.log_time_ns, event.ts_ns),
+        # The new gang's clock, not the old incarnation's log time: a time one bad record
+        # pushed ahead must not carry into the next incarnation (issue 19, finding 2).
+        log_time_ns=event.ts_ns,
         started_ns=event.ts_ns,
         expected_ranks=event.world_size,
         known_ranks=event.world_size,
@@ -95,6 +98,9 @@ def _on_heartbeat(
             state, last_offset=source.offset, last_index=source.index, log_time_ns=now_ns
         ), []
     rank, step = event.rank, event.step
+    newest = state.run_step if state.run_step >= 0 else state.step_hint or -1
+    if step >= MAX_STEP or step - newest > MAX_STEP_JUMP:  # before any write (bounds.py)
+        check_step(step, newest if newest >= 0 else -1, "heartbeat step")
     table, data, journal = state.table.begin()
     steps, stamps = data.steps, data.ts
     if rank >= len(steps):
@@ -391,6 +397,8 @@ def fold_liveness(
 
     Raises:
         ValueError: A Tick with no state.
+        BoundError: A step or incarnation past a bound of `processors.core.bounds`
+            (the shared fold makes the record a dead letter).
     """
     if state is None:
         if isinstance(event, Tick):
@@ -412,6 +420,7 @@ def fold_liveness(
     if isinstance(event, RankExited):
         return _on_rank_exited(state, event, source, _config(state, cfg))
     if isinstance(event, RunStarted):
+        check_incarnation(event.incarnation, state.incarnation, "RunStarted incarnation")
         fresh = _incarnation_state(state, event)
         return msgspec.structs.replace(
             fresh, last_offset=source.offset, last_index=source.index

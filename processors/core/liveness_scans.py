@@ -17,7 +17,24 @@ from runwatch.processors.core.config import DetectorConfig, config_hash
 from runwatch.processors.core.liveness_state import LivenessState
 from runwatch.processors.core.rank_table import NEVER, Journal, TableData
 from runwatch.processors.core.verdicts import make_anomaly
-from runwatch.schemas.events import AnomalyDetected, AnomalyKind, Provenance
+from runwatch.schemas.events import MAX_LISTED_RANKS, AnomalyDetected, AnomalyKind, Provenance
+
+RANGES_MAX_CHARS = 200
+"""Longest list of rank ranges a verdict's detail spells out (``ranks`` has them all)."""
+
+
+def rank_ranges(ranks: list[int]) -> str:
+    """Ascending ranks as ranges, ``0-3, 7, 9-10``, cut to `RANGES_MAX_CHARS` with ``...``."""
+    parts: list[str] = []
+    start = prev = ranks[0]
+    for rank in [*ranks[1:], -2]:
+        if rank == prev + 1:
+            prev = rank
+            continue
+        parts.append(f"{start}-{prev}" if prev > start else str(start))
+        start = prev = rank
+    text = ", ".join(parts)
+    return text if len(text) <= RANGES_MAX_CHARS else text[: RANGES_MAX_CHARS - 3] + "..."
 
 
 class Verdicts:
@@ -55,6 +72,8 @@ class Verdicts:
         threshold: float,
         detail: str,
         baseline: float | None = None,
+        ranks: tuple[int, ...] = (),
+        rank_count: int = 0,
     ) -> None:
         """Record one verdict (the arguments are its fields)."""
         self.out.append(
@@ -72,7 +91,28 @@ class Verdicts:
                 baseline=baseline,
                 threshold=threshold,
                 detail=detail,
+                ranks=ranks,
+                rank_count=rank_count,
             )
+        )
+
+    def emit_ranks(
+        self, step: int, ranks: list[int], value: float, threshold: float, detail: str
+    ) -> None:
+        """Record one ``dead_rank`` verdict naming every rank of ``ranks`` (ascending).
+
+        ``rank`` is the first, ``ranks`` lists at most `MAX_LISTED_RANKS` of them and
+        ``rank_count`` counts them all: one verdict per scan, whatever the gang's size.
+        """
+        self.emit(
+            "dead_rank",
+            step,
+            ranks[0],
+            value,
+            threshold,
+            detail,
+            ranks=tuple(ranks[:MAX_LISTED_RANKS]),
+            rank_count=len(ranks),
         )
 
     def counts(self) -> dict[str, int]:
@@ -108,6 +148,7 @@ def step_scan(
     threshold = cfg.rank_heartbeat_threshold
     oldest = run_step
     dead = data.dead
+    flagged: list[tuple[int, int, int]] = []  # rank, steps behind, its last step
     for rank, last in enumerate(data.steps):
         if last == NEVER:
             if rank >= gang.expected_ranks:
@@ -118,16 +159,19 @@ def step_scan(
         behind = run_step - last
         if behind > threshold:
             journal.put(dead, rank, None)
-            out.emit(
-                "dead_rank",
-                run_step,
-                rank,
-                float(behind),
-                float(threshold),
-                f"rank {rank} silent since step {last}, {behind} steps behind the run",
-            )
+            flagged.append((rank, behind, last))
         else:
             oldest = min(oldest, last)
+    if flagged:
+        worst = max(flagged, key=lambda f: f[1])
+        first, behind, last = flagged[0]
+        what = (
+            f"rank {first} silent since step {last}, {behind} steps behind the run"
+            if len(flagged) == 1
+            else f"{len(flagged)} ranks silent ({rank_ranges([f[0] for f in flagged])}), "
+            f"up to {worst[1]} steps behind the run"
+        )
+        out.emit_ranks(run_step, [f[0] for f in flagged], float(worst[1]), float(threshold), what)
     return oldest + threshold + 1
 
 
@@ -145,6 +189,7 @@ def time_scan(
     whole_gang = now_ns - gang.last_heartbeat_ns > timeout_ns
     oldest = now_ns
     dead = data.dead
+    flagged: list[tuple[int, int]] = []  # rank, ns silent
     for rank, (last_step, last_ns) in enumerate(zip(data.steps, data.ts, strict=True)):
         if last_step == NEVER:
             if rank >= gang.expected_ranks:
@@ -155,18 +200,20 @@ def time_scan(
         silent_ns = now_ns - last_ns
         if silent_ns > timeout_ns:
             journal.put(dead, rank, None)
-            out.emit(
-                "dead_rank",
-                step,
-                rank,
-                silent_ns / 1e9,
-                cfg.dead_rank_timeout_s,
-                f"rank {rank} silent for {silent_ns / 1e9:.1f} s of log time "
-                f"({'whole gang silent' if whole_gang else 'peers reporting'})",
-            )
+            flagged.append((rank, silent_ns))
         else:
             oldest = min(oldest, last_ns)
+    if flagged:
+        longest_s = max(f[1] for f in flagged) / 1e9
+        how = "whole gang silent" if whole_gang else "peers reporting"
+        what = (
+            f"rank {flagged[0][0]} silent for {longest_s:.1f} s of log time ({how})"
+            if len(flagged) == 1
+            else f"{len(flagged)} ranks silent ({rank_ranges([f[0] for f in flagged])}) for "
+            f"up to {longest_s:.1f} s of log time ({how})"
+        )
+        out.emit_ranks(step, [f[0] for f in flagged], longest_s, cfg.dead_rank_timeout_s, what)
     return oldest
 
 
-__all__ = ["Gang", "Verdicts", "step_scan", "time_scan"]
+__all__ = ["RANGES_MAX_CHARS", "Gang", "Verdicts", "rank_ranges", "step_scan", "time_scan"]

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import msgspec
 
+from runwatch.processors.core.bounds import check_incarnation, check_step
 from runwatch.processors.core.config import DetectorConfig
 from runwatch.processors.core.verdicts import command_id
 from runwatch.schemas.events import (
@@ -90,11 +91,19 @@ def fold_policy(
 
     Returns:
         The new state and at most one unsigned command (``signature=""``).
+
+    Raises:
+        BoundError: A step or incarnation past a bound of `processors.core.bounds`.
     """
     if state is None:
         state = PolicyState(run_id=anomaly.run_id)
     elif source.offset <= state.last_offset:
         return state, []
+    # A verdict no detector can make is refused before it moves anything (bounds.py):
+    # a step outside [0, 2**53) would make a command outside the schema, an incarnation
+    # far ahead would make every later real verdict stale (issue 19, finding 7).
+    check_step(anomaly.step, -1, "verdict step")
+    check_incarnation(anomaly.incarnation, state.newest_incarnation, "verdict incarnation")
     incarnation = anomaly.incarnation
     newest = max(state.newest_incarnation, incarnation)
     state = msgspec.structs.replace(state, last_offset=source.offset, newest_incarnation=newest)

@@ -26,6 +26,7 @@ import msgspec
 from runwatch.processors.core.baseline import (
     RollingBaseline,
 )
+from runwatch.processors.core.bounds import MAX_STEP, MAX_STEP_JUMP, check_incarnation, check_step
 from runwatch.processors.core.config import DetectorConfig
 from runwatch.processors.core.continuity import (
     RestartRecord,
@@ -324,6 +325,10 @@ def fold_step(
 
     Returns:
         The new state and the verdicts the event triggered (in a fixed order).
+
+    Raises:
+        BoundError: A step or incarnation past a bound of `processors.core.bounds`
+            (the shared fold makes the record a dead letter).
     """
     if state is None:
         state = new_step_state(event.run_id, cfg)
@@ -332,8 +337,14 @@ def fold_step(
     ):  # at or before the last applied (offset, index): a pack's events are (o, 0), (o, 1)...
         return state, []
     if type(event) is StepCompleted:
+        step = event.step
+        if step >= MAX_STEP or step - state.last_step > MAX_STEP_JUMP:  # bounds.py
+            check_step(step, state.last_step)
+        if event.restart_from_step is not None:
+            check_step(event.restart_from_step, -1, "restart_from_step")
         return _on_step(state, event, source, state.info.config(cfg))
     if isinstance(event, RunStarted):
+        check_incarnation(event.incarnation, state.info.incarnation, "RunStarted incarnation")
         return _on_run_started(state, event, source, cfg), []
     if isinstance(event, RunEnded):
         return msgspec.structs.replace(

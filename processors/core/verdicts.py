@@ -90,6 +90,8 @@ def make_anomaly(
     threshold: float | None = None,
     detail: str = "",
     severity: Severity | None = None,
+    ranks: tuple[int, ...] = (),
+    rank_count: int = 0,
 ) -> AnomalyDetected:
     """Build an anomaly verdict with its deterministic id, log time and provenance.
 
@@ -110,6 +112,9 @@ def make_anomaly(
         threshold: The threshold crossed.
         detail: One human-readable line.
         severity: How much it matters; None: the kind's (`schemas.kinds.KindSpec.severity`).
+        ranks: Every rank a run-wide scan found at fault (at most
+            `schemas.events.MAX_LISTED_RANKS`); empty for one rank or none.
+        rank_count: How many ranks in all (``ranks`` may list fewer).
 
     Returns:
         The verdict.
@@ -134,6 +139,8 @@ def make_anomaly(
         config_hash=config_hash,
         incarnation=incarnation,
         severity=KINDS[kind].severity if severity is None else severity,
+        ranks=ranks,
+        rank_count=rank_count,
     )
 
 

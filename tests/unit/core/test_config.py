@@ -82,3 +82,43 @@ def test_effective_config_ignores_invalid_run_thresholds() -> None:
     cfg = DetectorConfig()
     assert effective_config(cfg, {"loss_z_thresh": 8.0}).loss_z_thresh == 8.0
     assert effective_config(cfg, {"nonsense": 1.0}) is cfg
+
+
+def test_every_numeric_field_has_run_bounds_that_hold_its_default() -> None:
+    from runwatch.processors.core.config import RUN_THRESHOLD_BOUNDS, VALID_KEYS
+
+    numeric = {k for k in VALID_KEYS if k != "mfu_convention"}
+    assert set(RUN_THRESHOLD_BOUNDS) == numeric
+    defaults = DetectorConfig()
+    for key, (low, high) in RUN_THRESHOLD_BOUNDS.items():
+        default = getattr(defaults, key)
+        assert low < high and (default is None or low <= default <= high), key
+        # each end of the range is a valid value of the field (the constraints between two
+        # fields, windows and history, may still refuse it beside the defaults)
+        for end in (low, high):
+            try:
+                with_overrides(defaults, {key: end})
+            except ValueError as exc:
+                assert "min_periods" in str(exc) or "history_steps must" in str(exc), exc
+
+
+def test_run_thresholds_out_of_range_are_clamped_never_disabling() -> None:
+    from runwatch.processors.core.config import DAY_S, bounded_thresholds, effective_config
+
+    base = DetectorConfig()
+    cfg = effective_config(
+        base,
+        {
+            "hang_timeout_s": 1e12,
+            "dead_rank_timeout_s": -5.0,
+            "rank_heartbeat_threshold": 1e300,
+            "max_loss": float("inf"),
+            "loss_z_thresh": float("nan"),
+        },
+    )
+    assert cfg.hang_timeout_s == DAY_S
+    assert cfg.dead_rank_timeout_s == 1.0
+    assert cfg.rank_heartbeat_threshold == 1_000_000
+    assert cfg.max_loss == 1e9
+    assert cfg.loss_z_thresh == base.loss_z_thresh  # NaN: the processor's value
+    assert bounded_thresholds({"hang_timeout_s": 30.0}) == {"hang_timeout_s": 30.0}

@@ -64,10 +64,9 @@ def test_without_exit_evidence_both_ranks_are_reported() -> None:
     # The contrast: the same silence without the RankExited events.
     events = [e for e in killed_gang() if not isinstance(e, RankExited)]
     _, verdicts = fold_heartbeats(events, CFG)
-    assert [(v.kind, v.rank) for v in verdicts] == [
-        ("dead_rank", 0),
-        ("dead_rank", 1),
-        ("hang", None),
+    assert [(v.kind, v.rank, v.ranks) for v in verdicts] == [
+        ("dead_rank", 0, (0, 1)),  # one verdict naming both
+        ("hang", None, ()),
     ]
 
 

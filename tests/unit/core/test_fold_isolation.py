@@ -8,6 +8,7 @@ import importlib
 
 import pytest
 
+from runwatch.processors.core import config as config_module
 from runwatch.processors.core.config import DetectorConfig
 from runwatch.processors.core.replay import Replayer, replay
 from runwatch.processors.core.state_codec import decode_state, encode_state
@@ -36,9 +37,13 @@ def _steps(run: str, n: int, spike_at: int) -> list[Decoded]:
     ]
 
 
-def test_a_state_that_cannot_be_encoded_dead_letters_its_record_and_keeps_the_state() -> None:
+def test_a_state_that_cannot_be_encoded_dead_letters_its_record_and_keeps_the_state(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     # A real one: the run announces a threshold the liveness state turns into an int
     # past int64, so the first heartbeat after it yields a state msgpack cannot store.
+    # (`config.RUN_THRESHOLD_BOUNDS` keeps every run from this; lifted here.)
+    monkeypatch.setattr(config_module, "RUN_THRESHOLD_BOUNDS", {})
     hostile = RunStarted(
         run_id="r", ts_ns=5, world_size=2, thresholds={"rank_heartbeat_threshold": 1e300}
     )

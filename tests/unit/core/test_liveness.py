@@ -60,8 +60,10 @@ def test_ddp_kill_whole_gang_silent_gives_dead_ranks_then_hang_once() -> None:
     events += lockstep(2, range(1, 41))  # last heartbeat at 10 s
     events += [tick(t * S) for t in range(11, 200)]
     state, verdicts = fold_heartbeats(events, CFG)
-    assert summary(verdicts) == [("dead_rank", 40, 0), ("dead_rank", 40, 1), ("hang", 40, None)]
-    assert verdicts[0].ts_ns == 41 * S and verdicts[2].ts_ns == 71 * S
+    assert summary(verdicts) == [("dead_rank", 40, 0), ("hang", 40, None)]
+    assert (verdicts[0].ranks, verdicts[0].rank_count) == ((0, 1), 2)  # one verdict, both
+    assert verdicts[0].ts_ns == 41 * S and verdicts[1].ts_ns == 71 * S
+    assert "2 ranks silent (0-1)" in verdicts[0].detail
     assert "whole gang silent" in verdicts[0].detail
     assert state is not None and state.hung
 
@@ -203,7 +205,8 @@ def test_advance_step_is_seed_check_rank_liveness() -> None:
     state, verdicts = advance_step(state, 51, src(10), CFG)
     assert verdicts == []
     state, verdicts = advance_step(state, 52, src(11), CFG)
-    assert summary(verdicts) == [("dead_rank", 52, 0), ("dead_rank", 52, 1)]
+    assert summary(verdicts) == [("dead_rank", 52, 0)]
+    assert verdicts[0].ranks == (0, 1) and verdicts[0].rank_count == 2
     state, verdicts = advance_step(state, 90, src(12), CFG)
     assert verdicts == [], "once per outage"
 
@@ -245,3 +248,64 @@ def test_hot_path_field_order_is_pinned() -> None:
         "exit_rank",
         "last_index",
     )
+
+
+def test_a_time_pushed_ahead_does_not_carry_into_the_next_incarnation() -> None:
+    # A record dated far ahead moved incarnation 0's log time; the next gang's start uses
+    # its own clock, so its first ticks raise no startup hang (issue 19, finding 2).
+    ahead = 10_000 * S
+    events: list[Event] = [
+        started(world_size=2),
+        hb(0, 1, 1 * S),
+        hb(1, 1, 1 * S),
+        hb(0, 2, ahead),
+        started(world_size=2, ts_ns=20 * S, incarnation=1),
+        tick(30 * S),
+        tick(40 * S),
+    ]
+    state, verdicts = fold_heartbeats(events, CFG)
+    assert state is not None and state.incarnation == 1
+    assert state.log_time_ns == 40 * S
+    assert [v for v in verdicts if v.incarnation == 1] == []
+
+
+def test_a_huge_run_hang_timeout_does_not_disable_hang_detection() -> None:
+    # A forged RunStarted announcing hang_timeout_s: 1e12 (issue 19, finding 1): the run's
+    # threshold is clamped to a day, so a gang silent for two days is still a hang.
+    day = 86_400 * S
+    events: list[Event] = [
+        started(world_size=1, thresholds={"hang_timeout_s": 1e12, "dead_rank_timeout_s": 1e12}),
+        hb(0, 1, 1 * S),
+        tick(1 * S + day // 2),
+        tick(1 * S + 2 * day),
+    ]
+    _, verdicts = fold_heartbeats(events, CFG)
+    kinds_seen = [(v.kind, v.threshold) for v in verdicts]
+    assert ("hang", 86_400.0) in kinds_seen
+    assert ("dead_rank", 86_400.0) in kinds_seen
+
+
+def test_a_huge_gang_gone_silent_is_one_verdict_and_one_command() -> None:
+    # Issue 19, finding 8: one tick past the timeout gave 131,072 dead_rank verdicts.
+    from runwatch.processors.core.replay import replay
+    from runwatch.schemas.codec import encode
+    from runwatch.schemas.events import MAX_LISTED_RANKS, MAX_RANKS, Provenance
+
+    world = MAX_RANKS
+    events: list[Event] = [started(world_size=world), hb(0, 1, 1 * S), tick(100 * S)]
+    records = [
+        ("heartbeats", Provenance(topic="t.hb", partition=0, offset=i), e)
+        for i, e in enumerate(events)
+    ]
+    first = replay(records, CFG)  # type: ignore[arg-type]
+    dead = [v for v in first.anomalies if v.kind == "dead_rank"]
+    assert len(dead) == 1
+    (verdict,) = dead
+    assert verdict.rank == 0 and verdict.rank_count == world
+    assert verdict.ranks == tuple(range(MAX_LISTED_RANKS))
+    assert f"{world} ranks silent (0-{world - 1})" in verdict.detail
+    assert len(encode(verdict)) < 16 * 1024
+    assert len(first.commands) == 1  # one command (for the hang, the same tick's first)
+    assert first.liveness["r"].dead_count == world
+    again = replay(records, CFG)  # type: ignore[arg-type]
+    assert [v.verdict_id for v in again.anomalies] == [v.verdict_id for v in first.anomalies]

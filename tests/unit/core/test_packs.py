@@ -17,6 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from runwatch.processors.core import config as config_module
 from runwatch.processors.core.config import DetectorConfig, with_overrides
 from runwatch.processors.core.liveness import fold_liveness
 from runwatch.processors.core.replay import Record, Replayer, ReplayResult, replay, unpack
@@ -319,9 +320,13 @@ def test_folding_packs_equals_folding_their_events_and_redelivery_changes_nothin
     assert fingerprint(replayer.result()) == before
 
 
-def test_a_pack_whose_state_cannot_be_stored_is_refolded_event_by_event() -> None:
+def test_a_pack_whose_state_cannot_be_stored_is_refolded_event_by_event(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     # The run's own threshold overflows the int64 of its liveness state at its first
-    # heartbeat (as in the hostile-input test): every heartbeat is an "encode" dead letter.
+    # heartbeat: every heartbeat is an "encode" dead letter. (`config.RUN_THRESHOLD_BOUNDS`
+    # keeps every run from this; lifted here to make a real unstorable state.)
+    monkeypatch.setattr(config_module, "RUN_THRESHOLD_BOUNDS", {})
     overflow = started(world_size=2, thresholds={"rank_heartbeat_threshold": 1e300})
     events: list[Event] = [overflow, *lockstep(2, range(1, 3))]
     plain = replay(one_per_record(events, "heartbeats"), LIVE_CFG)

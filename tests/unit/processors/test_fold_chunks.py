@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable
 
 import pytest
 
+from runwatch.processors.core import config as config_module
 from runwatch.processors.core.config import DetectorConfig, with_overrides
 from runwatch.processors.core.state_codec import decode_state, encode_state
 from runwatch.processors.pipeline import BatchResult, fold_batch, fold_chunks
@@ -112,7 +113,11 @@ def _slices(items: list[Decoded], budget: int) -> list[list[Decoded]]:
     return [list(c) for c in _chunks(items, budget)]
 
 
-def test_a_run_left_out_of_encoded_holds_the_very_state_load_gave() -> None:
+def test_a_run_left_out_of_encoded_holds_the_very_state_load_gave(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # (`config.RUN_THRESHOLD_BOUNDS` keeps every run from an unstorable state; lifted here.)
+    monkeypatch.setattr(config_module, "RUN_THRESHOLD_BOUNDS", {})
     # The worker relies on it (`_Agent.absorb`): a run the fold touched but did not change
     # (an ended run a Tick reached; a run whose only record was dead-lettered) keeps the
     # state object it was loaded with, so that object still stands for the stored bytes.

@@ -15,8 +15,14 @@ def test_catalogue_names_and_policies():
         "rw.controller",
         "rw.deadletter",
     }
-    assert specs["rw.runs"].configs() == {"cleanup.policy": "compact"}
+    # the input topics carry the broker's clock (their times steer verdicts), no other
+    assert specs["rw.runs"].configs() == {
+        "cleanup.policy": "compact",
+        "message.timestamp.type": "LogAppendTime",
+    }
     assert specs["rw.steps"].configs()["cleanup.policy"] == "delete"
+    stamped = {s.name for s in specs.values() if "message.timestamp.type" in s.configs()}
+    assert stamped == {"rw.runs", "rw.steps", "rw.heartbeats", "rw.checkpoints"}
     assert {s.name: s.partitions for s in specs.values()} == {
         f"rw.{short}": count for short, count in topics.DEFAULT_PARTITIONS.items()
     }

@@ -41,7 +41,7 @@ def _incarnation_state(state: LivenessState, event: RunStarted) -> LivenessState
         last_offset=state.last_offset,
         incarnation=event.incarnation,
         thresholds=dict(event.thresholds),
-        log_time_ns=max(state.log_time_ns, event.ts_ns),
+        log_time_ns=event.ts_ns,  # the new gang's clock (issue 19, finding 2)
         started_ns=event.ts_ns,
         expected_ranks=event.world_size,
         known_ranks=event.world_size,

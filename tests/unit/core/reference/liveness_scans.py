@@ -5,8 +5,9 @@ from __future__ import annotations
 import msgspec
 
 from runwatch.processors.core.config import DetectorConfig, config_hash
+from runwatch.processors.core.liveness_scans import rank_ranges
 from runwatch.processors.core.verdicts import make_anomaly
-from runwatch.schemas.events import AnomalyDetected, AnomalyKind, Provenance
+from runwatch.schemas.events import MAX_LISTED_RANKS, AnomalyDetected, AnomalyKind, Provenance
 from tests.unit.core.reference.liveness_state import NEVER, LivenessState
 
 
@@ -45,8 +46,9 @@ class Verdicts:
         threshold: float,
         detail: str,
         baseline: float | None = None,
+        ranks: tuple[int, ...] = (),
     ) -> None:
-        """Record one verdict (the arguments are its fields)."""
+        """Record one verdict (the arguments are its fields; ``ranks``: all at fault)."""
         self.out.append(
             make_anomaly(
                 run_id=self.run_id,
@@ -62,6 +64,8 @@ class Verdicts:
                 baseline=baseline,
                 threshold=threshold,
                 detail=detail,
+                ranks=ranks[:MAX_LISTED_RANKS],
+                rank_count=len(ranks),
             )
         )
 
@@ -97,6 +101,7 @@ def step_scan(
     """Flag ranks too many steps behind ``run_step``; return the next step worth a scan."""
     threshold = cfg.rank_heartbeat_threshold
     oldest = run_step
+    flagged: list[tuple[int, int, int]] = []
     for rank in range(len(ranks) // 2):
         last = ranks[2 * rank]
         if last == NEVER:
@@ -108,16 +113,20 @@ def step_scan(
         behind = run_step - last
         if behind > threshold:
             dead.append(rank)
-            out.emit(
-                "dead_rank",
-                run_step,
-                rank,
-                float(behind),
-                float(threshold),
-                f"rank {rank} silent since step {last}, {behind} steps behind the run",
-            )
+            flagged.append((rank, behind, last))
         else:
             oldest = min(oldest, last)
+    if len(flagged) == 1:
+        rank, behind, last = flagged[0]
+        detail = f"rank {rank} silent since step {last}, {behind} steps behind the run"
+    elif flagged:
+        behind = max(f[1] for f in flagged)
+        listed = rank_ranges([f[0] for f in flagged])
+        detail = f"{len(flagged)} ranks silent ({listed}), up to {behind} steps behind the run"
+    if flagged:
+        ranks_ = tuple(f[0] for f in flagged)
+        worst = float(max(f[1] for f in flagged))
+        out.emit("dead_rank", run_step, ranks_[0], worst, float(threshold), detail, ranks=ranks_)
     return oldest + threshold + 1
 
 
@@ -134,6 +143,7 @@ def time_scan(
     timeout_ns = int(cfg.dead_rank_timeout_s * 1e9)
     whole_gang = now_ns - gang.last_heartbeat_ns > timeout_ns
     oldest = now_ns
+    flagged: list[tuple[int, int]] = []
     for rank in range(len(ranks) // 2):
         last_step, last_ns = ranks[2 * rank], ranks[2 * rank + 1]
         if last_step == NEVER:
@@ -145,17 +155,23 @@ def time_scan(
         silent_ns = now_ns - last_ns
         if silent_ns > timeout_ns:
             dead.append(rank)
-            out.emit(
-                "dead_rank",
-                step,
-                rank,
-                silent_ns / 1e9,
-                cfg.dead_rank_timeout_s,
-                f"rank {rank} silent for {silent_ns / 1e9:.1f} s of log time "
-                f"({'whole gang silent' if whole_gang else 'peers reporting'})",
-            )
+            flagged.append((rank, silent_ns))
         else:
             oldest = min(oldest, last_ns)
+    if flagged:
+        ranks_ = tuple(f[0] for f in flagged)
+        longest_s = max(f[1] for f in flagged) / 1e9
+        how = "whole gang silent" if whole_gang else "peers reporting"
+        if len(ranks_) == 1:
+            detail = f"rank {ranks_[0]} silent for {longest_s:.1f} s of log time ({how})"
+        else:
+            detail = (
+                f"{len(ranks_)} ranks silent ({rank_ranges(list(ranks_))}) for up to "
+                f"{longest_s:.1f} s of log time ({how})"
+            )
+        out.emit(
+            "dead_rank", step, ranks_[0], longest_s, cfg.dead_rank_timeout_s, detail, ranks=ranks_
+        )
     return oldest
 
 
