@@ -387,7 +387,12 @@ class Controller:
         ):
             return  # before the last command this run acted on: settled long ago
         gangs = {
-            r.run_id: OwnedGang(r.run_id, r.record.incarnation, r.spec.launch_offsets)
+            r.run_id: OwnedGang(
+                r.run_id,
+                r.record.incarnation,
+                r.spec.launch_offsets,
+                launch_id=r.spec.run.launch_id,
+            )
             for r in self.runs.values()
             if not r.finished
         }

@@ -224,6 +224,9 @@ class RunStarted(Event, frozen=True, kw_only=True, tag="run_started.v1"):
         incarnation: 0 for the first launch, +1 per restart of the gang.
         backend: What the training backend declares; None: it did not say (a controller
             then never shrinks the run).
+        launch_id: The launch this incarnation belongs to (``RUNWATCH_LAUNCH_ID``, minted
+            by ``runwatch launch``); verdicts carry it and commands are bound to it. Empty:
+            not launched by a runwatch controller, or announced before launch ids existed.
     """
 
     world_size: Size
@@ -236,6 +239,7 @@ class RunStarted(Event, frozen=True, kw_only=True, tag="run_started.v1"):
     thresholds: Thresholds = {}
     incarnation: Small = 0
     backend: BackendDeclaration | None = None
+    launch_id: Id = ""
 
 
 class StepCompleted(Event, frozen=True, kw_only=True, tag="step.v1"):
@@ -484,6 +488,8 @@ class AnomalyDetected(Event, frozen=True, kw_only=True, tag="anomaly.v1"):
         incarnation: The gang incarnation (from the run's latest RunStarted) it concerns.
         severity: How much it matters (see `Severity`); verdicts recorded before severities
             existed read as ``warning`` (every verdict paged then).
+        launch_id: The launch of the run's latest RunStarted when it was raised (empty:
+            none announced); the policy binds its command to it.
     """
 
     verdict_id: Id
@@ -500,6 +506,7 @@ class AnomalyDetected(Event, frozen=True, kw_only=True, tag="anomaly.v1"):
     config_hash: Id = ""
     incarnation: Small = 0
     severity: Severity = "warning"
+    launch_id: Id = ""
 
 
 class RestartRequested(Event, frozen=True, kw_only=True, tag="restart_requested.v1"):
@@ -520,6 +527,9 @@ class RestartRequested(Event, frozen=True, kw_only=True, tag="restart_requested.
         source: Log position of the triggering anomaly.
         signature: HMAC-SHA256 (hex) of the command's canonical bytes, set by the signer.
         key_id: Which key signed it.
+        launch_id: The launch the command is for (the cause verdict's, from the run's
+            RunStarted); signed. A controller executes it only in that launch
+            (`controller.command_gate`); empty: not bound (commands before launch ids).
     """
 
     command_id: Id
@@ -532,6 +542,7 @@ class RestartRequested(Event, frozen=True, kw_only=True, tag="restart_requested.
     source: Provenance | None = None
     signature: Id = ""
     key_id: Id = ""
+    launch_id: Id = ""
 
 
 class RankStack(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):

@@ -122,6 +122,7 @@ def fold_policy(
         incarnation=incarnation,
         max_checkpoint_step=anomaly.step - 1 if action == "rollback" else None,
         source=source,
+        launch_id=anomaly.launch_id,
     )
     keep = max(cfg.restart_budget, 1)
     return msgspec.structs.replace(

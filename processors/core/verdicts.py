@@ -90,6 +90,7 @@ def make_anomaly(
     threshold: float | None = None,
     detail: str = "",
     severity: Severity | None = None,
+    launch_id: str = "",
 ) -> AnomalyDetected:
     """Build an anomaly verdict with its deterministic id, log time and provenance.
 
@@ -110,6 +111,8 @@ def make_anomaly(
         threshold: The threshold crossed.
         detail: One human-readable line.
         severity: How much it matters; None: the kind's (`schemas.kinds.KindSpec.severity`).
+        launch_id: The launch of the run's latest RunStarted (empty: none); the policy
+            binds the command it makes of the verdict to it.
 
     Returns:
         The verdict.
@@ -134,6 +137,7 @@ def make_anomaly(
         config_hash=config_hash,
         incarnation=incarnation,
         severity=KINDS[kind].severity if severity is None else severity,
+        launch_id=launch_id,
     )
 
 
