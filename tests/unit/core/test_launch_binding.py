@@ -8,6 +8,7 @@ from runwatch.processors.core.config import DetectorConfig, with_overrides
 from runwatch.processors.core.liveness import LivenessState
 from runwatch.processors.core.policy import fold_policy
 from runwatch.processors.core.state_codec import decode_state, encode_state
+from runwatch.schemas.events import AnomalyDetected
 from tests.unit.core.factories import (
     S,
     fold_heartbeats,
@@ -62,3 +63,27 @@ def test_the_launch_survives_the_state_store() -> None:
     )
     assert state is not None
     assert decode_state(LivenessState, encode_state(state)).launch_id == "L3"  # type: ignore[union-attr]
+
+
+def test_a_new_launch_of_the_run_gets_its_own_commands() -> None:
+    from runwatch.processors.core.verdicts import make_anomaly
+
+    def dead(offset: int, launch_id: str, incarnation: int = 0) -> AnomalyDetected:
+        return make_anomaly(
+            run_id="r",
+            kind="dead_rank",
+            step=offset,
+            ts_ns=offset * S,
+            source=src(offset),
+            config_hash="h",
+            incarnation=incarnation,
+            rank=1,
+            launch_id=launch_id,
+        )
+
+    state, first = fold_policy(None, dead(1, "A"), src(1, topic="anomalies"), CFG)
+    state, again = fold_policy(state, dead(2, "A"), src(2, topic="anomalies"), CFG)
+    assert [c.launch_id for c in first] == ["A"] and again == []  # one per incarnation
+    state, fresh = fold_policy(state, dead(3, "B"), src(3, topic="anomalies"), CFG)
+    assert [(c.launch_id, c.incarnation) for c in fresh] == [("B", 0)]
+    assert state.launch_id == "B" and state.commands == 2
