@@ -617,6 +617,11 @@ class AgentReady(Event, frozen=True, kw_only=True, tag="agent_ready.v1"):
             ranks was before the stop (the next node 0's agent lists every node's in its
             RestartCompleted); empty otherwise, and in announcements written before it
             existed.
+        signature: HMAC-SHA256 (hex) over the announcement, with a key derived from the
+            command key every agent holds and no rank does (`controller.peer_auth`):
+            the other agents accept the announcement, and the ``host`` that may become the
+            next ``MASTER_ADDR``, only when it verifies. Empty: unsigned (refused).
+        key_id: The command key's id.
     """
 
     command_id: Id
@@ -625,6 +630,8 @@ class AgentReady(Event, frozen=True, kw_only=True, tag="agent_ready.v1"):
     nnodes: Size
     host: Id = ""
     stacks: Annotated[tuple[RankStack, ...], Meta(max_length=MAX_RANKS)] = ()
+    signature: Id = ""
+    key_id: Id = ""
 
 
 class CommandRejected(Event, frozen=True, kw_only=True, tag="command_rejected.v1"):
