@@ -14,13 +14,24 @@ save has returned, it renames ``step_N.tmp`` to ``step_N`` (one atomic ``rename`
 file system) and fsyncs the root. A checkpoint is complete when its directory is named
 ``step_<digits>`` (no suffix) and holds ``.metadata``; anything else (``.tmp`` directories, a
 bare ``step_N`` without metadata, foreign files) is ignored by every reader here.
+
+Nothing a restart does deletes a checkpoint. A resume from step S moves the checkpoints past S
+(and leftover ``.tmp`` directories) aside with ``os.rename`` into
+``rolled_back/<label>/``; a commit over an existing step moves the old one to
+``rolled_back/replaced-<time>/``. Only an operator deletes them (``runwatch checkpoints
+prune``), and only ``--keep-checkpoints`` (`prune_checkpoints`), asked for explicitly,
+deletes committed checkpoints on its own.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import shutil
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 from runwatch.common.durable import fsync_dir
@@ -30,6 +41,9 @@ METADATA_FILE = ".metadata"
 
 TMP_SUFFIX = ".tmp"
 """Suffix of a checkpoint directory being written."""
+
+ROLLED_BACK_DIR = "rolled_back"
+"""Under a checkpoint root: what resumes and commits moved aside, kept until pruned."""
 
 _NAME = re.compile(r"^step_(\d+)$")
 
@@ -102,7 +116,8 @@ def commit_checkpoint(root: str | os.PathLike[str], step: int) -> Path:
     """Promote a fully written staging directory to a committed checkpoint.
 
     If a committed checkpoint of the same step exists (a gang that rolled back and passed
-    the step again), it is replaced: moved aside, the new one renamed in, the old one removed.
+    the step again), it is moved aside into ``rolled_back/replaced-<time>/`` (never deleted)
+    and the new one renamed in.
 
     Args:
         root: The checkpoint root.
@@ -113,23 +128,24 @@ def commit_checkpoint(root: str | os.PathLike[str], step: int) -> Path:
 
     Raises:
         FileNotFoundError: If the staging directory or its metadata is missing.
+        CheckpointMoveError: If the old checkpoint cannot be moved aside (nothing deleted).
     """
     tmp, final = staging_dir(root, step), checkpoint_dir(root, step)
     if not (tmp / METADATA_FILE).is_file():
         raise FileNotFoundError(f"{tmp} has no {METADATA_FILE}: the write did not finish")
-    old = final.with_name(final.name + ".replaced")
     if final.exists():
-        shutil.rmtree(old, ignore_errors=True)
-        final.rename(old)
+        target = new_set_aside_dir(root, f"replaced-{_utc_stamp()}")
+        _move(final, target / final.name)
+        fsync_dir(target)
     tmp.rename(final)
     fsync_dir(final.parent)
-    shutil.rmtree(old, ignore_errors=True)
     return final
 
 
 def prune_checkpoints(root: str | os.PathLike[str], keep: int) -> list[Path]:
-    """Delete all but the newest ``keep`` complete checkpoints.
+    """Delete all but the newest ``keep`` complete checkpoints (``--keep-checkpoints``).
 
+    An operator's retention policy, asked for explicitly; no restart path calls it.
     Call it only after the newest checkpoint is committed, so a crash mid-prune still leaves
     at least ``keep`` complete checkpoints.
 
@@ -151,50 +167,160 @@ def prune_checkpoints(root: str | os.PathLike[str], keep: int) -> list[Path]:
     return doomed
 
 
-def discard_checkpoints_after(root: str | os.PathLike[str], step: int) -> list[Path]:
-    """Delete complete checkpoints newer than ``step``: the abandoned future of a rollback.
+class CheckpointMoveError(OSError):
+    """A checkpoint could not be moved aside; nothing was deleted."""
 
-    A gang resumed from step S writes a new history after S; older checkpoints past S belong
-    to the abandoned one (possibly poisoned, the reason for the rollback) and must never be
-    picked as "latest" by a later restart.
+
+def _utc_stamp() -> str:
+    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+
+
+def _move(src: Path, dst: Path) -> None:
+    """``os.rename`` ``src`` to ``dst``: atomic, same file system, never a copy and delete."""
+    try:
+        os.rename(src, dst)
+    except OSError as exc:
+        why = (
+            "it is on another file system (a mount inside the checkpoint root?)"
+            if exc.errno == errno.EXDEV
+            else exc.strerror or str(exc)
+        )
+        raise CheckpointMoveError(
+            exc.errno, f"cannot move {src} aside to {dst}: {why}; nothing was deleted"
+        ) from exc
+
+
+def new_set_aside_dir(root: str | os.PathLike[str], label: str) -> Path:
+    """Create a fresh directory ``<root>/rolled_back/<label>`` (``-2``, ``-3``... if taken).
 
     Args:
         root: The checkpoint root.
-        step: The step resumed from.
+        label: The set's name, e.g. ``inc3-20261202T101500Z``.
 
     Returns:
-        The directories removed.
+        The new, empty directory.
+
+    Raises:
+        ValueError: If ``label`` is not one plain path component.
     """
-    doomed = [path for s, path in list_complete_checkpoints(root) if s > step]
-    for path in doomed:
-        shutil.rmtree(path)
-    return doomed
+    if not label or label in (".", "..") or "/" in label or os.sep in label:
+        raise ValueError(f"set-aside label {label!r} must be one plain path component")
+    parent = Path(root) / ROLLED_BACK_DIR
+    parent.mkdir(exist_ok=True)
+    for n in range(1, 10_000):
+        path = parent / (label if n == 1 else f"{label}-{n}")
+        try:
+            path.mkdir()
+        except FileExistsError:
+            continue
+        fsync_dir(parent)
+        return path
+    raise FileExistsError(f"{parent / label}: 9999 sets of that name exist")
 
 
-def remove_staging_dirs(root: str | os.PathLike[str]) -> list[Path]:
-    """Delete leftover ``.tmp`` directories (writes a crash interrupted).
+def set_aside_after(root: str | os.PathLike[str], step: int, *, label: str) -> list[Path]:
+    """Move the abandoned future of a resume from ``step`` aside; delete nothing.
 
-    Call it on the coordinator before the gang's first save, never while a save is running.
+    A gang resumed from step S writes a new history after S; complete checkpoints past S
+    belong to the abandoned one (possibly poisoned, the reason for a rollback) and must
+    never be picked as "latest" by a later restart. Leftover ``.tmp`` staging directories
+    (writes a crash interrupted) go with them. Each is renamed, atomically, into
+    ``<root>/rolled_back/<label>/`` and stays there until an operator prunes it
+    (`prune_set_aside`, ``runwatch checkpoints prune``). Call it on the coordinator before
+    the gang's first save, never while a save is running.
 
     Args:
         root: The checkpoint root.
+        step: The step resumed from (0: from scratch).
+        label: Names the set, e.g. ``inc<incarnation>-<utc time>``.
 
     Returns:
-        The directories removed.
+        The new paths of what was moved (empty, and no directory made, if nothing was).
+
+    Raises:
+        CheckpointMoveError: If a move fails (another file system); nothing is deleted, and
+            what was moved before it stays moved.
     """
     base = Path(root)
     if not base.is_dir():
         return []
-    doomed = [
+    future = [path for s, path in list_complete_checkpoints(base) if s > step]
+    staging = sorted(
         p
         for p in base.iterdir()
         if p.is_dir()
         and p.name.endswith(TMP_SUFFIX)
         and checkpoint_step(p.name[: -len(TMP_SUFFIX)]) is not None
+    )
+    if not future and not staging:
+        return []
+    target = new_set_aside_dir(base, label)
+    moved = []
+    for path in [*future, *staging]:
+        _move(path, target / path.name)
+        moved.append(target / path.name)
+    fsync_dir(target)
+    fsync_dir(base)
+    return moved
+
+
+@dataclass(frozen=True)
+class SetAside:
+    """One set of checkpoints a resume or a commit moved aside.
+
+    Attributes:
+        name: Its directory's name under ``rolled_back/``.
+        path: That directory.
+        entries: The names moved into it (``step_000030``, ``step_000040.tmp``...), sorted.
+        size_bytes: Total size of its files.
+    """
+
+    name: str
+    path: Path
+    entries: tuple[str, ...]
+    size_bytes: int
+
+
+def list_set_aside(root: str | os.PathLike[str]) -> list[SetAside]:
+    """Every set under ``<root>/rolled_back/``, by name."""
+    parent = Path(root) / ROLLED_BACK_DIR
+    if not parent.is_dir():
+        return []
+    return [
+        SetAside(
+            name=d.name,
+            path=d,
+            entries=tuple(sorted(p.name for p in d.iterdir())),
+            size_bytes=directory_size_bytes(d),
+        )
+        for d in sorted(parent.iterdir())
+        if d.is_dir()
     ]
-    for path in doomed:
-        shutil.rmtree(path, ignore_errors=True)
-    return doomed
+
+
+def prune_set_aside(root: str | os.PathLike[str], names: Iterable[str]) -> list[Path]:
+    """Delete the named sets under ``<root>/rolled_back/``: the one deleting path, an operator's.
+
+    Args:
+        root: The checkpoint root.
+        names: Names of sets (as `list_set_aside` gives them).
+
+    Returns:
+        The directories removed.
+
+    Raises:
+        ValueError: If a name is not a set there (nothing is removed then).
+    """
+    known = {s.name: s.path for s in list_set_aside(root)}
+    wanted = list(dict.fromkeys(names))
+    unknown = [n for n in wanted if n not in known]
+    if unknown:
+        raise ValueError(
+            f"no set {', '.join(map(repr, unknown))} under {Path(root) / ROLLED_BACK_DIR}"
+        )
+    for name in wanted:
+        shutil.rmtree(known[name])
+    return [known[n] for n in wanted]
 
 
 def directory_size_bytes(path: str | os.PathLike[str]) -> int:

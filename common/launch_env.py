@@ -43,6 +43,7 @@ ENV_CHECKPOINT_DIR = "RUNWATCH_CHECKPOINT_DIR"
 ENV_RESTART_FROM = "RUNWATCH_RESTART_FROM"
 ENV_STACK_FILE = "RUNWATCH_STACK_FILE"
 ENV_RELAY_SOCKET = "RUNWATCH_RELAY_SOCKET"
+ENV_LAUNCH_ID = "RUNWATCH_LAUNCH_ID"
 
 DEFAULT_MASTER_ADDR = "127.0.0.1"
 DEFAULT_MASTER_PORT = 29500
@@ -93,6 +94,9 @@ class LaunchEnv:
         relay_socket: The node agent's relay, where the rank's emitter hands its events
             (``RUNWATCH_RELAY_SOCKET``; `producers.relay_client`); None: the emitter
             talks to Kafka itself.
+        launch_id: The launch the gang belongs to (``RUNWATCH_LAUNCH_ID``, minted by
+            ``runwatch launch``); the rank's RunStarted carries it and restart commands are
+            bound to it. None: not given.
     """
 
     rank: int = 0
@@ -114,6 +118,7 @@ class LaunchEnv:
     restart_from: int | None = None
     stack_file: str | None = None
     relay_socket: str | None = None
+    launch_id: str | None = None
 
     def to_environ(self) -> dict[str, str]:
         """The variables, as a process environment (unset fields are left out).
@@ -137,6 +142,7 @@ class LaunchEnv:
             ENV_RESTART_FROM: self.restart_from,
             ENV_STACK_FILE: self.stack_file or None,
             ENV_RELAY_SOCKET: self.relay_socket or None,
+            ENV_LAUNCH_ID: self.launch_id or None,
             ENV_ERROR_FILE: self.error_file or None,
             ENV_GROUP_WORLD_SIZE: self.group_world_size,
             ENV_MAX_RESTARTS: self.max_restarts,
@@ -226,6 +232,7 @@ class LaunchEnv:
             restart_from=number(ENV_RESTART_FROM),
             stack_file=env.get(ENV_STACK_FILE) or None,
             relay_socket=env.get(ENV_RELAY_SOCKET) or None,
+            launch_id=env.get(ENV_LAUNCH_ID) or None,
         )
 
 

@@ -10,17 +10,18 @@ peers and their launchers, and the `Controller` is given them all.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from runwatch.common.errors import UsageError
 from runwatch.controller.launcher import LocalLauncher
 from runwatch.controller.logwatch import LogWatch
 from runwatch.controller.loop import Controller, EventPublisher, PeerWatch, announce_end
+from runwatch.controller.peer_auth import check_ready, sign_ready
 from runwatch.controller.relay import RelayServer
 from runwatch.controller.state import ControllerState, GangRecord, LaunchSpec
 from runwatch.controller.supervisor import AnnounceEnd, Publish, RunSupervisor
-from runwatch.schemas.events import Event
+from runwatch.schemas.events import AgentReady, Event
 from runwatch.schemas.signing import CommandKey, load_key
 
 log = logging.getLogger("runwatch")
@@ -90,7 +91,13 @@ def build_controller(
     publisher = EventPublisher(bootstrap, prefix, watches)
     several = [g.spec.run_id for g in files if g.record.topology.nnodes > 1]
     try:
-        peers = PeerWatch(bootstrap, prefix, several) if several else None
+        peers = (
+            PeerWatch(
+                bootstrap, prefix, several, check_ready=lambda ready: check_ready(ready, keys)
+            )
+            if several
+            else None
+        )
     except BaseException:
         publisher.close()
         raise
@@ -100,7 +107,9 @@ def build_controller(
             spec=gang.spec,
             record=gang.record,
             launcher=LocalLauncher.for_run(state, gang.spec, gang.record),
-            publish=after_relay(relays.get(gang.spec.run_id), publisher.publish),
+            publish=signing_ready(
+                keys, after_relay(relays.get(gang.spec.run_id), publisher.publish)
+            ),
             announce_end=end_announcer(gang.spec, relays.get(gang.spec.run_id)),
             peers=peers,
         )
@@ -137,6 +146,22 @@ def after_relay(relay: RelayServer | None, publish: Publish) -> Publish:
     return publish_after
 
 
+def signing_ready(keys: Mapping[str, CommandKey], publish: Publish) -> Publish:
+    """``publish``, with this agent's AgentReady signed (`controller.peer_auth`).
+
+    Signed with the first of ``keys``; with none it goes out unsigned, and the other
+    agents refuse it (an agent without a key executes no command anyway).
+    """
+    key = next(iter(keys.values()), None)
+    if key is None:
+        return publish
+
+    def publish_signed(event: Event) -> None:
+        publish(sign_ready(event, key) if isinstance(event, AgentReady) else event)
+
+    return publish_signed
+
+
 def end_announcer(spec: LaunchSpec, relay: RelayServer | None) -> AnnounceEnd:
     """RunEnded for an incarnation of ``spec``'s run, after a flush of its relayed records."""
 
@@ -148,4 +173,4 @@ def end_announcer(spec: LaunchSpec, relay: RelayServer | None) -> AnnounceEnd:
     return announce
 
 
-__all__ = ["after_relay", "build_controller", "end_announcer", "load_keys"]
+__all__ = ["after_relay", "build_controller", "end_announcer", "load_keys", "signing_ready"]

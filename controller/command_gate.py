@@ -11,14 +11,21 @@ authentic, new, for a gang it owns, and about that gang as it is now. The rules,
 3. No command key configured: **reject** ("controller has no command key").
 4. Unsigned, signed with an unknown key, or a bad signature (`schemas.signing.verify`):
    **reject** with the reason.
-5. A command id already executed (persisted): **reject** as "replayed".
-6. A command whose incarnation is not the gang's current one: **reject** as "stale" (it was
+5. The gang has a launch id and the command's (signed) launch id is another, or none:
+   **reject** as "bound to another launch" (a command signed for an earlier launch of the
+   same run id, replayed into this one; a command made before launch ids existed). A gang
+   without a launch id (recorded before launch ids, or a multi-node launch given none)
+   binds nothing: the rule passes.
+6. A command id already executed (persisted): **reject** as "replayed".
+7. A command whose incarnation is not the gang's current one: **reject** as "stale" (it was
    about a gang that no longer exists).
-7. Otherwise: **execute**.
+8. Otherwise: **execute**.
 
 Signature comes before replay so a forged command that reuses an executed id is reported as
-forged; replay comes before staleness so an executed command read again (a restarted
-controller re-reads its last command) is reported as replayed.
+forged; the launch comes before replay so a command of another launch says so even where
+this state directory executed it once (a relaunch in the same directory); replay comes
+before staleness so an executed command read again (a restarted controller re-reads its
+last command) is reported as replayed.
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ Verdict = Literal["execute", "reject", "ignore"]
 
 NO_KEY = "controller has no command key"
 REPLAYED = "replayed: command already executed"
+OTHER_LAUNCH = "bound to another launch"
 
 
 @dataclass(frozen=True)
@@ -45,11 +53,14 @@ class OwnedGang:
         incarnation: The gang's current incarnation.
         launch_offsets: Commands-topic partition -> its end offset when the run was first
             launched; a partition absent here had no records then (offset 0).
+        launch_id: The launch the gang's commands must be bound to; empty: none (rule 5
+            passes every command).
     """
 
     run_id: str
     incarnation: int
     launch_offsets: Mapping[int, int]
+    launch_id: str = ""
 
     def launched_before(self, source: Provenance) -> bool:
         """True if a record at ``source`` was in the topic before this run was launched."""
@@ -100,6 +111,12 @@ def decide(
         verify(command, keys)
     except SignatureError as exc:
         return Decision("reject", str(exc))
+    if gang.launch_id and command.launch_id != gang.launch_id:
+        return Decision(
+            "reject",
+            f"{OTHER_LAUNCH}: command for launch {command.launch_id or '(none)'!r}, "
+            f"this gang is launch {gang.launch_id!r}",
+        )
     if command.command_id in processed:
         return Decision("reject", REPLAYED)
     if command.incarnation != gang.incarnation:
@@ -111,4 +128,4 @@ def decide(
     return Decision("execute")
 
 
-__all__ = ["NO_KEY", "REPLAYED", "Decision", "OwnedGang", "Verdict", "decide"]
+__all__ = ["NO_KEY", "OTHER_LAUNCH", "REPLAYED", "Decision", "OwnedGang", "Verdict", "decide"]

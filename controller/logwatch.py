@@ -54,6 +54,7 @@ def emitter_for(spec: LaunchSpec, record: GangRecord) -> RunEmitter:
         rank=0,
         world_size=max(1, record.world_size),
         incarnation=record.incarnation,
+        launch_id=spec.run.launch_id,
     )
 
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 import logging
 import signal
 import time
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from types import FrameType
 from typing import Any
 
@@ -156,12 +156,24 @@ class PeerWatch:
         bootstrap: Kafka bootstrap address.
         prefix: Topic name prefix.
         run_ids: The runs to follow.
+        check_ready: Why an AgentReady may not be believed, empty to believe it
+            (`controller.peer_auth.check_ready` with the agent's keys); one refused is
+            logged, counted in ``refused_ready`` and ignored.
     """
 
-    def __init__(self, bootstrap: str, prefix: str, run_ids: Collection[str]) -> None:
+    def __init__(
+        self,
+        bootstrap: str,
+        prefix: str,
+        run_ids: Collection[str],
+        *,
+        check_ready: Callable[[AgentReady], str],
+    ) -> None:
         topics = names(prefix)
         self.anomalies_topic = topics.anomalies
         self.run_ids = frozenset(run_ids)
+        self.check_ready = check_ready
+        self.refused_ready = 0
         self.backends: dict[str, tuple[int, BackendDeclaration]] = {}
         self.ready: dict[tuple[str, int], dict[int, AgentReady]] = {}
         self.consumer = KafkaConsumer(
@@ -216,6 +228,19 @@ class PeerWatch:
             if seen is None or event.incarnation >= seen[0]:
                 self.backends[event.run_id] = (event.incarnation, event.backend)
         elif isinstance(event, AgentReady):
+            why = self.check_ready(event)
+            if why:  # never believed: it neither counts as a node nor names a host
+                self.refused_ready += 1
+                log.warning(
+                    "run %s: refused an AgentReady claiming node %d, host %r, for "
+                    "incarnation %d: %s",
+                    event.run_id,
+                    event.node_rank,
+                    event.host[:80],
+                    event.incarnation,
+                    why,
+                )
+                return
             self.ready.setdefault((event.run_id, event.incarnation), {})[event.node_rank] = event
 
     def poll(self, timeout_ms: int) -> None:
@@ -387,7 +412,12 @@ class Controller:
         ):
             return  # before the last command this run acted on: settled long ago
         gangs = {
-            r.run_id: OwnedGang(r.run_id, r.record.incarnation, r.spec.launch_offsets)
+            r.run_id: OwnedGang(
+                r.run_id,
+                r.record.incarnation,
+                r.spec.launch_offsets,
+                launch_id=r.spec.run.launch_id,
+            )
             for r in self.runs.values()
             if not r.finished
         }

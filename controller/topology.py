@@ -198,6 +198,7 @@ class NodeTopology(msgspec.Struct, frozen=True, kw_only=True):
             stack_file=stack_file,
             error_file=error_file,
             relay_socket=run.relay_socket,
+            launch_id=run.launch_id or None,
         )
 
 
@@ -211,6 +212,10 @@ class RunBinding(msgspec.Struct, frozen=True, kw_only=True):
         checkpoint_dir: The checkpoint root shared by all nodes; None: unknown.
         relay_socket: This node's relay (``runwatch launch --relay``); None: the ranks
             talk to Kafka themselves.
+        launch_id: This launch's id (random per ``runwatch launch``, or ``--launch-id``
+            shared by every node's agent): the ranks' RunStarted carries it and the command
+            gate executes only commands bound to it. Empty: a gang recorded before launch
+            ids, or a multi-node launch given none; its commands are not bound.
     """
 
     run_id: str
@@ -218,6 +223,7 @@ class RunBinding(msgspec.Struct, frozen=True, kw_only=True):
     prefix: str
     checkpoint_dir: str | None = None
     relay_socket: str | None = None
+    launch_id: str = ""
 
 
 # --------------------------------------------------------------------------- SLURM hostlists

@@ -8,9 +8,11 @@ step S holds the state after step S, and a resume from it continues with step S 
 Resuming: ``--resume`` takes the latest complete checkpoint in ``--checkpoint-dir`` (none: a
 fresh start); ``--resume-from`` (or ``RUNWATCH_RESTART_FROM``, as set by the controller) is a
 checkpoint directory, or a step number meaning "the latest complete checkpoint at or before
-that step" (none: a fresh start). Checkpoints newer than the step resumed from are deleted:
-they belong to the abandoned history. Without either flag, a checkpoint directory that
-already holds checkpoints is an error unless ``--fresh`` says to start over. Faults to
+that step" (none: a fresh start). Checkpoints newer than the step resumed from belong to the
+abandoned history: they are moved aside, never deleted, into
+``<checkpoint-dir>/rolled_back/inc<incarnation>-<utc time>/`` (``runwatch checkpoints prune``
+deletes them). Without either flag, a checkpoint directory that already holds checkpoints is
+an error unless ``--fresh`` says to start over. Faults to
 inject are described in `examples.faults`.
 
 Rank 0 prints ``step 12 loss 3.1234 dt 0.041s`` per step, emits RunStarted, StepCompleted,
@@ -42,10 +44,11 @@ from examples.faults import GARBAGE_TOKEN, FaultPlan, parse_faults
 from examples.instrument import Emitter, make_emitter
 from examples.tinylm import TinyLM, TinyLMConfig
 from runwatch.common.checkpoint_layout import (
-    discard_checkpoints_after,
+    CheckpointMoveError,
+    checkpoint_step,
     is_complete_checkpoint,
     latest_complete_checkpoint,
-    remove_staging_dirs,
+    set_aside_after,
 )
 from runwatch.common.launch_env import LaunchEnv
 from runwatch.producers.backend import get_training_backend
@@ -83,7 +86,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--fresh",
         action="store_true",
-        help="start from scratch even if --checkpoint-dir holds checkpoints (they are deleted)",
+        help="start from scratch even if --checkpoint-dir holds checkpoints (they are moved "
+        "aside into rolled_back/, not deleted)",
     )
     p.add_argument(
         "--resume-from",
@@ -168,7 +172,7 @@ def resolve_resume(args: argparse.Namespace) -> Path | None:
         return None
     raise SystemExit(
         f"{root} holds checkpoints up to step {found[0]}: pass --resume to "
-        f"continue from them or --fresh to delete them and start over"
+        f"continue from them or --fresh to move them aside and start over"
     )
 
 
@@ -293,6 +297,7 @@ class Trainer:
         if rank == 0:
             try:
                 decision = resolve_resume(args)
+                self._set_aside_future(decision)
             except SystemExit as exc:
                 decision = exc
         path = broadcast(decision)
@@ -321,10 +326,23 @@ class Trainer:
                     f"{'restored' if restored.optimizer_restored else 'DROPPED'})",
                     flush=True,
                 )
-        if rank == 0 and args.checkpoint_dir:
-            remove_staging_dirs(args.checkpoint_dir)
-            for gone in discard_checkpoints_after(args.checkpoint_dir, self.step):
-                print(f"discarded checkpoint {gone} (newer than step {self.step})", flush=True)
+
+    def _set_aside_future(self, resume_from: Path | None) -> None:
+        """Rank 0, before the gang loads: move what lies past the resume point aside.
+
+        Nothing is deleted; a failed move ends the run (every rank) with the reason.
+        """
+        root = self.args.checkpoint_dir
+        if root is None:
+            return
+        step = 0 if resume_from is None else checkpoint_step(resume_from) or 0
+        label = f"inc{self.incarnation}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
+        try:
+            moved = set_aside_after(root, step, label=label)
+        except CheckpointMoveError as exc:
+            raise SystemExit(str(exc)) from exc
+        for path in moved:
+            print(f"moved {path.name} aside to {path.parent} (past step {step})", flush=True)
 
     def _announce(self) -> None:
         args = self.args

@@ -91,6 +91,7 @@ class RunEmitter(RunEvents):
         pack_max_events: int = 512,
         pack_linger_ms: float = 100.0,
         relay_socket: str | None = None,
+        launch_id: str | None = None,
     ) -> None:
         """Configure the emitter and start its delivery thread; never waits for Kafka.
 
@@ -121,6 +122,9 @@ class RunEmitter(RunEvents):
             relay_socket: The node agent's relay (`producers.relay_client`); default
                 ``$RUNWATCH_RELAY_SOCKET`` (``runwatch launch --relay`` sets it), else
                 none: a Kafka producer of the emitter's own.
+            launch_id: The launch (``runwatch launch``) the gang belongs to, carried by
+                RunStarted (restart commands are bound to it); default
+                ``$RUNWATCH_LAUNCH_ID``, else none.
 
         Raises:
             ValueError: No run id or bootstrap, a negative rank, a rank outside the world,
@@ -143,6 +147,7 @@ class RunEmitter(RunEvents):
             pack_max_events=pack_max_events,
             pack_linger_ms=pack_linger_ms,
             relay_socket=relay_socket,
+            launch_id=launch_id,
         )
         super().__init__(config, producer_factory)
         install_stack_dump()  # the agent that launched us may ask where we are (SIGUSR1)

@@ -29,6 +29,8 @@ ENV_WORLD_SIZE: Final = "WORLD_SIZE"
 """torchrun's world size."""
 ENV_RELAY_SOCKET: Final = "RUNWATCH_RELAY_SOCKET"
 """The node agent's relay (``runwatch launch --relay``): events go there, not to Kafka."""
+ENV_LAUNCH_ID: Final = "RUNWATCH_LAUNCH_ID"
+"""The launch the gang belongs to, set by ``runwatch launch``; RunStarted carries it."""
 
 PRODUCER_DEFAULTS: Final[Mapping[str, Any]] = {
     "acks": "all",
@@ -81,6 +83,7 @@ class EmitterConfig:
         relay_socket: The node agent's relay socket (`producers.relay_client`): the
             delivery thread writes records there instead of running a Kafka producer;
             None: straight to Kafka.
+        launch_id: The launch the gang belongs to (``RunStarted.launch_id``); empty: none.
     """
 
     run_id: str
@@ -93,6 +96,7 @@ class EmitterConfig:
     client_config: Mapping[str, Any]
     packing: PackPolicy = field(default_factory=PackPolicy)
     relay_socket: str | None = None
+    launch_id: str = ""
 
     @property
     def thread_name(self) -> str:
@@ -130,11 +134,13 @@ def resolve_config(
     pack_max_events: int = 512,
     pack_linger_ms: float = 100.0,
     relay_socket: str | None = None,
+    launch_id: str | None = None,
 ) -> EmitterConfig:
     """Fill in `RunEmitter`'s arguments from the environment and check them.
 
     Args: as `RunEmitter`'s constructor; None means "from the environment, else the
-    default" (``relay_socket``: ``$RUNWATCH_RELAY_SOCKET``, else straight to Kafka).
+    default" (``relay_socket``: ``$RUNWATCH_RELAY_SOCKET``, else straight to Kafka;
+    ``launch_id``: ``$RUNWATCH_LAUNCH_ID``, else none).
 
     Returns:
         The configuration.
@@ -183,6 +189,7 @@ def resolve_config(
     if fixed:
         raise ValueError(f"client_config may not override {', '.join(fixed)}")
     relay = relay_socket if relay_socket is not None else os.environ.get(ENV_RELAY_SOCKET)
+    launch = launch_id if launch_id is not None else os.environ.get(ENV_LAUNCH_ID, "")
     return EmitterConfig(
         run_id=run_id,
         bootstrap=bootstrap,
@@ -194,6 +201,7 @@ def resolve_config(
         client_config=overrides,
         packing=packing,
         relay_socket=as_str("relay_socket", relay) if relay else None,
+        launch_id=as_str("launch_id", launch),
     )
 
 

@@ -78,6 +78,7 @@ class EmitterCore:
         world_size: Ranks in the gang.
         topic_prefix: Prefix of the topic names.
         incarnation: The gang's incarnation (restarts so far).
+        launch_id: The launch the gang belongs to (RunStarted carries it); empty: none.
         relay_socket: The node relay events go through; None: straight to Kafka.
     """
 
@@ -99,6 +100,7 @@ class EmitterCore:
         self.rank = config.rank
         self.world_size = config.world_size
         self.incarnation = config.incarnation
+        self.launch_id = config.launch_id
         self.topic_prefix = config.topic_prefix
         self.relay_socket = config.relay_socket
         self._key = encode_key(self.run_id)

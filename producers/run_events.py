@@ -118,6 +118,7 @@ class RunEvents(EmitterCore):
                 thresholds=threshold_map,
                 incarnation=self.incarnation,
                 backend=backend,
+                launch_id=self.launch_id,
             ),
         )
 

@@ -41,6 +41,7 @@ COMMANDS: dict[str, str] = {
     "sinks": "runwatch.cmd.sinks",
     "demo": "runwatch.cmd.demo",
     "ui": "runwatch.cmd.ui",
+    "checkpoints": "runwatch.cmd.checkpoints",
 }
 
 OWN_LOGGERS: tuple[str, ...] = ("runwatch",)

@@ -227,6 +227,9 @@ class RunStarted(Event, frozen=True, kw_only=True, tag="run_started.v1"):
         incarnation: 0 for the first launch, +1 per restart of the gang.
         backend: What the training backend declares; None: it did not say (a controller
             then never shrinks the run).
+        launch_id: The launch this incarnation belongs to (``RUNWATCH_LAUNCH_ID``, minted
+            by ``runwatch launch``); verdicts carry it and commands are bound to it. Empty:
+            not launched by a runwatch controller, or announced before launch ids existed.
     """
 
     world_size: Size
@@ -239,6 +242,7 @@ class RunStarted(Event, frozen=True, kw_only=True, tag="run_started.v1"):
     thresholds: Thresholds = {}
     incarnation: Small = 0
     backend: BackendDeclaration | None = None
+    launch_id: Id = ""
 
 
 class StepCompleted(Event, frozen=True, kw_only=True, tag="step.v1"):
@@ -493,6 +497,8 @@ class AnomalyDetected(Event, frozen=True, kw_only=True, tag="anomaly.v1"):
             rank or none (older verdicts too).
         rank_count: How many ranks the verdict concerns (``ranks`` may list fewer); 0
             when ``ranks`` is empty.
+        launch_id: The launch of the run's latest RunStarted when it was raised (empty:
+            none announced); the policy binds its command to it.
     """
 
     verdict_id: Id
@@ -511,6 +517,7 @@ class AnomalyDetected(Event, frozen=True, kw_only=True, tag="anomaly.v1"):
     severity: Severity = "warning"
     ranks: Annotated[tuple[Rank, ...], Meta(max_length=MAX_LISTED_RANKS)] = ()
     rank_count: Annotated[int, Meta(ge=0, le=MAX_RANKS)] = 0
+    launch_id: Id = ""
 
 
 class RestartRequested(Event, frozen=True, kw_only=True, tag="restart_requested.v1"):
@@ -531,6 +538,9 @@ class RestartRequested(Event, frozen=True, kw_only=True, tag="restart_requested.
         source: Log position of the triggering anomaly.
         signature: HMAC-SHA256 (hex) of the command's canonical bytes, set by the signer.
         key_id: Which key signed it.
+        launch_id: The launch the command is for (the cause verdict's, from the run's
+            RunStarted); signed. A controller executes it only in that launch
+            (`controller.command_gate`); empty: not bound (commands before launch ids).
     """
 
     command_id: Id
@@ -543,6 +553,7 @@ class RestartRequested(Event, frozen=True, kw_only=True, tag="restart_requested.
     source: Provenance | None = None
     signature: Id = ""
     key_id: Id = ""
+    launch_id: Id = ""
 
 
 class RankStack(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -617,6 +628,11 @@ class AgentReady(Event, frozen=True, kw_only=True, tag="agent_ready.v1"):
             ranks was before the stop (the next node 0's agent lists every node's in its
             RestartCompleted); empty otherwise, and in announcements written before it
             existed.
+        signature: HMAC-SHA256 (hex) over the announcement, with a key derived from the
+            command key every agent holds and no rank does (`controller.peer_auth`):
+            the other agents accept the announcement, and the ``host`` that may become the
+            next ``MASTER_ADDR``, only when it verifies. Empty: unsigned (refused).
+        key_id: The command key's id.
     """
 
     command_id: Id
@@ -625,6 +641,8 @@ class AgentReady(Event, frozen=True, kw_only=True, tag="agent_ready.v1"):
     nnodes: Size
     host: Id = ""
     stacks: Annotated[tuple[RankStack, ...], Meta(max_length=MAX_RANKS)] = ()
+    signature: Id = ""
+    key_id: Id = ""
 
 
 class CommandRejected(Event, frozen=True, kw_only=True, tag="command_rejected.v1"):

@@ -81,6 +81,7 @@ def _incarnation_state(state: LivenessState, event: RunStarted) -> LivenessState
         heartbeats=state.heartbeats,
         raised=state.raised,
         anomaly_counts=state.anomaly_counts,
+        launch_id=event.launch_id,
     )
 
 
@@ -192,6 +193,7 @@ def _on_heartbeat(
         out.counts() if verdicts and out is not None else state.anomaly_counts,
         state.exit_rank,
         source.index,
+        state.launch_id,
     )
     return new, verdicts
 

@@ -44,6 +44,7 @@ class Verdicts:
         "cfg",
         "counts_before",
         "incarnation",
+        "launch_id",
         "out",
         "raised_before",
         "run_id",
@@ -56,6 +57,7 @@ class Verdicts:
     ) -> None:
         self.run_id = state.run_id
         self.incarnation = state.incarnation
+        self.launch_id = state.launch_id
         self.raised_before = state.raised
         self.counts_before = state.anomaly_counts
         self.ts_ns = ts_ns
@@ -85,6 +87,7 @@ class Verdicts:
                 source=self.source,
                 config_hash=config_hash(self.cfg),
                 incarnation=self.incarnation,
+                launch_id=self.launch_id,
                 attempt=self.raised_before + len(self.out),
                 rank=rank,
                 value=value,

@@ -53,6 +53,7 @@ class LivenessState(msgspec.Struct, frozen=True, gc=False):
         last_index: Index in its pack of the last applied event (-1: the record at
             ``last_offset`` was the event); with ``last_offset`` the position that older
             ones are skipped below.
+        launch_id: The launch of the latest RunStarted (empty: none); the verdicts carry it.
     """
 
     run_id: str
@@ -81,6 +82,7 @@ class LivenessState(msgspec.Struct, frozen=True, gc=False):
     anomaly_counts: dict[str, int] = {}
     exit_rank: int = -1
     last_index: int = -1
+    launch_id: str = ""
 
     @property
     def dead(self) -> tuple[int, ...]:

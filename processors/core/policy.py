@@ -17,6 +17,11 @@ dead_rank of a killed gang, or a hang plus a dead_rank, gives one command; an an
 incarnation older than one already seen concerns a gang that no longer exists and is
 ignored. A budget caps commands per run to ``restart_budget`` per
 ``restart_budget_window_steps`` steps; past it, anomalies stay alerts.
+
+Incarnations count within one launch (``AnomalyDetected.launch_id``, from the run's
+RunStarted): an anomaly of another launch than the last one seen starts the count over, so
+a new launch of a recurring run id (incarnation 0 again) gets its commands. Each command
+carries its anomaly's launch id, signed, and a controller executes it only in that launch.
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ class PolicyState(msgspec.Struct, frozen=True, gc=False):
         stale: Anomalies ignored because their incarnation had ended.
         continuity_broken: True once a restart_discontinuity was seen.
         last_command_id: Id of the latest command ("" if none).
+        launch_id: Launch of the last anomaly applied ("" if none, or before launch ids).
     """
 
     run_id: str
@@ -62,6 +68,7 @@ class PolicyState(msgspec.Struct, frozen=True, gc=False):
     stale: int = 0
     continuity_broken: bool = False
     last_command_id: str = ""
+    launch_id: str = ""
 
 
 def action_for(kind: AnomalyKind) -> RestartAction | None:
@@ -99,6 +106,10 @@ def fold_policy(
         state = PolicyState(run_id=anomaly.run_id)
     elif source.offset <= state.last_offset:
         return state, []
+    if anomaly.launch_id != state.launch_id:  # a new launch counts its incarnations anew
+        state = msgspec.structs.replace(
+            state, launch_id=anomaly.launch_id, newest_incarnation=-1, commanded_incarnation=-1
+        )
     # A verdict no detector can make is refused before it moves anything (bounds.py):
     # a step outside [0, 2**53) would make a command outside the schema, an incarnation
     # far ahead would make every later real verdict stale (issue 19, finding 7).
@@ -131,6 +142,7 @@ def fold_policy(
         incarnation=incarnation,
         max_checkpoint_step=anomaly.step - 1 if action == "rollback" else None,
         source=source,
+        launch_id=anomaly.launch_id,
     )
     keep = max(cfg.restart_budget, 1)
     return msgspec.structs.replace(

@@ -31,6 +31,7 @@ class RunInfo(msgspec.Struct, frozen=True, gc=False):
         ln_vocab: ln(vocab_size), the loss of uniform guessing; None when unknown.
         flops_per_token_6n: FLOPs per token under ``6N``; None without a flop config.
         flops_per_token_attn: FLOPs per token under ``6N+attn``; None without one.
+        launch_id: ``RunStarted.launch_id`` (empty: none); the run's verdicts carry it.
     """
 
     incarnation: int = 0
@@ -46,6 +47,7 @@ class RunInfo(msgspec.Struct, frozen=True, gc=False):
     ln_vocab: float | None = None
     flops_per_token_6n: float | None = None
     flops_per_token_attn: float | None = None
+    launch_id: str = ""
 
     @classmethod
     def from_event(cls, event: RunStarted) -> RunInfo:
@@ -68,6 +70,7 @@ class RunInfo(msgspec.Struct, frozen=True, gc=False):
             flops_per_token_attn=None
             if flop_config is None
             else flops_per_token(flop_config, CONVENTION_6N_ATTN),
+            launch_id=event.launch_id,
         )
 
     def ended(self, event: RunEnded) -> RunInfo:

@@ -59,6 +59,7 @@ class Emitter:
                 source=self.source,
                 config_hash=config_hash(self.cfg),
                 incarnation=self.state.info.incarnation,
+                launch_id=self.state.info.launch_id,
                 attempt=self.state.attempt,
                 rank=None,  # loss and grad norm are all-reduced: run-wide
                 value=value,

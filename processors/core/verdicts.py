@@ -92,6 +92,7 @@ def make_anomaly(
     severity: Severity | None = None,
     ranks: tuple[int, ...] = (),
     rank_count: int = 0,
+    launch_id: str = "",
 ) -> AnomalyDetected:
     """Build an anomaly verdict with its deterministic id, log time and provenance.
 
@@ -115,6 +116,8 @@ def make_anomaly(
         ranks: Every rank a run-wide scan found at fault (at most
             `schemas.events.MAX_LISTED_RANKS`); empty for one rank or none.
         rank_count: How many ranks in all (``ranks`` may list fewer).
+        launch_id: The launch of the run's latest RunStarted (empty: none); the policy
+            binds the command it makes of the verdict to it.
 
     Returns:
         The verdict.
@@ -141,6 +144,7 @@ def make_anomaly(
         severity=KINDS[kind].severity if severity is None else severity,
         ranks=ranks,
         rank_count=rank_count,
+        launch_id=launch_id,
     )
 
 

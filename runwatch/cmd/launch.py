@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import secrets
 import sys
 import time
@@ -66,6 +67,12 @@ def _add_gang_args(parser: argparse.ArgumentParser) -> None:
         "--run-id",
         help="the run's id (default: --rdzv-id, slurm-<job>.<step> under srun, else "
         "<script>-<time>-<random>; required with --nnodes > 1)",
+    )
+    parser.add_argument(
+        "--launch-id",
+        help="this launch's id, which restart commands are bound to (default: "
+        "$RUNWATCH_LAUNCH_ID, else a random one on one node; with --nnodes > 1 give every "
+        "agent the same, or commands are not bound to the launch)",
     )
     parser.add_argument(
         "--checkpoint-dir",
@@ -278,6 +285,34 @@ def resolve(
     )
 
 
+_LAUNCH_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
+
+
+def launch_id_for(given: str | None, nnodes: int) -> str:
+    """This launch's id: the one given, else a random one on one node, else none.
+
+    Several nodes' agents must share it (each checks the commands against its own), and
+    they cannot agree on a random one without talking; so with more than one node it is
+    the operator's (``--launch-id``, e.g. one ``uuidgen`` in the job script), and without
+    it commands are not bound to the launch (a WARNING says so).
+
+    Args:
+        given: ``--launch-id`` or ``$RUNWATCH_LAUNCH_ID``; None or empty: not given.
+        nnodes: Nodes in the gang.
+
+    Returns:
+        The id; empty when there is none.
+
+    Raises:
+        UsageError: The id given is not 1-64 of ``A-Z a-z 0-9 . _ -``.
+    """
+    if given:
+        if not _LAUNCH_ID.fullmatch(given):
+            raise UsageError(f"--launch-id must be 1-64 of A-Z a-z 0-9 . _ -, got {given!r}")
+        return given
+    return secrets.token_hex(8) if nnodes == 1 else ""
+
+
 def _validate(args: argparse.Namespace, settings: LaunchSettings) -> None:
     argv = settings.command
     if args.min_nproc < 1 or args.rank_failure_budget < 0:
@@ -368,6 +403,7 @@ def _spec(args: argparse.Namespace, plan: LaunchPlan, run: RunBinding) -> Launch
 def run(args: argparse.Namespace) -> int:
     """Launch the gang, then serve its commands until the run ends."""
     from runwatch.admin import warn_if_no_authorizer
+    from runwatch.common.launch_env import ENV_LAUNCH_ID
     from runwatch.common.settings import (
         ENV_SASL_USERNAME,
         ranks_share_the_launchers_login,
@@ -410,7 +446,17 @@ def run(args: argparse.Namespace) -> int:
                 f"{[p.pid for p in ranks]}): adopt it with `runwatch controller "
                 f"--state-dir {state_dir}`"
             )
-    spec = _spec(args, plan, RunBinding(run_id=run_id, bootstrap=bootstrap, prefix=prefix))
+    launch_id = launch_id_for(args.launch_id or os.environ.get(ENV_LAUNCH_ID), topology.nnodes)
+    if not launch_id:
+        log.warning(
+            "runwatch launch: no --launch-id on a %d-node launch: restart commands are not "
+            "bound to this launch (a command signed for an earlier launch of run %s would "
+            "be obeyed); give every agent the same --launch-id",
+            topology.nnodes,
+            run_id,
+        )
+    binding = RunBinding(run_id=run_id, bootstrap=bootstrap, prefix=prefix, launch_id=launch_id)
+    spec = _spec(args, plan, binding)
     # A relaunch of a run id continues its incarnations: the processors' policy issues at
     # most one command per (run, incarnation), so incarnation 0 again would get none.
     first = 0 if previous is None else previous.record.incarnation + 1
@@ -420,7 +466,7 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"runwatch launch: run {run_id}, node {topology.node_rank} of {topology.nnodes}, "
         f"ranks {list(topology.global_ranks)} of {topology.world_size}, incarnation "
-        f"{first}, state {state_dir} (pid {os.getpid()})"
+        f"{first}, launch {launch_id or '(none)'}, state {state_dir} (pid {os.getpid()})"
         + (f", events from rank 0's {args.log_format} log lines" if args.log_format else ""),
         flush=True,
     )

@@ -144,13 +144,18 @@ class Run:
 
 @pytest.fixture
 def launch(loop: Loop, tmp_path: Path) -> Iterator[Callable[..., Run]]:
-    """``launch(run_id, script_args, nproc=2, extra=())``: `runwatch launch` a gang."""
+    """``launch(run_id, script_args, nproc=2, extra=(), name=run_id)``: `runwatch launch` a
+    gang, its directories under ``name`` (a second launch of a run id needs another)."""
     started: list[Run] = []
 
     def start(
-        run_id: str, script_args: Sequence[str], nproc: int = 2, extra: Sequence[str] = ()
+        run_id: str,
+        script_args: Sequence[str],
+        nproc: int = 2,
+        extra: Sequence[str] = (),
+        name: str | None = None,
     ) -> Run:
-        base = tmp_path / run_id
+        base = tmp_path / (name or run_id)
         run = Run(run_id, None, base / "state", base / "ckpt", base / "trace")  # type: ignore[arg-type]
         base.mkdir(parents=True)
         args = [

@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from runwatch.controller.command_gate import NO_KEY, REPLAYED, OwnedGang, decide
+from runwatch.controller.command_gate import NO_KEY, OTHER_LAUNCH, REPLAYED, OwnedGang, decide
 from runwatch.schemas.events import Provenance, RestartRequested
 from runwatch.schemas.signing import CommandKey, sign
 
@@ -94,3 +94,52 @@ def test_gate(cmd, source, keys, processed, verdict, reason):
     assert decision.verdict == verdict
     assert reason in decision.reason
     assert (decision.reason == "") == (verdict == "execute")
+
+
+BOUND = {"run-a": OwnedGang("run-a", incarnation=1, launch_offsets={0: 10}, launch_id="L-b")}
+
+
+def bound(launch_id: str, incarnation: int = 1) -> RestartRequested:
+    return msgspec.structs.replace(command(incarnation=incarnation), launch_id=launch_id)
+
+
+LAUNCH_CASES = [
+    # (name, command, processed, verdict, reason fragment): the gang is launch L-b
+    ("this launch", sign(bound("L-b"), KEY), set(), "execute", ""),
+    ("another launch", sign(bound("L-a"), KEY), set(), "reject", OTHER_LAUNCH),
+    ("no launch id", sign(command(), KEY), set(), "reject", OTHER_LAUNCH),
+    ("another launch, executed here", sign(bound("L-a"), KEY), {"c1"}, "reject", OTHER_LAUNCH),
+    ("this launch, replayed", sign(bound("L-b"), KEY), {"c1"}, "reject", REPLAYED),
+    ("this launch, stale", sign(bound("L-b", incarnation=0), KEY), set(), "reject", "stale"),
+    (
+        "launch id changed after signing",
+        msgspec.structs.replace(sign(bound("L-a"), KEY), launch_id="L-b"),
+        set(),
+        "reject",
+        "bad signature",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("cmd", "processed", "verdict", "reason"),
+    [c[1:] for c in LAUNCH_CASES],
+    ids=[c[0] for c in LAUNCH_CASES],
+)
+def test_gate_binds_commands_to_the_launch(cmd, processed, verdict, reason):
+    decision = decide(cmd, at(12), gangs=BOUND, keys=KEYS, processed=processed)
+    assert decision.verdict == verdict
+    assert reason in decision.reason
+    assert (decision.reason == "") == (verdict == "execute")
+
+
+def test_a_gang_without_a_launch_id_binds_nothing():
+    for cmd in (sign(command(), KEY), sign(bound("L-a"), KEY)):
+        assert decide(cmd, at(12), gangs=GANGS, keys=KEYS, processed=set()).verdict == "execute"
+
+
+def test_a_signature_made_before_launch_ids_still_verifies():
+    # omit_defaults: an empty launch id is not on the wire, so old signed bytes are unchanged
+    from runwatch.schemas.codec import encode
+
+    assert b"launch_id" not in encode(sign(command(), KEY))

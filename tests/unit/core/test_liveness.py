@@ -247,6 +247,7 @@ def test_hot_path_field_order_is_pinned() -> None:
         "anomaly_counts",
         "exit_rank",
         "last_index",
+        "launch_id",
     )
 
 
