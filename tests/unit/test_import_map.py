@@ -5,7 +5,7 @@ module of the second (imports inside functions included: an import anywhere is a
 dependency). The packages are the layers of `tests/unit/test_layering.py`, with the
 ``runwatch`` layer cut into what it holds (the commands, the web view, the broker, the
 rest). ``python -m tests.unit.test_import_map [ROOT]`` prints the map of a checkout (ROOT,
-default this one): the page's "before" map was printed so from the commit before the
+default this one), ``--write`` puts this checkout's into the page: the page's "before" map was printed so from the commit before the
 namespace (1b1185a), whose packages were still top-level; the "after" map is this test's.
 """
 
@@ -136,5 +136,15 @@ def test_the_layers_only_point_down():
     assert upward == []
 
 
+def write() -> None:
+    """Put this checkout's map into docs/architecture.md, between its markers."""
+    text = DOC.read_text()
+    head, tail = text[: text.index(BEGIN) + len(BEGIN)], text[text.index(END) :]
+    DOC.write_text(f"{head}\n{render(import_map(REPO))}\n{tail}")
+
+
 if __name__ == "__main__":
-    print(render(import_map(Path(sys.argv[1]) if len(sys.argv) > 1 else REPO)))
+    if sys.argv[1:] == ["--write"]:
+        write()
+    else:
+        print(render(import_map(Path(sys.argv[1]) if len(sys.argv) > 1 else REPO)))
