@@ -18,8 +18,12 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING
 
 from runwatch.common.errors import RunwatchError, UsageError
+
+if TYPE_CHECKING:
+    from runwatch.producers.logtail import DetectingParser, LineParser
 
 HELP = "turn a training log's step lines into step events, following the file as it grows"
 
@@ -75,6 +79,22 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--world-size", type=int, default=1, metavar="N", help="ranks of the job (for RunStarted)"
     )
     parser.add_argument(
+        "--vocab-size",
+        type=int,
+        default=None,
+        metavar="N",
+        help="the model's vocabulary (for RunStarted): enables the loss ceiling (divergence) "
+        "and collapse checks, which need it",
+    )
+    parser.add_argument(
+        "--tag",
+        dest="tags",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a label for RunStarted.tags (team, cluster, model); repeatable",
+    )
+    parser.add_argument(
         "--no-announce",
         dest="announce",
         action="store_false",
@@ -119,18 +139,20 @@ def _say_detected(fmt: str, line: str) -> None:
     print(f"tail-log: detected the {fmt} format from {line.strip()!r}", file=sys.stderr)
 
 
-def run(args: argparse.Namespace) -> int:
-    """Follow the file and send its steps; returns 0 when everything was delivered."""
-    from runwatch.producers.logtail import DetectingParser, LineParser, make_parser
+def _line_parser(args: argparse.Namespace) -> LineParser | DetectingParser:
+    """The parser ``--format``/``--regex`` ask for, or one that detects the format."""
+    from runwatch.producers.logtail import DetectingParser, make_parser
 
-    line_parser: LineParser | DetectingParser
     if args.format is None and args.regex is None:
-        line_parser = DetectingParser(on_detect=_say_detected)
-    else:
-        try:
-            line_parser = make_parser(args.format or "regex", args.regex)
-        except ValueError as exc:
-            raise UsageError(str(exc)) from None
+        return DetectingParser(on_detect=_say_detected)
+    try:
+        return make_parser(args.format or "regex", args.regex)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _checked(args: argparse.Namespace) -> tuple[Path, str, dict[str, str]]:
+    """``(file, run id, tags)`` once every argument is checked; a UsageError otherwise."""
     path = Path(args.file)
     if not path.exists():
         raise UsageError(f"no such file: {path}")
@@ -143,8 +165,25 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--tokens-per-step must be >= 0, got {args.tokens_per_step}")
     if args.world_size < 1:
         raise UsageError(f"--world-size must be >= 1, got {args.world_size}")
+    if args.vocab_size is not None and args.vocab_size < 2:
+        raise UsageError(f"--vocab-size must be >= 2, got {args.vocab_size}")
     if not args.poll_interval_s > 0:
         raise UsageError(f"--poll-interval-s must be > 0, got {args.poll_interval_s}")
+    tags: dict[str, str] = {}
+    for tag in args.tags:
+        key, sep, value = tag.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--tag takes KEY=VALUE, got {tag!r}")
+        tags[key] = value
+    return path, run_id, tags
+
+
+def run(args: argparse.Namespace) -> int:
+    """Follow the file and send its steps; returns 0 when everything was delivered."""
+    from runwatch.producers.logtail import DetectingParser
+
+    line_parser = _line_parser(args)
+    path, run_id, tags = _checked(args)
 
     from runwatch.producers.emitter import RunEmitter
     from runwatch.producers.follow import FileFollower
@@ -163,8 +202,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         with _stop_on_signals(stop):
             lines = follower.lines(stop, exit_at_eof=args.exit_at_eof)  # positions the tail
-            if args.announce:
-                emitter.run_started()  # after positioning: a consumer may take it as "ready"
+            if args.announce:  # after positioning: a consumer may take it as "ready"
+                emitter.run_started(vocab_size=args.vocab_size, tags=tags or None)
             for line in lines:
                 parsed = line_parser.parse(line)
                 if parsed is None:

@@ -24,6 +24,9 @@ def log(tmp_path: Path) -> Path:
         (["--format", "regex", "--regex", r"(?P<step>\d+)"], "loss"),
         (["--format", "regex", "--regex", "(?P<step"], "invalid --regex"),
         (["--format", "seed", "--tokens-per-step", "-1"], "--tokens-per-step"),
+        (["--vocab-size", "1"], "--vocab-size must be >= 2"),
+        (["--tag", "team"], "--tag takes KEY=VALUE, got 'team'"),
+        (["--tag", "=llm"], "--tag takes KEY=VALUE"),
     ],
 )
 def test_bad_arguments(
