@@ -8,11 +8,18 @@ at most, a checkpoint every 5 steps.
 from __future__ import annotations
 
 import math
+import re
 import socket
 import time
+from pathlib import Path
 
 import pytest
 
+from runwatch.common.checkpoint_layout import (
+    checkpoint_step,
+    is_complete_checkpoint,
+    list_set_aside,
+)
 from runwatch.processors.fleet import latest_states
 from runwatch.schemas.events import AnomalyDetected, RankExited, RestartCompleted, RestartRequested
 
@@ -126,6 +133,13 @@ def test_nan_rolls_back_to_the_last_good_checkpoint(loop, launch):
     assert min(losses) == done.checkpoint_step + 1 and max(losses) == 30
     assert all(math.isfinite(v) for v in losses.values())
     assert f"resumed from {done.checkpoint_path} at step {done.checkpoint_step}" in run.rank_logs()
+    # The rollback deleted nothing: what lay past its checkpoint was moved aside, whole.
+    log = (run.state_dir / "logs" / "inc1.rank0.log").read_text()
+    for name, where in re.findall(r"moved (step_\d+) aside to (\S+) ", log):
+        assert checkpoint_step(name) > done.checkpoint_step  # type: ignore[operator]
+        assert is_complete_checkpoint(Path(where) / name), f"{where}/{name} lost"
+    for aside in list_set_aside(run.checkpoint_dir):
+        assert aside.name.startswith("inc1-")
 
 
 def test_a_rank_past_its_failure_budget_shrinks_the_gang(loop, launch):
