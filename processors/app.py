@@ -381,7 +381,7 @@ class _Agent:
 
 
 class _BatchSink:
-    """The batch path's body (`processors.engine.BatchSink`): rounds folded, then flushed.
+    """The batch path's body (`processors.engine.BatchSink`): rounds folded, then made durable.
 
     A round holds, per assigned input partition, consecutive records in offset order.
     The rules are the agents': decode each record once, fold each role's records through
@@ -535,36 +535,7 @@ def create_app(
             is written against, and an internal it uses moved.
     """
     compat.check()
-    app = engine.App(  # faust.App, with a retry backoff sized for outages
-        settings.app_id,
-        broker=f"kafka://{settings.bootstrap}",
-        store=store_url(settings.store),  # memory, or RocksDB under the data dir
-        Table=RunTable,  # files each RocksDB write under its changelog partition
-        datadir=str(_data_dir(settings)),
-        topic_partitions=max(settings.partitions_of(role) for role in FOLD_ORDER),
-        topic_replication_factor=settings.replication_factor,
-        topic_allow_declare=True,
-        key_serializer="raw",
-        value_serializer="raw",
-        consumer_auto_offset_reset="earliest",
-        processing_guarantee="at_least_once",
-        producer_acks=-1,
-        # Table states are kilobytes; faust's 16 KiB batches would send two per request.
-        producer_max_batch_size=1024 * 1024,
-        producer_linger=0.005,
-        web_enabled=settings.web_port is not None,
-        web_port=settings.web_port or 6066,
-        table_standby_replicas=0,
-        broker_session_timeout=settings.session_timeout_s,
-        broker_heartbeat_interval=min(3.0, settings.session_timeout_s / 5),
-        broker_rebalance_timeout=max(20.0, 2 * settings.session_timeout_s),
-        broker_commit_every=10_000,
-        broker_commit_interval=1.0,
-        # A round: at most this many records per fetch, all partitions.
-        broker_max_poll_records=settings.batch_max,
-        worker_redirect_stdouts=False,
-        **faust_broker_settings(),
-    )
+    app = _new_app(settings)
     topics = names(settings.prefix)
     faults = StateWriteFaults.from_env()
 
@@ -602,6 +573,47 @@ def create_app(
     app.ingest_batches(sources, _BatchSink(app, bodies), settings.state_flush_s)
     log.info("store: %s", settings.store)
 
+    _add_clock(app, settings, topics)
+    return app
+
+
+def _new_app(settings: ProcessorSettings) -> engine.App:
+    """The faust app of ``settings``, with the engine's transport and faust's settings."""
+    return engine.App(  # faust.App, with a retry backoff sized for outages
+        settings.app_id,
+        broker=f"kafka://{settings.bootstrap}",
+        store=store_url(settings.store),  # memory, or RocksDB under the data dir
+        Table=RunTable,  # files each RocksDB write under its changelog partition
+        datadir=str(_data_dir(settings)),
+        topic_partitions=max(settings.partitions_of(role) for role in FOLD_ORDER),
+        topic_replication_factor=settings.replication_factor,
+        topic_allow_declare=True,
+        key_serializer="raw",
+        value_serializer="raw",
+        consumer_auto_offset_reset="earliest",
+        processing_guarantee="at_least_once",
+        producer_acks=-1,
+        # Table states are kilobytes; faust's 16 KiB batches would send two per request.
+        producer_max_batch_size=1024 * 1024,
+        producer_linger=0.005,
+        web_enabled=settings.web_port is not None,
+        web_port=settings.web_port or 6066,
+        table_standby_replicas=0,
+        broker_session_timeout=settings.session_timeout_s,
+        broker_heartbeat_interval=min(3.0, settings.session_timeout_s / 5),
+        broker_rebalance_timeout=max(20.0, 2 * settings.session_timeout_s),
+        broker_commit_every=10_000,
+        broker_commit_interval=1.0,
+        # A round: at most this many records per fetch, all partitions.
+        broker_max_poll_records=settings.batch_max,
+        worker_redirect_stdouts=False,
+        **faust_broker_settings(),
+    )
+
+
+def _add_clock(app: faust.App, settings: ProcessorSettings, topics: TopicNames) -> None:
+    """Add the clock: a Tick into every heartbeat partition every ``tick_interval_s``."""
+
     @app.timer(settings.tick_interval_s, on_leader=True, name="runwatch.clock")  # type: ignore[untyped-decorator]
     async def clock() -> None:
         # The only wall-clock read in the processors: it is written to the log as a Tick,
@@ -620,5 +632,3 @@ def create_app(
             for p in range(settings.partitions_of(TopicRole.HEARTBEATS))  # every one, as it is
         ]
         await asyncio.gather(*pending)
-
-    return app
