@@ -77,8 +77,8 @@ STATE_CACHE_RUNS: Final = 4096
 state, ~4 KB a 32-rank liveness state, so tens of MB at most per table."""
 STATE_WRITE_ATTEMPTS: Final = 5
 """Attempts at writing a batch's states before the worker stops (backoff 0.1 s, doubling)."""
-STATE_ACK_TIMEOUT_S: Final = 120.0
-"""Longest a flush waits for Kafka to acknowledge its state writes before the worker stops."""
+STATE_ACK_WARN_S: Final = 30.0
+"""How often a checkpoint waiting for Kafka to acknowledge its state writes says so."""
 
 
 def output_topic(event: Event, topics: TopicNames) -> str:
@@ -308,8 +308,7 @@ class _Agent:
         written again (`STATE_WRITE_ATTEMPTS`).
 
         Raises:
-            StateWriteError: Some state still not stored after `STATE_WRITE_ATTEMPTS`, or
-                Kafka did not answer for `STATE_ACK_TIMEOUT_S`.
+            StateWriteError: Some state still not stored after `STATE_WRITE_ATTEMPTS`.
         """
         pending = {encode_key(run_id): (run_id, kept) for run_id, kept in self.unwritten.items()}
         delay_s = 0.1
@@ -356,17 +355,24 @@ class _Agent:
     async def _acknowledged(self, sent: list[Any]) -> list[Any]:
         """Kafka's answer to each changelog record in ``sent``: its metadata, or the error.
 
-        Raises:
-            StateWriteError: No answer for every record within `STATE_ACK_TIMEOUT_S`.
+        Waits as long as Kafka takes (aiokafka retries a broker outage until its request
+        timeout, then fails the send); every `STATE_ACK_WARN_S` without an answer it says
+        so, since nothing is committed meanwhile.
         """
-        if not sent:
-            return []
-        _, waiting = await asyncio.wait(sent, timeout=STATE_ACK_TIMEOUT_S)  # cancels nothing
-        if waiting:
-            raise StateWriteError(
-                f"{self.role}: Kafka did not acknowledge {len(waiting)} of {len(sent)} state "
-                f"writes within {STATE_ACK_TIMEOUT_S:.0f} s"
-            )
+        waiting: set[Any] = set(sent)
+        waited_s = 0.0
+        while waiting:
+            _, waiting = await asyncio.wait(waiting, timeout=STATE_ACK_WARN_S)  # cancels nothing
+            if waiting:
+                waited_s += STATE_ACK_WARN_S
+                log.warning(
+                    "%s: %d of %d state writes not acknowledged by Kafka after %.0f s; "
+                    "nothing is committed until they are",
+                    self.role,
+                    len(waiting),
+                    len(sent),
+                    waited_s,
+                )
         return [fut.exception() or fut.result() for fut in sent]
 
     async def send(self, events: Sequence[Event]) -> list[Any]:
