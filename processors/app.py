@@ -425,7 +425,7 @@ class _BatchSink:
         except asyncio.CancelledError:
             raise  # stopping: the round is not acknowledged, a restart reads it again
         except Exception as exc:
-            await self._stop(f"a round of {sum(map(len, by_topic.values()))} records", exc)
+            await self.stop(f"a round of {sum(map(len, by_topic.values()))} records", exc)
 
     async def fold(self, by_topic: dict[str, list[RawRecord]]) -> None:
         """Fold every role's records and hand their outputs to the producer.
@@ -463,7 +463,7 @@ class _BatchSink:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            await self._stop("the outputs of the last rounds", exc)
+            await self.stop("the outputs of the last rounds", exc)
         self.stats.note("publish_ms", 1000 * (time.perf_counter() - t0))
 
     async def write_states(self) -> None:
@@ -476,7 +476,7 @@ class _BatchSink:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            await self._stop("the states of the last rounds", exc)
+            await self.stop("the states of the last rounds", exc)
         self.stats.note("write_ms", 1000 * (time.perf_counter() - t0))
 
     def discard(self) -> None:
@@ -485,7 +485,7 @@ class _BatchSink:
         for agent in self.roles.values():
             agent.discard()
 
-    async def _stop(self, what: str, exc: Exception) -> None:
+    async def stop(self, what: str, exc: Exception) -> None:
         """Stop the worker over ``what``, which could not be applied whole; never return."""
         log.error(
             "%s could not be applied whole (%r); stopping the worker without committing "
