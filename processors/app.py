@@ -77,8 +77,8 @@ STATE_CACHE_RUNS: Final = 4096
 state, ~4 KB a 32-rank liveness state, so tens of MB at most per table."""
 STATE_WRITE_ATTEMPTS: Final = 5
 """Attempts at writing a batch's states before the worker stops (backoff 0.1 s, doubling)."""
-STATE_ACK_TIMEOUT_S: Final = 120.0
-"""Longest a flush waits for Kafka to acknowledge its state writes before the worker stops."""
+STATE_ACK_WARN_S: Final = 30.0
+"""How often a checkpoint waiting for Kafka to acknowledge its state writes says so."""
 
 
 def output_topic(event: Event, topics: TopicNames) -> str:
@@ -308,8 +308,7 @@ class _Agent:
         written again (`STATE_WRITE_ATTEMPTS`).
 
         Raises:
-            StateWriteError: Some state still not stored after `STATE_WRITE_ATTEMPTS`, or
-                Kafka did not answer for `STATE_ACK_TIMEOUT_S`.
+            StateWriteError: Some state still not stored after `STATE_WRITE_ATTEMPTS`.
         """
         pending = {encode_key(run_id): (run_id, kept) for run_id, kept in self.unwritten.items()}
         delay_s = 0.1
@@ -356,17 +355,24 @@ class _Agent:
     async def _acknowledged(self, sent: list[Any]) -> list[Any]:
         """Kafka's answer to each changelog record in ``sent``: its metadata, or the error.
 
-        Raises:
-            StateWriteError: No answer for every record within `STATE_ACK_TIMEOUT_S`.
+        Waits as long as Kafka takes (aiokafka retries a broker outage until its request
+        timeout, then fails the send); every `STATE_ACK_WARN_S` without an answer it says
+        so, since nothing is committed meanwhile.
         """
-        if not sent:
-            return []
-        _, waiting = await asyncio.wait(sent, timeout=STATE_ACK_TIMEOUT_S)  # cancels nothing
-        if waiting:
-            raise StateWriteError(
-                f"{self.role}: Kafka did not acknowledge {len(waiting)} of {len(sent)} state "
-                f"writes within {STATE_ACK_TIMEOUT_S:.0f} s"
-            )
+        waiting: set[Any] = set(sent)
+        waited_s = 0.0
+        while waiting:
+            _, waiting = await asyncio.wait(waiting, timeout=STATE_ACK_WARN_S)  # cancels nothing
+            if waiting:
+                waited_s += STATE_ACK_WARN_S
+                log.warning(
+                    "%s: %d of %d state writes not acknowledged by Kafka after %.0f s; "
+                    "nothing is committed until they are",
+                    self.role,
+                    len(waiting),
+                    len(sent),
+                    waited_s,
+                )
         return [fut.exception() or fut.result() for fut in sent]
 
     async def send(self, events: Sequence[Event]) -> list[Any]:
@@ -381,7 +387,7 @@ class _Agent:
 
 
 class _BatchSink:
-    """The batch path's body (`processors.engine.BatchSink`): rounds folded, then flushed.
+    """The batch path's body (`processors.engine.BatchSink`): rounds folded, then made durable.
 
     A round holds, per assigned input partition, consecutive records in offset order.
     The rules are the agents': decode each record once, fold each role's records through
@@ -419,7 +425,7 @@ class _BatchSink:
         except asyncio.CancelledError:
             raise  # stopping: the round is not acknowledged, a restart reads it again
         except Exception as exc:
-            await self._stop(f"a round of {sum(map(len, by_topic.values()))} records", exc)
+            await self.stop(f"a round of {sum(map(len, by_topic.values()))} records", exc)
 
     async def fold(self, by_topic: dict[str, list[RawRecord]]) -> None:
         """Fold every role's records and hand their outputs to the producer.
@@ -457,7 +463,7 @@ class _BatchSink:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            await self._stop("the outputs of the last rounds", exc)
+            await self.stop("the outputs of the last rounds", exc)
         self.stats.note("publish_ms", 1000 * (time.perf_counter() - t0))
 
     async def write_states(self) -> None:
@@ -470,7 +476,7 @@ class _BatchSink:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            await self._stop("the states of the last rounds", exc)
+            await self.stop("the states of the last rounds", exc)
         self.stats.note("write_ms", 1000 * (time.perf_counter() - t0))
 
     def discard(self) -> None:
@@ -479,7 +485,7 @@ class _BatchSink:
         for agent in self.roles.values():
             agent.discard()
 
-    async def _stop(self, what: str, exc: Exception) -> None:
+    async def stop(self, what: str, exc: Exception) -> None:
         """Stop the worker over ``what``, which could not be applied whole; never return."""
         log.error(
             "%s could not be applied whole (%r); stopping the worker without committing "
@@ -535,36 +541,7 @@ def create_app(
             is written against, and an internal it uses moved.
     """
     compat.check()
-    app = engine.App(  # faust.App, with a retry backoff sized for outages
-        settings.app_id,
-        broker=f"kafka://{settings.bootstrap}",
-        store=store_url(settings.store),  # memory, or RocksDB under the data dir
-        Table=RunTable,  # files each RocksDB write under its changelog partition
-        datadir=str(_data_dir(settings)),
-        topic_partitions=max(settings.partitions_of(role) for role in FOLD_ORDER),
-        topic_replication_factor=settings.replication_factor,
-        topic_allow_declare=True,
-        key_serializer="raw",
-        value_serializer="raw",
-        consumer_auto_offset_reset="earliest",
-        processing_guarantee="at_least_once",
-        producer_acks=-1,
-        # Table states are kilobytes; faust's 16 KiB batches would send two per request.
-        producer_max_batch_size=1024 * 1024,
-        producer_linger=0.005,
-        web_enabled=settings.web_port is not None,
-        web_port=settings.web_port or 6066,
-        table_standby_replicas=0,
-        broker_session_timeout=settings.session_timeout_s,
-        broker_heartbeat_interval=min(3.0, settings.session_timeout_s / 5),
-        broker_rebalance_timeout=max(20.0, 2 * settings.session_timeout_s),
-        broker_commit_every=10_000,
-        broker_commit_interval=1.0,
-        # A round: at most this many records per fetch, all partitions.
-        broker_max_poll_records=settings.batch_max,
-        worker_redirect_stdouts=False,
-        **faust_broker_settings(),
-    )
+    app = _new_app(settings)
     topics = names(settings.prefix)
     faults = StateWriteFaults.from_env()
 
@@ -602,6 +579,47 @@ def create_app(
     app.ingest_batches(sources, _BatchSink(app, bodies), settings.state_flush_s)
     log.info("store: %s", settings.store)
 
+    _add_clock(app, settings, topics)
+    return app
+
+
+def _new_app(settings: ProcessorSettings) -> engine.App:
+    """The faust app of ``settings``, with the engine's transport and faust's settings."""
+    return engine.App(  # faust.App, with a retry backoff sized for outages
+        settings.app_id,
+        broker=f"kafka://{settings.bootstrap}",
+        store=store_url(settings.store),  # memory, or RocksDB under the data dir
+        Table=RunTable,  # files each RocksDB write under its changelog partition
+        datadir=str(_data_dir(settings)),
+        topic_partitions=max(settings.partitions_of(role) for role in FOLD_ORDER),
+        topic_replication_factor=settings.replication_factor,
+        topic_allow_declare=True,
+        key_serializer="raw",
+        value_serializer="raw",
+        consumer_auto_offset_reset="earliest",
+        processing_guarantee="at_least_once",
+        producer_acks=-1,
+        # Table states are kilobytes; faust's 16 KiB batches would send two per request.
+        producer_max_batch_size=1024 * 1024,
+        producer_linger=0.005,
+        web_enabled=settings.web_port is not None,
+        web_port=settings.web_port or 6066,
+        table_standby_replicas=0,
+        broker_session_timeout=settings.session_timeout_s,
+        broker_heartbeat_interval=min(3.0, settings.session_timeout_s / 5),
+        broker_rebalance_timeout=max(20.0, 2 * settings.session_timeout_s),
+        broker_commit_every=10_000,
+        broker_commit_interval=1.0,
+        # A round: at most this many records per fetch, all partitions.
+        broker_max_poll_records=settings.batch_max,
+        worker_redirect_stdouts=False,
+        **faust_broker_settings(),
+    )
+
+
+def _add_clock(app: faust.App, settings: ProcessorSettings, topics: TopicNames) -> None:
+    """Add the clock: a Tick into every heartbeat partition every ``tick_interval_s``."""
+
     @app.timer(settings.tick_interval_s, on_leader=True, name="runwatch.clock")  # type: ignore[untyped-decorator]
     async def clock() -> None:
         # The only wall-clock read in the processors: it is written to the log as a Tick,
@@ -620,5 +638,3 @@ def create_app(
             for p in range(settings.partitions_of(TopicRole.HEARTBEATS))  # every one, as it is
         ]
         await asyncio.gather(*pending)
-
-    return app

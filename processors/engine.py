@@ -320,6 +320,9 @@ class BatchSink(Protocol):
     def discard(self) -> None:
         """Drop the kept states and outputs' futures: their rounds are read again."""
 
+    async def stop(self, what: str, exc: Exception) -> None:
+        """Stop the worker over ``what``, which failed; never return."""
+
 
 @dataclass(frozen=True, slots=True)
 class FoldedRange:
@@ -352,8 +355,9 @@ class Checkpoint:
        ``broker_commit_interval``; it runs beside the next rounds, and step 2 of the next
        checkpoint waits for it.
 
-    A step that raises ends the checkpoint there: nothing is acknowledged, so nothing is
-    committed past a record whose state is not stored, and the caller stops the worker.
+    A step that fails ends the checkpoint there and stops the worker (`BatchSink.stop`):
+    nothing is acknowledged, so nothing is committed past a record whose state is not
+    stored.
     `abort` drops the rounds instead (a rebalance): their states are discarded and they
     are read again from the committed offsets.
     """
@@ -387,7 +391,10 @@ class Checkpoint:
         if self.opened_s is None:
             return
         await self.sink.outputs_acknowledged()  # 1
-        await self.previous_commit()  # 2
+        try:
+            await self.previous_commit()  # 2
+        except Exception as exc:
+            await self.sink.stop("the offset commit before the last rounds' states", exc)
         await self.sink.write_states()  # 3
         generation = consumer.app.consumer_generation_id  # 4
         for folded in self.ranges:

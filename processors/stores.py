@@ -80,7 +80,7 @@ class RunTable(faust.Table[bytes, bytes]):
     returns; faust never looks at the send again (a failed one is a log line at most), and
     its commit trusts a producer flush that returns after 0.1 s without progress, writes
     still buffered. `last_sent` is the future of the latest write's changelog record:
-    awaiting it is the only proof a state is stored (`processors.app._Agent.write_dirty`).
+    awaiting it is the only proof a state is stored (`processors.app._Agent.write_unwritten`).
     """
 
     last_sent: asyncio.Future[Any] | None = None

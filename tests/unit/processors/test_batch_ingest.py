@@ -69,6 +69,10 @@ class StandInConsumer:
         self.commits += 1
 
 
+class Stopped(Exception):
+    """What the stand-in sink's `stop` raises where the real one stops the worker."""
+
+
 class Sink:
     def __init__(self) -> None:
         self.rounds: list[dict[TP, list[int]]] = []
@@ -77,6 +81,7 @@ class Sink:
         self.on_call: Any = None
         self.flushes = 0
         self.discards = 0
+        self.stopped: list[str] = []
 
     async def __call__(self, batches: Mapping[TP, Sequence[Rec]]) -> None:
         self.rounds.append({tp: [r.offset for r in rs] for tp, rs in batches.items()})
@@ -95,6 +100,10 @@ class Sink:
 
     def discard(self) -> None:
         self.discards += 1
+
+    async def stop(self, what: str, exc: Exception) -> None:
+        self.stopped.append(what)
+        raise Stopped(what) from exc  # the real one never returns: the worker stops
 
 
 def run_round(ingest: BatchIngest, consumer: StandInConsumer, round_: dict[TP, list[Rec]]) -> None:
@@ -287,3 +296,25 @@ def test_forgetting_a_partition_restarts_it_from_the_commit() -> None:
     run_round(ingest, consumer, {IN: recs(6, 12)})
     assert sink.rounds[-1] == {IN: list(range(6, 13))}
     assert consumer.acked[-1] == (IN, 6, 12)
+
+
+def test_a_failed_offset_commit_stops_the_worker_before_the_next_states_are_written() -> None:
+    ingest, consumer, sink = setup(committed=0, flush_interval_s=3600.0)
+    consumer.app.conf.broker_commit_interval = 0.0
+
+    async def failing_commit() -> None:
+        raise RuntimeError("offset commit failed")
+
+    consumer.commit = failing_commit  # type: ignore[method-assign]
+
+    async def two_checkpoints() -> None:
+        await ingest.round(consumer, {IN: recs(0, 4)})  # type: ignore[arg-type]
+        await ingest.flush(consumer)  # type: ignore[arg-type]  # starts the commit (step 5)
+        await ingest.round(consumer, {IN: recs(5, 9)})  # type: ignore[arg-type]
+        await ingest.flush(consumer)  # type: ignore[arg-type]  # step 2 meets its failure
+
+    with pytest.raises(Stopped):
+        asyncio.run(two_checkpoints())
+    assert sink.stopped == ["the offset commit before the last rounds' states"]
+    assert sink.flushes == 1  # the second checkpoint wrote no state...
+    assert consumer.acked == [(IN, 0, 4)]  # ...and acknowledged nothing
