@@ -204,6 +204,14 @@ class _Agent:
         # state itself: a reference held while folding pins every version the fold makes
         # of a liveness state's RankTable (`DecodedStates`).
         self.lent: dict[str, tuple[bytes, bytes, bool]] = {}
+        self.evicting: set[str] = set()  # runs past retention whose value is not deleted yet
+
+    def evict(self, run_ids: Iterable[str]) -> None:
+        """Forget runs past their retention (before `absorb`); `write_dirty` deletes them."""
+        for run_id in run_ids:
+            self.dirty.pop(run_id, None)
+            self.lent.pop(run_id, None)
+            self.evicting.add(run_id)
 
     def load(self, run_id: str) -> Any:
         """The newest state of ``run_id`` (None: none yet): folded and not written, or stored.
@@ -215,6 +223,8 @@ class _Agent:
         if kept is not None:
             self.lent[run_id] = (key, kept[0], True)
             return kept[1]
+        if run_id in self.evicting:  # evicted, its deletion not written yet
+            return None
         raw = self.table.get(key)
         if raw is None:
             return None
@@ -232,6 +242,7 @@ class _Agent:
         """
         for run_id, data in encoded.items():
             self.dirty[run_id] = (data, states[run_id])
+            self.evicting.discard(run_id)
         for run_id, (key, raw, unwritten) in self.lent.items():
             if run_id in encoded:
                 continue
@@ -248,6 +259,7 @@ class _Agent:
         """Drop the states not written (their records are read again)."""
         self.dirty.clear()
         self.lent.clear()
+        self.evicting.clear()
 
     def runs_in_partition(self, partition: int) -> Iterable[str]:
         """Runs with a state in ``partition``: stored, or folded and not yet written.
@@ -263,6 +275,8 @@ class _Agent:
                 where, run_id = self._partition_of(key)
                 if where == partition:
                     stored.append(run_id)
+        if self.evicting:
+            stored = [run_id for run_id in stored if run_id not in self.evicting]
         if not self.dirty and not self.lent:
             return stored
         known = set(stored)
@@ -331,6 +345,7 @@ class _Agent:
         ]
         good, dead = split(records, self.role)
         result = fold_batch(self.role, good, self.load, self.runs_in_partition, self.cfg)
+        self.evict(result.evicted)
         self.absorb(result.encoded, result.states)
         await self.publish([*dead, *result.dead, *(self.finish(o) for o in result.outputs)])
         await self.write_dirty()
@@ -370,6 +385,12 @@ class _Agent:
         Raises:
             StateWriteError: Some state still not written after `STATE_WRITE_ATTEMPTS`.
         """
+        for run_id in sorted(self.evicting):  # retention (processors.core.retention)
+            key = encode_key(run_id)
+            if key in self.table:
+                del self.table[key]  # a tombstone in the changelog
+            self.decoded.drop(key)
+            self.evicting.discard(run_id)
         pending = {encode_key(run_id): (run_id, kept) for run_id, kept in self.dirty.items()}
         delay_s = 0.1
         for attempt in range(1, STATE_WRITE_ATTEMPTS + 1):
@@ -497,11 +518,13 @@ class _BatchSink:
             sent += await agent.send(dead)
             encoded: dict[str, bytes] = {}
             states: dict[str, Any] = {}
+            evicted: frozenset[str] = frozenset()
             for result in fold_chunks(
                 agent.role, good, agent.load, agent.runs_in_partition, agent.cfg, FOLD_CHUNK_EVENTS
             ):
                 sent += await agent.send([*result.dead, *(agent.finish(o) for o in result.outputs)])
-                encoded, states = result.encoded, result.states
+                encoded, states, evicted = result.encoded, result.states, result.evicted
+            agent.evict(evicted)
             agent.absorb(encoded, states)
         self.stats.note("fold_ms", 1000 * (time.perf_counter() - t0))
 
@@ -517,7 +540,7 @@ class _BatchSink:
             if ingest is not None:
                 await ingest.before_writes()  # the commit started after the last flush
             for agent in self.roles.values():
-                if agent.dirty:
+                if agent.dirty or agent.evicting:
                     await agent.write_dirty()
         except asyncio.CancelledError:
             raise
