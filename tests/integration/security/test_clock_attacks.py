@@ -173,3 +173,40 @@ def test_a_forged_huge_hang_timeout_does_not_disable_hang_detection(
     assert dead == []
     hangs = [a for a in result.anomalies if a.kind == "hang"]
     assert [(a.run_id, a.threshold) for a in hangs] == [(run, 86_400.0)]
+
+
+def test_a_live_worker_ignores_a_tick_a_day_ahead(
+    kafka_bootstrap: str,
+    topic_prefix: str,
+    make_topics: Any,
+    attacker: KafkaProducer,
+    tmp_path: Any,
+) -> None:
+    # The same attack against the processors themselves: a live gang reporting, a forged
+    # tick a day ahead in its partition, the gang reporting on. No hang, no dead rank, no
+    # command (before: both verdicts and a signed respawn).
+    from runwatch.processors.fleet import wait_until_processed
+    from tests.integration.processors.harness import Trainer, workers
+
+    make_topics(topic_prefix, partitions=1)
+    topics = names(topic_prefix)
+    app_id = f"{topic_prefix}-app"
+    sets = ("rank_heartbeat_threshold=10", "hang_timeout_s=600", "dead_rank_timeout_s=600")
+    trainer = Trainer(kafka_bootstrap, topic_prefix, "victim", world_size=2)
+    with workers(kafka_bootstrap, topic_prefix, tmp_path, partitions=1, sets=sets) as start:
+        start()
+        trainer.start(0)
+        for step in range(1, 11):
+            trainer.step(step)
+        ahead_ms = int(time.time() * 1000) + DAY_MS
+        forged = _raw(type="tick.v1", run_id="*", ts_ns=ahead_ms * 1_000_000, partition=0)
+        _send(attacker, topics.heartbeats, "*", forged, ahead_ms)
+        for step in range(11, 21):
+            trainer.step(step)
+        trainer.close()
+        wait_until_processed(kafka_bootstrap, app_id, [topics.heartbeats], timeout_s=180)
+        wait_until_processed(kafka_bootstrap, app_id, [topics.anomalies], timeout_s=180)
+        out = read_history(kafka_bootstrap, [topics.anomalies, topics.commands])
+    verdicts = split(out[topics.anomalies], TopicRole.ANOMALIES)[0]
+    assert [(e.run_id, e.kind) for _, e in verdicts] == []  # type: ignore[union-attr]
+    assert out[topics.commands] == []
