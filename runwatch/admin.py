@@ -264,9 +264,11 @@ def _ensure_broker_time(
 
     A topic created before its role stamped records with the broker's clock keeps
     ``CreateTime``, and then the writer sets the stamp that bounds an event's time
-    (docs/core.md, "Records that steer decisions"). Only that one key is set
-    (IncrementalAlterConfigs); a credential without AlterConfigs gets a warning naming the
-    command that fixes it, and the topic is left as it is.
+    (docs/core.md, "Records that steer decisions"). The topics' configs are read first
+    (a credential without DescribeConfigs, e.g. the processors' role, leaves it to the
+    admin's `runwatch topics create`); then only that one key is set where it differs
+    (IncrementalAlterConfigs), and a credential without AlterConfigs gets a warning naming
+    the command that fixes it.
     """
     from kafka.admin import ConfigResource, ConfigResourceType
     from kafka.errors import KafkaError
@@ -276,6 +278,22 @@ def _ensure_broker_time(
         for name in names
         if TIMESTAMP_TYPE in topic_configs(by_name[name])
     }
+    if not wanted:
+        return
+    try:
+        described = admin.describe_configs(
+            [ConfigResource(ConfigResourceType.TOPIC, name) for name in sorted(wanted)]
+        )
+    except (KafkaError, ValueError) as exc:  # no DescribeConfigs: an admin's job
+        logger.info("cannot read the configs of existing topics (%s); not checked", exc)
+        return
+    have: dict[str, object] = {}
+    for per_type in described.values():
+        for name, configs in per_type.items():
+            if isinstance(configs, dict):  # only modified keys: absent is the default
+                entry = configs.get(TIMESTAMP_TYPE)
+                have[name] = entry.get("value") if isinstance(entry, dict) else entry
+    wanted = {n: v for n, v in wanted.items() if n in have and have[n] != v}
     if not wanted:
         return
     resources = [
