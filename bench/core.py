@@ -24,6 +24,11 @@ every record, which dominates at large worlds, so it folds at most ``--pipeline-
 (default 2,000) events there.
 
 Targets: >= 200k heartbeats/s and >= 100k steps/s; 4,096/8 per-event cost <= 1.5.
+
+``--huge-only`` measures one thing (issue 19, finding 8): unpacked heartbeats through
+decode + `fold_batch` (batches of ``--batch-records``) at world 8 and at ``--huge-world``
+(131,072), ``--huge-events`` of each; prints the per-heartbeat cost of both and their
+ratio, then one JSON line (``bench: core_huge``). Goal: the ratio stays near 1 (flat cost).
 """
 
 from __future__ import annotations
@@ -232,6 +237,60 @@ def pipeline_costs(
     return out
 
 
+def _huge_beats(world: int, events: int) -> list[Heartbeat]:
+    rng = random.Random(0)
+    return [
+        Heartbeat(
+            run_id="r",
+            ts_ns=(i // world + 1) * S // 4 + rng.randrange(50_000_000),
+            rank=i % world,
+            step=i // world + 1,
+            step_time_s=0.25,
+        )
+        for i in range(events)
+    ]
+
+
+def huge_costs(huge: int, events: int, batch_records: int, repeat: int) -> dict[int, float]:
+    """Microseconds per unpacked heartbeat through decode + fold_batch, at world 8 and ``huge``.
+
+    The worlds are interleaved within each repetition (the best of ``repeat`` counts), so a
+    change in the machine's load affects both alike.
+    """
+    records = {w: _records(_huge_beats(w, events), 1) for w in (8, huge)}
+    best = dict.fromkeys(records, math.inf)
+    for _ in range(repeat):
+        for world, recs in records.items():
+            seconds, _ = _through_pipeline(world, recs, batch_records)
+            best[world] = min(best[world], seconds)
+    return {w: best[w] / events * 1e6 for w in records}
+
+
+def huge_main(args: argparse.Namespace) -> None:
+    """The ``--huge-only`` case: per-heartbeat cost at world 8 vs ``--huge-world``."""
+    costs = huge_costs(args.huge_world, args.huge_events, args.batch_records, args.repeat)
+    small, big = costs[8], costs[args.huge_world]
+    print(f"unpacked heartbeat through decode+fold_batch, world 8: {small:9.2f} us/event")
+    print(f"unpacked heartbeat through decode+fold_batch, world {args.huge_world:,}: {big:9.2f} us")
+    print(f"per-heartbeat cost, world {args.huge_world:,} / world 8: {big / small:.2f}x")
+    print(
+        json.dumps(
+            {
+                "bench": "core_huge",
+                "python": sys.version.split()[0],
+                "huge_world": args.huge_world,
+                "events_per_world": args.huge_events,
+                "batch_records": args.batch_records,
+                "repeat": args.repeat,
+                "us_per_heartbeat_world8": round(small, 3),
+                "us_per_heartbeat_huge": round(big, 3),
+                "cost_ratio_huge_over_8": round(big / small, 3),
+            },
+            sort_keys=True,
+        )
+    )
+
+
 def step_rate(events: int, repeat: int, cfg: DetectorConfig = CFG) -> tuple[float, int, int]:
     """Steps/s folded, encoded step state bytes, kept steps (step times jittered 1 %)."""
     rng = random.Random(0)
@@ -302,7 +361,13 @@ def main() -> None:
     parser.add_argument("--pack-events", type=int, default=512, help="events per pack record")
     parser.add_argument("--batch-records", type=int, default=5000, help="records per batch")
     parser.add_argument("--pipeline-events", type=int, default=2000, help="unpacked cap")
+    parser.add_argument("--huge-only", action="store_true", help="only world 8 vs --huge-world")
+    parser.add_argument("--huge-world", type=int, default=131_072)
+    parser.add_argument("--huge-events", type=int, default=5000, help="heartbeats per world")
     args = parser.parse_args()
+    if args.huge_only:
+        huge_main(args)
+        return
     worlds = sorted({8, *(int(w) for w in args.worlds.split(","))})
     beats = heartbeat_rates(worlds, args.events, args.repeat)
     for world in worlds:

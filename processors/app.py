@@ -182,6 +182,14 @@ class _Agent:
         self.decoded = DecodedStates(self.kind, STATE_CACHE_RUNS)  # type: ignore[arg-type]
         self.unwritten: dict[str, Unwritten] = {}  # run -> its state folded, not yet stored
         self.lent: dict[str, Lent] = {}  # run -> what a fold is using (`Lent`)
+        self.evicting: set[str] = set()  # runs past retention whose value is not deleted yet
+
+    def evict(self, run_ids: Iterable[str]) -> None:
+        """Forget runs past their retention (before `absorb`); `write_unwritten` deletes them."""
+        for run_id in run_ids:
+            self.unwritten.pop(run_id, None)
+            self.lent.pop(run_id, None)
+            self.evicting.add(run_id)
 
     def load(self, run_id: str) -> Any:
         """The newest state of ``run_id`` (None: none yet): folded and not written, or stored.
@@ -193,6 +201,8 @@ class _Agent:
         if kept is not None:
             self.lent[run_id] = Lent(key, kept.data, unwritten=True)
             return kept.state
+        if run_id in self.evicting:  # evicted, its deletion not written yet
+            return None
         raw = self.table.get(key)
         if raw is None:
             return None
@@ -210,6 +220,7 @@ class _Agent:
         """
         for run_id, data in encoded.items():
             self.unwritten[run_id] = Unwritten(data, states[run_id])
+            self.evicting.discard(run_id)
         for run_id, lent in self.lent.items():
             if run_id in encoded:
                 continue
@@ -226,6 +237,7 @@ class _Agent:
         """Drop the states not written (their records are read again)."""
         self.unwritten.clear()
         self.lent.clear()
+        self.evicting.clear()
 
     def runs_in_partition(self, partition: int) -> Iterable[str]:
         """Runs with a state in ``partition``: stored, or folded and not yet written.
@@ -241,6 +253,8 @@ class _Agent:
                 where, run_id = self._partition_of(key)
                 if where == partition:
                     stored.append(run_id)
+        if self.evicting:
+            stored = [run_id for run_id in stored if run_id not in self.evicting]
         if not self.unwritten and not self.lent:
             return stored
         known = set(stored)
@@ -310,6 +324,12 @@ class _Agent:
         Raises:
             StateWriteError: Some state still not stored after `STATE_WRITE_ATTEMPTS`.
         """
+        for run_id in sorted(self.evicting):  # retention (processors.core.retention)
+            key = encode_key(run_id)
+            if key in self.table:
+                del self.table[key]  # a tombstone in the changelog
+            self.decoded.drop(key)
+            self.evicting.discard(run_id)
         pending = {encode_key(run_id): (run_id, kept) for run_id, kept in self.unwritten.items()}
         delay_s = 0.1
         error: BaseException | None = None
@@ -445,11 +465,13 @@ class _BatchSink:
             sent += await agent.send(dead)
             encoded: dict[str, bytes] = {}
             states: dict[str, Any] = {}
+            evicted: frozenset[str] = frozenset()
             for result in fold_chunks(
                 agent.role, good, agent.load, agent.runs_in_partition, agent.cfg, FOLD_CHUNK_EVENTS
             ):
                 sent += await agent.send([*result.dead, *(agent.finish(o) for o in result.outputs)])
-                encoded, states = result.encoded, result.states
+                encoded, states, evicted = result.encoded, result.states, result.evicted
+            agent.evict(evicted)
             agent.absorb(encoded, states)
         self.stats.note("fold_ms", 1000 * (time.perf_counter() - t0))
 

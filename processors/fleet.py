@@ -56,12 +56,21 @@ def latest_states(bootstrap: str, app_id: str, *, timeout_s: float = 30.0) -> di
     for topic, records in history.items():
         kind = topics[topic]
         for record in records:
-            if record.key is None or record.value is None:
+            if record.key is None:
                 continue
             run_id = record.key.decode()
+            if record.value is None:  # a tombstone: the state was evicted (retention)
+                if run_id in views:
+                    setattr(views[run_id], kind.value, None)
+                continue
             view = views.setdefault(run_id, RunView(run_id=run_id))
             setattr(view, kind.value, decode_state(kind, record.value))
-    return dict(sorted(views.items()))
+    kept = (
+        v
+        for v in views.values()
+        if v.steps is not None or v.liveness is not None or v.policy is not None
+    )
+    return {view.run_id: view for view in sorted(kept, key=lambda v: v.run_id)}
 
 
 class RunSummary(msgspec.Struct, frozen=True, kw_only=True):

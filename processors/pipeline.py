@@ -31,12 +31,15 @@ class BatchResult(NamedTuple):
         outputs: Verdicts and commands, in the order the reducers emitted them.
         dead: Records whose fold or state encoding failed.
         encoded: Run -> its new state as table bytes, for every run a record changed.
+        evicted: Runs whose state passed its retention (`processors.core.retention`):
+            delete their table values (they are in neither ``states`` nor ``encoded``).
     """
 
     states: dict[str, Any]
     outputs: list[Event]
     dead: list[DeadLetter]
     encoded: dict[str, bytes]
+    evicted: frozenset[str] = frozenset()
 
 
 def fold_batch(
@@ -75,7 +78,13 @@ def fold_batch(
     replayer.feed((role, source, event) for source, event in items)  # type: ignore[misc]
     outputs: list[Event] = [verdict for _, verdict in replayer.recomputed]
     outputs.extend(replayer.commands)
-    return BatchResult(store, outputs, list(replayer.dead_letters), replayer.encoded[kind])
+    return BatchResult(
+        store,
+        outputs,
+        list(replayer.dead_letters),
+        replayer.encoded[kind],
+        frozenset(replayer.evicted[kind]),
+    )
 
 
 def fold_chunks(
@@ -108,28 +117,40 @@ def fold_chunks(
     Yields:
         One `BatchResult` per chunk: its own outputs and dead letters; ``states`` and
         ``encoded`` are the same two dicts every time, holding everything up to this
-        chunk (the last one yielded is the whole batch's).
+        chunk (the last one yielded is the whole batch's), and ``evicted`` every run
+        evicted up to this chunk and not made again since.
     """
     states: dict[str, Any] = {}
     encoded: dict[str, bytes] = {}
     seen: dict[int, set[str]] = {}
+    evicted: set[str] = set()
 
     def carried_load(run_id: str) -> Any:
-        return states[run_id] if run_id in states else load(run_id)
+        if run_id in states:
+            return states[run_id]
+        return None if run_id in evicted else load(run_id)
 
     def runs_in(partition: int) -> Iterable[str]:
         runs = seen.get(partition)
-        return [*runs_in_partition(partition), *runs] if runs else runs_in_partition(partition)
+        stored = [r for r in runs_in_partition(partition) if r not in evicted]
+        return [*stored, *runs] if runs else stored
 
     for chunk in _chunks(items, chunk_events):
         result = fold_batch(role, chunk, carried_load, runs_in, cfg)
         states.update(result.states)
         encoded.update(result.encoded)
+        evicted.difference_update(result.encoded)
+        for run_id in result.evicted:
+            states.pop(run_id, None)
+            encoded.pop(run_id, None)
+            evicted.add(run_id)
+            for runs in seen.values():
+                runs.discard(run_id)
         if role == TopicRole.HEARTBEATS:
             for source, event in chunk:
                 if not (isinstance(event, Tick) and event.run_id == TICK_RUN_ID):
                     seen.setdefault(source.partition, set()).add(event.run_id)
-        yield BatchResult(states, result.outputs, result.dead, encoded)
+        yield BatchResult(states, result.outputs, result.dead, encoded, frozenset(evicted))
 
 
 def _chunks(items: Sequence[Decoded], budget: int) -> Iterator[Sequence[Decoded]]:

@@ -218,6 +218,7 @@ def create_topics(
             existing = [name for name, new in created.items() if not new]
             if existing:
                 _warn_mismatch(admin, existing, by_name, rule.factor)
+                _ensure_broker_time(admin, existing, by_name)
         except KafkaError as exc:
             raise RunwatchError(f"creating topics on {bootstrap} failed: {exc}") from None
     return created
@@ -251,6 +252,73 @@ def _existing(admin: KafkaAdminClient, refused: list[str]) -> dict[str, bool]:
             "create`, docs/security.md)"
         )
     return dict.fromkeys(refused, False)
+
+
+TIMESTAMP_TYPE = "message.timestamp.type"
+
+
+def _ensure_broker_time(
+    admin: KafkaAdminClient, names: list[str], by_name: dict[str, TopicLike]
+) -> None:
+    """Give existing topics the catalogue's ``message.timestamp.type`` (LogAppendTime).
+
+    A topic created before its role stamped records with the broker's clock keeps
+    ``CreateTime``, and then the writer sets the stamp that bounds an event's time
+    (docs/core.md, "Records that steer decisions"). The topics' configs are read first
+    (a credential without DescribeConfigs, e.g. the processors' role, leaves it to the
+    admin's `runwatch topics create`); then only that one key is set where it differs
+    (IncrementalAlterConfigs), and a credential without AlterConfigs gets a warning naming
+    the command that fixes it.
+    """
+    from kafka.admin import ConfigResource, ConfigResourceType
+    from kafka.errors import KafkaError
+
+    wanted = {
+        name: topic_configs(by_name[name])[TIMESTAMP_TYPE]
+        for name in names
+        if TIMESTAMP_TYPE in topic_configs(by_name[name])
+    }
+    if not wanted:
+        return
+    try:
+        described = admin.describe_configs(
+            [ConfigResource(ConfigResourceType.TOPIC, name) for name in sorted(wanted)]
+        )
+    except (KafkaError, ValueError) as exc:  # no DescribeConfigs: an admin's job
+        logger.info("cannot read the configs of existing topics (%s); not checked", exc)
+        return
+    have: dict[str, object] = {}
+    for per_type in described.values():
+        for name, configs in per_type.items():
+            if isinstance(configs, dict):  # only modified keys: absent is the default
+                entry = configs.get(TIMESTAMP_TYPE)
+                have[name] = entry.get("value") if isinstance(entry, dict) else entry
+    wanted = {n: v for n, v in wanted.items() if n in have and have[n] != v}
+    if not wanted:
+        return
+    resources = [
+        ConfigResource(ConfigResourceType.TOPIC, name, configs={TIMESTAMP_TYPE: value})
+        for name, value in sorted(wanted.items())
+    ]
+    try:
+        result = admin.alter_configs(resources)
+        failed = [
+            f"{name}: {outcome}"
+            for per_type in result.values()
+            for name, outcome in per_type.items()
+            if isinstance(outcome, BaseException)
+        ]
+    except (KafkaError, ValueError) as exc:
+        failed = [f"{', '.join(sorted(wanted))}: {exc}"]
+    for failure in failed:
+        logger.warning(
+            "could not set %s=LogAppendTime on an existing topic (%s): its records keep the "
+            "writer's timestamps, so the bound on event times does not hold there; run "
+            "kafka-configs --alter --entity-type topics --entity-name TOPIC --add-config "
+            "message.timestamp.type=LogAppendTime",
+            TIMESTAMP_TYPE,
+            failure,
+        )
 
 
 def _warn_mismatch(

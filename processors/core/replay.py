@@ -23,6 +23,15 @@ run (`processors.pipeline`), so live, replay and audit dead-letter the same reco
 fanned out to many runs is applied per run: a run whose fold fails keeps its state, the
 others advance.
 
+The encode check costs O(world) for a liveness state (a 131,072-rank table takes tens of
+milliseconds), so it runs once per run and batch (`Replayer.feed`), not per record: a
+heartbeat's cost stays flat in the world size (ARCHITECTURE rule 8). When a run's state
+after the batch cannot be stored, that run alone is refolded from its state before the
+batch, record by record with the check after each (`Replayer._flush`), so the record that
+made it unstorable is the ``encode`` dead letter, as if records came one per batch. The
+one difference: a state made unstorable and then storable again inside one batch is not
+caught (live, audit and replay all fold so, so they agree).
+
 Packed records (`schemas.events.EventPack`) are unpacked here, in the fold every reader
 shares: each inner event is applied as if it were a record of its own, in order, at the
 position ``(offset, index)`` (`unpack`), so its verdicts and dead letters name it exactly
@@ -42,6 +51,7 @@ from runwatch.processors.core.checkpoints import CheckpointCatalogue, fold_check
 from runwatch.processors.core.config import DetectorConfig, config_hash
 from runwatch.processors.core.liveness import LivenessState, fold_liveness
 from runwatch.processors.core.policy import PolicyState, fold_policy
+from runwatch.processors.core.retention import liveness_expired
 from runwatch.processors.core.state_codec import encode_state
 from runwatch.processors.core.steps import StepHealthState, fold_step
 from runwatch.schemas.codec import encode
@@ -68,6 +78,8 @@ from runwatch.schemas.topics import FOLD_ORDER, StateKind, TopicRole
 Record: TypeAlias = tuple[TopicRole, Provenance, InputEvent | AnomalyDetected]
 """``(role, provenance, event)``: one record of the log, as read from its topic."""
 SortKey: TypeAlias = tuple[int, str, int, int, int, str, int]
+Touched: TypeAlias = dict[tuple[StateKind, str], tuple[Any, list[tuple[Provenance, Any]]]]
+"""(state kind, run) -> its state before the batch and the batch's events applied to it."""
 READ_ROLES: Final[frozenset[TopicRole]] = frozenset({*FOLD_ORDER, TopicRole.RUNS})
 """The roles a replay takes records of: the folded ones, and ``runs`` (read, not folded)."""
 REPLAY_ANOMALIES_TOPIC: Final = "replay.anomalies"
@@ -177,8 +189,11 @@ class Replayer:
         self.recorded_anomalies = 0
         self.dead_letters: list[DeadLetter] = []
         self.encoded: dict[StateKind, dict[str, bytes]] = {kind: {} for kind in StateKind}
-        """Kind -> run -> the encoded state after its latest applied record."""
-        self._in_pack = False
+        """Kind -> run -> the encoded state after the latest batch that changed it."""
+        self.evicted: dict[StateKind, set[str]] = {kind: set() for kind in StateKind}
+        """Kind -> runs whose state was evicted (`processors.core.retention`) and not made
+        again since: their table values are to be deleted."""
+        self._touched: Touched | None = None
 
     def _collect(self, verdicts: list[AnomalyDetected]) -> None:
         for i, v in enumerate(verdicts):
@@ -193,8 +208,19 @@ class Replayer:
         event: Event,
         fold: Callable[[S | None, Any, Provenance], tuple[S, Out]],
     ) -> Out | None:
-        """Fold one record into one run's state, or dead-letter it and keep the state."""
+        """Fold one record into one run's state, or dead-letter it and keep the state.
+
+        Inside `feed` the state's encoding is deferred to the end of the batch (`_flush`);
+        outside it (a refold) each record's state is checked as it is made.
+        """
         before = store.get(run_id)
+        touched = self._touched
+        if touched is not None:
+            key = (kind, run_id)
+            seen = touched.get(key)
+            if seen is None:
+                touched[key] = seen = (before, [])
+            seen[1].append((source, event))
         try:
             state, outputs = fold(before, event, source)
         except Exception as exc:
@@ -202,7 +228,7 @@ class Replayer:
             return None
         if state is before:  # the record changed nothing (a Tick of an ended run): no write
             return outputs
-        if self._in_pack:  # checked once, after the pack's last event (`_pack`)
+        if touched is not None:  # checked once per run, at the end of the batch (`_flush`)
             store[run_id] = state
             return outputs
         try:
@@ -212,6 +238,7 @@ class Replayer:
             return None
         store[run_id] = state
         self.encoded[kind][run_id] = data
+        self.evicted[kind].discard(run_id)
         return outputs
 
     def _fold_step(
@@ -243,6 +270,9 @@ class Replayer:
                     self._fold_liveness,
                 )
                 self._collect(verdicts or [])
+                state = self.liveness.get(run_id)
+                if state is not None and liveness_expired(state, event.ts_ns):
+                    self._evict(StateKind.LIVENESS, self.liveness, run_id, source.partition)
             return
         if not isinstance(event, (Heartbeat, RunStarted, RunEnded, RankExited)):
             return
@@ -256,6 +286,13 @@ class Replayer:
             self._fold_liveness,
         )
         self._collect(verdicts or [])
+
+    def _evict(self, kind: StateKind, store: dict[str, Any], run_id: str, partition: int) -> None:
+        """Forget a run's state past its retention (the agent deletes its table value)."""
+        del store[run_id]
+        self.encoded[kind].pop(run_id, None)
+        self.evicted[kind].add(run_id)
+        self.partition_runs.get(partition, set()).discard(run_id)
 
     def _anomaly(self, source: Provenance, anomaly: AnomalyDetected) -> None:
         self.recorded_anomalies += 1
@@ -272,6 +309,10 @@ class Replayer:
     def feed(self, records: Iterable[Record]) -> Replayer:
         """Apply records (each role in partition order).
 
+        Each run's state is checked (encoded for its table) once, after the batch, not
+        after each record (`_flush`): encoding a 131,072-rank table costs what tens of
+        thousands of folds do.
+
         Args:
             records: ``(role, provenance, event)`` triples.
 
@@ -281,57 +322,82 @@ class Replayer:
         Raises:
             ValueError: An unknown role.
         """
-        for role, source, event in records:
-            if type(event) is EventPack:
-                self._pack(role, source, event)
-            else:
-                self._dispatch(role, source, event)
+        marks = len(self.recomputed), len(self.dead_letters), len(self.commands)
+        self._touched = {}
+        try:
+            for role, source, event in records:
+                if type(event) is EventPack:
+                    for inner_source, inner in unpack(source, event):
+                        self._dispatch(role, inner_source, inner)  # type: ignore[arg-type]
+                else:
+                    self._dispatch(role, source, event)
+            touched = self._touched
+        finally:
+            self._touched = None
+        self._flush(touched, marks)
         return self
 
-    def _pack(self, role: str, source: Provenance, pack: EventPack) -> None:
-        """Apply a pack's events in order; encode the run's state once, after the last.
+    def _flush(self, touched: Touched, marks: tuple[int, int, int]) -> None:
+        """Encode each state the batch changed; refold a run whose state cannot be stored.
 
-        Encoding a state costs what tens of folds do at a large world size, and a pack's
-        events all change one state: so it is encoded once per pack, not per event. If
-        that state cannot be stored, the pack is refolded from the state before it with
-        the per-event check, so the event that made it unstorable is the dead letter, as
-        if the events had come one per record. (The one difference from one record per
-        event: an unstorable state *inside* a pack that a later event of it makes storable
-        again is not caught. Live, audit and replay all fold packs this way.)
+        Rules, per run and state kind the batch touched:
+            1. A state the batch left as it was is not written.
+            2. A state that encodes is kept with its bytes (`encoded`).
+            3. Otherwise the run's verdicts, commands and dead letters of this batch are
+               dropped, its state is put back as it was before the batch, and its records
+               are refolded one by one with the per-record check, so the record that made
+               the state unstorable is the ``encode`` dead letter, as if each record had
+               come in a batch of its own. (An unstorable state that a later record of the
+               same batch makes storable again is not caught; live, audit and replay all
+               fold so. The refolded run's verdicts come after the others of the batch.)
         """
-        kinds: dict[str, tuple[StateKind, dict[str, Any]]] = {
-            TopicRole.STEPS: (StateKind.STEPS, self.steps),
-            TopicRole.HEARTBEATS: (StateKind.LIVENESS, self.liveness),
+        stores: dict[StateKind, dict[str, Any]] = {
+            StateKind.STEPS: self.steps,
+            StateKind.LIVENESS: self.liveness,
+            StateKind.CHECKPOINTS: self.checkpoints,
+            StateKind.POLICY: self.policy,
         }
-        if role not in kinds:
-            for inner_source, inner in unpack(source, pack):
-                self._dispatch(role, inner_source, inner)  # type: ignore[arg-type]
-            return
-        kind, store = kinds[role]
-        run_id = pack.run_id
-        before = store.get(run_id)
-        marks = len(self.recomputed), len(self.dead_letters)
-        self._in_pack = True
-        try:
-            for inner_source, inner in unpack(source, pack):
-                self._dispatch(role, inner_source, inner)  # type: ignore[arg-type]
-        finally:
-            self._in_pack = False
-        state = store.get(run_id)
-        if state is None:
-            return
-        try:
-            self.encoded[kind][run_id] = encode_state(state)
-            return
-        except Exception:
-            pass
-        del self.recomputed[marks[0] :], self.dead_letters[marks[1] :]
-        if before is None:
-            del store[run_id]
+        for (kind, run_id), (before, applied) in touched.items():
+            store = stores[kind]
+            state = store.get(run_id)
+            if state is None or state is before:
+                continue
+            try:
+                self.encoded[kind][run_id] = encode_state(state)
+                self.evicted[kind].discard(run_id)  # evicted, then made again by a record
+                continue
+            except Exception:
+                pass
+            self._drop_run_outputs(run_id, marks)
+            if before is None:
+                del store[run_id]
+            else:
+                store[run_id] = before
+            for source, event in applied:
+                self._refold(kind, store, run_id, source, event)
+
+    def _drop_run_outputs(self, run_id: str, marks: tuple[int, int, int]) -> None:
+        verdicts, dead, commands = marks
+        self.recomputed[verdicts:] = [
+            kv for kv in self.recomputed[verdicts:] if kv[1].run_id != run_id
+        ]
+        self.dead_letters[dead:] = [d for d in self.dead_letters[dead:] if d.run_id != run_id]
+        self.commands[commands:] = [c for c in self.commands[commands:] if c.run_id != run_id]
+
+    def _refold(
+        self, kind: StateKind, store: dict[str, Any], run_id: str, source: Provenance, event: Any
+    ) -> None:
+        if kind is StateKind.STEPS:
+            self._collect(self._apply(kind, store, run_id, source, event, self._fold_step) or [])
+        elif kind is StateKind.LIVENESS:
+            verdicts = self._apply(kind, store, run_id, source, event, self._fold_liveness)
+            self._collect(verdicts or [])
+        elif kind is StateKind.CHECKPOINTS:
+            self._apply(kind, store, run_id, source, event, _fold_checkpoint)
         else:
-            store[run_id] = before
-        for inner_source, inner in unpack(source, pack):
-            self._dispatch(role, inner_source, inner)  # type: ignore[arg-type]
+            self.commands.extend(
+                self._apply(kind, store, run_id, source, event, self._fold_policy) or []
+            )
 
     def _dispatch(self, role: str, source: Provenance, event: InputEvent | AnomalyDetected) -> None:
         """Apply one event (a record, or one event of a pack) of ``role``."""

@@ -129,6 +129,10 @@ class DecodedStates:
         if len(entries) > self.capacity:
             entries.popitem(last=False)
 
+    def drop(self, key: bytes) -> None:
+        """Forget ``key``'s state (its table value was deleted)."""
+        self._entries.pop(key, None)
+
     def clear(self) -> None:
         """Forget every state."""
         self._entries.clear()

@@ -193,10 +193,11 @@ def test_fold_batch_applies_a_pack_whole_and_a_retried_batch_changes_nothing() -
     # crash before the write: the batch comes again onto the old state, same result
     again = fold_batch("heartbeats", items, load, lambda _: ["r"], LIVE_CFG)
     assert again.encoded == first.encoded and again.outputs == first.outputs
-    # crash after the write: the redelivered batch applies nothing
+    # crash after the write: the redelivered batch applies nothing, so writes nothing
     table.update(first.encoded)
     redelivered = fold_batch("heartbeats", items, load, lambda _: ["r"], LIVE_CFG)
-    assert redelivered.outputs == [] and redelivered.encoded == first.encoded
+    assert redelivered.outputs == [] and redelivered.encoded == {}
+    assert redelivered.states["r"] is not None
 
 
 def test_ticks_between_packs_age_a_run_seen_only_in_packs() -> None:
