@@ -13,20 +13,30 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+import urllib.request
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from kafka import KafkaProducer
 
 from runwatch import admin
+from runwatch.procs import ManagedProcess
 from runwatch.schemas.codec import encode, encode_key
 from runwatch.schemas.events import CommandRejected, Event, RestartCompleted, RestartRequested
+from runwatch.schemas.records import RawRecord
 from runwatch.schemas.signing import CommandKey, sign
 from runwatch.schemas.topics import TopicNames, names
+from runwatch.sinks.consumer import SinkLoop, start_thread
 from tests.integration.processors.harness import COMMAND_KEY, Reader
+from tests.integration.sinks.test_alerts_metrics import publish
+from tests.unit.sinks.events import anomaly, step
+from tests.unit.sinks.recorder import Recorder
 
 pytestmark = pytest.mark.integration
 
@@ -214,3 +224,229 @@ def test_a_non_ascii_signature_neither_kills_the_launcher_nor_its_adoption(
     ]
     assert reasons and all("malformed signature" in r for r in reasons), reasons
     assert "Traceback" not in launcher.log() + successor.log()
+
+
+# ---------------------------------------------------------------- finding 4 and "no record stops a process"
+
+SLASHES = "/" * 100
+"""Finding 4's run id: valid (under 256 characters), 307 bytes once quoted as a directory."""
+
+TAGS = ("step.v1", "heartbeat.v1", "anomaly.v1", "run_started.v1", "run_ended.v1", "tick.v1")
+TAGS += ("restart_requested.v1", "restart_completed.v1", "command_rejected.v1", "dead_letter.v1")
+INT_FIELDS = ("ts_ns", "seq", "step", "rank", "tokens", "incarnation", "world_size")
+INT_FIELDS += ("final_step", "partition", "pid", "examples", "microbatches", "vocab_size")
+FLOAT_FIELDS = ("loss", "step_time_s", "grad_norm", "lr", "value", "baseline", "scale", "z")
+FLOAT_FIELDS += ("threshold", "peak_flops_per_s", "duration_s")
+TEXT_FIELDS = ("verdict_id", "kind", "severity", "status", "reason", "command_id", "action")
+TEXT_FIELDS += ("host", "detail", "cause_verdict_id", "cause_kind", "signature", "key_id")
+
+
+def _garbage() -> st.SearchStrategy[tuple[str, bytes | None, bytes]]:
+    """``(topic role, key, value)``: bytes, or an event's JSON with absurd field values."""
+    extreme_ints = st.sampled_from([0, -1, 2**31 - 1, 2**63 - 1, -(2**63), 2**64, 7 * 10**18])
+    ints = st.one_of(extreme_ints, st.integers())
+    floats = st.one_of(st.sampled_from([0.0, 5e-324, -0.0, 1e308]), st.floats())
+    texts = st.one_of(
+        st.sampled_from([SLASHES, "..", "*", "%2F", "hang", "critical", "é" * 300, ""]),
+        st.text(max_size=40),
+    )
+    run_ids = st.one_of(st.sampled_from([SLASHES, "..", "*", "victim", "a/b", "%00"]), texts)
+    anything = st.one_of(ints, floats, texts, st.none(), st.booleans(), st.lists(ints, max_size=2))
+
+    @st.composite
+    def event(draw: st.DrawFn) -> bytes:
+        body: dict[str, object] = {"type": draw(st.sampled_from(TAGS)), "run_id": draw(run_ids)}
+        for names_, values in ((INT_FIELDS, ints), (FLOAT_FIELDS, floats), (TEXT_FIELDS, texts)):
+            for name in draw(st.lists(st.sampled_from(names_), max_size=5, unique=True)):
+                body[name] = draw(st.one_of(values, anything))
+        if draw(st.booleans()):
+            body["thresholds"] = draw(st.dictionaries(texts, floats, max_size=3))
+        return json.dumps(body, allow_nan=True, ensure_ascii=draw(st.booleans())).encode()
+
+    roles = st.sampled_from(["steps", "heartbeats", "anomalies", "runs", "controller"])
+    keys = st.one_of(st.none(), st.binary(max_size=300), run_ids.map(str.encode))
+    values = st.one_of(event(), st.binary(max_size=200))
+    return st.tuples(roles, keys, values)
+
+
+def _wait_line(proc: ManagedProcess, needle: str, timeout_s: float = WAIT_S) -> str:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        text = proc.log_path.read_text(errors="replace") if proc.log_path.exists() else ""
+        for line in text.splitlines():
+            if needle in line:
+                return line
+        assert proc.returncode is None, f"{proc.name} exited:\n{proc.log_tail(60)}"
+        assert time.monotonic() < deadline, f"no {needle!r}:\n{proc.log_tail(60)}"
+        time.sleep(0.1)  # polling a log file: the line decides, not the sleep
+
+
+def _wait_path(pattern: str, root: Path, proc: ManagedProcess) -> list[Path]:
+    deadline = time.monotonic() + WAIT_S
+    while not (found := sorted(root.glob(pattern))):
+        assert proc.returncode is None, proc.log_tail(60)
+        assert time.monotonic() < deadline, f"no {pattern} in {root}:\n{proc.log_tail(60)}"
+        time.sleep(0.1)  # an archive file has no event to await; polled with a deadline
+    return found
+
+
+POISON_LAST_EVENT = 'runwatch_run_last_event_timestamp_seconds{run="poison"}'
+
+
+def _scrape_until(proc: ManagedProcess, needle: str) -> str:
+    """GET /metrics until it holds ``needle``."""
+    url = f"http://127.0.0.1:{proc.metrics_port}/metrics"  # type: ignore[attr-defined]
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        with urllib.request.urlopen(url, timeout=10) as reply:
+            text = reply.read().decode()
+        if needle in text:
+            return text
+        assert proc.returncode is None, proc.log_tail(60)
+        assert time.monotonic() < deadline, f"no {needle!r} in /metrics:\n{text[-3000:]}"
+        time.sleep(0.2)  # a scrape is a poll; the content decides
+
+
+@pytest.fixture
+def sinks_proc(kafka_bootstrap: str, prefix: str, tmp_path: Path) -> Iterator[ManagedProcess]:
+    """`runwatch sinks --alerts --metrics --archive` on the fresh prefix, all three read."""
+    args = ["sinks", "--alerts", "--metrics", "--archive", str(tmp_path / "archive"),
+            "--metrics-port", str(Recorder.free_port()), "--archive-flush-s", "0.5",
+            "--group-wait-s", "0.1", "--cause-wait-s", "0", "--session-timeout", "6",
+            "--state-dir", str(tmp_path / "state"),
+            "--bootstrap", kafka_bootstrap, "--prefix", prefix]  # fmt: skip
+    env = {**_env(), "RUNWATCH_COMMAND_KEY": ""}
+    proc = ManagedProcess.runwatch("sinks", args, tmp_path / "sinks.log", env=env)
+    proc.metrics_port = int(args[args.index("--metrics-port") + 1])  # type: ignore[attr-defined]
+    try:
+        for sink in ("alerts", "metrics", "archive"):
+            _wait_line(proc, f"{sink}: assigned")
+        yield proc
+    finally:
+        proc.stop()
+
+
+def test_no_record_stops_runwatch_sinks(
+    kafka_bootstrap: str, topics: TopicNames, sinks_proc: ManagedProcess, tmp_path: Path
+) -> None:
+    """Finding 4 and a hypothesis-made batch of garbage and absurd records.
+
+    After them a good verdict is still alerted and a good step still archived, and the
+    100-'/' run id has its (bounded) archive directory.
+    """
+    producer = _raw_producer(kafka_bootstrap)
+    slash_step = {"type": "step.v1", "run_id": SLASHES, "ts_ns": time.time_ns()}
+    slash_step |= {"step": 1, "loss": 2.5, "step_time_s": 0.5}
+    producer.send(topics.steps, key=SLASHES.encode(), value=json.dumps(slash_step).encode())
+    # Finding 5: a run, then a heartbeat from 2191 that used to retire every other run.
+    bystander = {"type": "step.v1", "run_id": "bystander", "ts_ns": time.time_ns()}
+    bystander |= {"step": 3, "loss": 2.5, "step_time_s": 0.5}
+    producer.send(topics.steps, key=b"bystander", value=json.dumps(bystander).encode())
+    poison = {"type": "heartbeat.v1", "run_id": "poison", "ts_ns": 7 * 10**18}
+    poison |= {"rank": 0, "step": 3}
+    producer.send(topics.heartbeats, key=b"poison", value=json.dumps(poison).encode())
+    sent: list[int] = []
+
+    @settings(
+        max_examples=25,
+        derandomize=True,
+        database=None,
+        deadline=None,
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(batch=st.lists(_garbage(), min_size=1, max_size=20))
+    def attack(batch: list[tuple[str, bytes | None, bytes]]) -> None:
+        for role, key, value in batch:
+            if role == "runs" and key is None:
+                key = b"unkeyed"  # the compacted runs topic refuses unkeyed records
+            producer.send(getattr(topics, role), key=key, value=value)
+        sent.append(len(batch))
+
+    attack()
+    producer.flush(30)
+    now_s = time.time()
+    publish(
+        kafka_bootstrap,
+        [
+            (topics.anomalies, anomaly(run="good", kind="hang", step=7, ts_s=now_s)),
+            (topics.steps, step(run="good", n=7, ts_s=now_s)),
+        ],
+    )
+    producer.close()
+    _wait_line(sinks_proc, "run=good hang step=7")
+    archive = tmp_path / "archive"
+    _wait_path("run_id=good/*.parquet", archive, sinks_proc)
+    slashed = _wait_path("run_id=%2F%2F*/*.parquet", archive, sinks_proc)
+    assert all(len(p.parent.name) <= 255 for p in slashed)
+    metrics = _scrape_until(sinks_proc, 'runwatch_run_last_step{run="good"} 7.0')
+    tracked = [x for x in metrics.splitlines() if "runs_" in x or "run_last_step{" in x]
+    assert 'runwatch_run_last_step{run="bystander"} 3.0' in metrics, tracked
+    (line,) = [x for x in metrics.splitlines() if x.startswith(POISON_LAST_EVENT)]
+    assert float(line.split()[-1]) < time.time() + 3600  # bounded, not 2191
+    assert sum(sent) >= 25 and sinks_proc.returncode is None, sinks_proc.log_tail(60)
+
+
+class _Fragile:
+    """A sink whose handling raises on one record (as a sink bug an attacker found would)."""
+
+    name = "fragile"
+
+    def __init__(self) -> None:
+        self.seen: list[bytes] = []
+        self.done = threading.Event()
+
+    def on_assigned(self, partitions: object) -> None:
+        pass
+
+    def handle(self, records: Sequence[RawRecord], now_s: float) -> None:
+        for r in records:
+            if r.value == b"poison":
+                raise ZeroDivisionError("the record the sink cannot take")
+        for r in records:
+            if r.value not in self.seen:
+                self.seen.append(r.value or b"")
+            if r.value == b"after":
+                self.done.set()
+
+    def tick(self, now_s: float) -> None:
+        pass
+
+    def flush(self) -> None:
+        pass
+
+    def pending_offsets(self) -> dict[tuple[str, int], int]:
+        return {}
+
+    def on_lag(self, lag: object) -> None:
+        pass
+
+
+def test_a_record_that_raises_in_a_sink_costs_that_record_only(
+    kafka_bootstrap: str, topics: TopicNames
+) -> None:
+    """The sinks' shared loop: the poison record is counted once, its neighbours handled."""
+    sink = _Fragile()
+    stop = threading.Event()
+    loop = SinkLoop(
+        sink,
+        bootstrap=kafka_bootstrap,
+        topics=[topics.steps],
+        group_id=f"{topics.steps}-fragile",
+        stop=stop,
+        poll_timeout_s=0.1,
+    )
+    thread = start_thread(loop)
+    try:
+        assert loop.ready.wait(WAIT_S), "no partitions assigned"
+        producer = _raw_producer(kafka_bootstrap)
+        for value in (b"before", b"poison", b"poison", b"after"):
+            producer.send(topics.steps, key=b"one-run", value=value)
+        producer.flush(30)
+        producer.close()
+        assert sink.done.wait(WAIT_S), loop.error
+    finally:
+        stop.set()
+        thread.join(30)
+    assert loop.error is None, loop.error
+    assert sink.seen == [b"before", b"after"]
+    assert loop.bad.counts == {"handle: ZeroDivisionError": 2}
