@@ -25,6 +25,7 @@ from typing import Any, Final
 
 import msgspec
 
+from runwatch.common.isolate import BadRecords
 from runwatch.processors.core.config import DetectorConfig
 from runwatch.processors.core.report import health_report
 from runwatch.processors.core.runinfo import RunInfo
@@ -242,6 +243,7 @@ class WebviewData:
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
         self.error: str = ""
+        self.bad = BadRecords("web view", log)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -360,14 +362,16 @@ class WebviewData:
                 self._records += 1
                 kind = self._changelogs.get(record.topic)
                 if kind is not None:
-                    self._apply_state(kind, record)
+                    where = (record.topic, record.partition, record.offset)
+                    self.bad.guard("state", lambda r=record, k=kind: self._apply_state(k, r), where)  # type: ignore[misc]
                     continue
                 role = self._roles.get(record.topic)
                 if role is None:
                     continue
                 good, _ = split([record], role)  # dead letters are the processors' business
                 for _, event in good:
-                    self._apply_event(event)
+                    where = (record.topic, record.partition, record.offset)
+                    self.bad.guard("event", lambda e=event: self._apply_event(e), where)  # type: ignore[misc]
             self._version += 1
             self._changed.notify_all()
 
@@ -384,7 +388,7 @@ class WebviewData:
         try:
             run.states[kind] = decode_state(kind, record.value)
         except (msgspec.DecodeError, ValueError) as exc:
-            log.warning("undecodable %s state of %s: %s", kind, run.run_id, exc)
+            self.bad.note(f"undecodable {kind} state", exc, run.run_id[:80])
             return
         self._dirty.add(run.run_id)
 
@@ -410,8 +414,9 @@ class WebviewData:
 
     def _summaries(self) -> list[tuple[RunSummary, AuditNote | None]]:
         for run_id in self._dirty:
-            run = self._runs[run_id]
-            run.summary = summarize(run.view())
+            run = self._runs.get(run_id)
+            if run is not None:
+                _, run.summary = self.bad.guard("summary", lambda r=run: summarize(r.view()))  # type: ignore[misc]
         self._dirty.clear()
         return [(r.summary, r.audit) for r in self._runs.values() if r.summary is not None]
 

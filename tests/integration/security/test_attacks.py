@@ -11,6 +11,9 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
+import stat
+import struct
 import subprocess
 import sys
 import threading
@@ -26,6 +29,7 @@ from hypothesis import strategies as st
 from kafka import KafkaProducer
 
 from runwatch import admin
+from runwatch.controller.relay import RelayServer, relay_socket_path
 from runwatch.procs import ManagedProcess
 from runwatch.schemas.codec import encode, encode_key
 from runwatch.schemas.events import CommandRejected, Event, RestartCompleted, RestartRequested
@@ -450,3 +454,97 @@ def test_a_record_that_raises_in_a_sink_costs_that_record_only(
     assert loop.error is None, loop.error
     assert sink.seen == [b"before", b"after"]
     assert loop.bad.counts == {"handle: ZeroDivisionError": 2}
+
+
+# ---------------------------------------------------------------- finding 9: the relay
+
+
+def _frame(body: bytes) -> bytes:
+    return struct.pack(">I", len(body)) + body
+
+
+def _event_frame(seq: int, topic: str, key: bytes, value: bytes) -> bytes:
+    """The wire's event frame, by hand: ``E``, ``>QHH`` seq and lengths, topic, key, value."""
+    raw = topic.encode()
+    return _frame(b"E" + struct.pack(">QHH", seq, len(raw), len(key)) + raw + key + value)
+
+
+def _outcomes(sock: socket.socket, seqs: set[int]) -> dict[int, str]:
+    """Read the relay's answers until every seq in ``seqs`` has one: "" ack, else the reason."""
+    sock.settimeout(WAIT_S)
+    buf, out = b"", {}
+    while not seqs <= set(out):
+        chunk = sock.recv(65536)
+        assert chunk, f"the relay closed the connection; answers so far {out}"
+        buf += chunk
+        while len(buf) >= 4 and len(buf) >= 4 + struct.unpack(">I", buf[:4])[0]:
+            n = struct.unpack(">I", buf[:4])[0]
+            body, buf = buf[4 : 4 + n], buf[4 + n :]
+            (seq,) = struct.unpack(">Q", body[1:9])
+            out[seq] = "" if body[:1] == b"A" else body[9:].decode()
+    return out
+
+
+def _hb(run_id: str, step_n: int) -> bytes:
+    return json.dumps(
+        {"type": "heartbeat.v1", "run_id": run_id, "ts_ns": time.time_ns(), "rank": 0}
+        | {"step": step_n}
+    ).encode()
+
+
+def test_the_relay_speaks_only_for_its_run_and_one_topic_never_blocks_the_others(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    """Finding 9: other topics, other runs' keys, other runs' events are nacked at once.
+
+    The checkpoints topic does not exist (no metadata: its records wait with backoff);
+    the steps and heartbeats sent after a checkpoint record are acked all the same.
+    """
+    prefix = f"x{uuid.uuid4().hex[:10]}"
+    specs = [s for s in admin.catalogue(prefix, 1) if not s.name.endswith(".checkpoints")]
+    admin.create_topics(kafka_bootstrap, specs)
+    topics = names(prefix)
+    relay = RelayServer(tmp_path / "relay.sock", kafka_bootstrap, prefix, run_ids=["mine"])
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(str(tmp_path / "relay.sock"))
+        command = _forged_command("mine", "c", "00" * 32, "k")
+        step_ = {"type": "step.v1", "run_id": "mine", "ts_ns": time.time_ns(), "step": 1}
+        step_ |= {"loss": 1.0, "step_time_s": 0.1}
+        ckpt = {"type": "checkpoint.v1", "run_id": "mine", "ts_ns": 1, "step": 1}
+        frames = [
+            (1, topics.commands, b"mine", command),
+            (2, topics.heartbeats, b"theirs", _hb("theirs", 1)),
+            (3, topics.heartbeats, b"mine", _hb("theirs", 1)),
+            (4, topics.checkpoints, b"mine", json.dumps(ckpt).encode()),
+            (5, topics.heartbeats, b"mine", _hb("mine", 1)),
+            (6, topics.steps, b"mine", json.dumps(step_).encode()),
+        ]
+        sock.sendall(b"".join(_event_frame(*f) for f in frames) + _frame(b"F"))
+        answers = _outcomes(sock, {1, 2, 3, 5, 6})
+    finally:
+        sock.close()
+        relay.close(timeout_s=5)
+    assert "input topics" in answers[1]
+    assert "another run" in answers[2]
+    assert "another run under this run's key" in answers[3]
+    assert answers[5] == "" and answers[6] == "", answers
+    assert 4 not in answers or answers[4] != ""  # the missing topic: never acked
+    assert sum(relay.refused.counts.values()) == 3
+
+
+def test_a_long_state_dir_puts_the_socket_in_a_private_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Finding 9: no predictable /tmp name; a directory opened to others is refused."""
+    runtime = tmp_path / "runtime"
+    runtime.mkdir()
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+    state_dir = tmp_path / ("s" * 120)
+    path = relay_socket_path(state_dir)
+    assert path.parent == runtime / f"runwatch-{os.getuid()}"
+    assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+    assert relay_socket_path(state_dir) == path  # the same for an adopting controller
+    path.parent.chmod(0o777)  # another user's trap, say
+    with pytest.raises(OSError, match="not a private directory"):
+        relay_socket_path(state_dir)
