@@ -26,6 +26,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="address to listen on (default: 127.0.0.1, this machine only; the view has no login)",
     )
     parser.add_argument("--port", type=int, default=8470, help="port (default: 8470; 0: any)")
+    parser.add_argument(
+        "--allow-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a host name the view may be reached by (its Host header; repeatable); "
+        "requests naming any other host are refused against DNS rebinding (default: the "
+        "--host address, localhost, 127.0.0.1 and ::1)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -51,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
         cfg=cfg,  # type: ignore[arg-type]
     )
     # the local port first (a taken port: one line, exit 1), then the broker (exit 4)
-    server = UiServer(data, host=args.host, port=args.port)
+    server = UiServer(data, host=args.host, port=args.port, allow_hosts=args.allow_host)
     try:
         check_reachable(bootstrap)
         warn_if_no_authorizer(bootstrap, prefix, "ui")

@@ -8,6 +8,7 @@ good record sent after the bad ones.
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import signal
@@ -37,6 +38,8 @@ from runwatch.schemas.records import RawRecord
 from runwatch.schemas.signing import CommandKey, sign
 from runwatch.schemas.topics import TopicNames, names
 from runwatch.sinks.consumer import SinkLoop, start_thread
+from runwatch.ui.model import WebviewData
+from runwatch.ui.server import UiServer
 from tests.integration.processors.harness import COMMAND_KEY, Reader
 from tests.integration.sinks.test_alerts_metrics import publish
 from tests.unit.sinks.events import anomaly, step
@@ -548,3 +551,88 @@ def test_a_long_state_dir_puts_the_socket_in_a_private_directory(
     path.parent.chmod(0o777)  # another user's trap, say
     with pytest.raises(OSError, match="not a private directory"):
         relay_socket_path(state_dir)
+
+
+# ---------------------------------------------------------------- finding 11: the web view
+
+
+@pytest.fixture
+def ui() -> Iterator[UiServer]:
+    """`runwatch ui`'s server on a free port over a store with one run (no Kafka needed)."""
+    data = WebviewData("unused:1", prefix="p", app_id="p-app")
+    data.apply([RawRecord("p.steps", 0, 0, b"r1", json.dumps(_step("r1")).encode(), 1)])
+    server = UiServer(data, port=0, allow_hosts=["runwatch.example"])
+    server.start()
+    yield server
+    server.close()
+
+
+def _step(run_id: str) -> dict[str, object]:
+    body = {"type": "step.v1", "run_id": run_id, "ts_ns": time.time_ns(), "step": 1}
+    return body | {"loss": 1.0, "step_time_s": 0.1}
+
+
+def _raw_http(server: UiServer, request: bytes) -> tuple[int, bytes]:
+    """Send ``request`` as is; the status and whatever came back before the server closed."""
+    host, port = server.httpd.server_address[:2]
+    with socket.create_connection((str(host), int(port)), timeout=10) as sock:
+        sock.sendall(request)
+        reply = b""
+        while b"\r\n\r\n" not in reply or len(reply) < reply.find(b"\r\n\r\n") + 40:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            reply += chunk
+    return int(reply.split(b" ", 2)[1]), reply
+
+
+def _post(server: UiServer, headers: dict[str, str], path: str = "/api/runs/r1/audit") -> int:
+    host, port = server.httpd.server_address[:2]
+    conn = http.client.HTTPConnection(str(host), int(port), timeout=10)
+    try:
+        conn.request("POST", path, body=b"", headers=headers)
+        return conn.getresponse().status
+    finally:
+        conn.close()
+
+
+def _token(server: UiServer) -> str:
+    host, port = server.httpd.server_address[:2]
+    with urllib.request.urlopen(f"http://{host}:{port}/run/r1", timeout=10) as reply:
+        page = reply.read().decode()
+    start = page.index('name="runwatch-csrf" content="') + len('name="runwatch-csrf" content="')
+    return page[start : page.index('"', start)]
+
+
+def test_a_huge_or_negative_body_is_refused_at_once(ui: UiServer) -> None:
+    """Finding 11: 400 MiB announced is a 413 without reading it; -1 and junk are 400."""
+    head = "POST /api/runs/r1/audit HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {}\r\n\r\n"
+    status, _ = _raw_http(ui, head.format(400 * 2**20).encode())
+    assert status == 413
+    for bad in ("-1", "1e9", "x"):
+        status, _ = _raw_http(ui, head.format(bad).encode())
+        assert status == 400, bad
+
+
+def test_dns_rebinding_is_refused_by_the_host_check(ui: UiServer) -> None:
+    """Finding 11: a page of evil.example rebound to 127.0.0.1 reads nothing."""
+    for host, want in (("evil.example", 403), ("evil.example:8470", 403), ("localhost", 200)):
+        status, _ = _raw_http(ui, f"GET /api/fleet HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+        assert status == want, host
+    status, _ = _raw_http(ui, b"GET /api/fleet HTTP/1.1\r\nHost: runwatch.example\r\n\r\n")
+    assert status == 200  # named by --allow-host
+
+
+def test_a_cross_site_form_cannot_start_an_audit(ui: UiServer) -> None:
+    """Finding 11: a form POST from another site (no token, foreign Origin) is a 403."""
+    host, port = ui.httpd.server_address[:2]
+    me = f"{host}:{port}"
+    form = {"Content-Type": "application/x-www-form-urlencoded", "Host": me}
+    assert _post(ui, form | {"Origin": "http://evil.example"}) == 403
+    assert _post(ui, form) == 403  # no token
+    token = _token(ui)
+    assert _post(ui, form | {"X-Runwatch-CSRF": token, "Origin": "http://evil.example"}) == 403
+    assert _post(ui, {"X-Runwatch-CSRF": "wrong", "Host": me}) == 403
+    assert not ui.auditing("r1")
+    # the page's own request: its token, its origin
+    assert _post(ui, {"X-Runwatch-CSRF": token, "Origin": f"http://{me}", "Host": me}) == 202
