@@ -224,6 +224,10 @@ def test_a_non_ascii_signature_neither_kills_the_launcher_nor_its_adoption(
         go.touch()
         producer.close()
         controller.close()
+    # finding 12: the state directory and the rank logs are this user's only
+    assert stat.S_IMODE(state_dir.stat().st_mode) == 0o700
+    logs = sorted((state_dir / "logs").glob("*.log"))
+    assert logs and all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in logs)
     reasons = [
         e.reason
         for e in controller.events
