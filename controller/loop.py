@@ -164,6 +164,7 @@ class PeerWatch:
         self.anomalies_topic = topics.anomalies
         self.run_ids = frozenset(run_ids)
         self.backends: dict[str, tuple[int, BackendDeclaration]] = {}
+        self.bad = BadRecords("peer watch", log)
         self.ready: dict[tuple[str, int], dict[int, AgentReady]] = {}
         self.consumer = KafkaConsumer(
             bootstrap_servers=bootstrap,
@@ -226,9 +227,11 @@ class PeerWatch:
                 if record.value is None:
                     continue  # a tombstone on the compacted runs topic
                 try:
-                    self._fold(decode(record.value))
+                    event = decode(record.value)
                 except DecodeError:
                     continue  # the processors dead-letter it; nothing for an agent in it
+                where = (record.topic, record.partition, record.offset)
+                self.bad.guard("peer record", lambda e=event: self._fold(e), where)  # type: ignore[misc]
 
     def _drain(self, timeout_s: float = 10.0) -> None:
         """Fold everything written before now."""
