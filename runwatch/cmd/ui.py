@@ -27,6 +27,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--port", type=int, default=8470, help="port (default: 8470; 0: any)")
     parser.add_argument(
+        "--max-runs",
+        type=int,
+        default=10_000,
+        metavar="N",
+        help="keep at most N runs in memory; past it the least recently updated are "
+        "dropped (default: %(default)s)",
+    )
+    parser.add_argument(
         "--allow-host",
         action="append",
         default=[],
@@ -50,6 +58,8 @@ def run(args: argparse.Namespace) -> int:
 
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port must be between 0 and 65535, got {args.port}")
+    if args.max_runs < 1:
+        raise UsageError(f"--max-runs must be at least 1, got {args.max_runs}")
     cfg = detector_config(parse_overrides(args.overrides))
     bootstrap = resolve_bootstrap(args.bootstrap, check=False)
     prefix = topic_prefix(args.prefix)
@@ -58,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
         prefix=prefix,
         app_id=args.app_id or default_app_id(prefix),
         cfg=cfg,  # type: ignore[arg-type]
+        max_runs=args.max_runs,
     )
     # the local port first (a taken port: one line, exit 1), then the broker (exit 4)
     server = UiServer(data, host=args.host, port=args.port, allow_hosts=args.allow_host)
