@@ -225,7 +225,7 @@ RELAY_CHILD = """
 import sys
 from pathlib import Path
 from runwatch.controller.relay import RelayServer
-relay = RelayServer(Path(sys.argv[1]), sys.argv[2], sys.argv[3])
+relay = RelayServer(Path(sys.argv[1]), sys.argv[2], sys.argv[3], run_ids=[sys.argv[4]])
 print("ready", flush=True)
 sys.stdin.read()
 relay.close()
@@ -243,10 +243,11 @@ def relay_vs_direct(bootstrap: str, prefix: str, events: int) -> dict[str, Any]:
     import subprocess
 
     out: dict[str, Any] = {}
+    relay_run = f"bench-relay-{uuid.uuid4().hex[:6]}"  # the relay speaks for this run only
     with tempfile.TemporaryDirectory(prefix="runwatch-relay-bench-") as tmp:
         path = Path(tmp) / "relay.sock"
         child = subprocess.Popen(
-            [sys.executable, "-c", RELAY_CHILD, str(path), bootstrap, prefix],
+            [sys.executable, "-c", RELAY_CHILD, str(path), bootstrap, prefix, relay_run],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             cwd=Path(__file__).resolve().parents[1],
@@ -255,7 +256,7 @@ def relay_vs_direct(bootstrap: str, prefix: str, events: int) -> dict[str, Any]:
             assert child.stdout is not None and child.stdout.readline().strip() == b"ready"
             for mode in ("direct", "relay"):
                 em = RunEmitter(
-                    f"bench-{mode}-{uuid.uuid4().hex[:6]}",
+                    relay_run if mode == "relay" else f"bench-{mode}-{uuid.uuid4().hex[:6]}",
                     bootstrap=bootstrap,
                     topic_prefix=prefix,
                     max_buffered=events + 10,

@@ -29,17 +29,36 @@ def replace_file(tmp: Path, path: Path) -> None:
     fsync_dir(path.parent)
 
 
-def atomic_write(path: Path, data: bytes) -> None:
-    """Replace ``path`` with ``data``: readers see the old or the new file, never a mix."""
+def open_private(path: Path, flags: int, mode: int) -> int:
+    """``os.open`` with ``mode`` enforced even on an existing file (and whatever the umask)."""
+    fd = os.open(path, flags | os.O_CREAT, mode)
+    try:
+        os.fchmod(fd, mode)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def atomic_write(path: Path, data: bytes, mode: int = 0o644) -> None:
+    """Replace ``path`` with ``data``: readers see the old or the new file, never a mix.
+
+    Args:
+        path: The file.
+        data: Its new content.
+        mode: The file's permission bits (0o600 for a file holding secrets).
+    """
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_bytes(data)
+    fd = open_private(tmp, os.O_WRONLY | os.O_TRUNC, mode)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
     replace_file(tmp, path)
 
 
-def append_durably(path: Path, data: bytes) -> None:
-    """Append ``data`` to ``path`` (created if missing); on disk when this returns."""
+def append_durably(path: Path, data: bytes, mode: int = 0o644) -> None:
+    """Append ``data`` to ``path`` (created with ``mode`` if missing); on disk on return."""
     new = not path.exists()
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, mode)
     try:
         os.write(fd, data)
         os.fsync(fd)

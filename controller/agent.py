@@ -84,7 +84,9 @@ def build_controller(
         if (watch := LogWatch.for_run(gang.spec, gang.record)) is not None
     }
     relays = {
-        gang.spec.run_id: RelayServer(Path(gang.spec.run.relay_socket), bootstrap, prefix)
+        gang.spec.run_id: RelayServer(
+            Path(gang.spec.run.relay_socket), bootstrap, prefix, run_ids=[gang.spec.run_id]
+        )
         for gang in files
         if gang.spec.run.relay_socket
     }

@@ -206,7 +206,8 @@ class Gang:
             exit_file.unlink(missing_ok=True)
             proc = warm(argv, env, log_path, exit_file) if warm is not None else None
             if proc is None:
-                with log_path.open("ab") as log:
+                fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+                with os.fdopen(fd, "ab") as log:  # 0600: a rank's output may hold secrets
                     proc = start_wrapped(argv, env, exit_file, stdout=log)
             children[rank] = proc
             started.append(RankProcess(rank=rank, pid=proc.pid, start_ticks=start_ticks(proc.pid)))

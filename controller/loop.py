@@ -38,6 +38,7 @@ from typing import Any
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
 from runwatch.common.errors import RunwatchError
+from runwatch.common.isolate import BadRecords
 from runwatch.common.settings import kafka_client_config
 from runwatch.controller.command_gate import REPLAYED, OwnedGang, decide
 from runwatch.controller.logwatch import LogWatch, emitter_for
@@ -175,6 +176,7 @@ class PeerWatch:
         self.check_ready = check_ready
         self.refused_ready = 0
         self.backends: dict[str, tuple[int, BackendDeclaration]] = {}
+        self.bad = BadRecords("peer watch", log)
         self.ready: dict[tuple[str, int], dict[int, AgentReady]] = {}
         self.consumer = KafkaConsumer(
             bootstrap_servers=bootstrap,
@@ -250,9 +252,11 @@ class PeerWatch:
                 if record.value is None:
                     continue  # a tombstone on the compacted runs topic
                 try:
-                    self._fold(decode(record.value))
+                    event = decode(record.value)
                 except DecodeError:
                     continue  # the processors dead-letter it; nothing for an agent in it
+                where = (record.topic, record.partition, record.offset)
+                self.bad.guard("peer record", lambda e=event: self._fold(e), where)  # type: ignore[misc]
 
     def _drain(self, timeout_s: float = 10.0) -> None:
         """Fold everything written before now."""
@@ -365,6 +369,7 @@ class Controller:
         self.watches = dict(watches)
         self.topics = publisher.topics
         self.stop_requested: int | None = None
+        self.bad = BadRecords("controller", log)
         self.consumer = KafkaConsumer(
             bootstrap_servers=bootstrap,
             group_id=None,
@@ -396,13 +401,32 @@ class Controller:
 
     # ------------------------------------------------------------------ input
 
+    def handle_isolated(self, record: Any, received_s: float) -> None:
+        """`handle` one record; one that raises is counted, logged once, and passed.
+
+        The offset of a command of an owned run that raised is recorded as acted on, so
+        an adopting controller (`runwatch controller` after a restart) starts past the
+        commands before it and skips this one the same way, never dying on it.
+        """
+        source = Provenance(topic=record.topic, partition=record.partition, offset=record.offset)
+        ok, _ = self.bad.guard("command", lambda: self.handle(record, received_s), source)
+        if ok:
+            return
+        try:
+            command = decode(record.value)
+        except DecodeError:
+            return
+        run = self.runs.get(getattr(command, "run_id", ""))
+        if isinstance(command, RestartRequested) and run is not None and not run.finished:
+            self.bad.guard("note offset", lambda: run.note_offset(source.partition, source.offset))
+
     def handle(self, record: Any, received_s: float) -> None:
         """Decide on one commands-topic record and act on it."""
         source = Provenance(topic=record.topic, partition=record.partition, offset=record.offset)
         try:
             command = decode(record.value)
         except DecodeError as exc:
-            log.warning("undecodable record at %s: %s", source, exc.reason)
+            self.bad.note("decode", exc, source)
             return
         if not isinstance(command, RestartRequested):
             return
@@ -483,7 +507,7 @@ class Controller:
                 received_s = time.monotonic()
                 for records in batches.values():
                     for record in records:
-                        self.handle(record, received_s)
+                        self.handle_isolated(record, received_s)
                 now_s = time.monotonic()
                 for run in self.runs.values():
                     run.observe(now_s)

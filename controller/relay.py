@@ -16,6 +16,15 @@ per partition. When Kafka acknowledges a record, every frame it carried is acked
 its rank (a nack when it failed), so a rank's ``flush()``/``close()`` still means "Kafka
 has it". A rank's flush frame closes its runs' open packs at once.
 
+The relay speaks for its run only (issue 19, finding 9): a frame is refused back to its
+rank, with a reason, unless its topic is one of the run's input topics (runs, steps,
+heartbeats, checkpoints of the relay's prefix) and its key is the relay's own run, and
+unless every event it carries (a pack's too) names that run. Records wait for Kafka in
+one queue per topic, so a topic that has no metadata (or fails) never holds back the
+others. The socket lives in the state directory, or, when that path is too long for a
+Unix socket, in a private directory (0700, owned by this user, checked) under
+``$XDG_RUNTIME_DIR`` or the temporary directory: never a predictable name in a shared one.
+
 `RelayServer.flush_run` is what the controller calls before it publishes a run's exit
 evidence or RunEnded on its own producer: it reads what the ranks already wrote (a killed
 rank's last frames are still in the socket), closes the run's packs and waits for their
@@ -32,15 +41,17 @@ import os
 import queue
 import selectors
 import socket
+import stat
 import tempfile
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
+from runwatch.common.isolate import BadRecords
 from runwatch.common.retry import Backoff, Retrying
 from runwatch.common.settings import kafka_client_config
 from runwatch.producers.emitter_config import PRODUCER_DEFAULTS
@@ -53,8 +64,9 @@ from runwatch.producers.relay_wire import (
     Outcome,
     encode_outcome,
 )
-from runwatch.schemas.codec import DecodeError, decode
-from runwatch.schemas.topics import names
+from runwatch.schemas.codec import DecodeError, decode, encode_key
+from runwatch.schemas.events import EventPack
+from runwatch.schemas.topics import TopicRole, names
 
 log = logging.getLogger(__name__)
 
@@ -70,18 +82,43 @@ Origin = tuple["_Conn", int]
 """Which rank connection sent a frame, and its sequence number there."""
 
 
+def private_dir(base: Path) -> Path:
+    """``base/runwatch-<uid>``: created 0700, and refused unless it is this user's own.
+
+    Raises:
+        OSError: It exists as something else (a link, another user's, open to others).
+    """
+    path = base / f"runwatch-{os.getuid()}"
+    with contextlib.suppress(FileExistsError):
+        path.mkdir(mode=0o700)
+    info = path.lstat()
+    if (
+        not stat.S_ISDIR(info.st_mode)
+        or info.st_uid != os.getuid()
+        or stat.S_IMODE(info.st_mode) & 0o077
+    ):
+        raise OSError(
+            f"{path} is not a private directory of this user (mode 0700): refusing to put "
+            "the relay socket there"
+        )
+    return path
+
+
 def relay_socket_path(state_dir: Path) -> Path:
     """Where the relay of the agent with ``state_dir`` listens.
 
-    ``state_dir/relay.sock`` when that fits a Unix socket address, else a name in the
-    temporary directory derived from the state directory (the same for an adopting
-    controller).
+    ``state_dir/relay.sock`` when that fits a Unix socket address, else a name derived
+    from the state directory (the same for an adopting controller) in this user's
+    private directory (`private_dir`) under ``$XDG_RUNTIME_DIR`` or the temporary
+    directory.
     """
     path = state_dir / SOCKET_NAME
     if len(str(path)) <= MAX_SOCKET_PATH:
         return path
     digest = hashlib.sha256(str(state_dir).encode()).hexdigest()[:16]
-    return Path(tempfile.gettempdir()) / f"runwatch-relay-{digest}.sock"
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    base = Path(runtime) if runtime and Path(runtime).is_dir() else Path(tempfile.gettempdir())
+    return private_dir(base) / f"relay-{digest}.sock"
 
 
 @dataclass(eq=False)
@@ -125,8 +162,14 @@ class RelayServer:
         path: The Unix socket to listen on (a stale one is replaced).
         bootstrap: Kafka bootstrap address.
         prefix: Topic name prefix (the heartbeats topic is where packs go).
+        run_ids: The runs whose ranks this relay speaks for; a frame of any other run
+            is refused back to its rank.
         policy: What to pack and when a pack closes.
         producer_factory: ``kafka.KafkaProducer`` when None.
+
+    Attributes:
+        refused: Frames refused (another run, another topic, an event of another run),
+            counted by reason and logged once per reason.
 
     Raises:
         OSError: The socket cannot be bound.
@@ -138,12 +181,20 @@ class RelayServer:
         bootstrap: str,
         prefix: str,
         *,
+        run_ids: Collection[str],
         policy: PackPolicy = RELAY_POLICY,
         producer_factory: ProducerFactory | None = None,
     ) -> None:
         self.path = path
         self.topics = names(prefix)
         self.policy = policy
+        self.run_keys = {encode_key(r): r for r in run_ids}
+        self.allowed_topics = frozenset(
+            self.topics.roles(
+                TopicRole.RUNS, TopicRole.STEPS, TopicRole.HEARTBEATS, TopicRole.CHECKPOINTS
+            )
+        )
+        self.refused = BadRecords("relay", log)
         self.records = 0
         """Records produced so far (packs count once)."""
         self.frames = 0
@@ -168,10 +219,11 @@ class RelayServer:
             queue.SimpleQueue()
         )
         self._flushes: queue.SimpleQueue[_FlushRequest] = queue.SimpleQueue()
-        self._retry: deque[tuple[str, bytes, bytes, list[Origin]]] = deque()
-        self._retrying = Retrying(METADATA_BACKOFF)
-        self._retry_at = 0.0
-        """When the first record of `_retry` may be tried again (monotonic)."""
+        self._retry: dict[str, deque[tuple[bytes, bytes, list[Origin]]]] = {}
+        """Records waiting for the producer, one queue per topic (order kept per topic)."""
+        self._retrying: dict[str, Retrying] = {}
+        self._retry_at: dict[str, float] = {}
+        """When each topic's first waiting record may be tried again (monotonic)."""
         self._conns: set[_Conn] = set()
         self._stopping = False
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -264,7 +316,8 @@ class RelayServer:
             default=None,
         )
         now_s = time.monotonic()
-        wait = max(0.0, self._retry_at - now_s) if self._retry else 1.0
+        waiting = [self._retry_at.get(t, 0.0) for t, q in self._retry.items() if q]
+        wait = max(0.0, min(waiting) - now_s) if waiting else 1.0
         return wait if due is None else max(0.0, min(wait, due - now_s))
 
     def _step(self, timeout_s: float) -> None:
@@ -334,7 +387,39 @@ class RelayServer:
             conn.hello = frame
             log.debug("relay: %s connected", conn.name())
 
+    def _check(self, frame: EventFrame) -> tuple[str, Any]:
+        """Why ``frame`` must not be sent with this agent's credentials, and its event.
+
+        Returns:
+            ``(reason, None)`` for a refused frame; ``("", event)`` for one that may go
+            (``event`` None when its value does not decode: passed on as it came, the
+            processors dead-letter it).
+        """
+        run_id = self.run_keys.get(frame.key)
+        if run_id is None:
+            return "refused: the relay sends only its own run's records (key is another run)", None
+        if frame.topic not in self.allowed_topics:
+            return "refused: the relay sends only to its run's input topics", None
+        try:
+            event = decode(frame.value)
+        except DecodeError:
+            return "", None
+        inner = event.events if isinstance(event, EventPack) else (event,)
+        if any(e.run_id != run_id for e in (event, *inner)):
+            return "refused: an event of another run under this run's key", None
+        return "", event
+
+    def _refuse(self, conn: _Conn, frame: EventFrame, reason: str) -> None:
+        """Nack ``frame`` to its rank at once, with ``reason``; count it (logged once)."""
+        self.refused.note("frame", PermissionError(reason), conn.name())
+        conn.out += encode_outcome(Outcome(frame.seq, False, reason))
+        self._write(conn)
+
     def _offer(self, conn: _Conn, frame: EventFrame) -> None:
+        reason, event = self._check(frame)
+        if reason:
+            self._refuse(conn, frame, reason)
+            return
         run = self._runs.get(frame.key)
         if run is None:
             run = self._runs[frame.key] = _Run(
@@ -342,11 +427,8 @@ class RelayServer:
             )
         conn.keys.add(frame.key)
         payload: Any = frame.value
-        if frame.topic in (self.topics.heartbeats, self.topics.steps):
-            try:
-                payload = decode(frame.value)  # the packer packs events, not bytes
-            except DecodeError:
-                payload = frame.value  # passed on as it came: the processors dead-letter it
+        if frame.topic in (self.topics.heartbeats, self.topics.steps) and event is not None:
+            payload = event  # the packer packs events, not bytes
         run.origins.setdefault(frame.topic, deque()).append((conn, frame.seq))
         run.packer.offer(((frame.topic,), frame.key, payload))
 
@@ -382,39 +464,42 @@ class RelayServer:
                     from runwatch.schemas.codec import encode
 
                     value = encode(value)
-                self._retry.append((topic, key, value, origins))
+                self._retry.setdefault(topic, deque()).append((key, value, origins))
         self._retry_sends()
 
     def _retry_sends(self, *, now: bool = False) -> None:
-        """Hand the queued records to the producer, in order, once their backoff is over.
+        """Hand each topic's queued records to the producer, in order, past their backoff.
 
         Args:
             now: Try at once, whatever the backoff (the relay is closing).
         """
-        if self._retry and not now and time.monotonic() < self._retry_at:
-            return
-        while self._retry:
-            topic, key, value, origins = self._retry[0]
+        for topic, waiting in self._retry.items():
+            if waiting and (now or time.monotonic() >= self._retry_at.get(topic, 0.0)):
+                self._send_topic(topic, waiting)
+
+    def _send_topic(self, topic: str, waiting: deque[tuple[bytes, bytes, list[Origin]]]) -> None:
+        """Send one topic's queue until it is empty or the topic has no metadata."""
+        retrying = self._retrying.setdefault(topic, Retrying(METADATA_BACKOFF))
+        while waiting:
+            key, value, origins = waiting[0]
             try:
                 future = self._producer.send(topic, key=key, value=value)
             except Exception as exc:
                 if type(exc).__name__ == "KafkaTimeoutError":
-                    wait_s = self._retrying.failed()
-                    self._retry_at = time.monotonic() + wait_s
-                    if self._retrying.failures == 1:  # once per outage, not per try
+                    wait_s = retrying.failed()
+                    self._retry_at[topic] = time.monotonic() + wait_s
+                    if retrying.failures == 1:  # once per outage, not per try
                         log.warning(
                             "relay: no metadata for %s yet (%s); retrying with backoff", topic, exc
                         )
                     return
-                self._retry.popleft()
+                waiting.popleft()
                 self._outcomes.put((origins, False, f"{type(exc).__name__}: {exc}", key, 0))
                 continue
-            if self._retrying.failures:
-                log.info(
-                    "relay: metadata for %s known after %d tries", topic, self._retrying.failures
-                )
-                self._retrying.succeeded()
-            self._retry.popleft()
+            if retrying.failures:
+                log.info("relay: metadata for %s known after %d tries", topic, retrying.failures)
+                retrying.succeeded()
+            waiting.popleft()
             self.records += 1
             record_id = next(self._ids)
             with self._lock:
@@ -477,4 +562,4 @@ class RelayServer:
         log.debug("relay: %s disconnected", conn.name())
 
 
-__all__ = ["RELAY_POLICY", "RelayServer", "relay_socket_path"]
+__all__ = ["RELAY_POLICY", "RelayServer", "private_dir", "relay_socket_path"]

@@ -261,7 +261,8 @@ class SparePool:
                 else ["--script", self.target[0]]
             ),
         ]
-        with (self.root / f"{name}.log").open("ab") as out:
+        fd = os.open(self.root / f"{name}.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        with os.fdopen(fd, "ab") as out:
             proc = start_wrapped(argv, self.env, exit_file, stdout=out, stdin=subprocess.PIPE)
         log.debug("warm spare %s started (pid %d)", name, proc.pid)
         return Spare(name, proc, exit_file, ready_file)

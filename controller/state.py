@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Literal
+from typing import Final, Literal
 
 import msgspec
 
@@ -243,10 +243,10 @@ class ControllerState:
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root)
-        self.root.mkdir(parents=True, exist_ok=True)
-        (self.root / "logs").mkdir(exist_ok=True)
-        (self.root / "exit").mkdir(exist_ok=True)
-        (self.root / "errors").mkdir(exist_ok=True)  # torch's @record does not create it
+        # Private (issue 19, finding 12): rank logs, stacks and torch's error files may
+        # hold secrets; 0700 directories, 0600 files (`PRIVATE_FILE`).
+        for path in (self.root, self.root / "logs", self.root / "exit", self.root / "errors"):
+            make_private_dir(path)  # errors/: torch's @record does not create it
         self._processed: set[str] = set(self._read_processed())
 
     # ------------------------------------------------------------------ gang record
@@ -261,7 +261,11 @@ class ControllerState:
 
     def save_gang(self, gang: GangFile) -> None:
         """Replace the gang file atomically and durably."""
-        atomic_write(self.root / GANG_FILE, msgspec.json.format(msgspec.json.encode(gang)))
+        atomic_write(
+            self.root / GANG_FILE,
+            msgspec.json.format(msgspec.json.encode(gang)),
+            mode=PRIVATE_FILE,
+        )
 
     # ------------------------------------------------------------------ processed commands
 
@@ -288,7 +292,9 @@ class ControllerState:
 
     def mark_processed(self, entry: ProcessedCommand) -> None:
         """Record a command as executed; durable when this returns (call it before acting)."""
-        append_durably(self.root / PROCESSED_FILE, msgspec.json.encode(entry) + b"\n")
+        append_durably(
+            self.root / PROCESSED_FILE, msgspec.json.encode(entry) + b"\n", mode=PRIVATE_FILE
+        )
         self._processed.add(entry.command_id)
 
     # ------------------------------------------------------------------ paths
@@ -360,8 +366,8 @@ def lock_state_dir(root: str | os.PathLike[str]) -> int:
     import fcntl
 
     path = Path(root) / "lock"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    make_private_dir(path.parent)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, PRIVATE_FILE)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -370,6 +376,18 @@ def lock_state_dir(root: str | os.PathLike[str]) -> int:
     os.ftruncate(fd, 0)
     os.write(fd, f"{os.getpid()}\n".encode())
     return fd
+
+
+PRIVATE_DIR: Final = 0o700
+PRIVATE_FILE: Final = 0o600
+"""Modes of the state directories and of the files the controller writes in them."""
+
+
+def make_private_dir(path: Path) -> Path:
+    """Create ``path`` (and its parents) if missing and make it this user's only (0700)."""
+    path.mkdir(mode=PRIVATE_DIR, parents=True, exist_ok=True)
+    os.chmod(path, PRIVATE_DIR)
+    return path
 
 
 def default_state_dir(run_id: str) -> Path:
@@ -383,6 +401,8 @@ __all__ = [
     "DEFAULT_SPARE_PRELOAD",
     "GANG_FILE",
     "GANG_FILE_VERSION",
+    "PRIVATE_DIR",
+    "PRIVATE_FILE",
     "PROCESSED_FILE",
     "ControllerState",
     "GangFile",
@@ -397,5 +417,6 @@ __all__ = [
     "WarmSparesSpec",
     "default_state_dir",
     "lock_state_dir",
+    "make_private_dir",
     "read_gang_file",
 ]

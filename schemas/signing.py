@@ -26,6 +26,9 @@ from runwatch.schemas.events import RestartRequested
 
 ENV_KEY: Final = "RUNWATCH_COMMAND_KEY"
 ENV_KEY_FILE: Final = "RUNWATCH_COMMAND_KEY_FILE"
+SIGNATURE_HEX_CHARS: Final = 64
+"""A signature is the 64 lowercase hex digits of an HMAC-SHA256."""
+_HEX: Final = frozenset("0123456789abcdef")
 
 
 class SignatureError(ValueError):
@@ -84,13 +87,17 @@ def verify(command: RestartRequested, keys: Mapping[str, CommandKey]) -> None:
         keys: Known keys by id (more than one during a key rotation).
 
     Raises:
-        SignatureError: Unsigned, signed by an unknown key, or forged.
+        SignatureError: Unsigned, a signature that is not 64 lowercase hex digits (a
+            non-ASCII one included), signed by an unknown key, or forged.
     """
     if not command.signature:
         raise SignatureError("unsigned command")
+    if len(command.signature) != SIGNATURE_HEX_CHARS or not _HEX.issuperset(command.signature):
+        # compare_digest raises TypeError on a non-ASCII str: refuse the form first.
+        raise SignatureError(f"malformed signature: not {SIGNATURE_HEX_CHARS} lowercase hex digits")
     key = keys.get(command.key_id)
     if key is None:
-        raise SignatureError(f"signed with unknown key id {command.key_id!r}")
+        raise SignatureError(f"signed with unknown key id {command.key_id[:64]!r}")
     expected = hmac.new(key.secret, canonical_bytes(command, key.key_id), hashlib.sha256)
     if not hmac.compare_digest(expected.hexdigest(), command.signature):
         raise SignatureError("bad signature: the command was altered or forged")

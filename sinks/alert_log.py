@@ -33,7 +33,7 @@ from typing import Any, Final, NamedTuple
 
 import msgspec
 
-from runwatch.common.durable import replace_file
+from runwatch.common.durable import open_private, replace_file
 from runwatch.sinks.alert_format import AlertGroup
 
 SUPPRESSED: Final = "_suppressed"
@@ -70,11 +70,15 @@ class DeliveryLog:
         self.done: dict[str, dict[str, None]] = {}
         self.unreported: dict[str, int] = {}
         self.owed: dict[str, Pending] = {}
-        path.parent.mkdir(parents=True, exist_ok=True)
+        # Private (issue 19, finding 12): the log names its receivers, webhook URLs with
+        # their tokens: a 0700 directory, a 0600 file (an older 0644 one is tightened).
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(path.parent, 0o700)
         lines = self._load()
         if lines > max_lines:
             self._compact(keep_ids)
-        self._fh = path.open("a", encoding="utf-8")
+        fd = open_private(path, os.O_WRONLY | os.O_APPEND, 0o600)
+        self._fh = os.fdopen(fd, "a", encoding="utf-8")
 
     def _load(self) -> int:
         if not self.path.exists():
@@ -126,7 +130,8 @@ class DeliveryLog:
         entries += [{"target": UNREPORTED, "run": r, "n": n} for r, n in self.unreported.items()]
         entries += [self._pending_entry(p) for p in self.owed.values()]
         tmp = self.path.with_name(self.path.name + ".tmp")
-        with tmp.open("w", encoding="utf-8") as fh:
+        fd = open_private(tmp, os.O_WRONLY | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.writelines(json.dumps(e) + "\n" for e in entries)
         replace_file(tmp, self.path)
         self.done, self.unreported, self.owed = {}, {}, {}

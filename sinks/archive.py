@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from runwatch.common.durable import replace_file
+from runwatch.common.isolate import BadRecords
 from runwatch.schemas.records import RawRecord
 from runwatch.sinks.archive_compact import compact
 from runwatch.sinks.archive_layout import (
@@ -119,6 +120,7 @@ class ArchiveSink:
         self.rows_written = 0
         self.skipped = 0
         self.files_written = 0
+        self.bad = BadRecords("sink archive", logger)
 
     def on_assigned(self, partitions: Sequence[TopicPartitionKey]) -> None:
         """Re-read the high-water marks (another instance may have written meanwhile)."""
@@ -157,13 +159,25 @@ class ArchiveSink:
         self.next_compact_s = now_s + (self.compact_interval_s if stats.done else 0.0)
 
     def flush(self) -> None:
-        """Write every buffered stream to its own file."""
+        """Write every buffered stream to its own file.
+
+        A stream whose file cannot be written (the file system refuses its name, say) is
+        counted in `bad` and logged once per reason, and stays buffered: its partition's
+        offsets are not committed past it, so nothing is lost, and the other streams
+        are written.
+        """
+        kept: dict[Stream, list[RawRecord]] = {}
         for stream, records in sorted(self.buffer.items()):
-            write_file(self.root, stream, records)
+            try:
+                write_file(self.root, stream, records)
+            except Exception as exc:
+                self.bad.note("archive write", exc, stream)
+                kept[stream] = records
+                continue
             self.rows_written += len(records)
             self.files_written += 1
-        self.buffer.clear()
-        self.buffered = 0
+        self.buffer = kept
+        self.buffered = sum(len(r) for r in kept.values())
         self.oldest_s = None
 
     def pending_offsets(self) -> Mapping[TopicPartitionKey, int]:

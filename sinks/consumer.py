@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
+from runwatch.common.isolate import BadRecords
 from runwatch.schemas.records import RawRecord
 
 logger = logging.getLogger(__name__)
@@ -115,7 +116,9 @@ class SinkLoop:
     Attributes:
         ready: Set once partitions are assigned and their start positions resolved: a
             record published after it is read.
-        error: What stopped the loop, if anything.
+        error: What stopped the loop, if anything (never a record: see `bad`).
+        bad: The records the sink could not handle (`common.isolate.BadRecords`): each is
+            counted, logged once per reason, and passed.
         connected: The consumer was created (the broker answered); False with an
             ``error`` means Kafka could not be reached.
     """
@@ -152,6 +155,7 @@ class SinkLoop:
         self.connected = False
         self.clock = clock
         self.error: BaseException | None = None
+        self.bad = BadRecords(f"sink {sink.name}", logger)
         self.ready = threading.Event()
         self._committed: dict[TopicPartitionKey, int] = {}
         self._read_upto: dict[TopicPartitionKey, int] = {}
@@ -234,8 +238,8 @@ class SinkLoop:
                 self._read_upto[(r.topic, r.partition)] = r.offset + 1
             now = self.clock()
             if records:
-                self.sink.handle(records, now)
-            self.sink.tick(now)
+                self._handle(records, now)
+            self.bad.guard("tick", lambda now=now: self.sink.tick(now))  # type: ignore[misc]
             if consumer.assignment():
                 assigned_once = True
                 if self._waiting_since is not None:
@@ -262,6 +266,23 @@ class SinkLoop:
                     )
                     next_note = now + 5.0
         return False
+
+    def _handle(self, records: Sequence[RawRecord], now: float) -> None:
+        """Hand the batch to the sink; when it raises, hand it over one record at a time.
+
+        Only the records that raise on their own are lost to the sink (counted in `bad`,
+        logged once per reason); the others are handled. Handing a record again is safe:
+        every sink is idempotent by id or offset (alert ids, archive high-water marks,
+        the metrics' deduplicated counters).
+        """
+        try:
+            self.sink.handle(records, now)
+            return
+        except Exception:
+            logger.debug("sink %s: a batch raised; one record at a time", self.sink.name)
+        for r in records:
+            where = (r.topic, r.partition, r.offset)
+            self.bad.guard("handle", lambda r=r: self.sink.handle([r], now), where)  # type: ignore[misc]
 
     def _assigned(self, consumer: Any, assigned: Sequence[Any]) -> None:
         from kafka import TopicPartition

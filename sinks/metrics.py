@@ -18,7 +18,8 @@ being rendered). Served metrics (label ``run`` unless said otherwise):
   partition one sampling interval ago and that the exporter has not read yet (so the
   clock's ticks, landing every second, do not keep it above 0 for a consumer that keeps
   up; see `sinks.consumer.settled_lag`);
-* ``runwatch_runs_tracked``: runs with label sets;
+* ``runwatch_runs_tracked``: runs with label sets (at most ``--metrics-max-runs``);
+  ``runwatch_runs_evicted_total``: runs dropped to keep under that bound;
 * ``runwatch_run_last_event_timestamp_seconds``, ``runwatch_run_ended``: log time of the
   run's newest event, and 1 once it ended (RunEnded): a run silent for long that has not
   ended stopped reporting (``compose/prometheus/rules``);
@@ -41,7 +42,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -84,6 +86,7 @@ class FleetCollector:
         """The metric families, from a consistent snapshot (only the lag before catching up)."""
         with self.lock:
             caught_up = self.caught_up
+            evicted_n = self.figures.evicted
             runs = sorted(self.figures.runs.values(), key=lambda f: f.run_id)
             live = {f.run_id: self.figures.live_ranks(f) for f in runs}
             families = [*self._run_families(runs, live), self._dead_letters()]
@@ -107,8 +110,14 @@ class FleetCollector:
             return
         tracked = GaugeMetricFamily("runwatch_runs_tracked", "Runs with label sets.")
         tracked.add_metric([], len(runs))
+        evicted = CounterMetricFamily(
+            "runwatch_runs_evicted",
+            "Runs dropped because more than the exporter's --metrics-max-runs were tracked.",
+        )
+        evicted.add_metric([], evicted_n)
         yield from families
         yield tracked
+        yield evicted
 
     def _dead_letters(self) -> Metric:
         family = CounterMetricFamily(
@@ -179,8 +188,9 @@ class MetricsSink:
 
     Args:
         topics: The deployment's topic names.
-        policy: Live window and cardinality rule.
+        policy: Live window, cardinality rule and time bound.
         collectors: More collectors to serve from the same registry.
+        wall_ns: Wall clock, nanoseconds (only ever an upper bound on log time).
     """
 
     name = "metrics"
@@ -190,7 +200,9 @@ class MetricsSink:
         topics: TopicNames,
         policy: MetricsPolicy | None = None,
         collectors: Sequence[Any] = (),
+        wall_ns: Callable[[], int] = time.time_ns,
     ) -> None:
+        self.wall_ns = wall_ns
         self.roles = topics.roles(
             TopicRole.STEPS,
             TopicRole.HEARTBEATS,
@@ -200,6 +212,7 @@ class MetricsSink:
             TopicRole.DEADLETTER,
         )
         self.figures = FleetFigures(policy)
+        self.max_future_ns = int(self.figures.policy.max_future_s * 1e9)
         self.lock = threading.Lock()
         self.collector = FleetCollector(self.figures, self.lock)
         self.registry = CollectorRegistry(auto_describe=False)
@@ -248,17 +261,26 @@ class MetricsSink:
         out = check(record, role)
         return out.event if isinstance(out, Decoded) else None
 
+    def _bound_ns(self, record: RawRecord) -> int:
+        """The latest time ``record``'s events may claim (`sinks.metrics_state`).
+
+        Its broker timestamp, never past the wall clock, plus the policy's ``max_future_s``.
+        """
+        wall_ns = self.wall_ns()
+        broker_ns = record.timestamp_ms * 1_000_000 if record.timestamp_ms > 0 else wall_ns
+        return min(broker_ns, wall_ns) + self.max_future_ns
+
     def handle(self, records: Sequence[RawRecord], now_s: float) -> None:
-        """Fold a batch; then apply the cardinality rule."""
+        """Fold a batch (times bounded per record); then apply the cardinality rule."""
         decoded = []
         for record in records:
             role = self.roles.get(record.topic)
             event = None if role is None else self._event(record, role)
             if event is not None:
-                decoded.append((event, record.partition))
+                decoded.append((event, record.partition, self._bound_ns(record)))
         with self.lock:
-            for event, partition in decoded:
-                self.figures.apply(event, partition)
+            for event, partition, bound_ns in decoded:
+                self.figures.apply(event, partition, bound_ns)
             self.figures.prune()
             implausible = [
                 f

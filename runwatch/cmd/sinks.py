@@ -203,7 +203,22 @@ def _metrics_args(parser: argparse.ArgumentParser) -> None:
         help="address /metrics listens on; 0.0.0.0 for every interface, as a container "
         "needs (default: %(default)s)",
     )
-
+    metrics.add_argument(
+        "--metrics-max-runs",
+        type=int,
+        default=10_000,
+        metavar="N",
+        help="track at most N runs; past it, ended runs and then the longest silent are "
+        "dropped, which bounds /metrics (default: %(default)s)",
+    )
+    metrics.add_argument(
+        "--metrics-ended-retention-s",
+        type=float,
+        default=3600.0,
+        metavar="S",
+        help="keep an ended run's series this long (log time) after its RunEnded "
+        "(default: %(default)s)",
+    )
     metrics.add_argument(
         "--processors-group",
         metavar="GROUP",
@@ -272,6 +287,8 @@ def _validate(args: argparse.Namespace, webhooks: list[str], managers: list[str]
         )
     if not 0 <= args.metrics_port <= 65535:
         raise UsageError(f"--metrics-port must be 0..65535, got {args.metrics_port}")
+    if args.metrics_max_runs < 1 or args.metrics_ended_retention_s < 0:
+        raise UsageError("--metrics-max-runs must be >= 1 and --metrics-ended-retention-s >= 0")
 
 
 def _webhooks(args: argparse.Namespace) -> list[str]:
@@ -303,6 +320,7 @@ def build_sinks(
     from runwatch.sinks.archive import ArchiveSink
     from runwatch.sinks.delivery_figures import DeliveryFigures
     from runwatch.sinks.metrics import MetricsSink
+    from runwatch.sinks.metrics_state import MetricsPolicy
     from runwatch.sinks.webhook import RetryPolicy
 
     out: list[Any] = []
@@ -342,7 +360,10 @@ def build_sinks(
         out.append(AlertmanagerSink(am_settings, topics, figures=figures))
     if args.metrics:
         receivers = [figures] if (args.alerts or managers) else []
-        out.append(MetricsSink(topics, collectors=[*receivers, *collectors]))
+        policy = MetricsPolicy(
+            max_runs=args.metrics_max_runs, ended_retention_s=args.metrics_ended_retention_s
+        )
+        out.append(MetricsSink(topics, policy, collectors=[*receivers, *collectors]))
     if args.archive:
         out.append(
             ArchiveSink(

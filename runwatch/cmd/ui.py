@@ -26,6 +26,23 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="address to listen on (default: 127.0.0.1, this machine only; the view has no login)",
     )
     parser.add_argument("--port", type=int, default=8470, help="port (default: 8470; 0: any)")
+    parser.add_argument(
+        "--max-runs",
+        type=int,
+        default=10_000,
+        metavar="N",
+        help="keep at most N runs in memory; past it the least recently updated are "
+        "dropped (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--allow-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a host name the view may be reached by (its Host header; repeatable); "
+        "requests naming any other host are refused against DNS rebinding (default: the "
+        "--host address, localhost, 127.0.0.1 and ::1)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -41,6 +58,8 @@ def run(args: argparse.Namespace) -> int:
 
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port must be between 0 and 65535, got {args.port}")
+    if args.max_runs < 1:
+        raise UsageError(f"--max-runs must be at least 1, got {args.max_runs}")
     cfg = detector_config(parse_overrides(args.overrides))
     bootstrap = resolve_bootstrap(args.bootstrap, check=False)
     prefix = topic_prefix(args.prefix)
@@ -49,9 +68,10 @@ def run(args: argparse.Namespace) -> int:
         prefix=prefix,
         app_id=args.app_id or default_app_id(prefix),
         cfg=cfg,  # type: ignore[arg-type]
+        max_runs=args.max_runs,
     )
     # the local port first (a taken port: one line, exit 1), then the broker (exit 4)
-    server = UiServer(data, host=args.host, port=args.port)
+    server = UiServer(data, host=args.host, port=args.port, allow_hosts=args.allow_host)
     try:
         check_reachable(bootstrap)
         warn_if_no_authorizer(bootstrap, prefix, "ui")

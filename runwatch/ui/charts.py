@@ -49,11 +49,19 @@ class VLine(NamedTuple):
     broken: bool = False
 
 
+TINY_SPAN = 1e-300
+"""Below this a span has no round ticks (its logarithm is near the float limits)."""
+Y_LIMIT = 1e300
+"""The value axis covers at most [-Y_LIMIT, Y_LIMIT]; values beyond are drawn off it."""
+
+
 def nice_ticks(lo: float, hi: float, count: int = 5) -> list[float]:
     """Round tick values covering [lo, hi] (about ``count`` of them)."""
     if not (math.isfinite(lo) and math.isfinite(hi)) or hi <= lo:
         return [lo] if math.isfinite(lo) else []
     raw = (hi - lo) / max(1, count - 1)
+    if not (math.isfinite(raw) and raw >= TINY_SPAN):
+        return [lo, hi]  # a span too small (5e-324) or too large for round ticks
     mag = 10 ** math.floor(math.log10(raw))
     step = min((m * mag for m in (1, 2, 2.5, 5, 10)), key=lambda c: abs(math.log(c / raw)))
     first = math.ceil(lo / step) * step
@@ -114,8 +122,10 @@ def line_chart(
     if x_hi == x_lo:
         x_hi = x_lo + 1
     y_lo, y_hi = (min(finite_vals), max(finite_vals)) if finite_vals else (0.0, 1.0)
-    if y_hi == y_lo:
-        y_lo, y_hi = y_lo - 0.5 * (abs(y_lo) or 1), y_hi + 0.5 * (abs(y_hi) or 1)
+    y_lo, y_hi = max(y_lo, -Y_LIMIT), min(y_hi, Y_LIMIT)  # so that y_hi - y_lo is finite
+    if y_hi - y_lo < TINY_SPAN * max(1.0, abs(y_lo)):  # flat, or a span floats cannot divide
+        half = 0.5 * (abs(y_lo) if abs(y_lo) >= TINY_SPAN else 1.0)
+        y_lo, y_hi = y_lo - half, y_lo + half
     margin = 0.06 * (y_hi - y_lo)
     y_lo, y_hi = y_lo - margin, y_hi + margin
     plot_w, plot_h = WIDTH - PAD_LEFT - PAD_RIGHT, HEIGHT - PAD_TOP - PAD_BOTTOM

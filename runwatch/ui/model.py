@@ -15,6 +15,7 @@ the latest states and bounded series. A request reads memory, never Kafka.
 
 from __future__ import annotations
 
+import heapq
 import logging
 import math
 import threading
@@ -25,6 +26,7 @@ from typing import Any, Final
 
 import msgspec
 
+from runwatch.common.isolate import BadRecords
 from runwatch.processors.core.config import DetectorConfig
 from runwatch.processors.core.report import health_report
 from runwatch.processors.core.runinfo import RunInfo
@@ -40,6 +42,7 @@ from runwatch.schemas.events import (
     RestartCompleted,
     RestartFailed,
     RestartRequested,
+    RunEnded,
     RunStarted,
     StepCompleted,
     event_name,
@@ -53,6 +56,12 @@ MAX_POINTS: Final = 4000
 """Newest step points kept per run for the curves."""
 MAX_FEED: Final = 300
 """Newest verdicts, commands and controller events kept per run."""
+MAX_RUNS: Final = 10_000
+"""Most runs the view keeps (issue 19, finding 10); past it the least recently updated go."""
+ENDED_RETENTION_S: Final = 3600.0
+"""An ended run (RunEnded read) is kept this long of log time after its end."""
+MAX_FUTURE_MS: Final = 300_000
+"""How far past the wall clock a record's timestamp counts as log time."""
 MAX_PAGE_SIZE: Final = 500
 """Most fleet rows one request may ask for."""
 
@@ -134,6 +143,10 @@ class _Run:
         )  # (step, incarnation, loss, grad_norm, mfu)
         self.feed: deque[Event] = deque(maxlen=MAX_FEED)
         self.audit: AuditNote | None = None
+        self.touched_ms = 0
+        """Log time (broker timestamp, bounded) of the run's newest record."""
+        self.ended_ms: int | None = None
+        """Log time its RunEnded was read; None while it runs."""
 
     def view(self) -> RunView:
         return RunView(
@@ -210,6 +223,9 @@ class WebviewData:
         app_id: str,
         cfg: DetectorConfig | None = None,
         client_config: dict[str, Any] | None = None,
+        max_runs: int = MAX_RUNS,
+        ended_retention_s: float = ENDED_RETENTION_S,
+        wall_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
     ) -> None:
         """Prepare the store (nothing is read before `start`).
 
@@ -219,7 +235,15 @@ class WebviewData:
             app_id: The processors' app id (the changelog topics' prefix).
             cfg: The processors' detector configuration (MFU convention, receipts, audits).
             client_config: Extra kafka-python settings (security).
+            max_runs: Most runs kept; past it the least recently updated are evicted.
+            ended_retention_s: An ended run is evicted this long (log time) after its end.
+            wall_ms: Wall clock in ms: only an upper bound on records' timestamps.
         """
+        self.max_runs = max_runs
+        self.ended_retention_ms = int(ended_retention_s * 1000)
+        self.wall_ms = wall_ms
+        self.evicted = 0
+        self._now_ms = 0
         self.bootstrap = bootstrap
         self.prefix = prefix
         self.app_id = app_id
@@ -242,6 +266,7 @@ class WebviewData:
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
         self.error: str = ""
+        self.bad = BadRecords("web view", log)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -356,18 +381,23 @@ class WebviewData:
     def apply(self, records: Iterable[RawRecord]) -> None:
         """Fold records read from the followed topics into the per-run store."""
         with self._changed:
+            bound_ms = self.wall_ms() + MAX_FUTURE_MS
             for record in records:
                 self._records += 1
+                self._now_ms = max(self._now_ms, min(record.timestamp_ms, bound_ms))
                 kind = self._changelogs.get(record.topic)
                 if kind is not None:
-                    self._apply_state(kind, record)
+                    where = (record.topic, record.partition, record.offset)
+                    self.bad.guard("state", lambda r=record, k=kind: self._apply_state(k, r), where)  # type: ignore[misc]
                     continue
                 role = self._roles.get(record.topic)
                 if role is None:
                     continue
                 good, _ = split([record], role)  # dead letters are the processors' business
                 for _, event in good:
-                    self._apply_event(event)
+                    where = (record.topic, record.partition, record.offset)
+                    self.bad.guard("event", lambda e=event: self._apply_event(e), where)  # type: ignore[misc]
+            self._evict()
             self._version += 1
             self._changed.notify_all()
 
@@ -375,7 +405,28 @@ class WebviewData:
         run = self._runs.get(run_id)
         if run is None:
             run = self._runs[run_id] = _Run(run_id)
+        run.touched_ms = max(run.touched_ms, self._now_ms)
         return run
+
+    def _evict(self) -> None:
+        """Drop ended runs past the retention, then the least recently updated past the cap."""
+        gone = [
+            r.run_id
+            for r in self._runs.values()
+            if r.ended_ms is not None and self._now_ms - r.ended_ms > self.ended_retention_ms
+        ]
+        excess = len(self._runs) - len(gone) - self.max_runs
+        if excess > 0:
+            dropped = set(gone)
+            keep = (r for r in self._runs.values() if r.run_id not in dropped)
+            order = heapq.nsmallest(
+                excess, keep, key=lambda r: (r.ended_ms is None, r.ended_ms or r.touched_ms)
+            )
+            gone += [r.run_id for r in order]
+        for run_id in gone:
+            del self._runs[run_id]
+            self._dirty.discard(run_id)
+        self.evicted += len(gone)
 
     def _apply_state(self, kind: StateKind, record: RawRecord) -> None:
         if record.key is None or record.value is None:
@@ -384,7 +435,7 @@ class WebviewData:
         try:
             run.states[kind] = decode_state(kind, record.value)
         except (msgspec.DecodeError, ValueError) as exc:
-            log.warning("undecodable %s state of %s: %s", kind, run.run_id, exc)
+            self.bad.note(f"undecodable {kind} state", exc, run.run_id[:80])
             return
         self._dirty.add(run.run_id)
 
@@ -396,6 +447,9 @@ class WebviewData:
         run = self._run(event.run_id)
         if isinstance(event, RunStarted):
             run.info = RunInfo.from_event(event)
+            run.ended_ms = None
+        elif isinstance(event, RunEnded):
+            run.ended_ms = self._now_ms
         elif isinstance(event, StepCompleted):
             info = run.info or RunInfo()
             _, _, step_mfu, _ = step_accounting(info, event, info.config(self.cfg))
@@ -410,8 +464,9 @@ class WebviewData:
 
     def _summaries(self) -> list[tuple[RunSummary, AuditNote | None]]:
         for run_id in self._dirty:
-            run = self._runs[run_id]
-            run.summary = summarize(run.view())
+            run = self._runs.get(run_id)
+            if run is not None:
+                _, run.summary = self.bad.guard("summary", lambda r=run: summarize(r.view()))  # type: ignore[misc]
         self._dirty.clear()
         return [(r.summary, r.audit) for r in self._runs.values() if r.summary is not None]
 

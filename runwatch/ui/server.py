@@ -4,14 +4,28 @@ Stdlib only (``http.server``): a handful of GET routes over `runwatch.ui.model`,
 threads; no framework would make these routes shorter or the view safer. Pages are static
 shells (package data in ``runwatch/ui/static``) that fetch JSON; charts arrive as SVG
 drawn here (`runwatch.ui.charts`); ``/api/events`` tells open pages when to fetch again.
+
+Bounded and quiet edges (issue 19, finding 11):
+
+* Host check (against DNS rebinding): a request whose ``Host`` header names anything but
+  the bound address, ``localhost``, ``127.0.0.1``, ``::1`` or a ``--allow-host`` name is
+  refused (403) before any route runs.
+* POST: a ``Content-Length`` that is not a number or is negative is a 400 at once; one
+  above `MAX_BODY_BYTES` is a 413, its body never read; the connection closes.
+* POST needs the server's CSRF token in the ``X-Runwatch-CSRF`` header (the pages carry
+  it in a ``<meta name="runwatch-csrf">``; a form of another site can set no header), and
+  an ``Origin`` header, when sent, must be this server's own.
 """
 
 from __future__ import annotations
 
+import hmac
 import json
 import logging
 import math
+import secrets
 import threading
+from collections.abc import Collection
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
@@ -37,12 +51,30 @@ EVENT_KEEPALIVE_S: Final = 15.0
 EVENT_MIN_INTERVAL_S: Final = 0.5
 """Open pages are told about changes at most this often (a busy fleet changes constantly)."""
 
+MAX_BODY_BYTES: Final = 16 * 1024
+"""The largest POST body read (the audit POST has none)."""
+LOCAL_HOSTS: Final = frozenset({"localhost", "127.0.0.1", "::1"})
+CSRF_HEADER: Final = "X-Runwatch-CSRF"
+PAGES: Final = frozenset({"fleet.html", "run.html"})
+"""The pages that get the CSRF token."""
+
 LOSS_KINDS: Final = kinds_where(chart=Chart.LOSS)
 GRAD_KINDS: Final = kinds_where(chart=Chart.GRAD_NORM)
 
 
 def _static(name: str) -> bytes:
     return resources.files("runwatch.ui").joinpath("static", name).read_bytes()
+
+
+def host_name(header: str) -> str:
+    """The host of a ``Host`` header (or an Origin's authority), lower case, no port.
+
+    ``[::1]:8470`` -> ``::1``; ``Example.org:80`` -> ``example.org``.
+    """
+    header = header.strip().lower()
+    if header.startswith("["):
+        return header[1 : header.find("]")] if "]" in header else header
+    return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
 
 
 def _float(value: Any) -> float | None:
@@ -117,13 +149,31 @@ def run_charts(page: dict[str, Any]) -> dict[str, str]:
 class UiServer:
     """Serves the web view of one `WebviewData` store on a thread."""
 
-    def __init__(self, data: WebviewData, *, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(
+        self,
+        data: WebviewData,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        allow_hosts: Collection[str] = (),
+    ) -> None:
         """Bind the socket (port 0: any free port).
+
+        Args:
+            data: The store the pages show.
+            host: The address to listen on.
+            port: The port.
+            allow_hosts: Host names a request's ``Host`` header may carry besides the
+                bound address and the loopback names (the name the view is reached by).
 
         Raises:
             RunwatchError: The address cannot be bound (in use, not local, no permission).
         """
         self.data = data
+        self.allowed_hosts = frozenset(
+            {*LOCAL_HOSTS, host_name(host), *(host_name(h) for h in allow_hosts)}
+        )
+        self.csrf_token = secrets.token_urlsafe(32)
         handler = type("Handler", (_Handler,), {"ui": self})
         try:
             self.httpd = ThreadingHTTPServer((host, port), handler)
@@ -218,17 +268,33 @@ class _Handler(BaseHTTPRequestHandler):
 
     # ------------------------------------------------------------ routes
 
+    def _page(self, name: str) -> None:
+        """A page shell, carrying this server's CSRF token."""
+        meta = f'<meta name="runwatch-csrf" content="{self.ui.csrf_token}">\n</head>'
+        body = _static(name).replace(b"</head>", meta.encode(), 1)
+        self._send(HTTPStatus.OK, body, STATIC[name])
+
+    def _host_ok(self) -> bool:
+        """Refuse (403) a request for another host name (DNS rebinding); True if allowed."""
+        if host_name(self.headers.get("Host", "")) in self.ui.allowed_hosts:
+            return True
+        self.close_connection = True
+        self._error(HTTPStatus.FORBIDDEN, "Host not allowed (start runwatch ui with --allow-host)")
+        return False
+
     def do_HEAD(self) -> None:
         self.do_GET()
 
     def do_GET(self) -> None:
+        if not self._host_ok():
+            return
         url = urlsplit(self.path)
         path = url.path
         try:
             if path in ("/", "/index.html"):
-                self._send(HTTPStatus.OK, _static("fleet.html"), STATIC["fleet.html"])
+                self._page("fleet.html")
             elif path.startswith("/run/"):
-                self._send(HTTPStatus.OK, _static("run.html"), STATIC["run.html"])
+                self._page("run.html")
             elif path.startswith("/static/") and path[len("/static/") :] in STATIC:
                 name = path[len("/static/") :]
                 self._send(HTTPStatus.OK, _static(name), STATIC[name])
@@ -245,7 +311,37 @@ class _Handler(BaseHTTPRequestHandler):
         except (BrokenPipeError, ConnectionResetError):
             pass  # the browser went away
 
+    def _post_refusal(self) -> tuple[int, str] | None:
+        """Why this POST is refused before its body is read (status, message); None: not.
+
+        Rules, in order: 1. a Content-Length that is no number or negative -> 400;
+        2. one above `MAX_BODY_BYTES` -> 413; 3. an Origin other than this server -> 403;
+        4. no or a wrong CSRF token -> 403.
+        """
+        raw = self.headers.get("Content-Length") or "0"
+        if not raw.isdigit():
+            return HTTPStatus.BAD_REQUEST, "Content-Length must be a non-negative integer"
+        if int(raw) > MAX_BODY_BYTES:
+            return HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"body over {MAX_BODY_BYTES} bytes"
+        origin = self.headers.get("Origin")
+        if origin is not None and (
+            urlsplit(origin).scheme not in ("http", "https")
+            or urlsplit(origin).netloc.lower() != self.headers.get("Host", "").strip().lower()
+        ):
+            return HTTPStatus.FORBIDDEN, "cross-origin POST refused"
+        token = self.headers.get(CSRF_HEADER, "")
+        if not hmac.compare_digest(token.encode(), self.ui.csrf_token.encode()):
+            return HTTPStatus.FORBIDDEN, f"missing or wrong {CSRF_HEADER} token"
+        return None
+
     def do_POST(self) -> None:
+        if not self._host_ok():
+            return
+        refusal = self._post_refusal()
+        if refusal is not None:
+            self.close_connection = True  # the body, if any, is never read
+            self._error(*refusal)
+            return
         path = urlsplit(self.path).path
         length = int(self.headers.get("Content-Length") or 0)
         if length:
@@ -310,4 +406,4 @@ class _Handler(BaseHTTPRequestHandler):
             stop.wait(EVENT_MIN_INTERVAL_S)  # rate limit: at most two refreshes a second
 
 
-__all__ = ["UiServer", "run_charts"]
+__all__ = ["MAX_BODY_BYTES", "UiServer", "host_name", "run_charts"]

@@ -246,7 +246,8 @@ function runPage() {
 
   $("#audit-now").addEventListener("click", async () => {
     $("#audit-now").disabled = true;
-    await fetch(`/api/runs/${encodeURIComponent(runId)}/audit`, {method: "POST"});
+    const token = document.querySelector('meta[name="runwatch-csrf"]')?.content || "";
+    await fetch(`/api/runs/${encodeURIComponent(runId)}/audit`, {method: "POST", headers: {"X-Runwatch-CSRF": token}});
     refresh(load);
   });
   follow(load);

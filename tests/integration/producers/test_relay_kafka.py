@@ -22,7 +22,7 @@ def test_two_ranks_through_one_relay(
 ) -> None:
     make_topics(topic_prefix, partitions=1)
     topics = names(topic_prefix)
-    relay = RelayServer(tmp_path / "relay.sock", kafka_bootstrap, topic_prefix)
+    relay = RelayServer(tmp_path / "relay.sock", kafka_bootstrap, topic_prefix, run_ids=["relayed"])
     try:
         emitters = [
             RunEmitter(

@@ -47,3 +47,15 @@ def test_load_key_from_env_and_file(tmp_path):
         signing.load_key({signing.ENV_KEY_FILE: str(tmp_path / "missing")})
     with pytest.raises(ValueError, match="16 bytes"):
         signing.load_key({signing.ENV_KEY: "short"})
+
+
+@pytest.mark.parametrize(
+    "signature",
+    ["é" * 64, "Ω" * 64, "AB" * 32, "00" * 31, "00" * 33, "0g" * 32, "\x00" * 64],
+    ids=["latin1", "greek", "uppercase", "short", "long", "not-hex", "nul"],
+)
+def test_a_malformed_signature_is_refused_not_raised(signature):
+    """Finding 3: compare_digest raises TypeError on non-ASCII str; verify refuses first."""
+    signed = signing.sign(CMD, KEY)
+    with pytest.raises(signing.SignatureError, match="malformed signature"):
+        signing.verify(msgspec.structs.replace(signed, signature=signature), {KEY.key_id: KEY})

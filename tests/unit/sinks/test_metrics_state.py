@@ -237,3 +237,48 @@ def test_the_probe_serves_its_health_before_any_sample_and_the_figures_after():
     probe = GroupProbe("127.0.0.1:9", "p-processors")  # never started: nothing sampled
     names = {s.name for family in probe.collect() for s in family.samples}
     assert names == {"runwatch_processor_probe_ok", "runwatch_processor_probe_failures_total"}
+
+
+S_NS = 1_000_000_000
+
+
+def test_a_far_future_heartbeat_cannot_retire_other_runs():
+    """Finding 5: a heartbeat at ts_ns=7e18 moves 'now' only up to its bound."""
+    f = FleetFigures(MetricsPolicy(stale_s=3600))
+    now_ns = 1_000_000 * S_NS
+    f.apply(step(run="victim", ts_s=now_ns / S_NS), 0, now_ns + 300 * S_NS)
+    poison = msgspec.structs.replace(heartbeat(run="attacker"), ts_ns=7 * 10**18)
+    f.apply(poison, 0, now_ns + 300 * S_NS)
+    assert f.newest_ns == now_ns + 300 * S_NS
+    assert f.prune() == []
+    assert set(f.runs) == {"victim", "attacker"}
+
+
+def test_unbounded_fold_is_poisoned_which_is_why_the_sink_bounds_it():
+    f = FleetFigures(MetricsPolicy(stale_s=3600))
+    f.apply(step(run="victim", ts_s=1000.0), 0)
+    f.apply(msgspec.structs.replace(heartbeat(run="attacker"), ts_ns=7 * 10**18), 0)
+    assert "victim" in f.prune()
+
+
+def test_runs_tracked_are_capped_ended_first_then_longest_silent():
+    f = FleetFigures(MetricsPolicy(max_runs=3, stale_s=1e9, ended_retention_s=1e9))
+    f.apply(step(run="old", ts_s=1.0), 0)
+    f.apply(step(run="done", ts_s=5.0), 0)
+    f.apply(ended(run="done", ts_s=6.0), 0)
+    for i, run in enumerate(("a", "b", "c")):
+        f.apply(step(run=run, ts_s=10.0 + i), 0)
+    gone = f.prune()
+    assert gone == ["done", "old"]
+    assert set(f.runs) == {"a", "b", "c"} and f.evicted == 2
+
+
+def test_seen_ids_are_bounded_per_run():
+    from runwatch.sinks.metrics_state import MAX_SEEN_IDS
+
+    f = FleetFigures()
+    for i in range(MAX_SEEN_IDS + 10):
+        f.apply(anomaly(vid=f"v{i}", step=i), 0)
+    fig = f.runs["r1"]
+    assert len(fig.seen_ids) == MAX_SEEN_IDS
+    assert sum(fig.anomalies.values()) == MAX_SEEN_IDS + 10

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 import xml.etree.ElementTree as ET
 
+import pytest
+
 from runwatch.ui.charts import Marker, Point, VLine, line_chart, nice_ticks
 
 NS = "{http://www.w3.org/2000/svg}"
@@ -45,3 +47,17 @@ def test_ticks_are_round_and_cover_the_range():
     assert nice_ticks(0.0, 1.0, 5) == [0.0, 0.25, 0.5, 0.75, 1.0]
     ticks = nice_ticks(2.87, 9.13, 4)
     assert ticks[0] >= 2.87 and ticks[-1] <= 9.13 and len(ticks) >= 3
+
+
+@pytest.mark.parametrize(
+    "losses",
+    [(0.0, 5e-324), (5e-324, 5e-324), (-1e308, 1e308), (1e10, 1e10 + 1e-5), (0.0, 1e-310)],
+    ids=["subnormal-span", "flat-subnormal", "overflowing-span", "lost-precision", "tiny"],
+)
+def test_charts_survive_absurd_losses(losses):
+    """Finding 11: two losses 0.0 and 5e-324 raised a math domain error and broke the page."""
+    from runwatch.ui.charts import Point, line_chart
+
+    svg = line_chart("loss", [Point(i + 1, v, 0) for i, v in enumerate(losses)])
+    assert svg.startswith("<svg") and "polyline" in svg
+    assert "nan" not in svg and "inf" not in svg

@@ -125,3 +125,36 @@ def test_packed_steps_are_points_of_the_curves():
         ]
     )
     assert [p[0] for p in data.run("packed")["points"]] == list(range(1, 13))
+
+
+def _rec(topic: str, offset: int, event: object, ts_ms: int) -> RawRecord:
+    from runwatch.schemas.codec import encode
+
+    return RawRecord(topic, 0, offset, event.run_id.encode(), encode(event), ts_ms)  # type: ignore[attr-defined]
+
+
+def test_runs_are_capped_and_ended_runs_evicted_after_the_retention():
+    """Finding 10: per-run state is bounded; an ended run goes after its retention."""
+    from runwatch.schemas.events import RunEnded, StepCompleted
+    from runwatch.ui.model import WebviewData
+
+    now_ms = 1_000_000_000
+    data = WebviewData(
+        "unused:1", prefix="p", app_id="a", max_runs=3, ended_retention_s=60,
+        wall_ms=lambda: now_ms,
+    )  # fmt: skip
+
+    def step(run: str, ts_ms: int) -> RawRecord:
+        e = StepCompleted(run_id=run, ts_ns=ts_ms * 10**6, step=1, loss=1.0, step_time_s=0.1)
+        return _rec("p.steps", ts_ms, e, ts_ms)
+
+    data.apply([step(r, now_ms - 10_000 + i) for i, r in enumerate("abcd")])
+    assert data.run_ids() == ["b", "c", "d"] and data.evicted == 1  # a: least recent
+    ended = RunEnded(run_id="b", ts_ns=1, status="completed", final_step=1)
+    data.apply([_rec("p.steps", 9, ended, now_ms - 5_000)])
+    assert data.run_ids() == ["b", "c", "d"]  # within its retention
+    data.apply([step("c", now_ms + 60_000)])
+    assert data.run_ids() == ["c", "d"]  # b ended over 60 s of log time ago
+    # a record dated far ahead moves log time at most 5 minutes past the wall clock
+    data.apply([step("e", now_ms + 10**12)])
+    assert "d" in data.run_ids()

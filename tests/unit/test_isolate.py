@@ -1,0 +1,44 @@
+"""`common.isolate.BadRecords`: a record that raises is counted, logged once per reason."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from runwatch.common.isolate import MAX_REASONS, BadRecords
+
+
+def _boom(exc: Exception) -> None:
+    raise exc
+
+
+def test_each_reason_is_counted_and_logged_once(caplog: pytest.LogCaptureFixture) -> None:
+    bad = BadRecords("sinks")
+    with caplog.at_level(logging.WARNING):
+        for i in range(5):
+            ok, value = bad.guard("fold", lambda i=i: _boom(ValueError(f"bad {i}")), ("t", 0, i))
+            assert (ok, value) == (False, None)
+        bad.guard("fold", lambda: _boom(KeyError("k")))
+    assert bad.counts == {"fold: ValueError": 5, "fold: KeyError": 1}
+    assert bad.total == 6
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2, lines
+    assert "('t', 0, 0)" in lines[0] and "bad 0" in lines[0]
+
+
+def test_a_good_record_returns_its_result() -> None:
+    assert BadRecords("x").guard("fold", lambda: 7) == (True, 7)
+
+
+def test_reasons_are_bounded() -> None:
+    bad = BadRecords("x", logging.getLogger("quiet"))
+    for i in range(MAX_REASONS + 50):
+        bad.guard(f"where {i}", lambda: _boom(ValueError()))
+    assert len(bad.counts) == MAX_REASONS + 1  # the last is "other"
+    assert bad.counts["other"] == 50
+
+
+def test_base_exceptions_still_stop() -> None:
+    with pytest.raises(KeyboardInterrupt):
+        BadRecords("x").guard("fold", lambda: _boom(KeyboardInterrupt()))  # type: ignore[arg-type]
