@@ -13,18 +13,33 @@ def _boom(exc: Exception) -> None:
     raise exc
 
 
-def test_each_reason_is_counted_and_logged_once(caplog: pytest.LogCaptureFixture) -> None:
-    bad = BadRecords("sinks")
-    with caplog.at_level(logging.WARNING):
+class _Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def test_each_reason_is_counted_and_logged_once() -> None:
+    # A logger of its own: other tests may reconfigure the runwatch loggers.
+    logger = logging.getLogger("tests.isolate.once")
+    logger.propagate = False
+    handler = _Lines()
+    logger.addHandler(handler)
+    try:
+        bad = BadRecords("sinks", logger)
         for i in range(5):
             ok, value = bad.guard("fold", lambda i=i: _boom(ValueError(f"bad {i}")), ("t", 0, i))
             assert (ok, value) == (False, None)
         bad.guard("fold", lambda: _boom(KeyError("k")))
+    finally:
+        logger.removeHandler(handler)
     assert bad.counts == {"fold: ValueError": 5, "fold: KeyError": 1}
     assert bad.total == 6
-    lines = [r.getMessage() for r in caplog.records]
-    assert len(lines) == 2, lines
-    assert "('t', 0, 0)" in lines[0] and "bad 0" in lines[0]
+    assert len(handler.lines) == 2, handler.lines
+    assert "('t', 0, 0)" in handler.lines[0] and "bad 0" in handler.lines[0]
 
 
 def test_a_good_record_returns_its_result() -> None:
