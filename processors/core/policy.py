@@ -10,7 +10,12 @@ What each kind calls for is its `schemas.kinds.KindSpec`:
   step k may already hold the poisoned weights);
 * ``restart_discontinuity``: no command (restarting again would loop); the run's
   continuity is marked broken and the anomaly itself is the alert;
-* spikes and stragglers: alert only.
+* ``replica_lost`` (a backend with per-step fault tolerance, torchft): ``respawn_group``
+  for the verdict's replica group alone; the gang's incarnation goes on, so such commands
+  do not count as the incarnation's one command (a later dead rank may still restart the
+  gang), but they do count against the budget. A ``replica_lost`` naming no group, or one
+  of an incarnation that already has a gang command, gives none;
+* spikes, stragglers and ``replica_rejoined``: alert only.
 
 At most one command per (run, incarnation): a restart ends the incarnation, so every
 dead_rank of a killed gang, or a hang plus a dead_rank, gives one command; an anomaly of an
@@ -104,6 +109,8 @@ def fold_policy(
     action = spec.action
     if action is None:
         return state, []
+    if action == "respawn_group":
+        return _group_command(state, anomaly, source, cfg)
     if incarnation < newest:
         return msgspec.structs.replace(state, stale=state.stale + 1), []
     if incarnation <= state.commanded_incarnation:
@@ -127,6 +134,48 @@ def fold_policy(
     return msgspec.structs.replace(
         state,
         commanded_incarnation=incarnation,
+        command_steps=(*state.command_steps, anomaly.step)[-keep:],
+        commands=state.commands + 1,
+        last_command_id=cid,
+    ), [command]
+
+
+def _group_command(
+    state: PolicyState, anomaly: AnomalyDetected, source: Provenance, cfg: DetectorConfig
+) -> tuple[PolicyState, list[RestartRequested]]:
+    """``respawn_group`` for a lost replica group, by numbered rules.
+
+    1. The verdict names no replica group: no command (nothing to restart alone).
+    2. Its incarnation is older than one already seen: stale, no command.
+    3. The incarnation already has a gang command: no command (the gang restart covers it).
+    4. Over the restart budget: no command, counted.
+    5. Otherwise one command naming the group; the incarnation stays open for a gang command.
+    """
+    group = anomaly.replica_group
+    if group is None:  # rule 1
+        return state, []
+    if anomaly.incarnation < state.newest_incarnation:  # rule 2
+        return msgspec.structs.replace(state, stale=state.stale + 1), []
+    if anomaly.incarnation <= state.commanded_incarnation:  # rule 3
+        return state, []
+    if not _within_budget(state, anomaly.step, cfg):  # rule 4
+        return msgspec.structs.replace(state, over_budget=state.over_budget + 1), []
+    cid = command_id(anomaly.run_id, anomaly.incarnation, "respawn_group", anomaly.verdict_id)
+    command = RestartRequested(  # rule 5
+        run_id=anomaly.run_id,
+        ts_ns=anomaly.ts_ns,
+        seq=source.offset,
+        command_id=cid,
+        action="respawn_group",
+        cause_verdict_id=anomaly.verdict_id,
+        cause_kind=anomaly.kind,
+        incarnation=anomaly.incarnation,
+        source=source,
+        replica_group=group,
+    )
+    keep = max(cfg.restart_budget, 1)
+    return msgspec.structs.replace(
+        state,
         command_steps=(*state.command_steps, anomaly.step)[-keep:],
         commands=state.commands + 1,
         last_command_id=cid,

@@ -37,6 +37,7 @@ def verdict_id(
     *,
     incarnation: int = 0,
     attempt: int = 0,
+    replica_group: int | None = None,
 ) -> str:
     """The deterministic id of an anomaly verdict.
 
@@ -50,11 +51,16 @@ def verdict_id(
             verdict.
         attempt: How many times the run has resumed within what the detector has seen;
             a step redone after a rollback is a new verdict.
+        replica_group: The replica group a replica verdict concerns; None (every other
+            verdict) leaves the id as it always was.
 
     Returns:
         20 hex characters.
     """
-    return _digest("anomaly", run_id, kind, step, rank, config_hash, incarnation, attempt)
+    parts: tuple[object, ...] = (run_id, kind, step, rank, config_hash, incarnation, attempt)
+    if replica_group is not None:
+        parts = (*parts, "group", replica_group)
+    return _digest("anomaly", *parts)
 
 
 def command_id(run_id: str, incarnation: int, action: RestartAction, cause_verdict_id: str) -> str:
@@ -90,6 +96,7 @@ def make_anomaly(
     threshold: float | None = None,
     detail: str = "",
     severity: Severity | None = None,
+    replica_group: int | None = None,
 ) -> AnomalyDetected:
     """Build an anomaly verdict with its deterministic id, log time and provenance.
 
@@ -110,6 +117,7 @@ def make_anomaly(
         threshold: The threshold crossed.
         detail: One human-readable line.
         severity: How much it matters; None: the kind's (`schemas.kinds.KindSpec.severity`).
+        replica_group: The replica group it concerns (replica verdicts), part of its id.
 
     Returns:
         The verdict.
@@ -119,7 +127,14 @@ def make_anomaly(
         ts_ns=ts_ns,
         seq=source.offset,
         verdict_id=verdict_id(
-            run_id, kind, step, rank, config_hash, incarnation=incarnation, attempt=attempt
+            run_id,
+            kind,
+            step,
+            rank,
+            config_hash,
+            incarnation=incarnation,
+            attempt=attempt,
+            replica_group=replica_group,
         ),
         kind=kind,
         step=step,
@@ -134,6 +149,7 @@ def make_anomaly(
         config_hash=config_hash,
         incarnation=incarnation,
         severity=KINDS[kind].severity if severity is None else severity,
+        replica_group=replica_group,
     )
 
 
