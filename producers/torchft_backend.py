@@ -31,6 +31,10 @@ ENV_REPLICA_GROUP_ID = "REPLICA_GROUP_ID"
 ENV_NUM_REPLICA_GROUPS = "NUM_REPLICA_GROUPS"
 ENV_LIGHTHOUSE = "TORCHFT_LIGHTHOUSE"
 ENV_MIN_REPLICAS = "RUNWATCH_MIN_REPLICAS"
+ENV_START_BARRIER = "RUNWATCH_FT_START_BARRIER"
+"""A second Lighthouse whose quorum needs every group: the first start's barrier (below)."""
+ENV_GROUP_RESTARTS = "RUNWATCH_FT_GROUP_RESTARTS"
+"""How many times the launcher restarted this rank's group (0: its first start)."""
 
 
 @dataclass(frozen=True)
@@ -42,12 +46,17 @@ class ReplicaEnv:
         groups: Replica groups in the run (``NUM_REPLICA_GROUPS``).
         lighthouse: The Lighthouse's address (``TORCHFT_LIGHTHOUSE``).
         min_replicas: Fewest groups a step may commit with (``RUNWATCH_MIN_REPLICAS``).
+        start_barrier: The start barrier's Lighthouse (``RUNWATCH_FT_START_BARRIER``), "":
+            none.
+        restarts: Times the launcher restarted this group (``RUNWATCH_FT_GROUP_RESTARTS``).
     """
 
     group: int
     groups: int
     lighthouse: str
     min_replicas: int = 1
+    start_barrier: str = ""
+    restarts: int = 0
 
     @classmethod
     def from_environ(cls, environ: dict[str, str] | None = None) -> ReplicaEnv:
@@ -68,6 +77,8 @@ class ReplicaEnv:
             groups=int(env[ENV_NUM_REPLICA_GROUPS]),
             lighthouse=env[ENV_LIGHTHOUSE],
             min_replicas=int(env.get(ENV_MIN_REPLICAS, "1")),
+            start_barrier=env.get(ENV_START_BARRIER, ""),
+            restarts=int(env.get(ENV_GROUP_RESTARTS, "0")),
         )
 
 
@@ -116,6 +127,8 @@ class TorchFTDDPBackend:
                 timeout=timedelta(seconds=timeout_s),
             )
         timeout = timedelta(seconds=timeout_s)
+        if env.rank == 0:
+            self._await_every_group(env, timeout)
         self.manager = Manager(
             pg=ProcessGroupGloo(timeout=timeout),
             load_state_dict=None,
@@ -132,6 +145,22 @@ class TorchFTDDPBackend:
             connect_timeout=timeout,
         )
         self._env = env
+
+    def _await_every_group(self, env: LaunchEnv, timeout: timedelta) -> None:
+        """On the run's first start, wait until every group's rank 0 is here.
+
+        torchft's Lighthouse forms a quorum of the groups that are up: a group whose
+        interpreter starts a second later would begin as a straggler and heal at once. The
+        barrier is a quorum of a second Lighthouse that needs every group (the launcher's).
+        A restarted group skips it: the others are stepping and it heals from them.
+        """
+        replica = self.replica
+        if replica is None or not replica.start_barrier or replica.restarts:
+            return
+        from torchft.coordination import LighthouseClient
+
+        client = LighthouseClient(replica.start_barrier, connect_timeout=timeout)
+        client.quorum(replica_id=f"{env.run_id or 'run'}_{replica.group}", timeout=timeout)
 
     @property
     def device(self) -> torch.device:
