@@ -67,6 +67,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--step-delay-s", type=float, default=0.0, help="sleep per step")
     p.add_argument("--timeout-s", type=float, default=30.0, help="quorum/collective timeout")
     p.add_argument("--checksum-dir", type=Path, help="write group<G>.rank<R>.txt here at the end")
+    p.add_argument(
+        "--stop-file",
+        type=Path,
+        help="when it exists, it holds the last step (every group reads the same one)",
+    )
     p.add_argument("--run-id", default=launch.run_id or "tinylm-ft")
     p.add_argument("--no-emit", action="store_true")
     return p.parse_args(argv)
@@ -188,12 +193,20 @@ class FTTrainer:
             backend=self.backend.capabilities.declaration(),
         )
 
+    def _last_step(self) -> int:
+        """``--steps``, or the earlier step ``--stop-file`` names once it exists."""
+        stop = self.args.stop_file
+        if stop is None or not stop.exists():
+            return int(self.args.steps)
+        text = stop.read_text().strip()
+        return min(int(self.args.steps), int(text)) if text else int(self.args.steps)
+
     def run(self) -> str:
         """Train until ``--steps`` committed steps; returns the RunEnded status."""
         args = self.args
         if self.rank == 0 and self.manager.current_step() == 0:
             self._announce()
-        while self.manager.current_step() < args.steps:
+        while self.manager.current_step() < self._last_step():
             t0 = time.perf_counter()
             step = self.manager.current_step() + 1
             loss, groups, committed = self._step(step)

@@ -82,6 +82,44 @@ class ReplicaEnv:
         )
 
 
+def _guarded_ddp() -> Any:
+    """Torchft 0.2.0's ``DistributedDataParallel`` with a comm hook that survives a lost peer.
+
+    The trainer side's one private access to torchft (the controller's are in
+    `controller.torchft_compat`). torchft's hook returns the ``_fut`` of the manager's
+    managed future, and asserts that it exists; when a peer group dies in the middle of a
+    step, the all-reduce fails and the future it gets has none: the ``AssertionError``
+    then kills the *surviving* group too. The guarded hook returns a completed future of
+    the bucket instead: the manager has recorded the error, so the step will not commit
+    (``should_commit`` is False) and the next quorum goes on without the dead group.
+
+    Raises:
+        RuntimeError: A torchft without the hook this guards (another version).
+    """
+    import torch
+    from torchft import DistributedDataParallel
+
+    if not hasattr(DistributedDataParallel, "_comm_hook"):
+        raise RuntimeError(
+            "torchft.DistributedDataParallel has no _comm_hook: runwatch's torchft-ddp "
+            "backend is written against torchft 0.2.0 (pip install 'runwatch[ft]')"
+        )
+
+    class GuardedDDP(DistributedDataParallel):  # type: ignore[misc]
+        @staticmethod
+        def _comm_hook(state: Any, bucket: Any) -> torch.futures.Future[torch.Tensor]:
+            work = state.allreduce(bucket.buffer())
+            work.wait()
+            inner = getattr(work.get_future(), "_fut", None)
+            if inner is not None:
+                return inner  # type: ignore[no-any-return]
+            done: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+            done.set_result(bucket.buffer())
+            return done
+
+    return GuardedDDP
+
+
 class TorchFTDDPBackend:
     """torchft's ``Manager`` + ``DistributedDataParallel`` + ``OptimizerWrapper``.
 
