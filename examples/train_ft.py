@@ -14,9 +14,10 @@ Checkpoints (``--checkpoint-every``) are async DCP, written by the group that is
 rank 0 of the step's quorum, kept for rollbacks: ``RUNWATCH_RESTART_FROM`` (a gang
 restart after a NaN or a divergence) makes every group load the same one.
 
-Group rank 0 of each group emits StepCompleted with its ``replica_group`` and the step's
-``participants`` (one tiny all-reduce of a one-hot vector over the quorum: a group that is
-healing contributes nothing), every rank a Heartbeat under its global rank
+Each step is reported once, by group rank 0 of the quorum's first group: StepCompleted with
+its ``replica_group`` and the step's ``participants`` (one tiny all-reduce of a one-hot
+vector over the quorum: a group that is healing contributes nothing); every rank emits a
+Heartbeat under its global rank
 (group x ranks per group + group rank). At the end each rank prints and writes
 (``--checksum-dir``) a checksum of its weights: every group must end equal.
 """
@@ -215,7 +216,9 @@ class FTTrainer:
                 step = self.manager.current_step()
                 self._checkpoint(step)
                 self.emitter.heartbeat(step, step_time_s=dt)
-                if self.group_rank == 0:
+                # one report per step: the quorum's first group (the steps reducer
+                # reads a step reported twice as a resume)
+                if self.group_rank == 0 and self.manager.participating_rank() == 0:
                     self.emitter.step(
                         step,
                         loss=loss,
@@ -230,6 +233,7 @@ class FTTrainer:
                         participants=groups,
                     )
                     self.restart_from = None
+                if self.group_rank == 0:
                     print(
                         f"group {self.group} step {step} loss {loss:.4f} dt {dt:.3f}s "
                         f"participants {list(groups)}",
