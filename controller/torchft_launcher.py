@@ -23,7 +23,11 @@ import logging
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
+import msgspec
+
+from runwatch.common.durable import atomic_write
 from runwatch.controller.gang import Gang, free_port, rank_environ
 from runwatch.controller.launcher import (
     HOST,
@@ -35,9 +39,13 @@ from runwatch.controller.launcher import (
     Started,
 )
 from runwatch.controller.stacks import capture
-from runwatch.controller.state import ControllerState, LaunchSpec, RankProcess
+from runwatch.controller.state import ControllerState, GangRecord, LaunchSpec, RankProcess
 from runwatch.controller.topology import NodeTopology
-from runwatch.controller.torchft_compat import LighthouseProcess
+from runwatch.controller.torchft_compat import (
+    LighthouseProcess,
+    LighthouseSettings,
+    start_lighthouse,
+)
 from runwatch.schemas.events import RankStack
 
 log = logging.getLogger(__name__)
@@ -89,6 +97,23 @@ class ReplicaLayout:
         return tuple(sorted(set(scope.groups)))
 
 
+LIGHTHOUSE_FILE = "lighthouse.json"
+"""Where an agent records its Lighthouse process (pid, addresses) in its state directory."""
+
+
+def _running_lighthouse(path: Path) -> LighthouseProcess | None:
+    """The Lighthouse ``path`` records, if its process still runs."""
+    try:
+        found = msgspec.json.decode(path.read_bytes(), type=LighthouseProcess)
+    except (OSError, msgspec.DecodeError):
+        return None
+    try:
+        os.kill(found.pid, 0)
+    except OSError:
+        return None
+    return found
+
+
 class TorchFTLauncher:
     """Replica groups on one host, each started, watched and stopped on its own (module doc).
 
@@ -121,6 +146,38 @@ class TorchFTLauncher:
         self.gangs: dict[int, Gang] = {}
         self.restarts: dict[int, int] = {}
         self.ports: dict[int, int] = {}
+
+    @classmethod
+    def for_run(
+        cls, state: ControllerState, spec: LaunchSpec, record: GangRecord
+    ) -> TorchFTLauncher:
+        """The launcher of ``spec``'s replica groups, watching the ranks ``record`` holds.
+
+        The Lighthouse is the one this state directory's agent started when it is still
+        running (an adopting controller: the groups are meeting in it), else a new one;
+        where it is goes in ``<state>/lighthouse.json``.
+        """
+        ft = spec.fault_tolerance
+        if ft is None:
+            raise ValueError(f"run {spec.run_id} was not launched with --fault-tolerance")
+        layout = ReplicaLayout(ft.replica_groups, ft.nproc_per_group, ft.min_replicas)
+        path = state.root / LIGHTHOUSE_FILE
+        lighthouse = _running_lighthouse(path)
+        if lighthouse is None:
+            lighthouse = start_lighthouse(LighthouseSettings(ft.min_replicas, ft.replica_groups))
+            atomic_write(path, msgspec.json.encode(lighthouse))
+        log.info(
+            "run %s: torchft Lighthouse %s (pid %d), %d replica groups of %d, min %d",
+            spec.run_id,
+            lighthouse.address,
+            lighthouse.pid,
+            layout.groups,
+            layout.nproc_per_group,
+            layout.min_replicas,
+        )
+        launcher = cls(state, spec, layout, lighthouse)
+        launcher.adopt(record.incarnation, record.ranks)
+        return launcher
 
     def _group_env(self, group: int) -> dict[str, str]:
         layout = self.layout
@@ -253,4 +310,4 @@ class TorchFTLauncher:
         self.lighthouse.stop()
 
 
-__all__ = ["ReplicaLayout", "TorchFTLauncher"]
+__all__ = ["LIGHTHOUSE_FILE", "ReplicaLayout", "TorchFTLauncher"]
