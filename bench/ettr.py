@@ -198,9 +198,12 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.groups_at_scale} replica groups"
     )
     for minutes in (10, 30):
+        gang_ettr, group_ettr = (
+            figures[f"ettr_gang_{minutes}min"],
+            figures[f"ettr_group_{minutes}min"],
+        )
         print(
-            f"  checkpoint every {minutes:>2} min: ETTR gang {figures[f'ettr_gang_{minutes}min']:.4f}"
-            f"  group {figures[f'ettr_group_{minutes}min']:.4f}"
+            f"  checkpoint every {minutes:>2} min: ETTR gang {gang_ettr:.4f}  group {group_ettr:.4f}"
         )
     line = {"bench": "ettr", **measured, **figures, "costs_group": asdict(group)}
     print(json.dumps(line))

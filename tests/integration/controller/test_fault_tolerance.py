@@ -20,12 +20,14 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from runwatch.controller.launcher import RUNNING, WHOLE_NODE, Incarnation, Scope
-from runwatch.controller.state import ControllerState, LaunchSpec
+from runwatch.controller.state import GANG_FILE, ControllerState, LaunchSpec, read_gang_file
 from runwatch.controller.topology import NodeTopology, RunBinding
+from runwatch.schemas.events import AnomalyDetected, RestartCompleted, RestartRequested
 
 if importlib.util.find_spec("torchft") is None:  # the `ft` extra
     pytest.skip("torchft is not installed (the ft extra)", allow_module_level=True)
@@ -148,4 +150,86 @@ def test_a_killed_group_is_restarted_alone_and_heals_from_its_live_peer(
         assert s0 == s1 == [str(last), s0[1]], "the groups ended on different weights"
     finally:
         launcher.stop(WHOLE_NODE, grace_s=1.0, kill_now=True)
+        launcher.close()
+
+
+@pytest.mark.integration
+def test_runwatch_launch_restarts_only_the_killed_group_through_the_closed_loop(
+    loop: Any, tmp_path: Path
+) -> None:
+    """`runwatch launch --fault-tolerance torchft`, the processors and Kafka, all real.
+
+    SIGKILL group 1's rank: the exit evidence makes the dead_rank verdict and the policy's
+    respawn; the controller reads the backend's per-step fault tolerance and restarts
+    group 1 alone (same incarnation, group 0's pid unchanged); the steps' participants give
+    replica_lost and replica_rejoined; the run completes with equal weights; audit agrees.
+    """
+    from tests.integration.controller.conftest import (
+        Proc,
+        audit_cli,
+        of_run,
+        rank_env,
+        wait_events,
+    )
+
+    run_id = "ft-loop"
+    anomalies = loop.reader(loop.topics.anomalies)
+    commands = loop.reader(loop.topics.commands)
+    controller = loop.reader(loop.topics.controller)
+    base = tmp_path / run_id
+    state_dir, stop_file, sums = base / "state", base / "stop", base / "sums"
+    base.mkdir()
+    args = ["launch", "--bootstrap", loop.bootstrap, "--prefix", loop.prefix]
+    args += ["--run-id", run_id, "--state-dir", str(state_dir), "--grace-s", "2"]
+    args += ["--fault-tolerance", "torchft", "--replica-groups", "2", "--"]
+    args += [sys.executable, "-u", str(SCRIPT), "--steps", "100000", "--step-delay-s", "0.05"]
+    args += ["--timeout-s", "20", "--stop-file", str(stop_file), "--checksum-dir", str(sums)]
+    launcher = Proc(args, base / "launcher.log", rank_env() | {"PYTHONPATH": str(REPO)})
+    log0, log1 = state_dir / "logs" / "inc0.rank0.log", state_dir / "logs" / "inc0.rank1.log"
+    try:
+        wait_for("both groups stepping together", lambda: any(p == (0, 1) for _, p in steps(log1)))
+        gang = read_gang_file(state_dir / GANG_FILE)
+        assert gang is not None and gang.spec.fault_tolerance is not None
+        pids = {p.rank: p.pid for p in gang.record.ranks}
+        os.kill(python_child(pids[1]), signal.SIGKILL)
+
+        (command,) = wait_events(commands, of_run(run_id, RestartRequested))
+        assert (command.action, command.cause_kind, command.incarnation) == (
+            "respawn",
+            "dead_rank",
+            0,
+        )
+        (done,) = wait_events(controller, of_run(run_id, RestartCompleted))
+        assert done.command_id == command.command_id and done.checkpoint_step is None
+        record = read_gang_file(state_dir / GANG_FILE).record  # type: ignore[union-attr]
+        after = {p.rank: p.pid for p in record.ranks}
+        assert record.incarnation == 0 and after[0] == pids[0] and after[1] != pids[1]
+
+        before = len(steps(log1))
+        wait_for("group 1 back", lambda: any(p == (0, 1) for _, p in steps(log1)[before:]))
+        assert any(p == (0,) for _, p in steps(log0)), "group 0 never stepped alone"
+        last = max(steps(log0)[-1][0], steps(log1)[-1][0]) + 10
+        (base / "stop.tmp").write_text(str(last))
+        (base / "stop.tmp").rename(stop_file)
+        assert launcher.wait() == 0, launcher.log()
+        s0 = (sums / "group0.rank0.txt").read_text().split()
+        s1 = (sums / "group1.rank0.txt").read_text().split()
+        assert s0 == s1 and s0[0] == str(last)
+
+        kinds = wait_events(
+            anomalies,
+            lambda e: of_run(run_id, AnomalyDetected)(e) and e.kind == "replica_rejoined",
+        )
+        assert kinds[0].replica_group == 1
+        seen = [
+            (e.kind, e.replica_group)
+            for e in anomalies.events
+            if of_run(run_id, AnomalyDetected)(e)
+        ]
+        assert ("replica_lost", 1) in seen and ("dead_rank", None) in seen
+        # one restart for one failure: the replica_lost came after the gang command
+        assert len([e for e in commands.events if of_run(run_id, RestartRequested)(e)]) == 1
+        audit = audit_cli(loop, run_id)
+        assert audit.returncode == 0, (audit.stdout, audit.stderr)
+    finally:
         launcher.close()
