@@ -202,9 +202,8 @@ def main(argv: list[str] | None = None) -> int:
             figures[f"ettr_gang_{minutes}min"],
             figures[f"ettr_group_{minutes}min"],
         )
-        print(
-            f"  checkpoint every {minutes:>2} min: ETTR gang {gang_ettr:.4f}  group {group_ettr:.4f}"
-        )
+        every = f"checkpoint every {minutes:>2} min"
+        print(f"  {every}: ETTR gang {gang_ettr:.4f}  group {group_ettr:.4f}")
     line = {"bench": "ettr", **measured, **figures, "costs_group": asdict(group)}
     print(json.dumps(line))
     return 0
