@@ -16,8 +16,11 @@ The rules, in order (each a guard clause with its number):
    recorded, else the backend the launch named): the gang path; a ``respawn_group`` is
    refused. A backend that does not declare it is never asked to heal.
 4. ``respawn_group``: the group the command names (refused when there is no such group).
-5. ``respawn`` (a dead rank, a hang): the groups of the ranks that exited abnormally; none
-   (a hang, nobody exited): the gang path.
+5. ``respawn`` (a dead rank, a hang): the groups of the ranks that exited abnormally. None
+   exited, but groups restarted alone lately are still healing: refused (the verdict is
+   their silence while they start and heal: a ``replica_lost`` seen before the exit
+   evidence, or a dead-rank timeout shorter than a heal; a gang restart would throw away
+   what the group restart saves). None exited and none healing (a hang): the gang path.
 6. Every group would be down, or fewer groups than ``--min-replicas`` would go on stepping
    while the restarted ones heal: the run cannot commit a step meanwhile: escalate to the
    gang path.
@@ -74,6 +77,7 @@ def plan_group(
     replicas: ReplicaGroups | None,
     backend: BackendDeclaration | None,
     exits: Sequence[RankExit],
+    healing: Sequence[int] = (),
 ) -> GroupPlan:
     """Group restart or gang restart for ``command``; see the module doc's rules.
 
@@ -82,6 +86,7 @@ def plan_group(
         replicas: The run's replica groups; None: it has none.
         backend: What the run's backend declares (None: nothing known).
         exits: The exits noticed in the current incarnation.
+        healing: Groups restarted alone lately (the supervisor's bound), maybe still healing.
 
     Returns:
         The plan.
@@ -105,6 +110,9 @@ def plan_group(
         chosen: tuple[int, ...] = (group,)
     else:  # rule 5
         chosen = tuple(sorted({e.rank // replicas.nproc_per_group for e in exits if e.abnormal}))
+        if not chosen and healing:
+            reason = f"no rank exited and groups {sorted(healing)} are healing"
+            return GroupPlan("refuse", reason=reason, rule=5)
         if not chosen:
             return GroupPlan("gang", reason="no rank exited: the whole run is stuck", rule=5)
     left = replicas.groups - len(chosen)

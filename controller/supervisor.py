@@ -155,6 +155,8 @@ class RunSupervisor:
         exits: Exits noticed in the current incarnation, by rank.
         unreported: Exits noticed and held back, not yet published (multi-node only).
         dead_since_s: When the whole gang was noticed dead (monotonic), None while alive.
+        group_restarts: When each replica group was last restarted alone (monotonic); a
+            group restarted less than ``command_timeout_s`` ago may still be healing.
     """
 
     state: ControllerState
@@ -167,6 +169,7 @@ class RunSupervisor:
     exits: dict[int, RankExit] = field(default_factory=dict)
     unreported: dict[int, RankExit] = field(default_factory=dict)
     dead_since_s: float | None = None
+    group_restarts: dict[int, float] = field(default_factory=dict)
 
     @property
     def run_id(self) -> str:
@@ -197,6 +200,8 @@ class RunSupervisor:
         node = rec.topology
         started = self.launcher.start(Incarnation(rec.incarnation, node, resume), scope)
         self.exits, self.unreported, self.dead_since_s = {}, {}, None
+        if scope.whole_node:
+            self.group_restarts = {}
         self._save(ranks=started.ranks, master_port=started.master_port)
         log.info(
             "run %s incarnation %d: node %d/%d started ranks %s (pids %s%s), rendezvous port %s:%d",
@@ -371,7 +376,13 @@ class RunSupervisor:
     def _restart(self, command: RestartRequested, received_s: float) -> None:
         """Carry out `controller.group_plan.plan_group`, else `controller.restart_plan`'s plans."""
         self.observe(time.monotonic())  # notice the exits before the stop hides them
-        group = plan_group(command, self._replicas(), self._backend(), list(self.exits.values()))
+        now_s = time.monotonic()
+        healing = [
+            g for g, at in self.group_restarts.items() if now_s - at < self.spec.command_timeout_s
+        ]
+        group = plan_group(
+            command, self._replicas(), self._backend(), list(self.exits.values()), healing
+        )
         if group.verdict == "refuse":
             log.warning("run %s: %s refused: %s", self.run_id, command.action, group.reason)
             self._publish_failed(command, group.reason)
@@ -446,6 +457,8 @@ class RunSupervisor:
             self.exits.pop(rank, None)
             self.unreported.pop(rank, None)
         self.dead_since_s = None
+        for g in groups:
+            self.group_restarts[g] = time.monotonic()
         self._save(ranks=started.ranks)
         done = RestartCompleted(
             run_id=self.run_id,

@@ -13,8 +13,10 @@ What each kind calls for is its `schemas.kinds.KindSpec`:
 * ``replica_lost`` (a backend with per-step fault tolerance, torchft): ``respawn_group``
   for the verdict's replica group alone; the gang's incarnation goes on, so such commands
   do not count as the incarnation's one command (a later dead rank may still restart the
-  gang), but they do count against the budget. A ``replica_lost`` naming no group, or one
-  of an incarnation that already has a gang command, gives none;
+  gang), but they do count against the budget. A ``replica_lost`` naming no group gives
+  none, nor one of an incarnation that already has a gang command, until a group has
+  rejoined in it (the controller carried that command out as a group restart: a later
+  loss is a new failure);
 * spikes, stragglers and ``replica_rejoined``: alert only.
 
 At most one command per (run, incarnation): a restart ends the incarnation, so every
@@ -54,6 +56,9 @@ class PolicyState(msgspec.Struct, frozen=True, gc=False):
         stale: Anomalies ignored because their incarnation had ended.
         continuity_broken: True once a restart_discontinuity was seen.
         last_command_id: Id of the latest command ("" if none).
+        rejoined_incarnation: Newest incarnation in which a replica group rejoined after
+            its gang command (-1: none): the command's failure was healed by a group
+            restart, so a later ``replica_lost`` of that incarnation is a new failure.
     """
 
     run_id: str
@@ -66,6 +71,7 @@ class PolicyState(msgspec.Struct, frozen=True, gc=False):
     stale: int = 0
     continuity_broken: bool = False
     last_command_id: str = ""
+    rejoined_incarnation: int = -1
 
 
 def action_for(kind: AnomalyKind) -> RestartAction | None:
@@ -107,6 +113,8 @@ def fold_policy(
     if spec.breaks_continuity:
         return msgspec.structs.replace(state, continuity_broken=True), []
     action = spec.action
+    if anomaly.kind == "replica_rejoined" and incarnation == state.commanded_incarnation:
+        return msgspec.structs.replace(state, rejoined_incarnation=incarnation), []
     if action is None:
         return state, []
     if action == "respawn_group":
@@ -147,7 +155,9 @@ def _group_command(
 
     1. The verdict names no replica group: no command (nothing to restart alone).
     2. Its incarnation is older than one already seen: stale, no command.
-    3. The incarnation already has a gang command: no command (the gang restart covers it).
+    3. The incarnation already has a gang command and no group rejoined since: no command
+       (that restart covers it; a torchft controller may have carried it out as this
+       group's restart, and the group is healing).
     4. Over the restart budget: no command, counted.
     5. Otherwise one command naming the group; the incarnation stays open for a gang command.
     """
@@ -156,7 +166,10 @@ def _group_command(
         return state, []
     if anomaly.incarnation < state.newest_incarnation:  # rule 2
         return msgspec.structs.replace(state, stale=state.stale + 1), []
-    if anomaly.incarnation <= state.commanded_incarnation:  # rule 3
+    if (
+        anomaly.incarnation <= state.commanded_incarnation
+        and state.rejoined_incarnation < anomaly.incarnation
+    ):  # rule 3
         return state, []
     if not _within_budget(state, anomaly.step, cfg):  # rule 4
         return msgspec.structs.replace(state, over_budget=state.over_budget + 1), []

@@ -143,3 +143,33 @@ def test_steps_carry_their_replica_group_and_participants_and_old_steps_decode()
     old = StepCompleted(run_id="r", ts_ns=1, step=3, loss=1.0, step_time_s=0.1)
     assert b"participants" not in encode(old)
     assert decode(encode(old)).participants == ()
+
+
+def test_a_rejoin_after_a_gang_command_opens_the_incarnation_to_group_commands() -> None:
+    dead = make_anomaly(
+        run_id="r",
+        kind="dead_rank",
+        step=40,
+        ts_ns=40_000,
+        source=src(40, "heartbeats"),
+        config_hash="h",
+        incarnation=0,
+        rank=1,
+    )
+    back = make_anomaly(
+        run_id="r",
+        kind="replica_rejoined",
+        step=60,
+        ts_ns=60_000,
+        source=src(60, "steps"),
+        config_hash="h",
+        incarnation=0,
+        replica_group=1,
+    )
+    # the dead rank's respawn (carried out as group 1's restart), its replica_lost (covered),
+    # the rejoin, then group 0 lost: a new failure of the same incarnation
+    _, commands = fold([dead, lost(1, step=41), back, lost(0, step=80)])
+    assert [(c.action, c.replica_group) for c in commands] == [
+        ("respawn", None),
+        ("respawn_group", 0),
+    ]

@@ -97,3 +97,8 @@ def test_launch_flags_make_the_spec_part_and_refuse_what_cannot_be() -> None:
     ):
         with pytest.raises(UsageError):
             fault_tolerance(bad)
+
+
+def test_rule_5_no_exit_while_a_group_heals_is_refused_not_a_gang_restart() -> None:
+    plan = plan_group(command("respawn"), THREE, FT, (), healing=(1,))
+    assert (plan.verdict, plan.rule) == ("refuse", 5)
