@@ -63,3 +63,22 @@ def test_the_step_reducer_raises_the_replica_verdicts_with_the_group_in_their_id
     assert got == [("replica_lost", 1, 2), ("replica_rejoined", 1, 3)]
     assert state is not None and state.replicas.degraded_steps == 1
     assert verdicts[0].verdict_id != verdicts[1].verdict_id
+
+
+def test_the_receipt_shows_the_replica_groups_and_degraded_steps() -> None:
+    from runwatch.processors.core.report import health_report
+
+    cfg, state = DetectorConfig(), None
+    for i, e in enumerate([step(1, (0, 1)), step(2, (0,), dt=0.25), step(3, (0,), dt=0.25)]):
+        state, _ = fold_step(state, e, src(i, "steps"), cfg)
+    report = health_report(state)
+    assert report["replicas"] == {
+        "groups": 2,
+        "lost_now": [1],
+        "steps": 3,
+        "degraded_steps": 2,
+        "degraded_time_s": 0.5,
+        "lost": 1,
+        "rejoined": 0,
+    }
+    assert "replicas" not in health_report(fold_step(None, step(1, ()), src(0, "steps"), cfg)[0])
