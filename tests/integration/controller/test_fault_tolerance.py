@@ -39,6 +39,8 @@ from runwatch.controller.torchft_compat import (
 )
 from runwatch.controller.torchft_launcher import ReplicaLayout, TorchFTLauncher
 
+pytestmark = [pytest.mark.torch]
+
 REPO = Path(__file__).resolve().parents[3]
 SCRIPT = REPO / "examples" / "train_ft.py"
 WAIT_S = 150.0
