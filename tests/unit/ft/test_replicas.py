@@ -82,3 +82,15 @@ def test_the_receipt_shows_the_replica_groups_and_degraded_steps() -> None:
         "rejoined": 0,
     }
     assert "replicas" not in health_report(fold_step(None, step(1, ()), src(0, "steps"), cfg)[0])
+
+
+def test_status_shows_the_groups_stepping_and_the_degraded_steps() -> None:
+    from runwatch.cmd.status import format_row
+    from runwatch.processors.fleet import RunView, summarize
+
+    cfg, state = DetectorConfig(), None
+    for i, e in enumerate([step(1, (0, 1)), step(2, (0,)), step(3, (0,))]):
+        state, _ = fold_step(state, e, src(i, "steps"), cfg)
+    row = summarize(RunView(run_id="r", steps=state))
+    assert (row.replica_groups, row.replicas_lost, row.degraded_steps) == (2, (1,), 2)
+    assert format_row(row).endswith("groups 1/2, 2 degraded steps")
