@@ -152,6 +152,58 @@ def measure(root: Path, step_delay_s: float) -> dict[str, float]:
         launcher.close()
 
 
+def measure_gang(root: Path, step_delay_s: float, checkpoint_every: int) -> dict[str, float]:
+    """The same run and kill, carried out as a gang restart from the latest DCP checkpoint."""
+    from runwatch.controller.launcher import resolve_resume
+    from runwatch.controller.torchft_compat import LighthouseSettings, start_lighthouse
+    from runwatch.controller.torchft_launcher import ReplicaLayout, TorchFTLauncher
+
+    stop, ckpt = root / "stop", root / "ckpt"
+    argv = (sys.executable, "-u", str(REPO / "examples" / "train_ft.py"), "--no-emit")
+    argv += ("--steps", "100000", "--step-delay-s", str(step_delay_s), "--timeout-s", "20")
+    argv += ("--stop-file", str(stop), "--checkpoint-every", str(checkpoint_every))
+    spec = LaunchSpec(
+        run=RunBinding(
+            run_id="ettr-gang", bootstrap="", prefix="runwatch", checkpoint_dir=str(ckpt)
+        ),
+        argv=argv,
+        env={"PYTHONPATH": str(REPO)},
+    )
+    state = ControllerState(root / "state")
+    lighthouse = start_lighthouse(LighthouseSettings(min_replicas=1, groups=2))
+    launcher = TorchFTLauncher(state, spec, ReplicaLayout(groups=2), lighthouse)
+    topo = NodeTopology(nproc_per_node=2)
+    log0 = state.log_path(0, 0)
+    try:
+        launcher.start(Incarnation(0, topo), WHOLE_NODE)
+        _wait(lambda: len([s for s, p in _steps(log0) if p == (0, 1)]) >= 30 + checkpoint_every)
+        wrapper = launcher.pids(1)[0]
+        child = int(Path(f"/proc/{wrapper}/task/{wrapper}/children").read_text().split()[0])
+        at_kill = _steps(log0)[-1][0]
+        os.kill(child, signal.SIGKILL)
+        t_kill = time.monotonic()
+        t_detect = _wait(lambda: launcher.status(1) != RUNNING)
+        launcher.stop(WHOLE_NODE, grace_s=1.0, kill_now=True)
+        resume = resolve_resume(str(ckpt), None)
+        launcher.start(Incarnation(1, topo, resume), WHOLE_NODE)
+        new0 = state.log_path(1, 0)
+        t_first = _wait(lambda: bool(_steps(new0)))
+        first = _steps(new0)[0][0]
+        last = first + 5
+        (root / "stop.tmp").write_text(str(last))
+        (root / "stop.tmp").rename(stop)
+        _wait(lambda: not launcher.running(), 120.0)
+        return {
+            "gang_detect_s": round(t_detect - t_kill, 3),
+            "gang_first_step_s": round(t_first - t_kill, 3),
+            "gang_resumed_from": float(resume.step or 0),
+            "gang_lost_steps": float(at_kill - (resume.step or 0)),
+        }
+    finally:
+        launcher.stop(WHOLE_NODE, grace_s=1.0, kill_now=True)
+        launcher.close()
+
+
 def model(costs: Costs, gang: Costs, groups: int) -> dict[str, float]:
     """ETTR at 16,384 GPUs, Llama 3's rate, checkpoints every 10 and 30 minutes."""
     mtbf_s = LLAMA3_DAYS * 86_400 / LLAMA3_INTERRUPTIONS
@@ -179,11 +231,21 @@ def main(argv: list[str] | None = None) -> int:
         help="gang restart, kill to first resumed step (bench/recovery.py, warm spares)",
     )
     p.add_argument("--step-s", type=float, default=10.0, help="a step of the job at scale")
+    p.add_argument(
+        "--gang",
+        action="store_true",
+        help="also measure the same kill as a gang restart from DCP (checkpoint every "
+        "--checkpoint-every steps)",
+    )
+    p.add_argument("--checkpoint-every", type=int, default=50)
     args = p.parse_args(argv)
     measured: dict[str, float] = {}
     if not args.no_measure:
         with tempfile.TemporaryDirectory(prefix="ettr-") as tmp:
             measured = measure(Path(tmp), args.step_delay_s)
+        if args.gang:
+            with tempfile.TemporaryDirectory(prefix="ettr-gang-") as tmp:
+                measured |= measure_gang(Path(tmp), args.step_delay_s, args.checkpoint_every)
     detect = measured.get("detect_s", 0.13)
     heal = measured.get("heal_s", 25.0)
     group = Costs(detect_s=detect, restart_s=0.0, heal_s=heal, step_s=args.step_s)
