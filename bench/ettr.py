@@ -13,6 +13,11 @@ launcher sees the exit (what ``respawn_group`` does), and times, from the kill:
 * ``lost_steps``: group 0's steps that did not commit (the step the kill broke);
 * steps/s of group 0 before the kill and during the outage.
 
+With ``--gang``, the same run and kill once more, carried out as today's gang restart:
+every group stopped and restarted from the latest DCP checkpoint (``--checkpoint-every``
+steps): ``gang_first_step_s`` (kill -> the first resumed step) and ``gang_lost_steps``
+(the steps since that checkpoint, redone).
+
 (b) **A model** of a 16,384-GPU run at Llama 3's interruption rate (419 unexpected
 interruptions in 54 days: one every ~3.1 h), fed with the measured costs
 (docs/controller.md, "ETTR at scale", has the assumptions):
@@ -22,7 +27,7 @@ interruptions in 54 days: one every ~3.1 h), fed with the measured costs
 * group restart: the failed group's share of the job is out for detection + restart +
   heal (the others step on), plus one step of the whole job (the step the failure broke).
 
-    .venv/bin/python bench/ettr.py [--no-measure] [--steps-per-s S] [--groups-at-scale G]
+    .venv/bin/python bench/ettr.py [--no-measure] [--gang] [--groups-at-scale G]
 
 Prints the figures, then one JSON line.
 """
