@@ -13,7 +13,7 @@ help:  ## list targets
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[torch,sinks,dev,hf,lightning,rocksdb]'
+	$(PY) -m pip install -q -e '.[torch,sinks,dev,hf,lightning,rocksdb,ft]'
 	touch $(STAMP)
 
 venv: $(STAMP)  ## create .venv and install runwatch with every extra

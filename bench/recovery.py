@@ -29,6 +29,10 @@ line per run follows the tables, then one with the medians per path.
 the new incarnation's ranks start in processes that imported torch beforehand. The kill
 then waits until every agent's spares are preloaded, so the figure is that of a warm node.
 
+For a run of torchft replica groups (``runwatch launch --fault-tolerance torchft``) only
+the lost group restarts: ``bench/ettr.py`` measures kill -> the surviving group's next
+step and kill -> the lost group rejoined (healed from a live peer) beside these.
+
     .venv/bin/python bench/recovery.py [--runs 3] [--paths both|exit_evidence|silence]
         [--nnodes 1|2] [--warm-spares] [--keep DIR]
 """

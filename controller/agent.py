@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from runwatch.common.errors import UsageError
-from runwatch.controller.launcher import LocalLauncher
+from runwatch.controller.launcher import Launcher, LocalLauncher
 from runwatch.controller.logwatch import LogWatch
 from runwatch.controller.loop import Controller, EventPublisher, PeerWatch, announce_end
 from runwatch.controller.peer_auth import check_ready, sign_ready
@@ -108,7 +108,7 @@ def build_controller(
             state=state,
             spec=gang.spec,
             record=gang.record,
-            launcher=LocalLauncher.for_run(state, gang.spec, gang.record),
+            launcher=launcher_for(state, gang.spec, gang.record),
             publish=signing_ready(
                 keys, after_relay(relays.get(gang.spec.run_id), publisher.publish)
             ),
@@ -129,6 +129,15 @@ def build_controller(
         for relay in relays.values():
             relay.close()
         raise
+
+
+def launcher_for(state: ControllerState, spec: LaunchSpec, record: GangRecord) -> Launcher:
+    """The launcher ``spec`` asks for: torchft replica groups, else one local gang."""
+    if spec.fault_tolerance is not None:
+        from runwatch.controller.torchft_launcher import TorchFTLauncher
+
+        return TorchFTLauncher.for_run(state, spec, record)
+    return LocalLauncher.for_run(state, spec, record)
 
 
 def after_relay(relay: RelayServer | None, publish: Publish) -> Publish:
@@ -175,4 +184,11 @@ def end_announcer(spec: LaunchSpec, relay: RelayServer | None) -> AnnounceEnd:
     return announce
 
 
-__all__ = ["after_relay", "build_controller", "end_announcer", "load_keys", "signing_ready"]
+__all__ = [
+    "after_relay",
+    "build_controller",
+    "end_announcer",
+    "launcher_for",
+    "load_keys",
+    "signing_ready",
+]

@@ -90,6 +90,23 @@ class WarmSparesSpec(msgspec.Struct, frozen=True, kw_only=True):
     preload: tuple[str, ...] = DEFAULT_SPARE_PRELOAD
 
 
+class FaultToleranceSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """``runwatch launch --fault-tolerance torchft``: the node's ranks as replica groups.
+
+    Attributes:
+        replica_groups: Groups (``--replica-groups``).
+        nproc_per_group: Ranks per group (``--nproc-per-group``).
+        min_replicas: Fewest groups a step may commit with (``--min-replicas``).
+        backend: The training backend the launch names (its registered capabilities
+            stand in until the run's RunStarted declares its own).
+    """
+
+    replica_groups: int
+    nproc_per_group: int = 1
+    min_replicas: int = 1
+    backend: str = "torchft-ddp"
+
+
 class LaunchSpec(msgspec.Struct, frozen=True, kw_only=True):
     """What was asked: how one node's agent launches and supervises its run's gang.
 
@@ -124,6 +141,8 @@ class LaunchSpec(msgspec.Struct, frozen=True, kw_only=True):
         warm_spares: Keep a warm spare per local rank slot (`controller.spares`): a
             restart's ranks start in processes that already imported its ``preload``;
             None: every rank starts cold.
+        fault_tolerance: The ranks are torchft replica groups, restarted group by group
+            (`controller.torchft_launcher`, `controller.group_plan`); None: one gang.
     """
 
     run: RunBinding
@@ -141,6 +160,7 @@ class LaunchSpec(msgspec.Struct, frozen=True, kw_only=True):
     exit_evidence: bool = True
     log_watch: LogWatchSpec | None = None
     warm_spares: WarmSparesSpec | None = None
+    fault_tolerance: FaultToleranceSpec | None = None
 
     @property
     def run_id(self) -> str:
@@ -405,6 +425,7 @@ __all__ = [
     "PRIVATE_FILE",
     "PROCESSED_FILE",
     "ControllerState",
+    "FaultToleranceSpec",
     "GangFile",
     "GangRecord",
     "GangStatus",

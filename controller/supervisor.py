@@ -38,6 +38,7 @@ import msgspec
 
 from runwatch.controller.elastic import RankExit, count_failures, culprits, due_reports
 from runwatch.controller.error_file import read_root_cause
+from runwatch.controller.group_plan import ReplicaGroups, plan_group
 from runwatch.controller.launcher import (
     HOST,
     RUNNING,
@@ -63,6 +64,7 @@ from runwatch.controller.state import (
     LaunchSpec,
     ProcessedCommand,
 )
+from runwatch.producers.backend import UnknownBackendError, training_backend_capabilities
 from runwatch.schemas.events import (
     AgentReady,
     AnomalyDetected,
@@ -153,6 +155,8 @@ class RunSupervisor:
         exits: Exits noticed in the current incarnation, by rank.
         unreported: Exits noticed and held back, not yet published (multi-node only).
         dead_since_s: When the whole gang was noticed dead (monotonic), None while alive.
+        group_restarts: When each replica group was last restarted alone (monotonic); a
+            group restarted less than ``command_timeout_s`` ago may still be healing.
     """
 
     state: ControllerState
@@ -165,6 +169,7 @@ class RunSupervisor:
     exits: dict[int, RankExit] = field(default_factory=dict)
     unreported: dict[int, RankExit] = field(default_factory=dict)
     dead_since_s: float | None = None
+    group_restarts: dict[int, float] = field(default_factory=dict)
 
     @property
     def run_id(self) -> str:
@@ -195,6 +200,8 @@ class RunSupervisor:
         node = rec.topology
         started = self.launcher.start(Incarnation(rec.incarnation, node, resume), scope)
         self.exits, self.unreported, self.dead_since_s = {}, {}, None
+        if scope.whole_node:
+            self.group_restarts = {}
         self._save(ranks=started.ranks, master_port=started.master_port)
         log.info(
             "run %s incarnation %d: node %d/%d started ranks %s (pids %s%s), rendezvous port %s:%d",
@@ -367,8 +374,24 @@ class RunSupervisor:
         )
 
     def _restart(self, command: RestartRequested, received_s: float) -> None:
-        """Carry out `controller.restart_plan.plan_stop`, then `plan_restart`."""
+        """Carry out `controller.group_plan.plan_group`, else `controller.restart_plan`'s plans."""
         self.observe(time.monotonic())  # notice the exits before the stop hides them
+        now_s = time.monotonic()
+        healing = [
+            g for g, at in self.group_restarts.items() if now_s - at < self.spec.command_timeout_s
+        ]
+        group = plan_group(
+            command, self._replicas(), self._backend(), list(self.exits.values()), healing
+        )
+        if group.verdict == "refuse":
+            log.warning("run %s: %s refused: %s", self.run_id, command.action, group.reason)
+            self._publish_failed(command, group.reason)
+            return
+        if group.verdict == "groups":
+            self._restart_groups(command, group.groups, group.reason, received_s)
+            return
+        if self.spec.fault_tolerance is not None:
+            log.info("run %s: gang restart (rule %d: %s)", self.run_id, group.rule, group.reason)
         stop = plan_stop(
             command,
             self.record,
@@ -394,6 +417,68 @@ class RunSupervisor:
         heard = self._hear(command, stacks) if stop.ask_peers else None
         plan = plan_restart(command, self.spec, self.record, heard, stacks=stacks, host=HOST)
         self._carry_out(plan, command, received_s)
+
+    def _replicas(self) -> ReplicaGroups | None:
+        ft = self.spec.fault_tolerance
+        if ft is None:
+            return None
+        return ReplicaGroups(ft.replica_groups, ft.nproc_per_group, ft.min_replicas)
+
+    def _backend(self) -> BackendDeclaration | None:
+        """What the run's backend declares: its RunStarted's as recorded, else the launch's."""
+        if self.record.backend is not None:
+            return self.record.backend
+        ft = self.spec.fault_tolerance
+        if ft is None:
+            return None
+        try:
+            return training_backend_capabilities(ft.backend).declaration()
+        except UnknownBackendError:
+            return None
+
+    def _restart_groups(
+        self, command: RestartRequested, groups: tuple[int, ...], why: str, received_s: float
+    ) -> None:
+        """Stop and restart ``groups`` alone; the other groups keep their processes.
+
+        The gang's incarnation goes on (no RunEnded, no RunStarted): the restarted groups
+        heal from a live peer (no ``RUNWATCH_RESTART_FROM``).
+        """
+        scope = Scope(groups=groups)
+        log.info("run %s: %s for groups %s: %s", self.run_id, command.action, list(groups), why)
+        stacks = self._take_stacks(scope) if captures_stacks(command.cause_kind) else ()
+        self.launcher.stop(scope, grace_s=self.spec.grace_s, kill_now=False)
+        self._report_pending(time.monotonic(), 0.0)
+        rec = self.record
+        started = self.launcher.start(Incarnation(rec.incarnation, rec.topology, None), scope)
+        per_group = self.spec.fault_tolerance.nproc_per_group if self.spec.fault_tolerance else 1
+        restarted = {r for g in groups for r in range(g * per_group, (g + 1) * per_group)}
+        for rank in restarted:  # their old processes' exits are history now
+            self.exits.pop(rank, None)
+            self.unreported.pop(rank, None)
+        self.dead_since_s = None
+        for g in groups:
+            self.group_restarts[g] = time.monotonic()
+        self._save(ranks=started.ranks)
+        done = RestartCompleted(
+            run_id=self.run_id,
+            ts_ns=time.time_ns(),
+            command_id=command.command_id,
+            checkpoint_step=None,
+            world_size=self.record.world_size,
+            duration_s=round(time.monotonic() - received_s, 6),
+            stacks=stacks,
+            stacks_dir=str(self.state.stack_path(rec.incarnation, 0).parent) if stacks else "",
+        )
+        self.publish(done)
+        log.info(
+            "run %s: groups %s restarted in %.2fs (ranks %s, pids %s); they heal from a live peer",
+            self.run_id,
+            list(groups),
+            done.duration_s,
+            sorted(restarted),
+            [p.pid for p in started.ranks if p.rank in restarted],
+        )
 
     def _take_stacks(self, scope: Scope) -> tuple[RankStack, ...]:
         """Where each rank of ``scope`` stood before the stop (logged on one line)."""

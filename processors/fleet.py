@@ -94,6 +94,12 @@ class RunSummary(msgspec.Struct, frozen=True, kw_only=True):
     heartbeats: int
     last_stacks: tuple[RankStack, ...] = ()
     """Where each rank was before the run's latest restart for a hang or dead rank."""
+    replica_groups: int = 0
+    """Replica groups seen in the steps' quorums (a torchft run; 0: none)."""
+    replicas_lost: tuple[int, ...] = ()
+    """Replica groups out of the quorum now."""
+    degraded_steps: int = 0
+    """Steps committed with fewer groups than the run has had."""
 
 
 def summarize(view: RunView) -> RunSummary:
@@ -120,6 +126,9 @@ def summarize(view: RunView) -> RunSummary:
         continuity_ok=(s.continuity_ok if s else True) and not (pol and pol.continuity_broken),
         steps_observed=s.steps_observed if s else 0,
         heartbeats=lv.heartbeats if lv else 0,
+        replica_groups=len(s.replicas.groups) if s else 0,
+        replicas_lost=s.replicas.lost if s else (),
+        degraded_steps=s.replicas.degraded_steps if s else 0,
     )
 
 

@@ -38,6 +38,10 @@ class BackendCapabilities:
         reshardable_checkpoint: True if a checkpoint saved by N ranks loads on M ranks.
         elastic_restart: True if the gang may be restarted from a checkpoint, possibly on
             another world size, without restarting the job from scratch.
+        per_step_fault_tolerance: True if replica groups may drop out of a step and rejoin,
+            healed from a live peer's state (torchft): the controller may then restart one
+            replica group alone instead of the gang. A backend that does not declare it is
+            never asked to heal.
         requirements: Human-readable runtime requirements.
         incompatible_axis_sets: Axis combinations it cannot run together.
     """
@@ -48,6 +52,7 @@ class BackendCapabilities:
     distributed_optimizer: bool = False
     reshardable_checkpoint: bool = False
     elastic_restart: bool = False
+    per_step_fault_tolerance: bool = False
     requirements: tuple[str, ...] = ()
     incompatible_axis_sets: tuple[frozenset[str], ...] = field(default=())
 
@@ -80,6 +85,7 @@ class BackendCapabilities:
             name=self.name,
             reshardable_checkpoint=self.reshardable_checkpoint,
             elastic_restart=self.elastic_restart,
+            per_step_fault_tolerance=self.per_step_fault_tolerance,
         )
 
 
@@ -297,3 +303,30 @@ def get_training_backend(name: str) -> DistributedTrainingBackend:
 
 
 register_training_backend("torch-ddp", TorchDDPBackend, TorchDDPBackend.CAPABILITIES)
+
+TORCHFT_DDP_CAPABILITIES = BackendCapabilities(
+    name="torchft-ddp",
+    axes=frozenset({"dp_replicate"}),
+    precisions=frozenset({"fp32"}),
+    distributed_optimizer=False,
+    reshardable_checkpoint=True,
+    elastic_restart=True,
+    per_step_fault_tolerance=True,
+    requirements=(
+        "torchft==0.2.0 (the `ft` extra)",
+        "a torchft Lighthouse (TORCHFT_LIGHTHOUSE; `runwatch launch --fault-tolerance torchft`)",
+        "gloo (CPU) or nccl (CUDA) inside each replica group",
+    ),
+)
+"""torchft's DDP across replica groups (`producers.torchft_backend.TorchFTDDPBackend`):
+per-step fault tolerance (a group drops out of a step's quorum and heals from a live peer),
+DCP checkpoints as torch-ddp's for rollbacks."""
+
+
+def _torchft_ddp() -> DistributedTrainingBackend:
+    from runwatch.producers.torchft_backend import TorchFTDDPBackend
+
+    return TorchFTDDPBackend()
+
+
+register_training_backend("torchft-ddp", _torchft_ddp, TORCHFT_DDP_CAPABILITIES)

@@ -171,6 +171,8 @@ class RunEmitter(RunEvents):
         microbatches: int = 1,
         accumulation_steps: int = 1,
         data_parallel_size: int | None = None,
+        replica_group: int | None = None,
+        participants: tuple[int, ...] = (),
     ) -> None:
         """Report one completed optimizer step (to the steps topic).
 
@@ -192,6 +194,8 @@ class RunEmitter(RunEvents):
             accumulation_steps: Gradient-accumulation steps per optimizer step.
             data_parallel_size: Ranks whose gradients were averaged; default: the plan's
                 (from `run_started`), else the world size.
+            replica_group: This rank's replica group (torchft); None: no replica groups.
+            participants: The replica groups in this step's quorum (torchft), ascending.
 
         Raises:
             TypeError: An argument of the wrong type (e.g. a str loss, a float step).
@@ -228,6 +232,9 @@ class RunEmitter(RunEvents):
             data_parallel_size = self._data_parallel_size
         elif type(data_parallel_size) is not int or data_parallel_size < 1:
             data_parallel_size = as_positive("data_parallel_size", data_parallel_size)
+        if replica_group is not None:
+            replica_group = as_step("replica_group", replica_group)
+        participants = tuple(sorted(as_step("participants", g) for g in participants))
         self._enqueue_hot(
             self._step_topics,
             StepCompleted(
@@ -249,6 +256,8 @@ class RunEmitter(RunEvents):
                 skipped=skipped,
                 restart_from_step=restart_from_step,
                 rank=self.rank,
+                replica_group=replica_group,
+                participants=participants,
             ),
         )
 

@@ -56,6 +56,8 @@ MAX_RECORD_BYTES: Final = 8 * 1024 * 1024
 """The largest record the codec decodes (Kafka's default limit is 1 MiB)."""
 MAX_NESTING: Final = 32
 """The deepest JSON nesting the codec decodes (an event needs 4)."""
+MAX_REPLICA_GROUPS: Final = 4096
+"""Most replica groups a step's quorum lists (16,384 GPUs in groups of 8 is 2,048)."""
 MAX_PACK_EVENTS: Final = 4096
 """Most events one `EventPack` carries (a node's 8 ranks for 512 steps, or 4,096 ranks'
 heartbeats of one step); at ~120 bytes a heartbeat, such a pack stays under Kafka's 1 MiB."""
@@ -205,11 +207,15 @@ class BackendDeclaration(msgspec.Struct, frozen=True, kw_only=True):
         name: The backend's registered name, e.g. ``"torch-ddp"``.
         reshardable_checkpoint: A checkpoint saved by N ranks loads on M ranks.
         elastic_restart: The gang may restart from a checkpoint on another world size.
+        per_step_fault_tolerance: Replica groups may drop out of a step and rejoin, healed
+            from a live peer (torchft): the controller may restart one replica group alone
+            (``respawn_group``) instead of the gang.
     """
 
     name: Id
     reshardable_checkpoint: bool = False
     elastic_restart: bool = False
+    per_step_fault_tolerance: bool = False
 
 
 class RunStarted(Event, frozen=True, kw_only=True, tag="run_started.v1"):
@@ -264,6 +270,10 @@ class StepCompleted(Event, frozen=True, kw_only=True, tag="step.v1"):
         skipped: True when the optimizer skipped the update (e.g. AMP overflow).
         restart_from_step: Set on the first step after a resume: the checkpoint step resumed.
         rank: The emitting rank (usually 0).
+        replica_group: The emitting rank's replica group (a per-step fault-tolerant run,
+            torchft); None: the run has no replica groups.
+        participants: The replica groups whose gradients this step averaged (from the
+            step's quorum), ascending; empty: not said (no replica groups).
     """
 
     step: Step
@@ -281,6 +291,8 @@ class StepCompleted(Event, frozen=True, kw_only=True, tag="step.v1"):
     skipped: bool = False
     restart_from_step: Step | None = None
     rank: Rank = 0
+    replica_group: Small | None = None
+    participants: Annotated[tuple[Small, ...], Meta(max_length=MAX_REPLICA_GROUPS)] = ()
 
 
 class Heartbeat(Event, frozen=True, kw_only=True, tag="heartbeat.v1"):
@@ -455,6 +467,8 @@ AnomalyKind = Literal[
     "dead_rank",
     "hang",
     "straggler",
+    "replica_lost",
+    "replica_rejoined",
 ]
 """Every kind of anomaly a detector can raise."""
 
@@ -464,9 +478,12 @@ Severity = Literal["info", "warning", "critical"]
 stops or restarts the run (a non-finite loss). The order of this Literal is the order the
 alert sinks compare severities by."""
 
-RestartAction = Literal["respawn", "rollback"]
+RestartAction = Literal["respawn", "rollback", "respawn_group"]
 """``respawn``: restart the gang from the latest committed checkpoint.
-``rollback``: restart from the last committed checkpoint before the anomaly."""
+``rollback``: restart from the last committed checkpoint before the anomaly.
+``respawn_group``: restart one replica group alone (the command's ``replica_group``); it
+heals from a live peer, the other groups keep stepping (a backend that declares
+``per_step_fault_tolerance``)."""
 
 
 class AnomalyDetected(Event, frozen=True, kw_only=True, tag="anomaly.v1"):
@@ -499,6 +516,8 @@ class AnomalyDetected(Event, frozen=True, kw_only=True, tag="anomaly.v1"):
             when ``ranks`` is empty.
         launch_id: The launch of the run's latest RunStarted when it was raised (empty:
             none announced); the policy binds its command to it.
+        replica_group: The replica group it concerns (``replica_lost``,
+            ``replica_rejoined``); None: not a replica group's verdict.
     """
 
     verdict_id: Id
@@ -518,6 +537,7 @@ class AnomalyDetected(Event, frozen=True, kw_only=True, tag="anomaly.v1"):
     ranks: Annotated[tuple[Rank, ...], Meta(max_length=MAX_LISTED_RANKS)] = ()
     rank_count: Annotated[int, Meta(ge=0, le=MAX_RANKS)] = 0
     launch_id: Id = ""
+    replica_group: Small | None = None
 
 
 class RestartRequested(Event, frozen=True, kw_only=True, tag="restart_requested.v1"):
@@ -541,6 +561,8 @@ class RestartRequested(Event, frozen=True, kw_only=True, tag="restart_requested.
         launch_id: The launch the command is for (the cause verdict's, from the run's
             RunStarted); signed. A controller executes it only in that launch
             (`controller.command_gate`); empty: not bound (commands before launch ids).
+        replica_group: For ``respawn_group``: the replica group to restart (signed with the
+            rest); None for the gang's actions.
     """
 
     command_id: Id
@@ -554,6 +576,7 @@ class RestartRequested(Event, frozen=True, kw_only=True, tag="restart_requested.
     signature: Id = ""
     key_id: Id = ""
     launch_id: Id = ""
+    replica_group: Small | None = None
 
 
 class RankStack(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):

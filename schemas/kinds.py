@@ -121,6 +121,18 @@ KINDS: Final[Mapping[AnomalyKind, KindSpec]] = {
             severity="warning",
             summary="a rank's steps are much slower than its peers'",
         ),
+        KindSpec(
+            kind="replica_lost",
+            severity="warning",
+            action="respawn_group",
+            captures_stacks=True,
+            summary="a replica group dropped out of the steps' quorum; the others go on",
+        ),
+        KindSpec(
+            kind="replica_rejoined",
+            severity="info",
+            summary="a lost replica group is back in the steps' quorum, healed from a peer",
+        ),
     )
 }
 """Kind -> its facts, for every `AnomalyKind` (a test holds the two to each other)."""

@@ -85,6 +85,10 @@ ALERT_RULES: Final[Mapping[str, AlertRule]] = {
     "grad_norm_spike": AlertRule("grad-norm-spike", _EPISODE, hold_s=600.0),
     "loss_collapse": AlertRule("loss-collapse", _EPISODE, hold_s=1800.0),
     "straggler": AlertRule("straggler", _EPISODE, hold_s=600.0, rank_label=True),
+    # A replica group out of the quorum: an episode (its replica_rejoined or a restart
+    # ends it in practice; hold_s bounds a group that never comes back).
+    "replica_lost": AlertRule("replica-lost", _EPISODE, hold_s=600.0),
+    "replica_rejoined": AlertRule("replica-rejoined", Ends.MOMENT, hold_s=900.0),
     # Restart events: shown a while.
     "restart_requested": AlertRule("restart-requested", Ends.MOMENT, hold_s=900.0),
     "restart_completed": AlertRule("restart-completed", Ends.MOMENT, hold_s=900.0),

@@ -10,7 +10,14 @@ What each kind calls for is its `schemas.kinds.KindSpec`:
   step k may already hold the poisoned weights);
 * ``restart_discontinuity``: no command (restarting again would loop); the run's
   continuity is marked broken and the anomaly itself is the alert;
-* spikes and stragglers: alert only.
+* ``replica_lost`` (a backend with per-step fault tolerance, torchft): ``respawn_group``
+  for the verdict's replica group alone; the gang's incarnation goes on, so such commands
+  do not count as the incarnation's one command (a later dead rank may still restart the
+  gang), but they do count against the budget. A ``replica_lost`` naming no group gives
+  none, nor one of an incarnation that already has a gang command, until a group has
+  rejoined in it (the controller carried that command out as a group restart: a later
+  loss is a new failure);
+* spikes, stragglers and ``replica_rejoined``: alert only.
 
 At most one command per (run, incarnation): a restart ends the incarnation, so every
 dead_rank of a killed gang, or a hang plus a dead_rank, gives one command; an anomaly of an
@@ -56,6 +63,9 @@ class PolicyState(msgspec.Struct, frozen=True, gc=False):
         continuity_broken: True once a restart_discontinuity was seen.
         last_command_id: Id of the latest command ("" if none).
         launch_id: Launch of the last anomaly applied ("" if none, or before launch ids).
+        rejoined_incarnation: Newest incarnation in which a replica group rejoined after
+            its gang command (-1: none): the command's failure was healed by a group
+            restart, so a later ``replica_lost`` of that incarnation is a new failure.
     """
 
     run_id: str
@@ -69,6 +79,7 @@ class PolicyState(msgspec.Struct, frozen=True, gc=False):
     continuity_broken: bool = False
     last_command_id: str = ""
     launch_id: str = ""
+    rejoined_incarnation: int = -1
 
 
 def action_for(kind: AnomalyKind) -> RestartAction | None:
@@ -122,8 +133,12 @@ def fold_policy(
     if spec.breaks_continuity:
         return msgspec.structs.replace(state, continuity_broken=True), []
     action = spec.action
+    if anomaly.kind == "replica_rejoined" and incarnation == state.commanded_incarnation:
+        return msgspec.structs.replace(state, rejoined_incarnation=incarnation), []
     if action is None:
         return state, []
+    if action == "respawn_group":
+        return _group_command(state, anomaly, source, cfg)
     if incarnation < newest:
         return msgspec.structs.replace(state, stale=state.stale + 1), []
     if incarnation <= state.commanded_incarnation:
@@ -148,6 +163,53 @@ def fold_policy(
     return msgspec.structs.replace(
         state,
         commanded_incarnation=incarnation,
+        command_steps=(*state.command_steps, anomaly.step)[-keep:],
+        commands=state.commands + 1,
+        last_command_id=cid,
+    ), [command]
+
+
+def _group_command(
+    state: PolicyState, anomaly: AnomalyDetected, source: Provenance, cfg: DetectorConfig
+) -> tuple[PolicyState, list[RestartRequested]]:
+    """``respawn_group`` for a lost replica group, by numbered rules.
+
+    1. The verdict names no replica group: no command (nothing to restart alone).
+    2. Its incarnation is older than one already seen: stale, no command.
+    3. The incarnation already has a gang command and no group rejoined since: no command
+       (that restart covers it; a torchft controller may have carried it out as this
+       group's restart, and the group is healing).
+    4. Over the restart budget: no command, counted.
+    5. Otherwise one command naming the group; the incarnation stays open for a gang command.
+    """
+    group = anomaly.replica_group
+    if group is None:  # rule 1
+        return state, []
+    if anomaly.incarnation < state.newest_incarnation:  # rule 2
+        return msgspec.structs.replace(state, stale=state.stale + 1), []
+    if (
+        anomaly.incarnation <= state.commanded_incarnation
+        and state.rejoined_incarnation < anomaly.incarnation
+    ):  # rule 3
+        return state, []
+    if not _within_budget(state, anomaly.step, cfg):  # rule 4
+        return msgspec.structs.replace(state, over_budget=state.over_budget + 1), []
+    cid = command_id(anomaly.run_id, anomaly.incarnation, "respawn_group", anomaly.verdict_id)
+    command = RestartRequested(  # rule 5
+        run_id=anomaly.run_id,
+        ts_ns=anomaly.ts_ns,
+        seq=source.offset,
+        command_id=cid,
+        action="respawn_group",
+        cause_verdict_id=anomaly.verdict_id,
+        cause_kind=anomaly.kind,
+        incarnation=anomaly.incarnation,
+        source=source,
+        replica_group=group,
+    )
+    keep = max(cfg.restart_budget, 1)
+    return msgspec.structs.replace(
+        state,
         command_steps=(*state.command_steps, anomaly.step)[-keep:],
         commands=state.commands + 1,
         last_command_id=cid,

@@ -74,6 +74,20 @@ def _time_section(state: StepHealthState) -> dict[str, Any]:
     }
 
 
+def _replica_section(state: StepHealthState) -> dict[str, Any]:
+    """Replica groups and degraded steps (`processors.core.replicas`)."""
+    tally = state.replicas
+    return {
+        "groups": len(tally.groups),
+        "lost_now": list(tally.lost),
+        "steps": tally.steps,
+        "degraded_steps": tally.degraded_steps,
+        "degraded_time_s": _num(tally.degraded_time_s),
+        "lost": tally.lost_verdicts,
+        "rejoined": tally.rejoined_verdicts,
+    }
+
+
 def _restarts(state: StepHealthState) -> list[dict[str, Any]]:
     return [
         {
@@ -142,6 +156,7 @@ def _command_summary(c: RestartRequested) -> dict[str, Any]:
         "cause_verdict_id": c.cause_verdict_id,
         "incarnation": c.incarnation,
         "max_checkpoint_step": c.max_checkpoint_step,
+        **({"replica_group": c.replica_group} if c.replica_group is not None else {}),
     }
 
 
@@ -178,7 +193,8 @@ def health_report(
     Returns:
         Steps, MFU (with its convention), time and the effective training time ratio,
         anomalies by kind, restarts with their continuity verdicts, liveness, checkpoints
-        and commands.
+        and commands; for a run of replica groups (torchft), its groups and degraded
+        steps and time (``replicas``).
     """
     base = cfg or DetectorConfig()
     run_cfg = steps.info.config(base) if steps is not None else base
@@ -204,6 +220,8 @@ def health_report(
             "continuity_ok": steps.continuity_ok,
             "restarts": _restarts(steps),
         }
+        if steps.replicas.steps:  # a per-step fault-tolerant run (torchft)
+            report["replicas"] = _replica_section(steps)
     if liveness is not None:
         report["liveness"] = _liveness_section(liveness)
     if checkpoints is not None:

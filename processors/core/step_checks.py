@@ -71,6 +71,23 @@ class Emitter:
             )
         )
 
+    def emit_replica(self, kind: AnomalyKind, replica_group: int, detail: str) -> None:
+        """Record a verdict about one replica group (`processors.core.replicas`)."""
+        self.out.append(
+            make_anomaly(
+                run_id=self.state.run_id,
+                kind=kind,
+                step=self.event.step,
+                ts_ns=self.event.ts_ns,
+                source=self.source,
+                config_hash=config_hash(self.cfg),
+                incarnation=self.state.info.incarnation,
+                attempt=self.state.attempt,
+                detail=detail,
+                replica_group=replica_group,
+            )
+        )
+
 
 def spike_episode(
     em: Emitter,

@@ -10,6 +10,7 @@ from runwatch.processors.core.baseline import RollingBaseline
 from runwatch.processors.core.config import DetectorConfig
 from runwatch.processors.core.continuity import RestartCheck, RestartRecord
 from runwatch.processors.core.ledger import StepLedger, Totals
+from runwatch.processors.core.replicas import ReplicaTally
 from runwatch.processors.core.runinfo import RunInfo
 
 
@@ -50,6 +51,8 @@ class StepHealthState(msgspec.Struct, frozen=True, gc=False):
         last_index: Index in its pack of the last applied event (-1: the record at
             ``last_offset`` was the event); with ``last_offset`` the position that older
             ones are skipped below.
+        replicas: The run's replica groups and degraded steps (a torchft run's
+            participants, `processors.core.replicas`).
     """
 
     run_id: str
@@ -83,6 +86,7 @@ class StepHealthState(msgspec.Struct, frozen=True, gc=False):
     loss_cusum: float = 0.0
     loss_cusum_reported: bool = False
     last_index: int = -1
+    replicas: ReplicaTally = ReplicaTally()
 
     @property
     def incarnation(self) -> int:

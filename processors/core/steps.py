@@ -36,6 +36,7 @@ from runwatch.processors.core.continuity import (
     start_check,
 )
 from runwatch.processors.core.ledger import COL_GRAD, COL_LOSS, StepLedger
+from runwatch.processors.core.replicas import fold_replicas
 from runwatch.processors.core.runinfo import RunInfo
 from runwatch.processors.core.step_checks import (
     Emitter,
@@ -265,6 +266,9 @@ def _on_step(
         # before the epoch).
         lead_ns = step_time_s * 1e9
         first_ts_ns = event.ts_ns - (int(lead_ns) if lead_ns < event.ts_ns else max(event.ts_ns, 0))
+    replicas = state.replicas
+    if event.participants:  # a per-step fault-tolerant run: who was in the quorum
+        replicas = fold_replicas(replicas, event, em.emit_replica)
     verdicts = em.out
     # Positional, in field order (a test pins the order): ten times cheaper than replace().
     new = StepHealthState(
@@ -299,6 +303,7 @@ def _on_step(
         loss_cusum,
         loss_cusum_reported,
         source.index,
+        replicas,
     )
     return new, verdicts
 

@@ -37,6 +37,7 @@ def verdict_id(
     *,
     incarnation: int = 0,
     attempt: int = 0,
+    replica_group: int | None = None,
 ) -> str:
     """The deterministic id of an anomaly verdict.
 
@@ -50,11 +51,16 @@ def verdict_id(
             verdict.
         attempt: How many times the run has resumed within what the detector has seen;
             a step redone after a rollback is a new verdict.
+        replica_group: The replica group a replica verdict concerns; None (every other
+            verdict) leaves the id as it always was.
 
     Returns:
         20 hex characters.
     """
-    return _digest("anomaly", run_id, kind, step, rank, config_hash, incarnation, attempt)
+    parts: tuple[object, ...] = (run_id, kind, step, rank, config_hash, incarnation, attempt)
+    if replica_group is not None:
+        parts = (*parts, "group", replica_group)
+    return _digest("anomaly", *parts)
 
 
 def command_id(run_id: str, incarnation: int, action: RestartAction, cause_verdict_id: str) -> str:
@@ -93,6 +99,7 @@ def make_anomaly(
     ranks: tuple[int, ...] = (),
     rank_count: int = 0,
     launch_id: str = "",
+    replica_group: int | None = None,
 ) -> AnomalyDetected:
     """Build an anomaly verdict with its deterministic id, log time and provenance.
 
@@ -118,6 +125,7 @@ def make_anomaly(
         rank_count: How many ranks in all (``ranks`` may list fewer).
         launch_id: The launch of the run's latest RunStarted (empty: none); the policy
             binds the command it makes of the verdict to it.
+        replica_group: The replica group it concerns (replica verdicts), part of its id.
 
     Returns:
         The verdict.
@@ -127,7 +135,14 @@ def make_anomaly(
         ts_ns=ts_ns,
         seq=source.offset,
         verdict_id=verdict_id(
-            run_id, kind, step, rank, config_hash, incarnation=incarnation, attempt=attempt
+            run_id,
+            kind,
+            step,
+            rank,
+            config_hash,
+            incarnation=incarnation,
+            attempt=attempt,
+            replica_group=replica_group,
         ),
         kind=kind,
         step=step,
@@ -145,6 +160,7 @@ def make_anomaly(
         ranks=ranks,
         rank_count=rank_count,
         launch_id=launch_id,
+        replica_group=replica_group,
     )
 
 

@@ -32,7 +32,7 @@ from runwatch.cmd._torchrun import (
     translate,
 )
 from runwatch.common.errors import UsageError
-from runwatch.controller.state import DEFAULT_SPARE_PRELOAD
+from runwatch.controller.state import DEFAULT_SPARE_PRELOAD, FaultToleranceSpec
 from runwatch.controller.topology import NodeTopology, TopologyError, resolve_topology
 from runwatch.producers.logtail import FORMATS
 
@@ -52,6 +52,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add_torchrun_args(parser)
     _add_node_args(parser)
     _add_watch_args(parser)
+    _add_ft_args(parser)
     parser.add_argument(
         "argv",
         nargs=argparse.REMAINDER,
@@ -108,6 +109,55 @@ def _add_gang_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--env", action="append", default=[], metavar="NAME=VALUE", help="extra rank variable"
     )
+
+
+def _add_ft_args(parser: argparse.ArgumentParser) -> None:
+    """Per-replica-group fault tolerance (torchft): only a lost group restarts."""
+    ft = parser.add_argument_group("fault tolerance by replica groups (torchft, one host)")
+    ft.add_argument(
+        "--fault-tolerance",
+        choices=("torchft",),
+        help="start a torchft Lighthouse and the ranks as replica groups; a lost group is "
+        "restarted alone and heals from a live peer",
+    )
+    ft.add_argument("--replica-groups", type=int, metavar="N", help="replica groups")
+    ft.add_argument(
+        "--nproc-per-group", type=int, default=1, metavar="K", help="ranks per replica group"
+    )
+    ft.add_argument(
+        "--min-replicas",
+        type=int,
+        default=1,
+        metavar="M",
+        help="fewest groups a step commits with; a restart that would leave fewer "
+        "stepping restarts the gang",
+    )
+
+
+def fault_tolerance(args: argparse.Namespace) -> FaultToleranceSpec | None:
+    """``--fault-tolerance`` and its flags as the spec's part, checked.
+
+    Raises:
+        UsageError: A bad combination (one line).
+    """
+    if args.fault_tolerance is None:
+        if args.replica_groups is not None:
+            raise UsageError("--replica-groups goes with --fault-tolerance torchft")
+        return None
+    groups, per_group, least = args.replica_groups, args.nproc_per_group, args.min_replicas
+    if groups is None or groups < 1:
+        raise UsageError("--fault-tolerance torchft needs --replica-groups N (N >= 1)")
+    if per_group < 1 or not 1 <= least <= groups:
+        raise UsageError(
+            f"--nproc-per-group must be >= 1 and --min-replicas in 1..{groups}, got "
+            f"{per_group} and {least}"
+        )
+    if args.nproc is not None and args.nproc != groups * per_group:
+        raise UsageError(
+            f"--nproc {args.nproc} is not --replica-groups x --nproc-per-group "
+            f"({groups} x {per_group}): give one or the other"
+        )
+    return FaultToleranceSpec(replica_groups=groups, nproc_per_group=per_group, min_replicas=least)
 
 
 def _add_node_args(parser: argparse.ArgumentParser) -> None:
@@ -259,12 +309,19 @@ def resolve(
     """
     from runwatch.controller.state import default_state_dir
 
+    ft = fault_tolerance(args)
+    if ft is not None:  # the node's ranks are the groups' (one host: across nodes is not yet)
+        args = argparse.Namespace(**{**vars(args), "nproc": ft.replica_groups * ft.nproc_per_group})
     settings = translate(args, environ, python=sys.executable, count_devices=devices)
     try:
         resolved = resolve_topology(environ, **settings.topology_args())
     except TopologyError as exc:
         raise UsageError(str(exc)) from None
     topology = resolved.topology
+    if ft is not None and topology.nnodes > 1:
+        raise UsageError(
+            "--fault-tolerance torchft runs on one host for now (one agent for every group)"
+        )
     given = (settings.nproc, settings.nnodes, settings.nproc_per_node)
     if given == (None, None, None) and topology.source != "slurm":
         raise UsageError("give --nproc N (one host) or --nproc-per-node K (one node of several)")
@@ -397,6 +454,7 @@ def _spec(args: argparse.Namespace, plan: LaunchPlan, run: RunBinding) -> Launch
         exit_evidence=args.exit_evidence,
         log_watch=log_watch,
         warm_spares=warm_spares,
+        fault_tolerance=fault_tolerance(args),
     )
 
 

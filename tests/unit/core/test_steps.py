@@ -350,6 +350,7 @@ def test_hot_path_field_order_is_pinned() -> None:
         "loss_cusum",
         "loss_cusum_reported",
         "last_index",
+        "replicas",
     )
 
 

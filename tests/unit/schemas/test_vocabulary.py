@@ -149,7 +149,7 @@ def test_kind_facts(kind, severity, action):
 
 
 def test_kinds_by_fact():
-    assert kinds_where(captures_stacks=True) == {"hang", "dead_rank"}
+    assert kinds_where(captures_stacks=True) == {"hang", "dead_rank", "replica_lost"}
     assert kinds_where(breaks_continuity=True) == {"restart_discontinuity"}
     assert "grad_norm_spike" in kinds_where(chart=Chart.GRAD_NORM)
     assert "loss_spike" in kinds_where(chart=Chart.LOSS)

@@ -1,0 +1,133 @@
+"""Group restart or gang restart: the pure decision for a run of replica groups (torchft).
+
+`controller.supervisor.RunSupervisor` asks `plan_group` before anything else about a
+command; it reads no clock, disk or Kafka. A **group restart** stops and restarts the
+named replica groups alone (`controller.launcher.Scope` with groups): the other groups keep
+stepping with a smaller quorum, and the restarted ones heal from a live peer; the gang's
+incarnation goes on. Otherwise the command takes the gang path
+(`controller.restart_plan`), as for every run without replica groups.
+
+The rules, in order (each a guard clause with its number):
+
+1. The run has no replica groups (launched without ``--fault-tolerance``): the gang path;
+   a ``respawn_group`` is refused (there is no group to restart alone).
+2. A ``rollback`` (NaN, divergence): the gang path: every group rolls back from DCP.
+3. The backend does not declare ``per_step_fault_tolerance`` (the run's RunStarted as last
+   recorded, else the backend the launch named): the gang path; a ``respawn_group`` is
+   refused. A backend that does not declare it is never asked to heal.
+4. ``respawn_group``: the group the command names (refused when there is no such group).
+5. ``respawn`` (a dead rank, a hang): the groups of the ranks that exited abnormally. None
+   exited, but groups restarted alone lately are still healing: refused (the verdict is
+   their silence while they start and heal: a ``replica_lost`` seen before the exit
+   evidence, or a dead-rank timeout shorter than a heal; a gang restart would throw away
+   what the group restart saves). None exited and none healing (a hang): the gang path.
+6. Every group would be down, or fewer groups than ``--min-replicas`` would go on stepping
+   while the restarted ones heal: the run cannot commit a step meanwhile: escalate to the
+   gang path.
+7. Otherwise: restart those groups alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from runwatch.controller.elastic import RankExit
+from runwatch.schemas.events import BackendDeclaration, RestartRequested
+
+GroupVerdict = Literal["gang", "groups", "refuse"]
+
+
+@dataclass(frozen=True)
+class ReplicaGroups:
+    """The run's replica groups on this node, as launched.
+
+    Attributes:
+        groups: How many (``--replica-groups``).
+        nproc_per_group: Ranks per group (global rank = group x this + rank in group).
+        min_replicas: Fewest groups a step may commit with (``--min-replicas``).
+    """
+
+    groups: int
+    nproc_per_group: int
+    min_replicas: int
+
+
+@dataclass(frozen=True)
+class GroupPlan:
+    """What `plan_group` decided.
+
+    Attributes:
+        verdict: ``groups`` (restart `groups` alone), ``gang`` (the gang path) or
+            ``refuse`` (RestartFailed with `reason`; the run goes on as it is).
+        groups: The groups to restart (``groups`` only).
+        reason: Why, in one line (logged; the RestartFailed reason for ``refuse``).
+        rule: The rule that decided.
+    """
+
+    verdict: GroupVerdict
+    groups: tuple[int, ...] = ()
+    reason: str = ""
+    rule: int = 0
+
+
+def plan_group(
+    command: RestartRequested,
+    replicas: ReplicaGroups | None,
+    backend: BackendDeclaration | None,
+    exits: Sequence[RankExit],
+    healing: Sequence[int] = (),
+) -> GroupPlan:
+    """Group restart or gang restart for ``command``; see the module doc's rules.
+
+    Args:
+        command: The verified command.
+        replicas: The run's replica groups; None: it has none.
+        backend: What the run's backend declares (None: nothing known).
+        exits: The exits noticed in the current incarnation.
+        healing: Groups restarted alone lately (the supervisor's bound), maybe still healing.
+
+    Returns:
+        The plan.
+    """
+    asked_group = command.action == "respawn_group"
+    if replicas is None:  # rule 1
+        if asked_group:
+            return GroupPlan("refuse", reason="the run has no replica groups", rule=1)
+        return GroupPlan("gang", reason="no replica groups", rule=1)
+    if command.action == "rollback":  # rule 2
+        return GroupPlan("gang", reason="a rollback restarts every group from DCP", rule=2)
+    if backend is None or not backend.per_step_fault_tolerance:  # rule 3
+        name = "the run's backend" if backend is None else f"backend {backend.name}"
+        reason = f"{name} does not declare per_step_fault_tolerance"
+        return GroupPlan("refuse" if asked_group else "gang", reason=reason, rule=3)
+    if asked_group:  # rule 4
+        group = command.replica_group
+        if group is None or not 0 <= group < replicas.groups:
+            reason = f"no replica group {group} (groups 0..{replicas.groups - 1})"
+            return GroupPlan("refuse", reason=reason, rule=4)
+        chosen: tuple[int, ...] = (group,)
+    else:  # rule 5
+        chosen = tuple(sorted({e.rank // replicas.nproc_per_group for e in exits if e.abnormal}))
+        if not chosen and healing:
+            reason = f"no rank exited and groups {sorted(healing)} are healing"
+            return GroupPlan("refuse", reason=reason, rule=5)
+        if not chosen:
+            return GroupPlan("gang", reason="no rank exited: the whole run is stuck", rule=5)
+    left = replicas.groups - len(chosen)
+    if left < max(1, replicas.min_replicas):  # rule 6
+        reason = (
+            f"restarting groups {list(chosen)} leaves {left} of {replicas.groups} stepping, "
+            f"below --min-replicas {replicas.min_replicas}: gang restart"
+        )
+        return GroupPlan("gang", reason=reason, rule=6)
+    return GroupPlan(  # rule 7
+        "groups",
+        groups=chosen,
+        reason=f"groups {list(chosen)} restart alone; {left} of {replicas.groups} go on",
+        rule=7,
+    )
+
+
+__all__ = ["GroupPlan", "GroupVerdict", "ReplicaGroups", "plan_group"]

@@ -1,0 +1,313 @@
+"""A `controller.launcher.Launcher` of torchft replica groups on one host.
+
+``runwatch launch --fault-tolerance torchft --replica-groups N --nproc-per-group K``: the
+node's N x K ranks are N replica groups of K ranks, each its own torchrun-style gang
+(``RANK`` 0..K-1 inside the group, ``WORLD_SIZE`` K, its own rendezvous port) started with
+torchft's variables (``REPLICA_GROUP_ID``, ``NUM_REPLICA_GROUPS``, ``TORCHFT_LIGHTHOUSE``)
+and runwatch's (``RUNWATCH_MIN_REPLICAS``, ``RUNWATCH_FT_START_BARRIER``,
+``RUNWATCH_FT_GROUP_RESTARTS``). Global rank ``g x K + r`` names rank r of group g in the
+gang record, the logs and the exit evidence. The groups meet per step in the quorum of a
+Lighthouse this launcher started (`controller.torchft_compat`).
+
+A `controller.launcher.Scope` naming groups stops and starts those groups only: the
+others keep their processes (the same pids) and keep stepping; a restarted group heals
+from a live peer (torchft), so it gets no ``RUNWATCH_RESTART_FROM``. A whole-node scope is
+a gang restart (a rollback from DCP: every group gets ``RUNWATCH_RESTART_FROM``).
+`Started.ranks` always lists every group's processes, so the supervisor's gang record
+holds the node's ranks whatever the scope.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import msgspec
+
+from runwatch.common.durable import atomic_write
+from runwatch.controller.gang import Gang, free_port, rank_environ
+from runwatch.controller.launcher import (
+    HOST,
+    STACK_TIMEOUT_S,
+    WHOLE_NODE,
+    Incarnation,
+    RankStatus,
+    Scope,
+    Started,
+)
+from runwatch.controller.stacks import capture
+from runwatch.controller.state import ControllerState, GangRecord, LaunchSpec, RankProcess
+from runwatch.controller.topology import NodeTopology
+from runwatch.controller.torchft_compat import (
+    LighthouseProcess,
+    LighthouseSettings,
+    start_lighthouse,
+)
+from runwatch.schemas.events import RankStack
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ReplicaLayout:
+    """How this node's ranks form replica groups.
+
+    Attributes:
+        groups: Replica groups (``--replica-groups``).
+        nproc_per_group: Ranks per group (``--nproc-per-group``).
+        min_replicas: Fewest groups a step may commit with (``--min-replicas``).
+    """
+
+    groups: int
+    nproc_per_group: int = 1
+    min_replicas: int = 1
+
+    def __post_init__(self) -> None:
+        """A layout that exists is valid."""
+        if self.groups < 1 or self.nproc_per_group < 1:
+            raise ValueError("--replica-groups and --nproc-per-group must be >= 1")
+        if not 1 <= self.min_replicas <= self.groups:
+            raise ValueError(
+                f"--min-replicas must be in 1..{self.groups} (--replica-groups), "
+                f"got {self.min_replicas}"
+            )
+
+    def group_of(self, rank: int) -> int:
+        """The replica group of global ``rank``."""
+        return rank // self.nproc_per_group
+
+    def ranks_of(self, group: int) -> range:
+        """The global ranks of ``group``."""
+        return range(group * self.nproc_per_group, (group + 1) * self.nproc_per_group)
+
+    def groups_in(self, scope: Scope) -> tuple[int, ...]:
+        """The groups ``scope`` names (every group for a whole-node scope).
+
+        Raises:
+            ValueError: A group that does not exist.
+        """
+        if scope.groups is None:
+            return tuple(range(self.groups))
+        bad = [g for g in scope.groups if not 0 <= g < self.groups]
+        if bad:
+            raise ValueError(f"no replica group {bad} (groups 0..{self.groups - 1})")
+        return tuple(sorted(set(scope.groups)))
+
+
+LIGHTHOUSE_FILE = "lighthouse.json"
+"""Where an agent records its Lighthouse process (pid, addresses) in its state directory."""
+
+
+def _running_lighthouse(path: Path) -> LighthouseProcess | None:
+    """The Lighthouse ``path`` records, if its process still runs."""
+    try:
+        found = msgspec.json.decode(path.read_bytes(), type=LighthouseProcess)
+    except (OSError, msgspec.DecodeError):
+        return None
+    try:
+        os.kill(found.pid, 0)
+    except OSError:
+        return None
+    return found
+
+
+class TorchFTLauncher:
+    """Replica groups on one host, each started, watched and stopped on its own (module doc).
+
+    Args:
+        state: The run's state directory (logs, exit files, stack and error files).
+        spec: What was asked (command, extra environment, the run).
+        layout: The replica groups.
+        lighthouse: The Lighthouse the groups meet in (closed with the launcher).
+        environ: The agent's environment, under each rank's (default ``os.environ``).
+        host: This agent's host, in the stacks it reports.
+    """
+
+    def __init__(
+        self,
+        state: ControllerState,
+        spec: LaunchSpec,
+        layout: ReplicaLayout,
+        lighthouse: LighthouseProcess,
+        *,
+        environ: Mapping[str, str] | None = None,
+        host: str = HOST,
+    ) -> None:
+        self.state = state
+        self.spec = spec
+        self.layout = layout
+        self.lighthouse = lighthouse
+        self.environ = os.environ if environ is None else environ
+        self.host = host
+        self.incarnation = 0
+        self.gangs: dict[int, Gang] = {}
+        self.restarts: dict[int, int] = {}
+        self.ports: dict[int, int] = {}
+
+    @classmethod
+    def for_run(
+        cls, state: ControllerState, spec: LaunchSpec, record: GangRecord
+    ) -> TorchFTLauncher:
+        """The launcher of ``spec``'s replica groups, watching the ranks ``record`` holds.
+
+        The Lighthouse is the one this state directory's agent started when it is still
+        running (an adopting controller: the groups are meeting in it), else a new one;
+        where it is goes in ``<state>/lighthouse.json``.
+        """
+        ft = spec.fault_tolerance
+        if ft is None:
+            raise ValueError(f"run {spec.run_id} was not launched with --fault-tolerance")
+        layout = ReplicaLayout(ft.replica_groups, ft.nproc_per_group, ft.min_replicas)
+        path = state.root / LIGHTHOUSE_FILE
+        lighthouse = _running_lighthouse(path)
+        if lighthouse is None:
+            lighthouse = start_lighthouse(LighthouseSettings(ft.min_replicas, ft.replica_groups))
+            atomic_write(path, msgspec.json.encode(lighthouse))
+        log.info(
+            "run %s: torchft Lighthouse %s (pid %d), %d replica groups of %d, min %d",
+            spec.run_id,
+            lighthouse.address,
+            lighthouse.pid,
+            layout.groups,
+            layout.nproc_per_group,
+            layout.min_replicas,
+        )
+        launcher = cls(state, spec, layout, lighthouse)
+        launcher.adopt(record.incarnation, record.ranks)
+        return launcher
+
+    def _group_env(self, group: int) -> dict[str, str]:
+        layout = self.layout
+        return {
+            **self.spec.env,
+            "REPLICA_GROUP_ID": str(group),
+            "NUM_REPLICA_GROUPS": str(layout.groups),
+            "TORCHFT_LIGHTHOUSE": self.lighthouse.address,
+            "RUNWATCH_FT_START_BARRIER": self.lighthouse.barrier,
+            "RUNWATCH_FT_GROUP_RESTARTS": str(self.restarts.get(group, 0)),
+            "RUNWATCH_MIN_REPLICAS": str(layout.min_replicas),
+        }
+
+    def _start_group(self, incarnation: Incarnation, group: int, resume: int | None) -> Gang:
+        """Start ``group``'s K ranks: a gang of its own on a fresh rendezvous port."""
+        state, number, k = self.state, incarnation.number, self.layout.nproc_per_group
+        inside = NodeTopology(nproc_per_node=k, max_restarts=incarnation.topology.max_restarts)
+        port = free_port()
+        ranks = self.layout.ranks_of(group)
+        envs = []
+        for local, rank in enumerate(ranks):
+            state.error_path(number, rank).unlink(missing_ok=True)
+            contract = inside.launch_env(
+                local,
+                incarnation=number,
+                master_port=port,
+                run=self.spec.run,
+                restart_from=resume,
+                stack_file=str(state.stack_path(number, rank)),
+                error_file=str(state.error_path(number, rank)),
+            )
+            envs.append(rank_environ(self.environ, self._group_env(group), contract))
+        for path in (state.log_path(number, ranks[0]).parent, state.exit_path(number, 0).parent):
+            path.mkdir(parents=True, exist_ok=True)
+        self.ports[group] = port
+        return Gang.launch(
+            self.spec.argv,
+            envs,
+            [state.log_path(number, r) for r in ranks],
+            [state.exit_path(number, r) for r in ranks],
+            ranks=ranks,
+        )
+
+    def _all_ranks(self) -> tuple[RankProcess, ...]:
+        return tuple(
+            sorted((p for gang in self.gangs.values() for p in gang.ranks), key=lambda p: p.rank)
+        )
+
+    def start(self, incarnation: Incarnation, scope: Scope = WHOLE_NODE) -> Started:
+        """Start ``scope``'s groups of ``incarnation`` (see `controller.launcher.Launcher`).
+
+        A whole-node scope starts every group (a first launch, or a gang restart that
+        resumes from ``incarnation.resume``); a scope naming groups restarts those alone,
+        to heal from a live peer (no ``RUNWATCH_RESTART_FROM``).
+        """
+        groups = self.layout.groups_in(scope)
+        resume = incarnation.resume.env_value if incarnation.resume is not None else None
+        if scope.whole_node:
+            self.restarts = {}
+        else:
+            resume = None
+            for g in groups:
+                self.restarts[g] = self.restarts.get(g, 0) + 1
+        for g in groups:
+            self.gangs[g] = self._start_group(incarnation, g, resume)
+        self.incarnation = incarnation.number
+        return Started(self._all_ranks(), self.ports[groups[0]])
+
+    def adopt(self, incarnation: int, ranks: Sequence[RankProcess]) -> None:
+        """Watch ranks another process launched, by group (exit status from the files)."""
+        self.incarnation = incarnation
+        by_group: dict[int, list[RankProcess]] = {}
+        for proc in ranks:
+            by_group.setdefault(self.layout.group_of(proc.rank), []).append(proc)
+        self.gangs = {
+            g: Gang.adopt(procs, [self.state.exit_path(incarnation, p.rank) for p in procs])
+            for g, procs in by_group.items()
+        }
+
+    def status(self, rank: int) -> RankStatus:
+        """See `controller.launcher.Launcher.status`."""
+        return self.gangs[self.layout.group_of(rank)].status(rank)
+
+    def running(self) -> list[int]:
+        """See `controller.launcher.Launcher.running`."""
+        return sorted(r for gang in self.gangs.values() for r in gang.running())
+
+    def pids(self, group: int) -> tuple[int, ...]:
+        """The pids of ``group``'s ranks (what a group restart replaces, and only that)."""
+        return tuple(p.pid for p in self.gangs[group].ranks)
+
+    def take_stacks(
+        self, scope: Scope, timeout_s: float = STACK_TIMEOUT_S
+    ) -> tuple[RankStack, ...]:
+        """Where ``scope``'s ranks are (`controller.stacks.capture` on the running ones)."""
+        procs = [p for g in self.layout.groups_in(scope) for p in self.gangs[g].ranks]
+        running = set(self.running())
+        slots = {
+            p.rank: (p.pid, self.state.stack_path(self.incarnation, p.rank))
+            for p in procs
+            if p.rank in running
+        }
+        try:
+            taken = capture(slots, timeout_s=timeout_s)
+        except Exception as exc:  # a diagnostic must never cost the restart
+            log.warning("run %s: could not take stacks: %s", self.spec.run_id, exc)
+            taken = {}
+        out = []
+        for proc in procs:
+            t = taken.get(proc.rank)
+            if t is not None:
+                out.append(RankStack(rank=proc.rank, host=self.host, where=t.where, note=t.note))
+            else:
+                note = f"exited ({self.status(proc.rank)})"
+                out.append(RankStack(rank=proc.rank, host=self.host, note=note))
+        return tuple(out)
+
+    def stop(self, scope: Scope, *, grace_s: float, kill_now: bool) -> None:
+        """Stop ``scope``'s groups (the others keep running)."""
+        for g in self.layout.groups_in(scope):
+            gang = self.gangs.get(g)
+            if gang is not None:
+                gang.stop(grace_s, kill_now=kill_now)
+
+    def tick(self, now_s: float) -> None:
+        """Nothing to do between looks (no warm spares for replica groups yet)."""
+
+    def close(self) -> None:
+        """Stop the Lighthouse (the groups are left as they are)."""
+        self.lighthouse.stop()
+
+
+__all__ = ["LIGHTHOUSE_FILE", "ReplicaLayout", "TorchFTLauncher"]

@@ -1,0 +1,249 @@
+"""The ``torchft-ddp`` backend: DDP across replica groups that may drop out and heal.
+
+One replica group is a torchrun-style gang of ``WORLD_SIZE`` ranks (``RANK`` inside the
+group) with its own rendezvous store at ``MASTER_ADDR:MASTER_PORT``; the groups meet per
+step in a torchft quorum kept by a Lighthouse (``TORCHFT_LIGHTHOUSE``). The launcher says
+which group a rank is in (``REPLICA_GROUP_ID``, of ``NUM_REPLICA_GROUPS``:
+`controller.torchft_launcher`). A group that dies is left out of the next step's quorum;
+when it comes back, torchft copies a live peer's state into it (no checkpoint read).
+
+torchft is imported when `TorchFTDDPBackend.init` runs, never on import of this module's
+registration (`producers.backend` reads the capabilities without torch).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from runwatch.common.launch_env import LaunchEnv
+from runwatch.producers.backend import TORCHFT_DDP_CAPABILITIES, BackendCapabilities
+from runwatch.schemas.events import ParallelPlan
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+ENV_REPLICA_GROUP_ID = "REPLICA_GROUP_ID"
+ENV_NUM_REPLICA_GROUPS = "NUM_REPLICA_GROUPS"
+ENV_LIGHTHOUSE = "TORCHFT_LIGHTHOUSE"
+ENV_MIN_REPLICAS = "RUNWATCH_MIN_REPLICAS"
+ENV_START_BARRIER = "RUNWATCH_FT_START_BARRIER"
+"""A second Lighthouse whose quorum needs every group: the first start's barrier (below)."""
+ENV_GROUP_RESTARTS = "RUNWATCH_FT_GROUP_RESTARTS"
+"""How many times the launcher restarted this rank's group (0: its first start)."""
+
+
+@dataclass(frozen=True)
+class ReplicaEnv:
+    """Where a rank stands among the replica groups (torchft's variables).
+
+    Attributes:
+        group: Its replica group (``REPLICA_GROUP_ID``).
+        groups: Replica groups in the run (``NUM_REPLICA_GROUPS``).
+        lighthouse: The Lighthouse's address (``TORCHFT_LIGHTHOUSE``).
+        min_replicas: Fewest groups a step may commit with (``RUNWATCH_MIN_REPLICAS``).
+        start_barrier: The start barrier's Lighthouse (``RUNWATCH_FT_START_BARRIER``), "":
+            none.
+        restarts: Times the launcher restarted this group (``RUNWATCH_FT_GROUP_RESTARTS``).
+    """
+
+    group: int
+    groups: int
+    lighthouse: str
+    min_replicas: int = 1
+    start_barrier: str = ""
+    restarts: int = 0
+
+    @classmethod
+    def from_environ(cls, environ: dict[str, str] | None = None) -> ReplicaEnv:
+        """Read the variables; a missing one is a one-line error naming it."""
+        env = dict(os.environ if environ is None else environ)
+        missing = [
+            n
+            for n in (ENV_REPLICA_GROUP_ID, ENV_NUM_REPLICA_GROUPS, ENV_LIGHTHOUSE)
+            if n not in env
+        ]
+        if missing:
+            raise RuntimeError(
+                f"torchft-ddp needs {', '.join(missing)} (start the run with "
+                "`runwatch launch --fault-tolerance torchft`)"
+            )
+        return cls(
+            group=int(env[ENV_REPLICA_GROUP_ID]),
+            groups=int(env[ENV_NUM_REPLICA_GROUPS]),
+            lighthouse=env[ENV_LIGHTHOUSE],
+            min_replicas=int(env.get(ENV_MIN_REPLICAS, "1")),
+            start_barrier=env.get(ENV_START_BARRIER, ""),
+            restarts=int(env.get(ENV_GROUP_RESTARTS, "0")),
+        )
+
+
+def _guarded_ddp() -> Any:
+    """Torchft 0.2.0's ``DistributedDataParallel`` with a comm hook that survives a lost peer.
+
+    The trainer side's one private access to torchft (the controller's are in
+    `controller.torchft_compat`). torchft's hook returns the ``_fut`` of the manager's
+    managed future, and asserts that it exists; when a peer group dies in the middle of a
+    step, the all-reduce fails and the future it gets has none: the ``AssertionError``
+    then kills the *surviving* group too. The guarded hook returns a completed future of
+    the bucket instead: the manager has recorded the error, so the step will not commit
+    (``should_commit`` is False) and the next quorum goes on without the dead group.
+
+    Raises:
+        RuntimeError: A torchft without the hook this guards (another version).
+    """
+    import torch
+    from torchft import DistributedDataParallel
+
+    if not hasattr(DistributedDataParallel, "_comm_hook"):
+        raise RuntimeError(
+            "torchft.DistributedDataParallel has no _comm_hook: runwatch's torchft-ddp "
+            "backend is written against torchft 0.2.0 (pip install 'runwatch[ft]')"
+        )
+
+    class GuardedDDP(DistributedDataParallel):  # type: ignore[misc]
+        @staticmethod
+        def _comm_hook(state: Any, bucket: Any) -> torch.futures.Future[torch.Tensor]:
+            work = state.allreduce(bucket.buffer())
+            work.wait()
+            inner = getattr(work.get_future(), "_fut", None)
+            if inner is not None:
+                return inner  # type: ignore[no-any-return]
+            done: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+            done.set_result(bucket.buffer())
+            return done
+
+    return GuardedDDP
+
+
+class TorchFTDDPBackend:
+    """torchft's ``Manager`` + ``DistributedDataParallel`` + ``OptimizerWrapper``.
+
+    `init` serves the group's rendezvous store on group rank 0 (runwatch has no agent
+    store), makes a reconfigurable gloo process group and the ``Manager``; `wrap_model` and
+    `wrap_optimizer` wrap for torchft; `register_state` names what a healing group copies
+    from a live peer.
+    """
+
+    CAPABILITIES = TORCHFT_DDP_CAPABILITIES
+
+    def __init__(self) -> None:
+        self._env: LaunchEnv | None = None
+        self.replica: ReplicaEnv | None = None
+        self._device: torch.device | None = None
+        self._store: Any = None
+        self.manager: Any = None
+
+    @property
+    def capabilities(self) -> BackendCapabilities:
+        """What torchft DDP here really executes."""
+        return self.CAPABILITIES
+
+    def init(self, env: LaunchEnv, *, timeout_s: float = 60.0) -> None:
+        """Join the replica group and the Lighthouse's quorum.
+
+        Args:
+            env: Where this rank stands inside its replica group (torchrun's variables).
+            timeout_s: Collective, quorum and connect timeout.
+        """
+        import torch
+        from torch.distributed import TCPStore  # type: ignore[attr-defined]
+        from torchft import Manager, ProcessGroupGloo
+
+        self.replica = ReplicaEnv.from_environ()
+        self._device = torch.device("cpu")
+        if env.rank == 0:  # torchft's Manager joins the group's store; someone must serve it
+            self._store = TCPStore(
+                env.master_addr,
+                env.master_port,
+                is_master=True,
+                wait_for_workers=False,
+                timeout=timedelta(seconds=timeout_s),
+            )
+        timeout = timedelta(seconds=timeout_s)
+        if env.rank == 0:
+            self._await_every_group(env, timeout)
+        self.manager = Manager(
+            pg=ProcessGroupGloo(timeout=timeout),
+            load_state_dict=None,
+            state_dict=None,
+            min_replica_size=self.replica.min_replicas,
+            replica_id=f"{env.run_id or 'run'}_{self.replica.group}",
+            rank=env.rank,
+            world_size=env.world_size,
+            store_addr=env.master_addr,
+            store_port=env.master_port,
+            lighthouse_addr=self.replica.lighthouse,
+            timeout=timeout,
+            quorum_timeout=timeout,
+            connect_timeout=timeout,
+        )
+        self._env = env
+
+    def _await_every_group(self, env: LaunchEnv, timeout: timedelta) -> None:
+        """On the run's first start, wait until every group's rank 0 is here.
+
+        torchft's Lighthouse forms a quorum of the groups that are up: a group whose
+        interpreter starts a second later would begin as a straggler and heal at once. The
+        barrier is a quorum of a second Lighthouse that needs every group (the launcher's).
+        A restarted group skips it: the others are stepping and it heals from them.
+        """
+        replica = self.replica
+        if replica is None or not replica.start_barrier or replica.restarts:
+            return
+        from torchft.coordination import LighthouseClient
+
+        client = LighthouseClient(replica.start_barrier, connect_timeout=timeout)
+        client.quorum(replica_id=f"{env.run_id or 'run'}_{replica.group}", timeout=timeout)
+
+    @property
+    def device(self) -> torch.device:
+        """The device this rank computes on (after `init`)."""
+        if self._device is None:
+            raise RuntimeError("TorchFTDDPBackend.init() has not run")
+        return self._device
+
+    def plan(self) -> ParallelPlan:
+        """Replication over every replica group's ranks."""
+        if self._env is None or self.replica is None:
+            raise RuntimeError("TorchFTDDPBackend.init() has not run")
+        return ParallelPlan(dp_replicate=self._env.world_size * self.replica.groups)
+
+    def wrap_model(self, model: nn.Module) -> nn.Module:
+        """Torchft's DDP: gradients averaged over the step's quorum of replica groups."""
+        from torchft import DistributedDataParallel
+
+        wrapped: nn.Module = DistributedDataParallel(self.manager, model.to(self.device))
+        return wrapped
+
+    def wrap_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+        """Torchft's wrapper: ``zero_grad`` starts the quorum, ``step`` commits or not."""
+        from torchft.optim import OptimizerWrapper
+
+        wrapped: torch.optim.Optimizer = OptimizerWrapper(self.manager, optimizer)
+        return wrapped
+
+    def register_state(
+        self, key: str, load: Callable[[Any], None], save: Callable[[], Any]
+    ) -> None:
+        """What a healing group copies from a live peer (model, optimizer, loader)."""
+        self.manager.register_state_dict_fn(key, load, save)
+
+    def shutdown(self) -> None:
+        """Stop the Manager (its server and threads); the store goes with the process."""
+        if self.manager is not None:
+            self.manager.shutdown(wait=False)
+
+
+__all__ = [
+    "ENV_LIGHTHOUSE",
+    "ENV_MIN_REPLICAS",
+    "ENV_NUM_REPLICA_GROUPS",
+    "ENV_REPLICA_GROUP_ID",
+    "ReplicaEnv",
+    "TorchFTDDPBackend",
+]
