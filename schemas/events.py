@@ -484,6 +484,13 @@ class AnomalyDetected(Event, frozen=True, kw_only=True, tag="anomaly.v1"):
         incarnation: The gang incarnation (from the run's latest RunStarted) it concerns.
         severity: How much it matters (see `Severity`); verdicts recorded before severities
             existed read as ``warning`` (every verdict paged then).
+        peak_step: For a spike episode's verdict (``step`` is its first step): the step of
+            its peak (``value``); None for other verdicts.
+        duration_steps: For a spike episode: steps from its first step to the one that
+            decided it, both included; None for other verdicts.
+        recovered: For a spike episode: True when the value came back by itself, False
+            when it did not (or was not decided); None for other verdicts.
+        decided_step: For a spike episode: the step that decided it; None for others.
     """
 
     verdict_id: Id
@@ -500,6 +507,10 @@ class AnomalyDetected(Event, frozen=True, kw_only=True, tag="anomaly.v1"):
     config_hash: Id = ""
     incarnation: Small = 0
     severity: Severity = "warning"
+    peak_step: Int64 | None = None
+    duration_steps: Int64 | None = None
+    recovered: bool | None = None
+    decided_step: Int64 | None = None
 
 
 class RestartRequested(Event, frozen=True, kw_only=True, tag="restart_requested.v1"):

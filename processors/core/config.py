@@ -43,6 +43,17 @@ class DetectorConfig(msgspec.Struct, frozen=True, kw_only=True):
             minus this (at most ``loss_z_thresh``), so healthy noise adds up to nothing.
         loss_shift_h: The CUSUM above which the loss has shifted up (a sustained loss
             spike no single step shows); 0 disables.
+        spike_recover_frac: A loss spike episode has recovered once the loss is back at or
+            below the median plus this fraction of its rise (docs/core.md, "Spike episodes").
+        spike_recover_steps: A loss spike episode not recovered this many steps after its
+            first step pages (it stays up).
+        spike_page_rel: A loss spike whose peak is at least this relative rise over the
+            median (``peak / median - 1``) pages at once, whatever follows.
+        spike_repeat_count: This many loss spike episodes starting within
+            ``spike_repeat_steps`` steps page (the last one pages when it starts).
+        spike_repeat_steps: The repeat window, in steps.
+        grad_follow_steps: A grad-norm spike pages when a loss spike episode starts at its
+            step or within this many steps after; otherwise it is information.
         max_loss: Loss ceiling: above it the run has diverged; None: no explicit ceiling.
         divergence_uniform_factor: Without ``max_loss``, the ceiling is this factor times
             ln(vocab_size) when the vocabulary is known; 0 disables the derived ceiling.
@@ -79,6 +90,12 @@ class DetectorConfig(msgspec.Struct, frozen=True, kw_only=True):
     grad_min_ratio: Annotated[float, msgspec.Meta(ge=1.0)] = 3.0
     loss_shift_k: NonNegFloat = 1.0
     loss_shift_h: NonNegFloat = 12.0
+    spike_recover_frac: Annotated[float, msgspec.Meta(ge=0.0, lt=1.0)] = 0.5
+    spike_recover_steps: PosInt = 3
+    spike_page_rel: PosFloat = 0.5
+    spike_repeat_count: Annotated[int, msgspec.Meta(ge=2)] = 3
+    spike_repeat_steps: PosInt = 50
+    grad_follow_steps: NonNegInt = 3
     max_loss: PosFloat | None = None
     divergence_uniform_factor: NonNegFloat = 2.0
     collapse_steps: PosInt = 20

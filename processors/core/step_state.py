@@ -9,6 +9,7 @@ import msgspec
 from runwatch.processors.core.baseline import RollingBaseline
 from runwatch.processors.core.config import DetectorConfig
 from runwatch.processors.core.continuity import RestartCheck, RestartRecord
+from runwatch.processors.core.episodes import SpikeEpisode
 from runwatch.processors.core.ledger import StepLedger, Totals
 from runwatch.processors.core.runinfo import RunInfo
 
@@ -50,6 +51,10 @@ class StepHealthState(msgspec.Struct, frozen=True, gc=False):
         last_index: Index in its pack of the last applied event (-1: the record at
             ``last_offset`` was the event); with ``last_offset`` the position that older
             ones are skipped below.
+        loss_episode: The open loss spike episode, if any (`episodes`).
+        grad_episode: The open grad-norm spike episode, if any.
+        loss_episode_starts: Start steps of the latest loss spike episodes (at most
+            ``spike_repeat_count``; the repeat rule and "the loss followed" read them).
     """
 
     run_id: str
@@ -83,6 +88,9 @@ class StepHealthState(msgspec.Struct, frozen=True, gc=False):
     loss_cusum: float = 0.0
     loss_cusum_reported: bool = False
     last_index: int = -1
+    loss_episode: SpikeEpisode | None = None
+    grad_episode: SpikeEpisode | None = None
+    loss_episode_starts: tuple[int, ...] = ()
 
     @property
     def incarnation(self) -> int:

@@ -10,6 +10,7 @@ verdict is byte-identical across replays.
 from __future__ import annotations
 
 import hashlib
+from typing import NamedTuple
 
 from runwatch.schemas.events import (
     AnomalyDetected,
@@ -21,6 +22,15 @@ from runwatch.schemas.events import (
 from runwatch.schemas.kinds import KINDS
 
 _SEP = "\x1f"
+
+
+class EpisodeFields(NamedTuple):
+    """The fields a spike episode's verdict adds (see `AnomalyDetected`)."""
+
+    peak_step: int
+    duration_steps: int
+    recovered: bool
+    decided_step: int
 
 
 def _digest(*parts: object) -> str:
@@ -90,6 +100,7 @@ def make_anomaly(
     threshold: float | None = None,
     detail: str = "",
     severity: Severity | None = None,
+    episode: EpisodeFields | None = None,
 ) -> AnomalyDetected:
     """Build an anomaly verdict with its deterministic id, log time and provenance.
 
@@ -110,6 +121,8 @@ def make_anomaly(
         threshold: The threshold crossed.
         detail: One human-readable line.
         severity: How much it matters; None: the kind's (`schemas.kinds.KindSpec.severity`).
+        episode: For a spike episode's verdict, ``(peak_step, duration_steps, recovered,
+            decided_step)``; None for other verdicts.
 
     Returns:
         The verdict.
@@ -134,7 +147,8 @@ def make_anomaly(
         config_hash=config_hash,
         incarnation=incarnation,
         severity=KINDS[kind].severity if severity is None else severity,
+        **({} if episode is None else episode._asdict()),
     )
 
 
-__all__ = ["command_id", "make_anomaly", "verdict_id"]
+__all__ = ["EpisodeFields", "command_id", "make_anomaly", "verdict_id"]

@@ -350,6 +350,9 @@ def test_hot_path_field_order_is_pinned() -> None:
         "loss_cusum",
         "loss_cusum_reported",
         "last_index",
+        "loss_episode",
+        "grad_episode",
+        "loss_episode_starts",
     )
 
 
