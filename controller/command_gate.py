@@ -8,13 +8,16 @@ authentic, new, for a gang it owns, and about that gang as it is now. The rules,
 2. A command read before the run's launch offset (the commands topic's end offset when the
    gang was first launched): **ignore** silently; it is the history of an earlier run that
    had the same id.
-3. No command key configured: **reject** ("controller has no command key").
-4. Unsigned, signed with an unknown key, or a bad signature (`schemas.signing.verify`):
+3. A shadow command (``shadow``: what a verdict in shadow mode would have caused; see
+   `processors.core.policy`): **ignore**; it is recorded on the commands topic for
+   people to measure, never executed.
+4. No command key configured: **reject** ("controller has no command key").
+5. Unsigned, signed with an unknown key, or a bad signature (`schemas.signing.verify`):
    **reject** with the reason.
-5. A command id already executed (persisted): **reject** as "replayed".
-6. A command whose incarnation is not the gang's current one: **reject** as "stale" (it was
+6. A command id already executed (persisted): **reject** as "replayed".
+7. A command whose incarnation is not the gang's current one: **reject** as "stale" (it was
    about a gang that no longer exists).
-7. Otherwise: **execute**.
+8. Otherwise: **execute**.
 
 Signature comes before replay so a forged command that reuses an executed id is reported as
 forged; replay comes before staleness so an executed command read again (a restarted
@@ -34,6 +37,7 @@ Verdict = Literal["execute", "reject", "ignore"]
 
 NO_KEY = "controller has no command key"
 REPLAYED = "replayed: command already executed"
+SHADOW = "shadow: recorded, not executed"
 
 
 @dataclass(frozen=True)
@@ -94,6 +98,8 @@ def decide(
         return Decision("ignore", f"run {command.run_id!r} is not owned by this controller")
     if gang.launched_before(source):
         return Decision("ignore", "read before the run was launched (an earlier run's history)")
+    if command.shadow:
+        return Decision("ignore", SHADOW)
     if not keys:
         return Decision("reject", NO_KEY)
     try:
@@ -111,4 +117,4 @@ def decide(
     return Decision("execute")
 
 
-__all__ = ["NO_KEY", "REPLAYED", "Decision", "OwnedGang", "Verdict", "decide"]
+__all__ = ["NO_KEY", "REPLAYED", "SHADOW", "Decision", "OwnedGang", "Verdict", "decide"]

@@ -491,6 +491,9 @@ class AnomalyDetected(Event, frozen=True, kw_only=True, tag="anomaly.v1"):
         recovered: For a spike episode: True when the value came back by itself, False
             when it did not (or was not decided); None for other verdicts.
         decided_step: For a spike episode: the step that decided it; None for others.
+        shadow: Recorded in shadow mode (the processors' ``--shadow`` kinds, or a run
+            announced with ``thresholds={"shadow": 1}``): shown, counted, and the command
+            it would cause is recorded, but no controller executes it.
     """
 
     verdict_id: Id
@@ -511,6 +514,7 @@ class AnomalyDetected(Event, frozen=True, kw_only=True, tag="anomaly.v1"):
     duration_steps: Int64 | None = None
     recovered: bool | None = None
     decided_step: Int64 | None = None
+    shadow: bool = False
 
 
 class RestartRequested(Event, frozen=True, kw_only=True, tag="restart_requested.v1"):
@@ -531,6 +535,8 @@ class RestartRequested(Event, frozen=True, kw_only=True, tag="restart_requested.
         source: Log position of the triggering anomaly.
         signature: HMAC-SHA256 (hex) of the command's canonical bytes, set by the signer.
         key_id: Which key signed it.
+        shadow: What a shadow verdict would have caused: recorded, never executed (the
+            controller's command gate ignores it).
     """
 
     command_id: Id
@@ -543,6 +549,7 @@ class RestartRequested(Event, frozen=True, kw_only=True, tag="restart_requested.
     source: Provenance | None = None
     signature: Id = ""
     key_id: Id = ""
+    shadow: bool = False
 
 
 class RankStack(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):

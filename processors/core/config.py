@@ -15,10 +15,14 @@ from typing import Annotated, Final, Literal
 
 import msgspec
 
+from runwatch.schemas.kinds import ALL_KINDS
+
 MfuConvention = Literal["6N", "6N+attn"]
 """How FLOPs per token are counted: ``6N`` (weights only) or ``6N+attn`` (plus 12·L·d·T)."""
 
 _DISABLED_WORDS: Final = frozenset({"none", "off", "null", ""})
+_TRUE_WORDS: Final = frozenset({"1", "1.0", "true", "yes", "on"})
+_FALSE_WORDS: Final = frozenset({"0", "0.0", "false", "no", "off"})
 
 PosInt = Annotated[int, msgspec.Meta(ge=1)]
 NonNegInt = Annotated[int, msgspec.Meta(ge=0)]
@@ -79,6 +83,11 @@ class DetectorConfig(msgspec.Struct, frozen=True, kw_only=True):
         mfu_convention: How FLOPs per token are counted for MFU.
         min_scale_rel: When every value of a window is identical, the spread used is this
             fraction of the median (or of 1 when the median is 0).
+        shadow: Shadow mode for every kind: verdicts and the commands they would cause are
+            recorded flagged ``shadow`` and never executed. A run sets it for itself with
+            ``RunStarted.thresholds={"shadow": 1}``.
+        shadow_kinds: Comma-separated kinds in shadow mode (``runwatch processors
+            --shadow KIND,...``); empty: none.
     """
 
     loss_window: PosInt = 50
@@ -115,9 +124,16 @@ class DetectorConfig(msgspec.Struct, frozen=True, kw_only=True):
     history_steps: PosInt = 512
     mfu_convention: MfuConvention = "6N+attn"
     min_scale_rel: PosFloat = 1e-3
+    shadow: bool = False
+    shadow_kinds: str = ""
 
     def __post_init__(self) -> None:
-        """Check the constraints that involve two fields."""
+        """Check the constraints that involve two fields, and the shadow kinds."""
+        unknown = [k for k in _kinds_of(self.shadow_kinds) if k not in ALL_KINDS]
+        if unknown:
+            raise ValueError(
+                f"shadow_kinds: unknown kind(s) {', '.join(unknown)}; kinds: {', '.join(ALL_KINDS)}"
+            )
         for window, periods, name in (
             (self.loss_window, self.loss_min_periods, "loss"),
             (self.grad_window, self.grad_min_periods, "grad"),
@@ -126,6 +142,15 @@ class DetectorConfig(msgspec.Struct, frozen=True, kw_only=True):
                 raise ValueError(f"{name}_min_periods ({periods}) > {name}_window ({window})")
         if self.history_steps < max(self.loss_window, self.grad_window):
             raise ValueError("history_steps must be >= loss_window and grad_window")
+
+
+def _kinds_of(csv: str) -> list[str]:
+    return [k.strip() for k in csv.split(",") if k.strip()]
+
+
+def is_shadow(cfg: DetectorConfig, kind: str) -> bool:
+    """True when verdicts of ``kind`` are in shadow mode under ``cfg`` (recorded, not acted on)."""
+    return cfg.shadow or (bool(cfg.shadow_kinds) and kind in _kinds_of(cfg.shadow_kinds))
 
 
 DEFAULT_CONFIG: Final = DetectorConfig()
@@ -164,6 +189,13 @@ def _coerce(name: str, value: float | int | str) -> float | int | str | None:
     kind = _field_kind(name)
     if isinstance(value, bool):
         raise ValueError("booleans are not accepted")
+    if kind == "bool":
+        word = str(value).strip().lower()
+        if word in _TRUE_WORDS:
+            return True
+        if word in _FALSE_WORDS:
+            return False
+        raise ValueError(f"{value!r} is not a boolean (1/0, true/false)")
     if kind == "str":
         return str(value)
     if kind == "optional_float":
@@ -253,5 +285,6 @@ __all__ = [
     "MfuConvention",
     "config_hash",
     "effective_config",
+    "is_shadow",
     "with_overrides",
 ]

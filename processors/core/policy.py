@@ -17,13 +17,18 @@ dead_rank of a killed gang, or a hang plus a dead_rank, gives one command; an an
 incarnation older than one already seen concerns a gang that no longer exists and is
 ignored. A budget caps commands per run to ``restart_budget`` per
 ``restart_budget_window_steps`` steps; past it, anomalies stay alerts.
+
+Shadow mode: an anomaly flagged ``shadow`` (or of a kind `config.is_shadow` names) gives
+the command it would cause, flagged ``shadow``, which no controller executes. A shadow
+command neither ends the incarnation nor spends the budget (the gang goes on), so an
+enforced kind after it still commands; at most one shadow command per incarnation.
 """
 
 from __future__ import annotations
 
 import msgspec
 
-from runwatch.processors.core.config import DetectorConfig
+from runwatch.processors.core.config import DetectorConfig, is_shadow
 from runwatch.processors.core.verdicts import command_id
 from runwatch.schemas.events import (
     AnomalyDetected,
@@ -49,6 +54,8 @@ class PolicyState(msgspec.Struct, frozen=True, gc=False):
         stale: Anomalies ignored because their incarnation had ended.
         continuity_broken: True once a restart_discontinuity was seen.
         last_command_id: Id of the latest command ("" if none).
+        shadow_commands: Shadow commands recorded (what shadow mode would have done).
+        shadow_incarnation: Newest incarnation a shadow command was recorded for (-1: none).
     """
 
     run_id: str
@@ -61,6 +68,8 @@ class PolicyState(msgspec.Struct, frozen=True, gc=False):
     stale: int = 0
     continuity_broken: bool = False
     last_command_id: str = ""
+    shadow_commands: int = 0
+    shadow_incarnation: int = -1
 
 
 def action_for(kind: AnomalyKind) -> RestartAction | None:
@@ -72,6 +81,38 @@ def _within_budget(state: PolicyState, step: int, cfg: DetectorConfig) -> bool:
     window = cfg.restart_budget_window_steps
     recent = sum(1 for s in state.command_steps if s > step - window)
     return recent < cfg.restart_budget
+
+
+def _command(
+    anomaly: AnomalyDetected, source: Provenance, action: RestartAction, shadow: bool
+) -> RestartRequested:
+    """The command ``anomaly`` causes (unsigned)."""
+    return RestartRequested(
+        run_id=anomaly.run_id,
+        ts_ns=anomaly.ts_ns,
+        seq=source.offset,
+        command_id=command_id(anomaly.run_id, anomaly.incarnation, action, anomaly.verdict_id),
+        action=action,
+        cause_verdict_id=anomaly.verdict_id,
+        cause_kind=anomaly.kind,
+        incarnation=anomaly.incarnation,
+        max_checkpoint_step=anomaly.step - 1 if action == "rollback" else None,
+        source=source,
+        shadow=shadow,
+    )
+
+
+def _shadow_command(
+    state: PolicyState, anomaly: AnomalyDetected, source: Provenance, action: RestartAction
+) -> tuple[PolicyState, list[RestartRequested]]:
+    """Record what a shadow anomaly would cause: once per incarnation, never executed."""
+    if anomaly.incarnation <= state.shadow_incarnation:
+        return state, []
+    return msgspec.structs.replace(
+        state,
+        shadow_commands=state.shadow_commands + 1,
+        shadow_incarnation=anomaly.incarnation,
+    ), [_command(anomaly, source, action, shadow=True)]
 
 
 def fold_policy(
@@ -108,21 +149,12 @@ def fold_policy(
         return msgspec.structs.replace(state, stale=state.stale + 1), []
     if incarnation <= state.commanded_incarnation:
         return state, []
+    if anomaly.shadow or is_shadow(cfg, anomaly.kind):
+        return _shadow_command(state, anomaly, source, action)
     if not _within_budget(state, anomaly.step, cfg):
         return msgspec.structs.replace(state, over_budget=state.over_budget + 1), []
-    cid = command_id(anomaly.run_id, incarnation, action, anomaly.verdict_id)
-    command = RestartRequested(
-        run_id=anomaly.run_id,
-        ts_ns=anomaly.ts_ns,
-        seq=source.offset,
-        command_id=cid,
-        action=action,
-        cause_verdict_id=anomaly.verdict_id,
-        cause_kind=anomaly.kind,
-        incarnation=incarnation,
-        max_checkpoint_step=anomaly.step - 1 if action == "rollback" else None,
-        source=source,
-    )
+    command = _command(anomaly, source, action, shadow=False)
+    cid = command.command_id
     keep = max(cfg.restart_budget, 1)
     return msgspec.structs.replace(
         state,

@@ -13,7 +13,7 @@ from runwatch.processors.core.baseline import (
     median_of_sorted,
     robust_scale,
 )
-from runwatch.processors.core.config import DetectorConfig, config_hash
+from runwatch.processors.core.config import DetectorConfig, config_hash, is_shadow
 from runwatch.processors.core.episodes import (
     Decision,
     SpikeEpisode,
@@ -111,6 +111,7 @@ class Emitter:
                 detail=detail,
                 severity=severity,
                 episode=episode,
+                shadow=is_shadow(self.cfg, kind),
             )
         )
 

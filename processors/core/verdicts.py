@@ -101,6 +101,7 @@ def make_anomaly(
     detail: str = "",
     severity: Severity | None = None,
     episode: EpisodeFields | None = None,
+    shadow: bool = False,
 ) -> AnomalyDetected:
     """Build an anomaly verdict with its deterministic id, log time and provenance.
 
@@ -123,6 +124,7 @@ def make_anomaly(
         severity: How much it matters; None: the kind's (`schemas.kinds.KindSpec.severity`).
         episode: For a spike episode's verdict, ``(peak_step, duration_steps, recovered,
             decided_step)``; None for other verdicts.
+        shadow: Recorded in shadow mode (`config.is_shadow`).
 
     Returns:
         The verdict.
@@ -148,6 +150,7 @@ def make_anomaly(
         incarnation=incarnation,
         severity=KINDS[kind].severity if severity is None else severity,
         **({} if episode is None else episode._asdict()),
+        shadow=shadow,
     )
 
 

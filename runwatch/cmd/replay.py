@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     from runwatch.schemas.topics import catalogue
 
     tune_for_throughput()  # a bulk decode and fold of the run's whole log
-    cfg = detector_config(parse_overrides(args.overrides))
+    cfg = detector_config(parse_overrides(args.overrides, args.shadow))
     prefix = topic_prefix(args.prefix)
     if args.output_topic and args.output_topic in {s.name for s in catalogue(prefix)}:
         raise UsageError(f"--output-topic {args.output_topic} is a live runwatch topic")

@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
 
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port must be between 0 and 65535, got {args.port}")
-    cfg = detector_config(parse_overrides(args.overrides))
+    cfg = detector_config(parse_overrides(args.overrides, args.shadow))
     bootstrap = resolve_bootstrap(args.bootstrap, check=False)
     prefix = topic_prefix(args.prefix)
     data = WebviewData(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from runwatch.controller.command_gate import NO_KEY, REPLAYED, OwnedGang, decide
+from runwatch.controller.command_gate import NO_KEY, REPLAYED, SHADOW, OwnedGang, decide
 from runwatch.schemas.events import Provenance, RestartRequested
 from runwatch.schemas.signing import CommandKey, sign
 
@@ -81,6 +81,24 @@ CASES = [
         "stale",
     ),
     ("unowned without key", command(run="run-b"), at(12), {}, set(), "ignore", "not owned"),
+    (
+        "shadow, validly signed",
+        sign(msgspec.structs.replace(command(), shadow=True), KEY),
+        at(12),
+        KEYS,
+        set(),
+        "ignore",
+        SHADOW,
+    ),
+    (
+        "shadow, unsigned",
+        msgspec.structs.replace(command(), shadow=True),
+        at(12),
+        {},
+        set(),
+        "ignore",
+        SHADOW,
+    ),
 ]
 
 
