@@ -85,6 +85,8 @@ class RunSummary(msgspec.Struct, frozen=True, kw_only=True):
     heartbeats: int
     last_stacks: tuple[RankStack, ...] = ()
     """Where each rank was before the run's latest restart for a hang or dead rank."""
+    shadow_commands: int = 0
+    """Commands recorded in shadow mode (what shadow verdicts would have caused)."""
 
 
 def summarize(view: RunView) -> RunSummary:
@@ -111,6 +113,7 @@ def summarize(view: RunView) -> RunSummary:
         continuity_ok=(s.continuity_ok if s else True) and not (pol and pol.continuity_broken),
         steps_observed=s.steps_observed if s else 0,
         heartbeats=lv.heartbeats if lv else 0,
+        shadow_commands=pol.shadow_commands if pol else 0,
     )
 
 

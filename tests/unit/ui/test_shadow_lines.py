@@ -27,3 +27,16 @@ def test_status_lines_say_shadow_and_not_executed() -> None:
     assert "shadow (not executed) command rollback" in describe(
         msgspec.structs.replace(command, shadow=True)
     )
+
+
+def test_the_status_row_counts_shadow_commands_apart() -> None:
+    from runwatch.cmd.status import format_row
+    from runwatch.processors.core.policy import PolicyState
+    from runwatch.processors.fleet import RunView, summarize
+
+    view = RunView(run_id="r", policy=PolicyState(run_id="r", commands=1, shadow_commands=2))
+    summary = summarize(view)
+    assert (summary.restarts, summary.shadow_commands) == (1, 2)
+    assert format_row(summary).endswith("/ 1 (+2 shadow, not executed)")
+    plain = summarize(RunView(run_id="r", policy=PolicyState(run_id="r", commands=1)))
+    assert "shadow" not in format_row(plain)
