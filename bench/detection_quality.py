@@ -320,7 +320,9 @@ def match(injections: list[Injection], anomalies: list[AnomalyDetected]) -> list
             continue
         owner.verdicts.append(a)
         if a.kind == EXPECTED[owner.fault] and owner.detected_step is None:
-            owner.detected_step, owner.detected_ts_ns = a.step, a.ts_ns
+            # a spike episode is about its first step but known when decided
+            decided = a.step if a.decided_step is None else a.decided_step
+            owner.detected_step, owner.detected_ts_ns = decided, a.ts_ns
     return unmatched
 
 

@@ -8,18 +8,21 @@ authentic, new, for a gang it owns, and about that gang as it is now. The rules,
 2. A command read before the run's launch offset (the commands topic's end offset when the
    gang was first launched): **ignore** silently; it is the history of an earlier run that
    had the same id.
-3. No command key configured: **reject** ("controller has no command key").
-4. Unsigned, signed with an unknown key, or a bad signature (`schemas.signing.verify`):
+3. A shadow command (``shadow``: what a verdict in shadow mode would have caused; see
+   `processors.core.policy`): **ignore**; it is recorded on the commands topic for
+   people to measure, never executed.
+4. No command key configured: **reject** ("controller has no command key").
+5. Unsigned, signed with an unknown key, or a bad signature (`schemas.signing.verify`):
    **reject** with the reason.
-5. The gang has a launch id and the command's (signed) launch id is another, or none:
+6. The gang has a launch id and the command's (signed) launch id is another, or none:
    **reject** as "bound to another launch" (a command signed for an earlier launch of the
    same run id, replayed into this one; a command made before launch ids existed). A gang
    without a launch id (recorded before launch ids, or a multi-node launch given none)
    binds nothing: the rule passes.
-6. A command id already executed (persisted): **reject** as "replayed".
-7. A command whose incarnation is not the gang's current one: **reject** as "stale" (it was
+7. A command id already executed (persisted): **reject** as "replayed".
+8. A command whose incarnation is not the gang's current one: **reject** as "stale" (it was
    about a gang that no longer exists).
-8. Otherwise: **execute**.
+9. Otherwise: **execute**.
 
 Signature comes before replay so a forged command that reuses an executed id is reported as
 forged; the launch comes before replay so a command of another launch says so even where
@@ -42,6 +45,7 @@ Verdict = Literal["execute", "reject", "ignore"]
 NO_KEY = "controller has no command key"
 REPLAYED = "replayed: command already executed"
 OTHER_LAUNCH = "bound to another launch"
+SHADOW = "shadow: recorded, not executed"
 
 
 @dataclass(frozen=True)
@@ -105,6 +109,8 @@ def decide(
         return Decision("ignore", f"run {command.run_id!r} is not owned by this controller")
     if gang.launched_before(source):
         return Decision("ignore", "read before the run was launched (an earlier run's history)")
+    if command.shadow:
+        return Decision("ignore", SHADOW)
     if not keys:
         return Decision("reject", NO_KEY)
     try:
@@ -128,4 +134,13 @@ def decide(
     return Decision("execute")
 
 
-__all__ = ["NO_KEY", "OTHER_LAUNCH", "REPLAYED", "Decision", "OwnedGang", "Verdict", "decide"]
+__all__ = [
+    "NO_KEY",
+    "OTHER_LAUNCH",
+    "REPLAYED",
+    "SHADOW",
+    "Decision",
+    "OwnedGang",
+    "Verdict",
+    "decide",
+]

@@ -40,7 +40,7 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from runwatch.common.errors import RunwatchError
 from runwatch.common.isolate import BadRecords
 from runwatch.common.settings import kafka_client_config
-from runwatch.controller.command_gate import REPLAYED, OwnedGang, decide
+from runwatch.controller.command_gate import REPLAYED, SHADOW, OwnedGang, decide
 from runwatch.controller.logwatch import LogWatch, emitter_for
 from runwatch.controller.relay import RelayServer
 from runwatch.controller.state import GangRecord, LaunchSpec
@@ -448,7 +448,12 @@ class Controller:
         processed = run.state.processed if run is not None else frozenset()
         decision = decide(command, source, gangs=gangs, keys=self.keys, processed=processed)
         if decision.verdict == "ignore":
-            log.debug("ignored command %s: %s", command.command_id, decision.reason)
+            log.log(
+                logging.INFO if decision.reason == SHADOW else logging.DEBUG,
+                "ignored command %s: %s",
+                command.command_id,
+                decision.reason,
+            )
             return
         assert run is not None
         run.note_offset(source.partition, source.offset)

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import enum
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack
 from typing import NamedTuple
 
@@ -425,6 +425,74 @@ def load_run_log(
     return msgspec.structs.replace(log, progress=progress, start_ts_ms=start_ms)
 
 
+def _run_logs(
+    staged: _Staged, topics: TopicNames
+) -> Iterator[tuple[bytes, dict[TopicPartition, list[RawRecord]], RunLog]]:
+    """Every run of a staged read: its key, its records by partition and its log.
+
+    One pass over the log indexes it by key; each run then takes its own records and the
+    ticks of its heartbeat partitions. Keys with neither a decodable input nor a recorded
+    verdict or command (dead letters only) are left out.
+    """
+    own: dict[bytes, dict[TopicPartition, list[RawRecord]]] = {}
+    ticks: dict[int, list[RawRecord]] = {}
+    for tp, records in staged.by_partition.items():
+        for r in records:
+            if r.key == TICK_KEY and tp.topic == topics.heartbeats:
+                ticks.setdefault(tp.partition, []).append(r)
+            elif r.key:
+                own.setdefault(r.key, {}).setdefault(tp, []).append(r)
+    for key in sorted(own):
+        run_id = key.decode("utf-8", "replace")
+        merged: dict[TopicPartition, list[RawRecord]] = {}
+        for tp in sorted(own[key], key=lambda tp: (tp.topic, tp.partition)):
+            records = own[key][tp]
+            if tp.topic == topics.heartbeats:
+                first = records[0].offset
+                later = [t for t in ticks.get(tp.partition, ()) if t.offset > first]
+                records = sorted([*records, *later], key=lambda r: r.offset)
+            merged[tp] = records
+        history: dict[str, list[RawRecord]] = {}
+        for tp, records in merged.items():
+            history.setdefault(tp.topic, []).extend(records)
+        log = records_of_run(run_id, history, topics)
+        if log.inputs or log.recorded_anomalies or log.recorded_commands:
+            yield key, merged, log
+
+
+def _read_all(
+    reader: LogReader, offsets: GroupOffsets | None, topics: TopicNames, wait_s: float
+) -> _Staged:
+    """Every partition of the run-keyed topics, read once from the beginning."""
+    parts = {
+        role: [TopicPartition(topic, p) for p in range(reader.partition_count(topic))]
+        for role, topic in role_topics(topics).items()
+    }
+    starts = reader.offsets_at([tp for tps in parts.values() for tp in tps], None)
+    return _read_staged(
+        reader,
+        offsets,
+        parts,
+        starts,
+        None,
+        lambda tp, records: relied_offsets(records, None),
+        wait_s,
+    )
+
+
+def load_fleet_logs(bootstrap: str, prefix: str, *, timeout_s: float = 60.0) -> list[RunLog]:
+    """Every run's log of a prefix's history (for `runwatch replay --report`), by run id.
+
+    Args:
+        bootstrap: Kafka bootstrap address.
+        prefix: Topic name prefix.
+        timeout_s: A read gives up when the broker makes no progress for this long.
+    """
+    with LogReader(bootstrap, timeout_s=timeout_s) as reader:
+        staged = _read_all(reader, None, names(prefix), 0.0)
+    return [log for _, _, log in _run_logs(staged, names(prefix))]
+
+
 def audit_all(
     bootstrap: str,
     prefix: str,
@@ -455,47 +523,9 @@ def audit_all(
     with ExitStack() as stack:
         reader = stack.enter_context(LogReader(bootstrap, timeout_s=timeout_s))
         offsets, unknown = _group_offsets(stack, bootstrap, group, topics)
-        parts = {
-            role: [TopicPartition(topic, p) for p in range(reader.partition_count(topic))]
-            for role, topic in role_topics(topics).items()
-        }
-        starts = reader.offsets_at([tp for tps in parts.values() for tp in tps], None)
-        staged = _read_staged(
-            reader,
-            offsets,
-            parts,
-            starts,
-            None,
-            lambda tp, records: relied_offsets(records, None),
-            wait_s,
-        )
-    # one pass over the log to index it by key; each run then takes its own records and
-    # the ticks of its heartbeat partitions
-    own: dict[bytes, dict[TopicPartition, list[RawRecord]]] = {}
-    ticks: dict[int, list[RawRecord]] = {}
-    for tp, records in staged.by_partition.items():
-        for r in records:
-            if r.key == TICK_KEY and tp.topic == topics.heartbeats:
-                ticks.setdefault(tp.partition, []).append(r)
-            elif r.key:
-                own.setdefault(r.key, {}).setdefault(tp, []).append(r)
+        staged = _read_all(reader, offsets, topics, wait_s)
     receipts = []
-    for key in sorted(own):
-        run_id = key.decode("utf-8", "replace")
-        merged: dict[TopicPartition, list[RawRecord]] = {}
-        for tp in sorted(own[key], key=lambda tp: (tp.topic, tp.partition)):
-            records = own[key][tp]
-            if tp.topic == topics.heartbeats:
-                first = records[0].offset
-                later = [t for t in ticks.get(tp.partition, ()) if t.offset > first]
-                records = sorted([*records, *later], key=lambda r: r.offset)
-            merged[tp] = records
-        history: dict[str, list[RawRecord]] = {}
-        for tp, records in merged.items():
-            history.setdefault(tp.topic, []).extend(records)
-        log = records_of_run(run_id, history, topics)
-        if not (log.inputs or log.recorded_anomalies or log.recorded_commands):
-            continue
+    for key, merged, log in _run_logs(staged, topics):
         progress = unknown
         if offsets is not None and group is not None:
             relied_now = {

@@ -100,6 +100,8 @@ class RunSummary(msgspec.Struct, frozen=True, kw_only=True):
     """Replica groups out of the quorum now."""
     degraded_steps: int = 0
     """Steps committed with fewer groups than the run has had."""
+    shadow_commands: int = 0
+    """Commands recorded in shadow mode (what shadow verdicts would have caused)."""
 
 
 def summarize(view: RunView) -> RunSummary:
@@ -129,6 +131,7 @@ def summarize(view: RunView) -> RunSummary:
         replica_groups=len(s.replicas.groups) if s else 0,
         replicas_lost=s.replicas.lost if s else (),
         degraded_steps=s.replicas.degraded_steps if s else 0,
+        shadow_commands=pol.shadow_commands if pol else 0,
     )
 
 

@@ -57,7 +57,9 @@ class Progress(msgspec.Struct, frozen=True, kw_only=True):
 
     Attributes:
         group: The consumer group (the processors' app id).
-        group_found: The group has committed offsets; when False lag cannot be told.
+        group_found: The group has committed offsets on the run's topics, or has a live
+            member subscribed to them that has not committed yet (nothing processed: all
+            pending); when False lag cannot be told.
         partitions: Per partition relied on, what is processed of the run's own records.
         ticks: Per heartbeat partition, what is processed of the clock's ticks relied on.
         waited_s: Seconds the audit waited for the group.
@@ -162,16 +164,37 @@ class GroupOffsets:
         }
 
     def exists(self, topics: Iterable[str]) -> bool:
-        """True when the group has committed an offset on one of ``topics``.
+        """True when the group has committed on one of ``topics`` or is about to.
 
-        A group that commits only elsewhere (another prefix's topics: a wrong ``--app-id``)
-        counts as absent: it would never catch up with these.
+        About to: it has not committed yet but has a live member subscribed to one of them.
+        A worker killed before its first commit leaves such a group: it exists and has
+        processed nothing yet, which is lag (PENDING), not an unknown group. A group that
+        commits only elsewhere (another prefix's topics: a wrong ``--app-id``) counts as
+        absent: it would never catch up with these.
         """
         wanted = set(topics)
-        return any(
+        if any(
             tp.topic in wanted and meta.offset >= 0
             for tp, meta in self._fetch(self.group, None).items()
-        )
+        ):
+            return True
+        return self._subscribed(wanted)
+
+    def _subscribed(self, wanted: set[str]) -> bool:
+        """True when a live member of the group subscribes to one of ``wanted``."""
+        try:
+            described = self._admin.describe_groups([self.group])
+        except KafkaError:  # no coordinator: the group never joined
+            return False
+        group = described.get(self.group) or {}
+        if group.get("group_state") in (None, "Dead", "Empty"):
+            return False
+        for member in group.get("members") or ():
+            metadata = member.get("member_metadata")
+            subscribed = metadata.get("topics") if isinstance(metadata, dict) else None
+            if subscribed and wanted.intersection(subscribed):
+                return True
+        return False
 
     def groups_on(self, topics: Iterable[str]) -> tuple[str, ...]:
         """Other groups with committed offsets on any of ``topics``, sorted."""

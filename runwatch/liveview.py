@@ -33,11 +33,14 @@ def describe(event: Event) -> str:
     """One line for an anomaly, a command or a controller event."""
     if isinstance(event, AnomalyDetected):
         rank = "" if event.rank is None else f" rank {event.rank}"
-        return f"{event.run_id}: {event.kind} at step {event.step}{rank}: {event.detail}"
+        shadow = " (shadow)" if event.shadow else ""
+        return f"{event.run_id}: {event.kind}{shadow} at step {event.step}{rank}: {event.detail}"
     if isinstance(event, RestartRequested):
         bound = "latest" if event.max_checkpoint_step is None else f"<= {event.max_checkpoint_step}"
+        shadow = "shadow (not executed) " if event.shadow else ""
         return (
-            f"{event.run_id}: command {event.action} (cause {event.cause_kind}, checkpoint {bound})"
+            f"{event.run_id}: {shadow}command {event.action} "
+            f"(cause {event.cause_kind}, checkpoint {bound})"
         )
     if isinstance(event, RestartCompleted):
         start = "scratch" if event.checkpoint_step is None else f"step {event.checkpoint_step}"

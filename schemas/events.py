@@ -518,6 +518,16 @@ class AnomalyDetected(Event, frozen=True, kw_only=True, tag="anomaly.v1"):
             none announced); the policy binds its command to it.
         replica_group: The replica group it concerns (``replica_lost``,
             ``replica_rejoined``); None: not a replica group's verdict.
+        peak_step: For a spike episode's verdict (``step`` is its first step): the step of
+            its peak (``value``); None for other verdicts.
+        duration_steps: For a spike episode: steps from its first step to the one that
+            decided it, both included; None for other verdicts.
+        recovered: For a spike episode: True when the value came back by itself, False
+            when it did not (or was not decided); None for other verdicts.
+        decided_step: For a spike episode: the step that decided it; None for others.
+        shadow: Recorded in shadow mode (the processors' ``--shadow`` kinds, or a run
+            announced with ``thresholds={"shadow": 1}``): shown, counted, and the command
+            it would cause is recorded, but no controller executes it.
     """
 
     verdict_id: Id
@@ -538,6 +548,11 @@ class AnomalyDetected(Event, frozen=True, kw_only=True, tag="anomaly.v1"):
     rank_count: Annotated[int, Meta(ge=0, le=MAX_RANKS)] = 0
     launch_id: Id = ""
     replica_group: Small | None = None
+    peak_step: Int64 | None = None
+    duration_steps: Int64 | None = None
+    recovered: bool | None = None
+    decided_step: Int64 | None = None
+    shadow: bool = False
 
 
 class RestartRequested(Event, frozen=True, kw_only=True, tag="restart_requested.v1"):
@@ -563,6 +578,8 @@ class RestartRequested(Event, frozen=True, kw_only=True, tag="restart_requested.
             (`controller.command_gate`); empty: not bound (commands before launch ids).
         replica_group: For ``respawn_group``: the replica group to restart (signed with the
             rest); None for the gang's actions.
+        shadow: What a shadow verdict would have caused: recorded, never executed (the
+            controller's command gate ignores it).
     """
 
     command_id: Id
@@ -577,6 +594,7 @@ class RestartRequested(Event, frozen=True, kw_only=True, tag="restart_requested.
     key_id: Id = ""
     launch_id: Id = ""
     replica_group: Small | None = None
+    shadow: bool = False
 
 
 class RankStack(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):

@@ -15,10 +15,14 @@ from typing import Annotated, Final, Literal
 
 import msgspec
 
+from runwatch.schemas.kinds import ALL_KINDS
+
 MfuConvention = Literal["6N", "6N+attn"]
 """How FLOPs per token are counted: ``6N`` (weights only) or ``6N+attn`` (plus 12·L·d·T)."""
 
 _DISABLED_WORDS: Final = frozenset({"none", "off", "null", ""})
+_TRUE_WORDS: Final = frozenset({"1", "1.0", "true", "yes", "on"})
+_FALSE_WORDS: Final = frozenset({"0", "0.0", "false", "no", "off"})
 
 PosInt = Annotated[int, msgspec.Meta(ge=1)]
 NonNegInt = Annotated[int, msgspec.Meta(ge=0)]
@@ -43,6 +47,17 @@ class DetectorConfig(msgspec.Struct, frozen=True, kw_only=True):
             minus this (at most ``loss_z_thresh``), so healthy noise adds up to nothing.
         loss_shift_h: The CUSUM above which the loss has shifted up (a sustained loss
             spike no single step shows); 0 disables.
+        spike_recover_frac: A loss spike episode has recovered once the loss is back at or
+            below the median plus this fraction of its rise (docs/core.md, "Spike episodes").
+        spike_recover_steps: A loss spike episode not recovered this many steps after its
+            first step pages (it stays up).
+        spike_page_rel: A loss spike whose peak is at least this relative rise over the
+            median (``peak / median - 1``) pages at once, whatever follows.
+        spike_repeat_count: This many loss spike episodes starting within
+            ``spike_repeat_steps`` steps page (the last one pages when it starts).
+        spike_repeat_steps: The repeat window, in steps.
+        grad_follow_steps: A grad-norm spike pages when a loss spike episode starts at its
+            step or within this many steps after; otherwise it is information.
         max_loss: Loss ceiling: above it the run has diverged; None: no explicit ceiling.
         divergence_uniform_factor: Without ``max_loss``, the ceiling is this factor times
             ln(vocab_size) when the vocabulary is known; 0 disables the derived ceiling.
@@ -68,6 +83,11 @@ class DetectorConfig(msgspec.Struct, frozen=True, kw_only=True):
         mfu_convention: How FLOPs per token are counted for MFU.
         min_scale_rel: When every value of a window is identical, the spread used is this
             fraction of the median (or of 1 when the median is 0).
+        shadow: Shadow mode for every kind: verdicts and the commands they would cause are
+            recorded flagged ``shadow`` and never executed. A run sets it for itself with
+            ``RunStarted.thresholds={"shadow": 1}``.
+        shadow_kinds: Comma-separated kinds in shadow mode (``runwatch processors
+            --shadow KIND,...``); empty: none.
     """
 
     loss_window: PosInt = 50
@@ -79,6 +99,12 @@ class DetectorConfig(msgspec.Struct, frozen=True, kw_only=True):
     grad_min_ratio: Annotated[float, msgspec.Meta(ge=1.0)] = 3.0
     loss_shift_k: NonNegFloat = 1.0
     loss_shift_h: NonNegFloat = 12.0
+    spike_recover_frac: Annotated[float, msgspec.Meta(ge=0.0, lt=1.0)] = 0.5
+    spike_recover_steps: PosInt = 3
+    spike_page_rel: PosFloat = 0.5
+    spike_repeat_count: Annotated[int, msgspec.Meta(ge=2)] = 3
+    spike_repeat_steps: PosInt = 50
+    grad_follow_steps: NonNegInt = 3
     max_loss: PosFloat | None = None
     divergence_uniform_factor: NonNegFloat = 2.0
     collapse_steps: PosInt = 20
@@ -98,9 +124,16 @@ class DetectorConfig(msgspec.Struct, frozen=True, kw_only=True):
     history_steps: PosInt = 512
     mfu_convention: MfuConvention = "6N+attn"
     min_scale_rel: PosFloat = 1e-3
+    shadow: bool = False
+    shadow_kinds: str = ""
 
     def __post_init__(self) -> None:
-        """Check the constraints that involve two fields."""
+        """Check the constraints that involve two fields, and the shadow kinds."""
+        unknown = [k for k in _kinds_of(self.shadow_kinds) if k not in ALL_KINDS]
+        if unknown:
+            raise ValueError(
+                f"shadow_kinds: unknown kind(s) {', '.join(unknown)}; kinds: {', '.join(ALL_KINDS)}"
+            )
         for window, periods, name in (
             (self.loss_window, self.loss_min_periods, "loss"),
             (self.grad_window, self.grad_min_periods, "grad"),
@@ -109,6 +142,15 @@ class DetectorConfig(msgspec.Struct, frozen=True, kw_only=True):
                 raise ValueError(f"{name}_min_periods ({periods}) > {name}_window ({window})")
         if self.history_steps < max(self.loss_window, self.grad_window):
             raise ValueError("history_steps must be >= loss_window and grad_window")
+
+
+def _kinds_of(csv: str) -> list[str]:
+    return [k.strip() for k in csv.split(",") if k.strip()]
+
+
+def is_shadow(cfg: DetectorConfig, kind: str) -> bool:
+    """True when verdicts of ``kind`` are in shadow mode under ``cfg`` (recorded, not acted on)."""
+    return cfg.shadow or (bool(cfg.shadow_kinds) and kind in _kinds_of(cfg.shadow_kinds))
 
 
 DEFAULT_CONFIG: Final = DetectorConfig()
@@ -143,6 +185,12 @@ RUN_THRESHOLD_BOUNDS: Final[Mapping[str, tuple[float, float]]] = {
     "restart_budget_window_steps": (1, 1_000_000_000),
     "history_steps": (5, 8192),
     "min_scale_rel": (1e-9, 1.0),
+    "spike_recover_frac": (0.0, 0.99),
+    "spike_recover_steps": (1, 1000),
+    "spike_page_rel": (0.01, 100.0),
+    "spike_repeat_count": (2, 1000),
+    "spike_repeat_steps": (1, 100_000),
+    "grad_follow_steps": (0, 1000),
 }
 """The range a run's own threshold (``RunStarted.thresholds``) is clamped into, per field.
 
@@ -151,8 +199,8 @@ so no announced value may switch a detector off or make a state unstorable: a ti
 at most a day (``hang_timeout_s: 1e12`` still detects a hang, after a day), a window or a
 history at most a few thousand steps (memory), a step threshold at most a million (the
 state's integers stay far inside int64). The operator's own configuration
-(``runwatch processors --set``) is trusted and not bounded here. ``mfu_convention`` is not
-a number and has no entry. docs/core.md, "Records that steer decisions"."""
+(``runwatch processors --set``) is trusted and not bounded here. ``mfu_convention``,
+``shadow`` and ``shadow_kinds`` are not numbers and have no entry. docs/core.md, "Records that steer decisions"."""
 
 
 def bounded_thresholds(thresholds: Mapping[str, float]) -> dict[str, float]:
@@ -217,6 +265,13 @@ def _coerce(name: str, value: float | int | str) -> float | int | str | None:
     kind = _field_kind(name)
     if isinstance(value, bool):
         raise ValueError("booleans are not accepted")
+    if kind == "bool":
+        word = str(value).strip().lower()
+        if word in _TRUE_WORDS:
+            return True
+        if word in _FALSE_WORDS:
+            return False
+        raise ValueError(f"{value!r} is not a boolean (1/0, true/false)")
     if kind == "str":
         return str(value)
     if kind == "optional_float":
@@ -310,5 +365,6 @@ __all__ = [
     "bounded_thresholds",
     "config_hash",
     "effective_config",
+    "is_shadow",
     "with_overrides",
 ]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import msgspec
 
-from runwatch.processors.core.config import DetectorConfig, config_hash
+from runwatch.processors.core.config import DetectorConfig, config_hash, is_shadow
 from runwatch.processors.core.liveness_state import LivenessState
 from runwatch.processors.core.rank_table import NEVER, Journal, TableData
 from runwatch.processors.core.verdicts import make_anomaly
@@ -96,6 +96,7 @@ class Verdicts:
                 detail=detail,
                 ranks=ranks,
                 rank_count=rank_count,
+                shadow=is_shadow(self.cfg, kind),
             )
         )
 

@@ -29,6 +29,11 @@ Incarnations count within one launch (``AnomalyDetected.launch_id``, from the ru
 RunStarted): an anomaly of another launch than the last one seen starts the count over, so
 a new launch of a recurring run id (incarnation 0 again) gets its commands. Each command
 carries its anomaly's launch id, signed, and a controller executes it only in that launch.
+
+Shadow mode: an anomaly flagged ``shadow`` (or of a kind `config.is_shadow` names) gives
+the command it would cause, flagged ``shadow``, which no controller executes. A shadow
+command neither ends the incarnation nor spends the budget (the gang goes on), so an
+enforced kind after it still commands; at most one shadow command per incarnation.
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ from __future__ import annotations
 import msgspec
 
 from runwatch.processors.core.bounds import check_incarnation, check_step
-from runwatch.processors.core.config import DetectorConfig
+from runwatch.processors.core.config import DetectorConfig, is_shadow
 from runwatch.processors.core.verdicts import command_id
 from runwatch.schemas.events import (
     AnomalyDetected,
@@ -66,6 +71,8 @@ class PolicyState(msgspec.Struct, frozen=True, gc=False):
         rejoined_incarnation: Newest incarnation in which a replica group rejoined after
             its gang command (-1: none): the command's failure was healed by a group
             restart, so a later ``replica_lost`` of that incarnation is a new failure.
+        shadow_commands: Shadow commands recorded (what shadow mode would have done).
+        shadow_incarnation: Newest incarnation a shadow command was recorded for (-1: none).
     """
 
     run_id: str
@@ -80,6 +87,8 @@ class PolicyState(msgspec.Struct, frozen=True, gc=False):
     last_command_id: str = ""
     launch_id: str = ""
     rejoined_incarnation: int = -1
+    shadow_commands: int = 0
+    shadow_incarnation: int = -1
 
 
 def action_for(kind: AnomalyKind) -> RestartAction | None:
@@ -91,6 +100,39 @@ def _within_budget(state: PolicyState, step: int, cfg: DetectorConfig) -> bool:
     window = cfg.restart_budget_window_steps
     recent = sum(1 for s in state.command_steps if s > step - window)
     return recent < cfg.restart_budget
+
+
+def _command(
+    anomaly: AnomalyDetected, source: Provenance, action: RestartAction, shadow: bool
+) -> RestartRequested:
+    """The command ``anomaly`` causes (unsigned)."""
+    return RestartRequested(
+        run_id=anomaly.run_id,
+        ts_ns=anomaly.ts_ns,
+        seq=source.offset,
+        command_id=command_id(anomaly.run_id, anomaly.incarnation, action, anomaly.verdict_id),
+        action=action,
+        cause_verdict_id=anomaly.verdict_id,
+        cause_kind=anomaly.kind,
+        incarnation=anomaly.incarnation,
+        max_checkpoint_step=anomaly.step - 1 if action == "rollback" else None,
+        source=source,
+        launch_id=anomaly.launch_id,
+        shadow=shadow,
+    )
+
+
+def _shadow_command(
+    state: PolicyState, anomaly: AnomalyDetected, source: Provenance, action: RestartAction
+) -> tuple[PolicyState, list[RestartRequested]]:
+    """Record what a shadow anomaly would cause: once per incarnation, never executed."""
+    if anomaly.incarnation <= state.shadow_incarnation:
+        return state, []
+    return msgspec.structs.replace(
+        state,
+        shadow_commands=state.shadow_commands + 1,
+        shadow_incarnation=anomaly.incarnation,
+    ), [_command(anomaly, source, action, shadow=True)]
 
 
 def fold_policy(
@@ -143,22 +185,12 @@ def fold_policy(
         return msgspec.structs.replace(state, stale=state.stale + 1), []
     if incarnation <= state.commanded_incarnation:
         return state, []
+    if anomaly.shadow or is_shadow(cfg, anomaly.kind):
+        return _shadow_command(state, anomaly, source, action)
     if not _within_budget(state, anomaly.step, cfg):
         return msgspec.structs.replace(state, over_budget=state.over_budget + 1), []
-    cid = command_id(anomaly.run_id, incarnation, action, anomaly.verdict_id)
-    command = RestartRequested(
-        run_id=anomaly.run_id,
-        ts_ns=anomaly.ts_ns,
-        seq=source.offset,
-        command_id=cid,
-        action=action,
-        cause_verdict_id=anomaly.verdict_id,
-        cause_kind=anomaly.kind,
-        incarnation=incarnation,
-        max_checkpoint_step=anomaly.step - 1 if action == "rollback" else None,
-        source=source,
-        launch_id=anomaly.launch_id,
-    )
+    command = _command(anomaly, source, action, shadow=False)
+    cid = command.command_id
     keep = max(cfg.restart_budget, 1)
     return msgspec.structs.replace(
         state,
@@ -205,6 +237,7 @@ def _group_command(
         cause_kind=anomaly.kind,
         incarnation=anomaly.incarnation,
         source=source,
+        launch_id=anomaly.launch_id,
         replica_group=group,
     )
     keep = max(cfg.restart_budget, 1)

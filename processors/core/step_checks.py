@@ -13,12 +13,28 @@ from runwatch.processors.core.baseline import (
     median_of_sorted,
     robust_scale,
 )
-from runwatch.processors.core.config import DetectorConfig, config_hash
+from runwatch.processors.core.config import DetectorConfig, config_hash, is_shadow
+from runwatch.processors.core.episodes import (
+    Decision,
+    SpikeEpisode,
+    advance_grad_episode,
+    advance_loss_episode,
+    open_grad_episode,
+    open_loss_episode,
+)
 from runwatch.processors.core.mfu import mfu
 from runwatch.processors.core.runinfo import RunInfo
 from runwatch.processors.core.step_state import StepHealthState
-from runwatch.processors.core.verdicts import make_anomaly
-from runwatch.schemas.events import AnomalyDetected, AnomalyKind, Provenance, StepCompleted
+from runwatch.processors.core.verdicts import EpisodeFields, make_anomaly
+from runwatch.schemas.events import (
+    AnomalyDetected,
+    AnomalyKind,
+    Provenance,
+    RunEnded,
+    RunStarted,
+    Severity,
+    StepCompleted,
+)
 
 _SAFE: Final = 1.0 - 1e-12
 """Keeps the spike shortcut strictly inside the exact test despite rounding."""
@@ -27,16 +43,39 @@ _SAFE: Final = 1.0 - 1e-12
 class Emitter:
     """Builds the verdicts of one event (same provenance, log time and identity)."""
 
-    __slots__ = ("cfg", "event", "out", "source", "state")
+    __slots__ = ("cfg", "event", "out", "source", "state", "step")
 
     def __init__(
-        self, state: StepHealthState, event: StepCompleted, source: Provenance, cfg: DetectorConfig
+        self,
+        state: StepHealthState,
+        event: StepCompleted | RunStarted | RunEnded,
+        source: Provenance,
+        cfg: DetectorConfig,
     ) -> None:
         self.state = state
         self.event = event
+        self.step = event.step if isinstance(event, StepCompleted) else state.last_step
         self.source = source
         self.cfg = cfg
         self.out: list[AnomalyDetected] = []
+
+    def emit_episode(self, decision: Decision, label: str) -> None:
+        """Record the one verdict of a decided spike episode (``step``: its first step)."""
+        ep = decision.episode
+        self.emit(
+            ep.kind,
+            value=ep.peak,
+            baseline=ep.baseline,
+            scale=ep.scale,
+            z=ep.peak_z,
+            threshold=ep.threshold,
+            detail=decision.detail(label),
+            step=ep.start_step,
+            severity=decision.severity,
+            episode=EpisodeFields(
+                ep.peak_step, ep.duration_steps, decision.recovered, decision.decided_step
+            ),
+        )
 
     def emit(
         self,
@@ -48,13 +87,16 @@ class Emitter:
         scale: float | None = None,
         z: float | None = None,
         threshold: float | None = None,
+        step: int | None = None,
+        severity: Severity | None = None,
+        episode: EpisodeFields | None = None,
     ) -> None:
-        """Record one verdict about the current step (the keywords are its fields)."""
+        """Record one verdict (the keywords are its fields; ``step``: the event's)."""
         self.out.append(
             make_anomaly(
                 run_id=self.state.run_id,
                 kind=kind,
-                step=self.event.step,
+                step=self.step if step is None else step,
                 ts_ns=self.event.ts_ns,
                 source=self.source,
                 config_hash=config_hash(self.cfg),
@@ -68,6 +110,9 @@ class Emitter:
                 z=z,
                 threshold=threshold,
                 detail=detail,
+                severity=severity,
+                episode=episode,
+                shadow=is_shadow(self.cfg, kind),
             )
         )
 
@@ -77,121 +122,128 @@ class Emitter:
             make_anomaly(
                 run_id=self.state.run_id,
                 kind=kind,
-                step=self.event.step,
+                step=self.step,
                 ts_ns=self.event.ts_ns,
                 source=self.source,
                 config_hash=config_hash(self.cfg),
                 incarnation=self.state.info.incarnation,
+                launch_id=self.state.info.launch_id,
                 attempt=self.state.attempt,
                 detail=detail,
                 replica_group=replica_group,
+                shadow=is_shadow(self.cfg, kind),
             )
         )
 
 
-def spike_episode(
+def loss_spike_step(
     em: Emitter,
-    kind: AnomalyKind,
-    label: str,
     base: RollingBaseline,
-    value: float,
-    thresh: float,
+    loss: float,
+    cfg: DetectorConfig,
     run: int,
-) -> int:
-    """Advance a spike episode: one verdict when it opens, none while it lasts.
+    episode: SpikeEpisode | None,
+    starts: tuple[int, ...],
+) -> tuple[int, SpikeEpisode | None, tuple[int, ...]]:
+    """Advance the loss spike test and its episode by one finite loss (`episodes` rules).
+
+    An open episode is judged by this loss first (a CUSUM episode is the caller's); a spike
+    then opens a new episode when it starts a streak of spiking steps and none is open. A
+    decided episode's one verdict is emitted now.
 
     Args:
         em: Collects the verdict.
-        kind: ``loss_spike`` or ``grad_norm_spike``.
-        label: The value's name in the verdict's detail.
-        base: The baseline before ``value``.
-        value: The observed value.
-        thresh: The z threshold.
+        base: The loss baseline before ``loss``.
+        loss: The finite loss.
+        cfg: Thresholds.
         run: Consecutive spiking steps before this one.
+        episode: The open loss episode, if any.
+        starts: Start steps of the latest loss episodes (at most ``spike_repeat_count``).
 
     Returns:
-        Consecutive spiking steps including this one (0: the episode is over).
+        ``(run, episode, starts)`` after this loss.
     """
-    spike = spike_of(base, value, thresh)
+    step = em.step
+    decision = None
+    if episode is not None and not episode.by_cusum:
+        episode, decision = advance_loss_episode(episode, step, loss, cfg)
+        if decision is not None:
+            em.emit_episode(decision, "loss")
+    spike = spike_of(base, loss, cfg.loss_z_thresh)
     if spike is None:
-        return 0
-    if run == 0:
-        median, scale, z = spike
-        em.emit(
-            kind,
-            value=value,
-            baseline=median,
-            scale=scale,
-            z=z,
-            threshold=thresh,
-            detail=f"{label} {value:.6g} vs median {median:.6g} (z={z:.3g})",
-        )
-    return run + 1
+        return 0, episode, starts
+    if run == 0 and episode is None and decision is None:
+        episode, decision = open_loss_episode(step, loss, spike, cfg.loss_z_thresh, starts, cfg)
+        starts = (*starts, step)[-cfg.spike_repeat_count :]
+        if decision is not None:
+            em.emit_episode(decision, "loss")
+    return run + 1, episode, starts
 
 
-def grad_spike_episode(
-    em: Emitter, log_base: RollingBaseline, grad: float, cfg: DetectorConfig, run: int
-) -> int:
-    """Advance a grad-norm spike episode, scored in log space with a magnitude gate.
+def grad_spike_step(
+    em: Emitter,
+    log_base: RollingBaseline,
+    grad: float | None,
+    cfg: DetectorConfig,
+    run: int,
+    episode: SpikeEpisode | None,
+    loss_start: int,
+) -> tuple[int, SpikeEpisode | None]:
+    """Advance the grad-norm spike test and its episode by one step (`episodes` rules).
 
     A grad norm is a spike when the robust z of its logarithm against the window of
     logarithms exceeds ``grad_z_thresh`` AND it is at least ``grad_min_ratio`` times the
-    window's median. One verdict (severity info, `schemas.kinds.KindSpec`) when the episode opens.
+    window's median. The episode it opens is information unless the loss follows.
 
     Args:
         em: Collects the verdict.
         log_base: The baseline of ln(grad norm) before this one.
-        grad: The observed grad norm (finite, positive).
+        grad: The grad norm when finite and positive, else None (the episode still ages).
         cfg: Thresholds.
         run: Consecutive spiking steps before this one.
+        episode: The open grad-norm episode, if any.
+        loss_start: Start step of the latest loss episode (-1: none).
 
     Returns:
-        Consecutive spiking steps including this one (0: the episode is over).
+        ``(run, episode)`` after this step.
     """
-    log_grad = math.log(grad)
-    spike = spike_of(log_base, log_grad, cfg.grad_z_thresh)
-    if spike is None:
-        return 0
-    log_median, log_scale, z = spike
-    ratio = math.exp(log_grad - log_median)
-    if ratio < cfg.grad_min_ratio:
-        return 0
-    if run == 0:
-        median = math.exp(log_median)
-        em.emit(
-            "grad_norm_spike",
-            value=grad,
-            baseline=median,
-            scale=log_scale,
-            z=z,
-            threshold=cfg.grad_z_thresh,
-            detail=f"grad norm {grad:.6g} is {ratio:.3g}x the median {median:.6g} "
-            f"(log-space z={z:.3g})",
-        )
-    return run + 1
+    step = em.step
+    decision = None
+    if episode is not None:
+        episode, decision = advance_grad_episode(episode, step, grad, loss_start, cfg)
+        if decision is not None:
+            em.emit_episode(decision, "grad norm")
+    if grad is None:
+        return run, episode
+    spike = spike_of(log_base, math.log(grad), cfg.grad_z_thresh)
+    if spike is None or math.exp(math.log(grad) - spike[0]) < cfg.grad_min_ratio:
+        return 0, episode
+    if run == 0 and episode is None and decision is None:
+        episode, decision = open_grad_episode(step, grad, spike, cfg.grad_z_thresh, loss_start)
+        if decision is not None:
+            em.emit_episode(decision, "grad norm")
+    return run + 1, episode
 
 
 def loss_shift(
-    em: Emitter,
     base: RollingBaseline,
     loss: float,
     cfg: DetectorConfig,
     cusum: float,
     reported: bool,
-) -> tuple[float, bool]:
-    """Advance the sustained-loss CUSUM; one ``loss_spike`` when it crosses ``loss_shift_h``.
+) -> tuple[float, bool, tuple[float, float] | None]:
+    """Advance the sustained-loss CUSUM; say when it crosses ``loss_shift_h``.
 
     A level shift (a learning rate blown up, a model that forgot what it learned) can stay
     under the one-step threshold on every step of a noisy curve. Page's one-sided CUSUM
     ``S = max(0, S + min(z, cap) - loss_shift_k)`` adds the evidence up, where
     ``cap = min(loss_z_thresh, loss_shift_h / 2)``: no single step crosses ``loss_shift_h``
     on its own (that is the one-step test's job). A healthy loss, which mostly lies below
-    its trailing median, keeps the sum near 0. An
-    excursion already reported by the one-step test (or by this one) is not reported again
-    until the CUSUM is back to 0.
+    its trailing median, keeps the sum near 0. An excursion already reported (by a spike
+    episode or by a crossing) is not reported again until the CUSUM is back to 0. The
+    caller opens a CUSUM episode at a crossing (`episodes`, loss rule 6).
 
     Args:
-        em: Collects the verdict.
         base: The loss baseline before ``loss``.
         loss: The finite loss.
         cfg: Thresholds.
@@ -199,10 +251,11 @@ def loss_shift(
         reported: True when the current excursion was already reported.
 
     Returns:
-        ``(cusum, reported)`` after this loss.
+        ``(cusum, reported, crossing)`` after this loss; ``crossing`` is ``(median,
+        scale)`` of the baseline when the CUSUM crossed now, else None.
     """
     if cfg.loss_shift_h == 0.0 or len(base.ordered) < base.min_periods:
-        return 0.0, False
+        return 0.0, False, None
     ordered = base.ordered
     median = median_of_sorted(ordered)
     if cusum == 0.0:
@@ -210,26 +263,16 @@ def loss_shift(
         # (see `spike_of`), so a loss this close needs no O(log n) MAD search.
         bound = cfg.loss_shift_k * MAD_TO_SIGMA * mad_lower_bound(ordered, median) * _SAFE
         if loss - median <= bound:
-            return 0.0, False
+            return 0.0, False, None
     scale = robust_scale(ordered, median, base.min_scale_rel)
     z = (loss - median) / scale
     cap = min(cfg.loss_z_thresh, cfg.loss_shift_h / 2.0)
     cusum = max(0.0, cusum + min(z, cap) - cfg.loss_shift_k)
     if cusum == 0.0:
-        return 0.0, False
+        return 0.0, False, None
     if cusum > cfg.loss_shift_h and not reported:
-        em.emit(
-            "loss_spike",
-            value=loss,
-            baseline=median,
-            scale=scale,
-            z=cusum,
-            threshold=cfg.loss_shift_h,
-            detail=f"loss {loss:.6g} vs median {median:.6g}: sustained rise "
-            f"(CUSUM of z={cusum:.3g} > {cfg.loss_shift_h:g})",
-        )
-        reported = True
-    return cusum, reported
+        return cusum, True, (median, scale)
+    return cusum, reported, None
 
 
 def log_pairs(pairs: Iterable[tuple[int, float]]) -> list[tuple[int, float]]:
@@ -287,9 +330,10 @@ def step_accounting(
 __all__ = [
     "Emitter",
     "count_kinds",
-    "grad_spike_episode",
+    "grad_spike_step",
     "log_pairs",
     "loss_shift",
+    "loss_spike_step",
     "spike_of",
     "step_accounting",
 ]

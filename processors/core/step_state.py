@@ -9,6 +9,7 @@ import msgspec
 from runwatch.processors.core.baseline import RollingBaseline
 from runwatch.processors.core.config import DetectorConfig
 from runwatch.processors.core.continuity import RestartCheck, RestartRecord
+from runwatch.processors.core.episodes import SpikeEpisode
 from runwatch.processors.core.ledger import StepLedger, Totals
 from runwatch.processors.core.replicas import ReplicaTally
 from runwatch.processors.core.runinfo import RunInfo
@@ -53,6 +54,10 @@ class StepHealthState(msgspec.Struct, frozen=True, gc=False):
             ones are skipped below.
         replicas: The run's replica groups and degraded steps (a torchft run's
             participants, `processors.core.replicas`).
+        loss_episode: The open loss spike episode, if any (`episodes`).
+        grad_episode: The open grad-norm spike episode, if any.
+        loss_episode_starts: Start steps of the latest loss spike episodes (at most
+            ``spike_repeat_count``; the repeat rule and "the loss followed" read them).
     """
 
     run_id: str
@@ -87,6 +92,9 @@ class StepHealthState(msgspec.Struct, frozen=True, gc=False):
     loss_cusum_reported: bool = False
     last_index: int = -1
     replicas: ReplicaTally = ReplicaTally()
+    loss_episode: SpikeEpisode | None = None
+    grad_episode: SpikeEpisode | None = None
+    loss_episode_starts: tuple[int, ...] = ()
 
     @property
     def incarnation(self) -> int:

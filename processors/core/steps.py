@@ -35,16 +35,22 @@ from runwatch.processors.core.continuity import (
     record_outcome,
     start_check,
 )
+from runwatch.processors.core.episodes import (
+    SpikeEpisode,
+    advance_cusum_episode,
+    interrupted,
+    open_cusum_episode,
+)
 from runwatch.processors.core.ledger import COL_GRAD, COL_LOSS, StepLedger
 from runwatch.processors.core.replicas import fold_replicas
 from runwatch.processors.core.runinfo import RunInfo
 from runwatch.processors.core.step_checks import (
     Emitter,
     count_kinds,
-    grad_spike_episode,
+    grad_spike_step,
     log_pairs,
     loss_shift,
-    spike_episode,
+    loss_spike_step,
     step_accounting,
 )
 from runwatch.processors.core.step_state import StepHealthState, new_step_state
@@ -79,9 +85,27 @@ def _rebuild(state: StepHealthState, ledger: StepLedger, cfg: DetectorConfig) ->
     }
 
 
+def _close_episodes(state: StepHealthState, em: Emitter) -> StepHealthState:
+    """Decide the open spike episodes as interrupted (episode rule 7), emitting their verdicts."""
+    if state.loss_episode is None and state.grad_episode is None:
+        return state
+    for ep, label in ((state.loss_episode, "loss"), (state.grad_episode, "grad norm")):
+        decision = interrupted(ep, state.last_step)
+        if decision is not None:
+            em.emit_episode(decision, label)
+    return msgspec.structs.replace(
+        state,
+        loss_episode=None,
+        grad_episode=None,
+        anomaly_counts=count_kinds(state.anomaly_counts, em.out),
+    )
+
+
 def _on_run_started(
     state: StepHealthState, event: RunStarted, source: Provenance, cfg: DetectorConfig
-) -> StepHealthState:
+) -> tuple[StepHealthState, list[AnomalyDetected]]:
+    em = Emitter(state, event, source, state.info.config(cfg))
+    state = _close_episodes(state, em)
     info = RunInfo.from_event(event)
     old_cfg, new_cfg = state.info.config(cfg), info.config(cfg)
     rebuilt = _rebuild(state, state.ledger, new_cfg) if old_cfg != new_cfg else {}
@@ -107,7 +131,7 @@ def _on_run_started(
         check=None,
         restarts=restarts,
         **rebuilt,
-    )
+    ), em.out
 
 
 def _resume(
@@ -146,20 +170,48 @@ def _resume(
         grad_spike_run=0,
         loss_cusum=0.0,
         loss_cusum_reported=False,
+        loss_episode=None,
+        grad_episode=None,
+        loss_episode_starts=tuple(s for s in state.loss_episode_starts if s <= from_step),
         **rebuilt,
     )
+
+
+def _cusum_episode(
+    em: Emitter,
+    ep: SpikeEpisode | None,
+    loss: float,
+    cusum: float,
+    crossing: tuple[float, float] | None,
+    spiking: bool,
+    cfg: DetectorConfig,
+) -> SpikeEpisode | None:
+    """Advance an open CUSUM episode, or open one at a crossing (episode loss rule 6)."""
+    step = em.step
+    if ep is not None and ep.by_cusum and ep.start_step < step:
+        ep, decision = advance_cusum_episode(ep, step, loss, cusum, spiking, cfg)
+        if decision is not None:
+            em.emit_episode(decision, "loss")
+    if crossing is not None and ep is None:
+        ep = open_cusum_episode(step, loss, crossing, cusum, cfg)
+    return ep
 
 
 def _on_step(
     state: StepHealthState, event: StepCompleted, source: Provenance, cfg: DetectorConfig
 ) -> tuple[StepHealthState, list[AnomalyDetected]]:
     step = event.step
-    if event.restart_from_step is not None:
-        state = _resume(state, event, min(event.restart_from_step, step - 1), cfg)
-    elif step <= state.last_step:
-        state = _resume(state, event, step - 1, cfg)
+    closed: list[AnomalyDetected] = []
+    if event.restart_from_step is not None or step <= state.last_step:
+        from_step = step - 1
+        if event.restart_from_step is not None:
+            from_step = min(event.restart_from_step, from_step)
+        closing = Emitter(state, event, source, cfg)
+        state = _resume(_close_episodes(state, closing), event, from_step, cfg)
+        closed = closing.out
     info = state.info
     em = Emitter(state, event, source, cfg)
+    em.out = closed
     loss = event.loss
     loss_ok = math.isfinite(loss)
     nonfinite_loss_run = 0 if loss_ok else state.nonfinite_loss_run + 1
@@ -179,7 +231,11 @@ def _on_step(
     loss_base, check, restarts = state.loss, state.check, state.restarts
     continuity_ok, best_loss = state.continuity_ok, state.best_loss
     divergence_run, collapse_run = state.divergence_run, state.collapse_run
-    loss_spike_run = state.loss_spike_run
+    loss_spike_run, loss_ep, starts = (
+        state.loss_spike_run,
+        state.loss_episode,
+        state.loss_episode_starts,
+    )
     loss_cusum, loss_cusum_reported = state.loss_cusum, state.loss_cusum_reported
     if loss_ok:
         ceiling = info.loss_ceiling(cfg)
@@ -235,21 +291,30 @@ def _on_step(
                 )
             check = outcome.check
         if broke:
-            loss_spike_run = 1  # the discontinuity opens the episode
+            loss_spike_run = 1  # the discontinuity stands for the spike: no episode opens
         else:
-            loss_spike_run = spike_episode(
-                em, "loss_spike", "loss", loss_base, loss, cfg.loss_z_thresh, loss_spike_run
+            loss_spike_run, loss_ep, starts = loss_spike_step(
+                em, loss_base, loss, cfg, loss_spike_run, loss_ep, starts
             )
-        loss_cusum, loss_cusum_reported = loss_shift(
-            em, loss_base, loss, cfg, loss_cusum, loss_cusum_reported or loss_spike_run > 0
+        loss_cusum, loss_cusum_reported, crossing = loss_shift(
+            loss_base, loss, cfg, loss_cusum, loss_cusum_reported or loss_spike_run > 0
         )
+        loss_ep = _cusum_episode(em, loss_ep, loss, loss_cusum, crossing, loss_spike_run > 0, cfg)
         loss_base = loss_base.with_value(loss, step)
 
     grad_base, grad_spike_run = state.grad, state.grad_spike_run
-    if grad_ok and grad > 0.0:  # type: ignore[operator]
-        assert grad is not None
-        grad_spike_run = grad_spike_episode(em, grad_base, grad, cfg, grad_spike_run)
-        grad_base = grad_base.with_value(math.log(grad), step)
+    usable_grad = grad if grad_ok and grad > 0.0 else None  # type: ignore[operator]
+    grad_spike_run, grad_ep = grad_spike_step(
+        em,
+        grad_base,
+        usable_grad,
+        cfg,
+        grad_spike_run,
+        state.grad_episode,
+        starts[-1] if starts else -1,
+    )
+    if usable_grad is not None:
+        grad_base = grad_base.with_value(math.log(usable_grad), step)
 
     step_time_s, tokens, step_mfu, tokens_per_s = step_accounting(info, event, cfg)
     ledger = state.ledger.append(
@@ -304,6 +369,9 @@ def _on_step(
         loss_cusum_reported,
         source.index,
         replicas,
+        loss_ep,
+        grad_ep,
+        starts,
     )
     return new, verdicts
 
@@ -350,15 +418,17 @@ def fold_step(
         return _on_step(state, event, source, state.info.config(cfg))
     if isinstance(event, RunStarted):
         check_incarnation(event.incarnation, state.info.incarnation, "RunStarted incarnation")
-        return _on_run_started(state, event, source, cfg), []
+        return _on_run_started(state, event, source, cfg)
     if isinstance(event, RunEnded):
+        em = Emitter(state, event, source, state.info.config(cfg))
+        state = _close_episodes(state, em)
         return msgspec.structs.replace(
             state,
             last_offset=source.offset,
             last_index=source.index,
             info=state.info.ended(event),
             last_ts_ns=max(state.last_ts_ns, event.ts_ns),
-        ), []
+        ), em.out
     return msgspec.structs.replace(state, last_offset=source.offset, last_index=source.index), []
 
 

@@ -10,6 +10,7 @@ verdict is byte-identical across replays.
 from __future__ import annotations
 
 import hashlib
+from typing import NamedTuple
 
 from runwatch.schemas.events import (
     AnomalyDetected,
@@ -21,6 +22,15 @@ from runwatch.schemas.events import (
 from runwatch.schemas.kinds import KINDS
 
 _SEP = "\x1f"
+
+
+class EpisodeFields(NamedTuple):
+    """The fields a spike episode's verdict adds (see `AnomalyDetected`)."""
+
+    peak_step: int
+    duration_steps: int
+    recovered: bool
+    decided_step: int
 
 
 def _digest(*parts: object) -> str:
@@ -100,6 +110,8 @@ def make_anomaly(
     rank_count: int = 0,
     launch_id: str = "",
     replica_group: int | None = None,
+    episode: EpisodeFields | None = None,
+    shadow: bool = False,
 ) -> AnomalyDetected:
     """Build an anomaly verdict with its deterministic id, log time and provenance.
 
@@ -126,6 +138,9 @@ def make_anomaly(
         launch_id: The launch of the run's latest RunStarted (empty: none); the policy
             binds the command it makes of the verdict to it.
         replica_group: The replica group it concerns (replica verdicts), part of its id.
+        episode: For a spike episode's verdict, ``(peak_step, duration_steps, recovered,
+            decided_step)``; None for other verdicts.
+        shadow: Recorded in shadow mode (`config.is_shadow`).
 
     Returns:
         The verdict.
@@ -161,7 +176,9 @@ def make_anomaly(
         rank_count=rank_count,
         launch_id=launch_id,
         replica_group=replica_group,
+        **({} if episode is None else episode._asdict()),
+        shadow=shadow,
     )
 
 
-__all__ = ["command_id", "make_anomaly", "verdict_id"]
+__all__ = ["EpisodeFields", "command_id", "make_anomaly", "verdict_id"]

@@ -241,7 +241,7 @@ def run(args: argparse.Namespace) -> int:
     from runwatch.resolve import resolve_bootstrap
 
     tune_for_throughput()  # a bulk decode and fold of the run's whole log
-    cfg = detector_config(parse_overrides(args.overrides))
+    cfg = detector_config(parse_overrides(args.overrides, args.shadow))
     group = args.app_id or default_app_id(topic_prefix(args.prefix))
     if args.wait < 0 or args.timeout <= 0:
         raise UsageError("--wait must be >= 0 and --timeout > 0")

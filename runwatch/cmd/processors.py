@@ -14,14 +14,22 @@ from runwatch.common.errors import UsageError
 HELP = "run a stream-processor worker; workers with the same --app-id share the partitions"
 
 
-def parse_overrides(pairs: list[str]) -> dict[str, str]:
-    """``["k=v", ...]`` -> ``{"k": "v"}``; a pair without ``=`` is a usage error."""
+def parse_overrides(pairs: list[str], shadow: str | None = None) -> dict[str, str]:
+    """``["k=v", ...]`` -> ``{"k": "v"}``; a pair without ``=`` is a usage error.
+
+    ``shadow`` (``--shadow``): ``all`` adds ``shadow=1``, a list of kinds ``shadow_kinds``.
+    """
     out: dict[str, str] = {}
     for pair in pairs:
         name, sep, value = pair.partition("=")
         if not sep or not name.strip():
             raise UsageError(f"--set expects NAME=VALUE, got {pair!r}")
         out[name.strip()] = value.strip()
+    if shadow is not None and shadow.strip():
+        if shadow.strip().lower() == "all":
+            out["shadow"] = "1"
+        else:
+            out["shadow_kinds"] = shadow.strip()
     return out
 
 
@@ -40,6 +48,14 @@ def add_common(parser: argparse.ArgumentParser) -> None:
         default=[],
         metavar="NAME=VALUE",
         help="detector setting, e.g. loss_z_thresh=8 (repeatable)",
+    )
+    parser.add_argument(
+        "--shadow",
+        default=None,
+        metavar="KIND,...|all",
+        help="shadow mode for these verdict kinds (or all): their verdicts and the commands "
+        "they would cause are recorded flagged shadow, and no controller executes them "
+        "(the same as --set shadow_kinds=... or --set shadow=1)",
     )
 
 
@@ -239,7 +255,7 @@ def run(args: argparse.Namespace) -> int:
     if not 0 <= flush_s <= 3600:
         raise UsageError("--state-flush-interval must be between 0 and 3600 seconds")
     partitions = partition_counts(args.partitions)
-    overrides = parse_overrides(args.overrides)
+    overrides = parse_overrides(args.overrides, args.shadow)
     cfg = detector_config(overrides)
     bootstrap = resolve_bootstrap(args.bootstrap)
     prefix = topic_prefix(args.prefix)

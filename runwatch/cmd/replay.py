@@ -1,19 +1,39 @@
-"""`runwatch replay --run RUN --set k=v`: what would other thresholds have flagged?"""
+"""`runwatch replay --run RUN --set k=v`: what would other thresholds have flagged?
+
+``runwatch replay --report [--set k=v] [--shadow KINDS]``: the fleet calibration report,
+every run of the prefix's history replayed with those settings: pages per 10k steps by
+kind, commands per run, and the runs and steps that would page.
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
 from runwatch.cmd.processors import add_common, detector_config, parse_overrides
 from runwatch.common.errors import UsageError
+
+if TYPE_CHECKING:
+    from runwatch.processors.core.config import DetectorConfig
 
 HELP = "re-run a run's events through the detectors with other settings; live topics untouched"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     """Add the arguments of `runwatch replay`."""
-    parser.add_argument("--run", required=True, help="run id")
+    parser.add_argument("--run", default=None, help="run id (required without --report)")
+    parser.add_argument(
+        "--report",
+        action="store_true",
+        help="replay every run of the prefix and print the fleet calibration report "
+        "(pages per 10k steps by kind, commands per run, the runs and steps that would page)",
+    )
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="with --report: print the report as one JSON object",
+    )
     add_common(parser)
     parser.add_argument(
         "--output-topic",
@@ -41,8 +61,12 @@ def run(args: argparse.Namespace) -> int:
     from runwatch.schemas.topics import catalogue
 
     tune_for_throughput()  # a bulk decode and fold of the run's whole log
-    cfg = detector_config(parse_overrides(args.overrides))
+    cfg = detector_config(parse_overrides(args.overrides, args.shadow))
     prefix = topic_prefix(args.prefix)
+    if args.report:
+        return report(resolve_bootstrap(args.bootstrap), prefix, cfg, args)  # type: ignore[arg-type]
+    if args.run is None:
+        raise UsageError("--run is required (or --report for every run of the prefix)")
     if args.output_topic and args.output_topic in {s.name for s in catalogue(prefix)}:
         raise UsageError(f"--output-topic {args.output_topic} is a live runwatch topic")
     bootstrap = resolve_bootstrap(args.bootstrap)
@@ -82,4 +106,49 @@ def run(args: argparse.Namespace) -> int:
             producer.send(args.output_topic, key=encode_key(event.run_id), value=encode(event))
         producer.flush(timeout=30)
         producer.close()
+    return 0
+
+
+MAX_PAGES_LISTED = 200
+"""The report lists at most this many would-be pages (the JSON has them all)."""
+
+
+def report(bootstrap: str, prefix: str, cfg: DetectorConfig, args: argparse.Namespace) -> int:
+    """Print the fleet calibration report of every run of ``prefix``."""
+    import msgspec
+
+    from runwatch.processors.audit import load_fleet_logs, what_if
+    from runwatch.processors.core.calibration import fleet_report
+    from runwatch.processors.core.config import config_hash
+
+    logs = load_fleet_logs(bootstrap, prefix, timeout_s=args.timeout)
+    fleet = fleet_report(
+        config_hash(cfg), [(log.run_id, what_if(log, cfg)) for log in logs if log.inputs]
+    )
+    if args.json:
+        print(msgspec.json.encode(fleet).decode())
+        return 0
+    print(
+        f"fleet calibration report of prefix {prefix} with config {fleet.config_hash}: "
+        f"{len(fleet.runs)} runs, {fleet.steps} steps"
+    )
+    for label, counts in (("pages", fleet.pages_by_kind), ("info", fleet.info_by_kind)):
+        rates = fleet.per_10k_steps(counts)
+        shown = ", ".join(f"{k} {n} ({rates.get(k, 0.0):g}/10k)" for k, n in counts.items())
+        print(f"  {label} by kind: {shown or 'none'}")
+    print(f"  commands per run: {fleet.commands_per_run():.2f}")
+    for r in fleet.runs:
+        shadow = f", {r.shadow_commands} shadow" if r.shadow_commands else ""
+        print(
+            f"  run {r.run_id}: {r.steps} steps, {r.pages} pages, {r.info} info, "
+            f"{r.commands} commands{shadow}"
+        )
+    for page in fleet.pages[:MAX_PAGES_LISTED]:
+        mark = " (shadow)" if page.shadow else ""
+        print(
+            f"  would page: {page.run_id} step {page.step} {page.kind} "
+            f"[{page.severity}]{mark}: {page.detail}"
+        )
+    if len(fleet.pages) > MAX_PAGES_LISTED:
+        print(f"  ... and {len(fleet.pages) - MAX_PAGES_LISTED} more (--json lists them all)")
     return 0

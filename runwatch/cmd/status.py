@@ -42,6 +42,8 @@ def format_row(r: object) -> str:
         f"{r.run_id:<24} {r.incarnation:>3} {_fmt(r.last_step, 'd'):>7} {_fmt(r.loss, '.4f'):>9} "
         f"{mfu:>6}% {ranks:>5} {r.status:<10} {anomalies} / {r.restarts}"
     )
+    if r.shadow_commands:
+        line += f" (+{r.shadow_commands} shadow, not executed)"
     if r.replica_groups:
         stepping = r.replica_groups - len(r.replicas_lost)
         line += f"  groups {stepping}/{r.replica_groups}, {r.degraded_steps} degraded steps"

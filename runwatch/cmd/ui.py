@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--port must be between 0 and 65535, got {args.port}")
     if args.max_runs < 1:
         raise UsageError(f"--max-runs must be at least 1, got {args.max_runs}")
-    cfg = detector_config(parse_overrides(args.overrides))
+    cfg = detector_config(parse_overrides(args.overrides, args.shadow))
     bootstrap = resolve_bootstrap(args.bootstrap, check=False)
     prefix = topic_prefix(args.prefix)
     data = WebviewData(

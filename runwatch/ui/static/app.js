@@ -183,6 +183,10 @@ function feedRow(e) {
   } else if (e.type === "restart_failed" || e.type === "command_rejected") {
     cls = "anomaly"; what = e.type === "restart_failed" ? "restart failed" : "command rejected"; detail = e.reason;
   }
+  if (e.shadow) {  // shadow mode: recorded, shown, never executed
+    cls += " shadow"; what = `${what} (shadow)`;
+    if (e.type === "restart_requested") detail = `shadow, not executed: would have ${detail.replace(/^ends/, "ended")}`;
+  }
   const fields = Object.entries(e).filter(([k, v]) => !FEED_SKIP.has(k) && v !== null && v !== undefined && v !== "")
     .map(([k, v]) => `<dt>${esc(k)}</dt><dd>${esc(typeof v === "object" ? JSON.stringify(v) : v)}</dd>`).join("");
   return `<tr class="${cls}" data-type="${esc(e.type)}"${e.kind ? ` data-kind="${esc(e.kind)}"` : ""}>

@@ -116,6 +116,43 @@ def test_a_stopped_worker_makes_the_audit_pending_then_it_agrees(
     anomalies.close()
 
 
+def test_a_group_that_exists_but_has_not_committed_makes_the_audit_pending(
+    kafka_bootstrap, topic_prefix, make_topics
+):
+    # A worker killed before its first offset commit leaves a group that has joined and
+    # processed nothing: that is lag (PENDING), not "no consumer group".
+    make_topics(topic_prefix, partitions=1)
+    run, group = "run-uncommitted", f"{topic_prefix}-fresh"
+    trainer = Trainer(kafka_bootstrap, topic_prefix, run)
+    trainer.start(0)
+    for s in range(1, 6):
+        trainer.step(s)
+    trainer.end("completed")
+    member = KafkaConsumer(
+        names(topic_prefix).steps,
+        bootstrap_servers=kafka_bootstrap,
+        group_id=group,
+        enable_auto_commit=False,
+    )
+    try:
+        deadline = time.monotonic() + WAIT_S
+        while not member.assignment():  # joined: the group exists, nothing committed
+            assert time.monotonic() < deadline, "the member never joined its group"
+            member.poll(timeout_ms=200, max_records=1)
+        with GroupOffsets(kafka_bootstrap, group) as offsets:
+            assert offsets.committed([TopicPartition(names(topic_prefix).steps, 0)]) == {}
+        out = runwatch_audit(
+            kafka_bootstrap, topic_prefix, "--run", run, "--app-id", group, "--wait", "1", "--json"
+        )
+        assert out.returncode == 3, (out.returncode, out.stdout, out.stderr)
+        receipt = json.loads(out.stdout)
+        assert receipt["verdict"] == "PENDING" and receipt["progress"]["group_found"]
+        assert sum(p["pending"] for p in receipt["progress"]["partitions"]) >= 5
+    finally:
+        member.close(autocommit=False)
+        trainer.close()
+
+
 def test_audit_all_names_the_run_with_a_forged_verdict(
     kafka_bootstrap, topic_prefix, make_topics, tmp_path
 ):

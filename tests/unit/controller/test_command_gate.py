@@ -5,7 +5,14 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from runwatch.controller.command_gate import NO_KEY, OTHER_LAUNCH, REPLAYED, OwnedGang, decide
+from runwatch.controller.command_gate import (
+    NO_KEY,
+    OTHER_LAUNCH,
+    REPLAYED,
+    SHADOW,
+    OwnedGang,
+    decide,
+)
 from runwatch.schemas.events import Provenance, RestartRequested
 from runwatch.schemas.signing import CommandKey, sign
 
@@ -81,6 +88,24 @@ CASES = [
         "stale",
     ),
     ("unowned without key", command(run="run-b"), at(12), {}, set(), "ignore", "not owned"),
+    (
+        "shadow, validly signed",
+        sign(msgspec.structs.replace(command(), shadow=True), KEY),
+        at(12),
+        KEYS,
+        set(),
+        "ignore",
+        SHADOW,
+    ),
+    (
+        "shadow, unsigned",
+        msgspec.structs.replace(command(), shadow=True),
+        at(12),
+        {},
+        set(),
+        "ignore",
+        SHADOW,
+    ),
 ]
 
 

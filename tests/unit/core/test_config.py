@@ -24,7 +24,7 @@ def test_hash_is_stable_short_hex_and_sensitive() -> None:
 
 def test_hash_is_pinned() -> None:
     # Changing a default or adding a field changes every verdict id: do it on purpose.
-    assert config_hash(DetectorConfig()) == "aed161dff7e5"
+    assert config_hash(DetectorConfig()) == "fabfada4ded7"
 
 
 @pytest.mark.parametrize(
@@ -87,7 +87,7 @@ def test_effective_config_ignores_invalid_run_thresholds() -> None:
 def test_every_numeric_field_has_run_bounds_that_hold_its_default() -> None:
     from runwatch.processors.core.config import RUN_THRESHOLD_BOUNDS, VALID_KEYS
 
-    numeric = {k for k in VALID_KEYS if k != "mfu_convention"}
+    numeric = set(VALID_KEYS) - {"mfu_convention", "shadow", "shadow_kinds"}
     assert set(RUN_THRESHOLD_BOUNDS) == numeric
     defaults = DetectorConfig()
     for key, (low, high) in RUN_THRESHOLD_BOUNDS.items():

@@ -266,8 +266,13 @@ def test_no_spike_during_warmup_then_a_causal_robust_z() -> None:
 def test_grad_norm_spike_uses_the_grad_window() -> None:
     m = TrainingHealthMonitor(grad_z_thresh=6.0)
     warm(m, 10)
-    got = m.observe_step(11, 2.0, grad_norm=40.0)
-    assert [a.kind for a in got] == ["grad_norm_spike"] and got[0].value == 40.0
+    assert m.observe_step(11, 2.0, grad_norm=40.0) == []  # an episode: decided later
+    got = [
+        a
+        for s in range(12, 12 + DetectorConfig().grad_follow_steps)
+        for a in m.observe_step(s, 2.0, grad_norm=1.0)
+    ]
+    assert [(a.kind, a.step) for a in got] == [("grad_norm_spike", 11)] and got[0].value == 40.0
 
 
 def test_thresholds_are_applied() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from runwatch.processors.core.config import DetectorConfig, with_overrides
@@ -142,3 +143,34 @@ def test_redelivered_anomaly_is_skipped_by_offset() -> None:
     assert state is not None
     again, commands = fold_policy(state, anomaly("hang", incarnation=5), src(0, "anomalies"), CFG)
     assert again is state and commands == []
+
+
+def test_a_shadow_kind_records_the_command_it_would_cause_without_spending_the_gang() -> None:
+    cfg = with_overrides(CFG, {"shadow_kinds": "nonfinite_loss"})
+    state, out = fold(
+        [anomaly("nonfinite_loss", 100), anomaly("nonfinite_loss", 101), anomaly("hang", 102)],
+        cfg,
+    )
+    assert [(c.cause_kind, c.action, c.shadow) for c in out] == [
+        ("nonfinite_loss", "rollback", True),  # once per incarnation
+        ("hang", "respawn", False),  # an enforced kind still commands after it
+    ]
+    assert state is not None and (state.shadow_commands, state.commands) == (1, 1)
+    assert out[0].max_checkpoint_step == 99
+
+
+def test_a_verdict_flagged_shadow_gives_a_shadow_command_whatever_the_policy_config() -> None:
+    flagged = msgspec.structs.replace(anomaly("dead_rank"), shadow=True)
+    state, (command,) = fold([flagged])
+    assert command.shadow and command.action == "respawn"
+    assert state is not None and state.commanded_incarnation == -1 and state.commands == 0
+
+
+def test_shadow_all_and_its_spelling() -> None:
+    _, (command,) = fold([anomaly("hang")], with_overrides(CFG, {"shadow": "1"}))
+    assert command.shadow
+    with pytest.raises(ValueError, match="shadow_kinds: unknown kind"):
+        with_overrides(CFG, {"shadow_kinds": "nonfinite_loss,nope"})
+    with pytest.raises(ValueError, match="not a boolean"):
+        with_overrides(CFG, {"shadow": "maybe"})
+    assert with_overrides(CFG, {"shadow": "0"}) == CFG

@@ -83,11 +83,30 @@ def test_a_real_grad_norm_spike_is_info_and_does_not_page() -> None:
     assert v.z is not None and v.z > CFG.grad_z_thresh
 
 
-def test_a_loss_spike_still_pages() -> None:
+def test_a_one_step_loss_spike_that_recovers_is_an_info_episode() -> None:
     losses, grads = noisy(200)
-    losses[150] += 1.0
+    losses[150] += 1.0  # ~1.45x the median: under the magnitude floor
     (v,) = fold(losses, grads)
-    assert (v.kind, v.severity, v.step) == ("loss_spike", "warning", 151)
+    assert (v.kind, v.severity, v.step) == ("loss_spike", "info", 151)
+    assert (v.recovered, v.peak_step, v.duration_steps, v.decided_step) == (True, 151, 2, 152)
+
+
+def test_a_loss_spike_that_stays_up_pages() -> None:
+    losses, grads = noisy(200)
+    for i in range(150, 154):
+        losses[i] += 1.0 - 0.1 * (i - 150)  # up, easing, never back below half
+    (v,) = fold(losses, grads)
+    assert (v.kind, v.severity, v.step, v.recovered) == ("loss_spike", "warning", 151, False)
+    # decided by the CUSUM (rule 6) or, at the latest, by rule 5
+    assert v.decided_step is not None and 152 <= v.decided_step <= 151 + CFG.spike_recover_steps
+    assert "stayed up" in v.detail or "not back" in v.detail
+
+
+def test_a_loss_spike_past_the_magnitude_floor_pages_at_once() -> None:
+    losses, grads = noisy(200)
+    losses[150] *= 3.0
+    (v,) = fold(losses, grads)
+    assert (v.kind, v.severity, v.step, v.decided_step) == ("loss_spike", "warning", 151, 151)
 
 
 def test_a_sustained_rise_under_the_one_step_threshold_is_a_loss_spike() -> None:

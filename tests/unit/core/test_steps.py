@@ -351,6 +351,9 @@ def test_hot_path_field_order_is_pinned() -> None:
         "loss_cusum_reported",
         "last_index",
         "replicas",
+        "loss_episode",
+        "grad_episode",
+        "loss_episode_starts",
     )
 
 
