@@ -8,6 +8,7 @@ partition was never judged; the audit of the run ended in a RecursionError.
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 from kafka import KafkaProducer
@@ -90,14 +91,19 @@ def test_hostile_records_are_dead_lettered_and_the_partition_goes_on(
         # A run threshold that once overflowed an int64 of the liveness state on the next
         # heartbeat (an "encode" dead letter): now clamped into its range
         # (`RUN_THRESHOLD_BOUNDS`), so the run's records are judged and none is refused.
+        # (Now-dated: a run silent since 1970 would be evicted at the next Tick, retention.)
+        now_ns = time.time_ns()
         started = RunStarted(
-            run_id=OTHER, ts_ns=1, world_size=1, thresholds={"rank_heartbeat_threshold": 1e300}
+            run_id=OTHER,
+            ts_ns=now_ns,
+            world_size=1,
+            thresholds={"rank_heartbeat_threshold": 1e300},
         )
         raw.send(topics.heartbeats, key=OTHER.encode(), value=encode(started))
         raw.send(
             topics.heartbeats,
             key=OTHER.encode(),
-            value=encode(Heartbeat(run_id=OTHER, ts_ns=2, rank=0, step=1)),
+            value=encode(Heartbeat(run_id=OTHER, ts_ns=now_ns + 1, rank=0, step=1)),
         )
         raw.flush(30)
 
