@@ -200,7 +200,8 @@ at most a day (``hang_timeout_s: 1e12`` still detects a hang, after a day), a wi
 history at most a few thousand steps (memory), a step threshold at most a million (the
 state's integers stay far inside int64). The operator's own configuration
 (``runwatch processors --set``) is trusted and not bounded here. ``mfu_convention``,
-``shadow`` and ``shadow_kinds`` are not numbers and have no entry. docs/core.md, "Records that steer decisions"."""
+``shadow`` and ``shadow_kinds`` are not numbers and have no entry. docs/core.md, "Records
+that steer decisions"."""
 
 
 def bounded_thresholds(thresholds: Mapping[str, float]) -> dict[str, float]:
