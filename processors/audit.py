@@ -436,9 +436,8 @@ def audit_all(
 ) -> list[AuditReceipt]:
     """Audit every run of the log, reading each topic once.
 
-    Runs are the keys found in the topics (a forged verdict for a run without input is a
-    run too, and disagrees). Keys with neither a decodable input nor a recorded verdict
-    (dead letters only) are left out.
+    Runs are those of `load_all_run_logs` (a forged verdict for a run without input is a
+    run too, and disagrees).
 
     Args:
         bootstrap: Kafka bootstrap address.
@@ -450,6 +449,33 @@ def audit_all(
 
     Returns:
         One receipt per run, sorted by run id.
+    """
+    logs = load_all_run_logs(bootstrap, prefix, timeout_s=timeout_s, group=group, wait_s=wait_s)
+    return [audit(log, cfg) for log in logs]
+
+
+def load_all_run_logs(
+    bootstrap: str,
+    prefix: str,
+    *,
+    timeout_s: float = 60.0,
+    group: str | None = None,
+    wait_s: float = 0.0,
+) -> list[RunLog]:
+    """Every run's log, reading each topic once, every partition from its beginning.
+
+    Runs are the keys found in the topics. Keys with neither a decodable input nor a
+    recorded verdict (dead letters only) are left out.
+
+    Args:
+        bootstrap: Kafka bootstrap address.
+        prefix: Topic name prefix.
+        timeout_s: A read gives up when the broker makes no progress for this long.
+        group: The processors' consumer group (app id); None: do not ask about lag.
+        wait_s: Longest to wait for the group to process the log read.
+
+    Returns:
+        One log per run, sorted by run id, each with ``progress`` when ``group`` was given.
     """
     topics = names(prefix)
     with ExitStack() as stack:
@@ -479,7 +505,7 @@ def audit_all(
                 ticks.setdefault(tp.partition, []).append(r)
             elif r.key:
                 own.setdefault(r.key, {}).setdefault(tp, []).append(r)
-    receipts = []
+    logs = []
     for key in sorted(own):
         run_id = key.decode("utf-8", "replace")
         merged: dict[TopicPartition, list[RawRecord]] = {}
@@ -504,8 +530,8 @@ def audit_all(
                 if tp.topic != topics.commands
             }
             progress = _progress(group, staged, relied_now)
-        receipts.append(audit(msgspec.structs.replace(log, progress=progress), cfg))
-    return receipts
+        logs.append(msgspec.structs.replace(log, progress=progress))
+    return logs
 
 
 def _compare(log: RunLog, inputs: list[Record], cfg: DetectorConfig) -> AuditReceipt:

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Final, get_args
+from typing import Final, Protocol, get_args
 
 import msgspec
 
-from runwatch.processors.core.replay import Record, ReplayResult
-from runwatch.schemas.events import AnomalyDetected, RestartRequested, Severity
+from runwatch.processors.core.config import DetectorConfig
+from runwatch.processors.core.replay import Record, ReplayResult, replay
+from runwatch.schemas.events import AnomalyDetected, RestartRequested, Severity, Tick
 
 PAGING_SEVERITY: Final[Severity] = "warning"
 """A verdict of this severity or above pages someone (the alert sinks' default)."""
@@ -300,6 +301,114 @@ def calibration_report(
     )
 
 
+class RunHistory(Protocol):
+    """One run's log as read (`processors.audit.RunLog` is one)."""
+
+    @property
+    def run_id(self) -> str:
+        """The run."""
+
+    @property
+    def inputs(self) -> list[Record]:
+        """Its input records, each role in partition order."""
+
+    @property
+    def recorded_anomalies(self) -> list[Record]:
+        """Its records of the anomalies topic."""
+
+    @property
+    def recorded_commands(self) -> list[RestartRequested]:
+        """Its commands."""
+
+
+def first_ts_ns(log: RunHistory) -> int | None:
+    """Log time of the run's first input event (ticks aside); None: no input."""
+    stamps = [e.ts_ns for _, _, e in log.inputs if type(e) is not Tick]
+    return min(stamps) if stamps else None
+
+
+def select_runs(
+    logs: Sequence[RunHistory], *, since_ns: int | None = None, last: int | None = None
+) -> list[RunHistory]:
+    """The runs to calibrate on: begun at or after ``since_ns``, then the ``last`` latest.
+
+    Args:
+        logs: Every run's log.
+        since_ns: Keep runs whose first input event is at or after this log time.
+        last: Keep at most this many runs, the latest begun (ties: run id).
+
+    Returns:
+        The kept logs, in the order given.
+
+    Raises:
+        ValueError: ``last`` is below 1.
+    """
+    if last is not None and last < 1:
+        raise ValueError(f"the number of runs must be >= 1, got {last}")
+    begun = {id(log): first_ts_ns(log) for log in logs}
+
+    def since(log: RunHistory) -> bool:
+        at = begun[id(log)]
+        return since_ns is None or (at is not None and at >= since_ns)
+
+    kept = [log for log in logs if since(log)]
+    if last is not None and len(kept) > last:
+        latest = sorted(kept, key=lambda log: (begun[id(log)] or -1, log.run_id))[-last:]
+        chosen = {id(log) for log in latest}
+        kept = [log for log in kept if id(log) in chosen]
+    return kept
+
+
+def calibrate(
+    logs: Iterable[RunHistory],
+    cfg: DetectorConfig,
+    config_hash: str,
+    *,
+    overrides: Mapping[str, str],
+    top_n: int = DEFAULT_TOP_N,
+    notes: Sequence[str] = (),
+) -> CalibrationReport:
+    """Replay each run's input with ``cfg`` and report it next to the run's record.
+
+    The policy of a replay reads the recomputed verdicts (as `runwatch replay` does), so
+    the commands are those the proposed settings would issue. A run with no input (only
+    recorded verdicts) cannot be replayed: it is left out and named in the notes.
+
+    Args:
+        logs: The runs' logs.
+        cfg: The configuration to replay with.
+        config_hash: Its hash (shown in the report).
+        overrides: The settings given, as given.
+        top_n: Runs (and pages per run) listed.
+        notes: Notes to carry (what the reader left out).
+
+    Returns:
+        The report.
+    """
+    proposed: list[RunVerdicts] = []
+    recorded: list[RunVerdicts] = []
+    said = list(notes)
+    for log in logs:
+        if not log.inputs:
+            said.append(f"run {log.run_id}: no input records to replay (left out)")
+            continue
+        mine = replayed_verdicts(log.run_id, replay(log.inputs, cfg))
+        proposed.append(mine)
+        recorded.append(
+            recorded_verdicts(
+                log.run_id, mine.steps_judged, log.recorded_anomalies, log.recorded_commands
+            )
+        )
+    return calibration_report(
+        proposed,
+        recorded,
+        config_hash=config_hash,
+        overrides=overrides,
+        top_n=top_n,
+        notes=said,
+    )
+
+
 def _counts(values: Mapping[str, int] | Mapping[str, float], fmt: str = "{}") -> str:
     return ", ".join(f"{k} {fmt.format(v)}" for k, v in values.items()) or "none"
 
@@ -352,12 +461,16 @@ __all__ = [
     "CalibrationReport",
     "FleetFigures",
     "PageRow",
+    "RunHistory",
     "RunPages",
     "RunVerdicts",
+    "calibrate",
     "calibration_report",
+    "first_ts_ns",
     "fleet_figures",
     "pages",
     "recorded_verdicts",
     "render_report",
     "replayed_verdicts",
+    "select_runs",
 ]

@@ -5,19 +5,24 @@ from __future__ import annotations
 import msgspec
 import pytest
 
+from runwatch.cmd.replay import parse_since
+from runwatch.common.errors import UsageError
 from runwatch.processors.calibration import (
     PageRow,
     RunPages,
     RunVerdicts,
+    calibrate,
     calibration_report,
     fleet_figures,
     pages,
     recorded_verdicts,
     render_report,
     replayed_verdicts,
+    select_runs,
 )
 from runwatch.processors.core.config import DetectorConfig
-from runwatch.processors.core.replay import replay
+from runwatch.processors.core.replay import Record, replay
+from runwatch.schemas.events import RestartRequested
 from runwatch.schemas.topics import TopicRole
 from tests.unit.core.factories import (
     healthy_losses,
@@ -135,3 +140,39 @@ def test_replayed_and_recorded_verdicts_of_a_real_replay() -> None:
     report = calibration_report([mine], [mine], config_hash=result.config_hash, overrides={})
     assert report.proposed.pages_by_kind == {"loss_spike": 1}
     assert report.proposed.pages_per_10k_steps == round(10_000 / 60, 3)
+
+
+class _Log(msgspec.Struct, frozen=True):
+    run_id: str
+    inputs: list[Record]
+    recorded_anomalies: list[Record] = []
+    recorded_commands: list[RestartRequested] = []
+
+
+def _begun(run: str, ts_ns: int) -> _Log:
+    return _Log(run, [(TopicRole.STEPS, src(0), started(run, ts_ns=ts_ns))])
+
+
+def test_select_runs_keeps_those_begun_since_then_the_latest() -> None:
+    logs = [_begun("a", 30), _begun("b", 10), _begun("c", 20), _Log("d", [])]
+    assert [x.run_id for x in select_runs(logs)] == ["a", "b", "c", "d"]
+    assert [x.run_id for x in select_runs(logs, since_ns=20)] == ["a", "c"]
+    assert [x.run_id for x in select_runs(logs, last=2)] == ["a", "c"]
+    assert [x.run_id for x in select_runs(logs, since_ns=0, last=1)] == ["a"]
+    with pytest.raises(ValueError, match=">= 1"):
+        select_runs(logs, last=0)
+
+
+def test_calibrate_leaves_out_runs_without_input_and_says_so() -> None:
+    report = calibrate(
+        [_begun("a", 0), _Log("d", [])], DetectorConfig(), "h", overrides={}, notes=["n0"]
+    )
+    assert report.proposed.runs == 1
+    assert report.notes == ["n0", "run d: no input records to replay (left out)"]
+
+
+def test_since_takes_an_iso_time_or_an_age() -> None:
+    assert parse_since("36h", now_s=200_000.0) == (200_000 - 36 * 3600) * 10**9
+    assert parse_since("2026-12-01T00:00Z", now_s=0.0) == 1_796_083_200 * 10**9
+    with pytest.raises(UsageError, match="--since"):
+        parse_since("yesterday", now_s=0.0)
