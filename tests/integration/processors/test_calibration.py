@@ -5,11 +5,16 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
 
 from runwatch.schemas.topics import names
+from runwatch.ui.calibration import calibration_json
+from runwatch.ui.model import WebviewData
+from runwatch.ui.server import UiServer
 
 from .harness import Reader, Trainer, workers
 from .test_audit_lag import spiked
@@ -106,6 +111,27 @@ def test_replay_all_reports_today_and_proposed_pages_exactly(
         "settings loss_z_thresh=400 loss_shift_h=0"
     ), text.stdout
     assert "  pages (severity >= warning): 0 (0.00 per 10k steps) in 0 of 2 runs" in lines
+
+    # the web view: the fleet page links the endpoint, which answers the same document
+    data = WebviewData(kafka_bootstrap, prefix=topic_prefix, app_id=f"{topic_prefix}-app")
+    server = UiServer(data)
+    server.start()
+    try:
+        with urllib.request.urlopen(server.url, timeout=30) as page:
+            html = page.read().decode()
+        assert "runwatch replay --all" in html and 'href="/api/calibration"' in html
+        query = "api/calibration?set=loss_z_thresh=400&set=loss_shift_h=0"
+        with urllib.request.urlopen(server.url + query, timeout=120) as answer:
+            assert json.loads(answer.read()) == doc
+        with pytest.raises(urllib.error.HTTPError) as bad:
+            urllib.request.urlopen(server.url + "api/calibration?set=no_such_knob=1", timeout=60)
+        assert bad.value.code == 400 and "no_such_knob" in json.loads(bad.value.read())["error"]
+    finally:
+        server.close()
+    over, status = calibration_json(data, {}, max_runs=2)
+    assert status == 422 and over["error"].startswith("3 runs in the log; the view calibrates")
+    two, status = calibration_json(data, {"runs": ["2"]}, max_runs=2)
+    assert status == 200 and two["proposed"]["runs"] == 2
 
 
 def test_replay_all_says_when_an_archive_holds_no_inputs(tmp_path: Path) -> None:
