@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from runwatch.processors.logread import read_history
 from runwatch.schemas.topics import names
+from runwatch.sinks.archive import ArchiveSink
 from runwatch.ui.calibration import calibration_json
 from runwatch.ui.model import WebviewData
 from runwatch.ui.server import UiServer
@@ -111,6 +113,20 @@ def test_replay_all_reports_today_and_proposed_pages_exactly(
         "settings loss_z_thresh=400 loss_shift_h=0"
     ), text.stdout
     assert "  pages (severity >= warning): 0 (0.00 per 10k steps) in 0 of 2 runs" in lines
+
+    # the same history archived (the archive sink's writer, fed the broker's records)
+    t = names(topic_prefix)
+    roles = (t.runs, t.steps, t.heartbeats, t.checkpoints, t.anomalies, t.commands)
+    sink = ArchiveSink(tmp_path / "archive")
+    sink.handle(
+        [r for records in read_history(kafka_bootstrap, roles).values() for r in records], 0
+    )
+    sink.flush()
+    archived = runwatch_replay(
+        kafka_bootstrap, topic_prefix, *QUIET, "--json", "--archive", str(tmp_path / "archive")
+    )
+    assert archived.returncode == 0, archived.stderr
+    assert json.loads(archived.stdout) == doc
 
     # the web view: the fleet page links the endpoint, which answers the same document
     data = WebviewData(kafka_bootstrap, prefix=topic_prefix, app_id=f"{topic_prefix}-app")
