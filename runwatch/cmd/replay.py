@@ -12,7 +12,7 @@ import json
 import re
 import sys
 import time
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -149,7 +149,7 @@ def parse_since(text: str, now_s: float) -> int:
             f"--since expects an ISO time or an age such as 36h or 7d, got {text!r}"
         ) from None
     if when.tzinfo is None:
-        when = when.replace(tzinfo=datetime.now().astimezone().tzinfo).astimezone()
+        when = when.replace(tzinfo=UTC)
     return int(when.timestamp() * 1e9)
 
 

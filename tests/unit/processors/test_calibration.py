@@ -174,5 +174,6 @@ def test_calibrate_leaves_out_runs_without_input_and_says_so() -> None:
 def test_since_takes_an_iso_time_or_an_age() -> None:
     assert parse_since("36h", now_s=200_000.0) == (200_000 - 36 * 3600) * 10**9
     assert parse_since("2026-12-01T00:00Z", now_s=0.0) == 1_796_083_200 * 10**9
+    assert parse_since("2026-12-01T01:00", now_s=0.0) == (1_796_083_200 + 3600) * 10**9
     with pytest.raises(UsageError, match="--since"):
         parse_since("yesterday", now_s=0.0)
