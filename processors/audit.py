@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import enum
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
 from typing import NamedTuple
 
@@ -425,15 +425,78 @@ def load_run_log(
     return msgspec.structs.replace(log, progress=progress, start_ts_ms=start_ms)
 
 
-def _run_logs(
-    staged: _Staged, topics: TopicNames
-) -> Iterator[tuple[bytes, dict[TopicPartition, list[RawRecord]], RunLog]]:
-    """Every run of a staged read: its key, its records by partition and its log.
+def audit_all(
+    bootstrap: str,
+    prefix: str,
+    cfg: DetectorConfig,
+    *,
+    timeout_s: float = 60.0,
+    group: str | None = None,
+    wait_s: float = 0.0,
+) -> list[AuditReceipt]:
+    """Audit every run of the log, reading each topic once.
 
-    One pass over the log indexes it by key; each run then takes its own records and the
-    ticks of its heartbeat partitions. Keys with neither a decodable input nor a recorded
-    verdict or command (dead letters only) are left out.
+    Runs are those of `load_all_run_logs` (a forged verdict for a run without input is a
+    run too, and disagrees).
+
+    Args:
+        bootstrap: Kafka bootstrap address.
+        prefix: Topic name prefix.
+        cfg: The detector configuration to replay with.
+        timeout_s: A read gives up when the broker makes no progress for this long.
+        group: The processors' consumer group (app id); None: do not ask about lag.
+        wait_s: Longest to wait for the group to process the log read.
+
+    Returns:
+        One receipt per run, sorted by run id.
     """
+    logs = load_all_run_logs(bootstrap, prefix, timeout_s=timeout_s, group=group, wait_s=wait_s)
+    return [audit(log, cfg) for log in logs]
+
+
+def load_all_run_logs(
+    bootstrap: str,
+    prefix: str,
+    *,
+    timeout_s: float = 60.0,
+    group: str | None = None,
+    wait_s: float = 0.0,
+) -> list[RunLog]:
+    """Every run's log, reading each topic once, every partition from its beginning.
+
+    Runs are the keys found in the topics. Keys with neither a decodable input nor a
+    recorded verdict (dead letters only) are left out.
+
+    Args:
+        bootstrap: Kafka bootstrap address.
+        prefix: Topic name prefix.
+        timeout_s: A read gives up when the broker makes no progress for this long.
+        group: The processors' consumer group (app id); None: do not ask about lag.
+        wait_s: Longest to wait for the group to process the log read.
+
+    Returns:
+        One log per run, sorted by run id, each with ``progress`` when ``group`` was given.
+    """
+    topics = names(prefix)
+    with ExitStack() as stack:
+        reader = stack.enter_context(LogReader(bootstrap, timeout_s=timeout_s))
+        offsets, unknown = _group_offsets(stack, bootstrap, group, topics)
+        parts = {
+            role: [TopicPartition(topic, p) for p in range(reader.partition_count(topic))]
+            for role, topic in role_topics(topics).items()
+        }
+        starts = reader.offsets_at([tp for tps in parts.values() for tp in tps], None)
+        staged = _read_staged(
+            reader,
+            offsets,
+            parts,
+            starts,
+            None,
+            lambda tp, records: relied_offsets(records, None),
+            wait_s,
+        )
+    # one pass over the log to index it by key; each run then takes its own records and
+    # the ticks of its heartbeat partitions
     own: dict[bytes, dict[TopicPartition, list[RawRecord]]] = {}
     ticks: dict[int, list[RawRecord]] = {}
     for tp, records in staged.by_partition.items():
@@ -442,6 +505,7 @@ def _run_logs(
                 ticks.setdefault(tp.partition, []).append(r)
             elif r.key:
                 own.setdefault(r.key, {}).setdefault(tp, []).append(r)
+    logs = []
     for key in sorted(own):
         run_id = key.decode("utf-8", "replace")
         merged: dict[TopicPartition, list[RawRecord]] = {}
@@ -456,76 +520,8 @@ def _run_logs(
         for tp, records in merged.items():
             history.setdefault(tp.topic, []).extend(records)
         log = records_of_run(run_id, history, topics)
-        if log.inputs or log.recorded_anomalies or log.recorded_commands:
-            yield key, merged, log
-
-
-def _read_all(
-    reader: LogReader, offsets: GroupOffsets | None, topics: TopicNames, wait_s: float
-) -> _Staged:
-    """Every partition of the run-keyed topics, read once from the beginning."""
-    parts = {
-        role: [TopicPartition(topic, p) for p in range(reader.partition_count(topic))]
-        for role, topic in role_topics(topics).items()
-    }
-    starts = reader.offsets_at([tp for tps in parts.values() for tp in tps], None)
-    return _read_staged(
-        reader,
-        offsets,
-        parts,
-        starts,
-        None,
-        lambda tp, records: relied_offsets(records, None),
-        wait_s,
-    )
-
-
-def load_fleet_logs(bootstrap: str, prefix: str, *, timeout_s: float = 60.0) -> list[RunLog]:
-    """Every run's log of a prefix's history (for `runwatch replay --report`), by run id.
-
-    Args:
-        bootstrap: Kafka bootstrap address.
-        prefix: Topic name prefix.
-        timeout_s: A read gives up when the broker makes no progress for this long.
-    """
-    with LogReader(bootstrap, timeout_s=timeout_s) as reader:
-        staged = _read_all(reader, None, names(prefix), 0.0)
-    return [log for _, _, log in _run_logs(staged, names(prefix))]
-
-
-def audit_all(
-    bootstrap: str,
-    prefix: str,
-    cfg: DetectorConfig,
-    *,
-    timeout_s: float = 60.0,
-    group: str | None = None,
-    wait_s: float = 0.0,
-) -> list[AuditReceipt]:
-    """Audit every run of the log, reading each topic once.
-
-    Runs are the keys found in the topics (a forged verdict for a run without input is a
-    run too, and disagrees). Keys with neither a decodable input nor a recorded verdict
-    (dead letters only) are left out.
-
-    Args:
-        bootstrap: Kafka bootstrap address.
-        prefix: Topic name prefix.
-        cfg: The detector configuration to replay with.
-        timeout_s: A read gives up when the broker makes no progress for this long.
-        group: The processors' consumer group (app id); None: do not ask about lag.
-        wait_s: Longest to wait for the group to process the log read.
-
-    Returns:
-        One receipt per run, sorted by run id.
-    """
-    topics = names(prefix)
-    with ExitStack() as stack:
-        reader = stack.enter_context(LogReader(bootstrap, timeout_s=timeout_s))
-        offsets, unknown = _group_offsets(stack, bootstrap, group, topics)
-        staged = _read_all(reader, offsets, topics, wait_s)
-    receipts = []
-    for key, merged, log in _run_logs(staged, topics):
+        if not (log.inputs or log.recorded_anomalies or log.recorded_commands):
+            continue
         progress = unknown
         if offsets is not None and group is not None:
             relied_now = {
@@ -534,8 +530,8 @@ def audit_all(
                 if tp.topic != topics.commands
             }
             progress = _progress(group, staged, relied_now)
-        receipts.append(audit(msgspec.structs.replace(log, progress=progress), cfg))
-    return receipts
+        logs.append(msgspec.structs.replace(log, progress=progress))
+    return logs
 
 
 def _compare(log: RunLog, inputs: list[Record], cfg: DetectorConfig) -> AuditReceipt:

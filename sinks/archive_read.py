@@ -18,10 +18,12 @@ from runwatch.schemas.topics import names
 from runwatch.sinks.archive_layout import (
     SUFFIX,
     TICKS_DIR,
+    UNKEYED_DIR,
     FileSpan,
     parse_path,
     record_of,
     run_dir_of_run,
+    run_of_dir,
 )
 
 _READ_COLUMNS = ["topic", "partition", "offset", "timestamp_ms", "key", "value"]
@@ -83,6 +85,27 @@ def archived_prefixes(root: Path) -> set[str]:
         if span is not None and "." in span.stream.topic:
             prefixes.add(span.stream.topic.rsplit(".", 1)[0])
     return prefixes
+
+
+def archived_run_ids(root: Path) -> tuple[list[str], list[str]]:
+    """The run ids the archive has directories of, and the shortened directory names.
+
+    Returns:
+        Run ids, sorted; and the directory values of runs whose id was shortened (not
+        read back by id), sorted. The ticks' and unkeyed records' directories are left out.
+    """
+    runs: set[str] = set()
+    shortened: set[str] = set()
+    for path in root.glob("run_id=*"):
+        value = path.name[len("run_id=") :]
+        if not path.is_dir() or value in (TICKS_DIR, UNKEYED_DIR):
+            continue
+        run_id = run_of_dir(value)
+        if run_id is None:
+            shortened.add(value)
+        else:
+            runs.add(run_id)
+    return sorted(runs), sorted(shortened)
 
 
 def load_archived_run_log(root: Path, prefix: str, run_id: str) -> RunLog:

@@ -1,40 +1,60 @@
 """`runwatch replay --run RUN --set k=v`: what would other thresholds have flagged?
 
-``runwatch replay --report [--set k=v] [--shadow KINDS]``: the fleet calibration report,
-every run of the prefix's history replayed with those settings: pages per 10k steps by
-kind, commands per run, and the runs and steps that would page.
+`runwatch replay --all --set k=v`: the same over every run of the log (or the archive), as
+a fleet calibration report (`processors.calibration`): pages per 10k steps by kind, info
+verdicts by kind, commands per run, and who would page, next to what was recorded live.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import re
 import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from runwatch.cmd.processors import add_common, detector_config, parse_overrides
 from runwatch.common.errors import UsageError
 
 if TYPE_CHECKING:
-    from runwatch.processors.core.config import DetectorConfig
+    from runwatch.processors.audit import RunLog
+    from runwatch.processors.calibration import CalibrationReport
 
 HELP = "re-run a run's events through the detectors with other settings; live topics untouched"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     """Add the arguments of `runwatch replay`."""
-    parser.add_argument("--run", default=None, help="run id (required without --report)")
-    parser.add_argument(
-        "--report",
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("--run", help="run id")
+    which.add_argument(
+        "--all",
         action="store_true",
-        help="replay every run of the prefix and print the fleet calibration report "
-        "(pages per 10k steps by kind, commands per run, the runs and steps that would page)",
-    )
-    parser.add_argument(
-        "--json",
-        action="store_true",
-        help="with --report: print the report as one JSON object",
+        help="every run of the log: a fleet calibration report (today vs these settings)",
     )
     add_common(parser)
+    fleet = parser.add_argument_group("--all (fleet calibration)")
+    fleet.add_argument("--json", action="store_true", help="print the report as one JSON document")
+    fleet.add_argument(
+        "--runs", type=int, metavar="N", help="only the N runs begun last (by log time)"
+    )
+    fleet.add_argument(
+        "--since",
+        metavar="WHEN",
+        help="only runs begun at or after WHEN: an ISO time (2026-12-01T00:00Z) or an age "
+        "such as 36h or 7d",
+    )
+    fleet.add_argument(
+        "--top", type=int, default=10, metavar="N", help="runs (and pages per run) listed"
+    )
+    fleet.add_argument(
+        "--archive",
+        metavar="DIR",
+        help="read the runs from a `runwatch sinks --archive DIR` archive instead of Kafka",
+    )
     parser.add_argument(
         "--output-topic",
         help="also write the replayed verdicts to this topic (never a live runwatch topic)",
@@ -50,6 +70,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Replay and print the verdicts, marking those the live run did not raise."""
+    if args.all:
+        return run_fleet(args)
+    if args.archive or args.json or args.runs is not None or args.since:
+        raise UsageError("--archive, --json, --runs and --since go with --all")
     from kafka import KafkaProducer
 
     from runwatch.common.gc_tuning import tune_for_throughput
@@ -63,10 +87,6 @@ def run(args: argparse.Namespace) -> int:
     tune_for_throughput()  # a bulk decode and fold of the run's whole log
     cfg = detector_config(parse_overrides(args.overrides, args.shadow))
     prefix = topic_prefix(args.prefix)
-    if args.report:
-        return report(resolve_bootstrap(args.bootstrap), prefix, cfg, args)  # type: ignore[arg-type]
-    if args.run is None:
-        raise UsageError("--run is required (or --report for every run of the prefix)")
     if args.output_topic and args.output_topic in {s.name for s in catalogue(prefix)}:
         raise UsageError(f"--output-topic {args.output_topic} is a live runwatch topic")
     bootstrap = resolve_bootstrap(args.bootstrap)
@@ -109,46 +129,115 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-MAX_PAGES_LISTED = 200
-"""The report lists at most this many would-be pages (the JSON has them all)."""
+_AGE = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
+_AGE_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
-def report(bootstrap: str, prefix: str, cfg: DetectorConfig, args: argparse.Namespace) -> int:
-    """Print the fleet calibration report of every run of ``prefix``."""
-    import msgspec
+def parse_since(text: str, now_s: float) -> int:
+    """``--since``: an ISO time (UTC unless it says) or an age (``36h``), as log time in ns.
 
-    from runwatch.processors.audit import load_fleet_logs, what_if
-    from runwatch.processors.core.calibration import fleet_report
-    from runwatch.processors.core.config import config_hash
+    Raises:
+        UsageError: Neither.
+    """
+    age = _AGE.match(text.strip())
+    if age:
+        return int((now_s - float(age.group(1)) * _AGE_S[age.group(2)]) * 1e9)
+    try:
+        when = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    except ValueError:
+        raise UsageError(
+            f"--since expects an ISO time or an age such as 36h or 7d, got {text!r}"
+        ) from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return int(when.timestamp() * 1e9)
 
-    logs = load_fleet_logs(bootstrap, prefix, timeout_s=args.timeout)
-    fleet = fleet_report(
-        config_hash(cfg), [(log.run_id, what_if(log, cfg)) for log in logs if log.inputs]
+
+def archived_logs(root: Path, explicit_prefix: str | None) -> tuple[list[RunLog], list[str]]:
+    """Every archived run's log, and notes on what could not be read back."""
+    from runwatch.common.settings import topic_prefix
+    from runwatch.sinks.archive_read import (
+        archived_prefixes,
+        archived_run_ids,
+        load_archived_run_log,
     )
+
+    if not root.is_dir():
+        raise UsageError(f"--archive: {root} is not a directory")
+    found = archived_prefixes(root)
+    prefix = topic_prefix(explicit_prefix)
+    if explicit_prefix is None and prefix not in found and len(found) == 1:
+        prefix = next(iter(found))
+    run_ids, shortened = archived_run_ids(root)
+    notes = [
+        f"archive directory run_id={d}: a shortened run id, not read back (calibrate it from Kafka)"
+        for d in shortened
+    ]
+    return [load_archived_run_log(root, prefix, r) for r in run_ids], notes
+
+
+def fleet_report(
+    logs: list[RunLog],
+    overrides: dict[str, str],
+    *,
+    since_ns: int | None,
+    last: int | None,
+    top_n: int,
+    notes: list[str],
+) -> CalibrationReport:
+    """The calibration report of the selected runs of ``logs`` with ``overrides`` applied."""
+    from runwatch.processors.calibration import calibrate, select_runs
+    from runwatch.processors.core.config import DetectorConfig, config_hash
+
+    cfg = detector_config(overrides)
+    assert isinstance(cfg, DetectorConfig)
+    try:
+        chosen = select_runs(logs, since_ns=since_ns, last=last)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    return calibrate(chosen, cfg, config_hash(cfg), overrides=overrides, top_n=top_n, notes=notes)
+
+
+def run_fleet(args: argparse.Namespace) -> int:
+    """`--all`: read every run, replay each with the settings, print the fleet report."""
+    from runwatch.common.gc_tuning import tune_for_throughput
+    from runwatch.common.settings import topic_prefix
+    from runwatch.processors.audit import load_all_run_logs
+    from runwatch.processors.calibration import render_report
+    from runwatch.resolve import resolve_bootstrap
+
+    if args.output_topic:
+        raise UsageError("--output-topic goes with --run")
+    if args.top < 0 or args.timeout <= 0:
+        raise UsageError("--top must be >= 0 and --timeout > 0")
+    tune_for_throughput()  # a bulk decode and fold of the whole log
+    overrides = parse_overrides(args.overrides, args.shadow)
+    detector_config(overrides)  # a bad --set is a usage error before any reading
+    since_ns = parse_since(args.since, time.time()) if args.since else None
+    notes: list[str] = []
+    if args.archive:
+        logs, notes = archived_logs(Path(args.archive), args.prefix)
+        if not any(log.inputs for log in logs):
+            print(
+                f"runwatch replay: the archive {args.archive} holds no input records "
+                "(steps, heartbeats, checkpoints) to replay; calibrate from Kafka instead",
+                file=sys.stderr,
+            )
+            return 1
+    else:
+        logs = load_all_run_logs(
+            resolve_bootstrap(args.bootstrap), topic_prefix(args.prefix), timeout_s=args.timeout
+        )
+    report = fleet_report(
+        logs, overrides, since_ns=since_ns, last=args.runs, top_n=args.top, notes=notes
+    )
+    if not report.proposed.runs:
+        print("runwatch replay: no runs with input records to replay", file=sys.stderr)
+        return 1
     if args.json:
-        print(msgspec.json.encode(fleet).decode())
-        return 0
-    print(
-        f"fleet calibration report of prefix {prefix} with config {fleet.config_hash}: "
-        f"{len(fleet.runs)} runs, {fleet.steps} steps"
-    )
-    for label, counts in (("pages", fleet.pages_by_kind), ("info", fleet.info_by_kind)):
-        rates = fleet.per_10k_steps(counts)
-        shown = ", ".join(f"{k} {n} ({rates.get(k, 0.0):g}/10k)" for k, n in counts.items())
-        print(f"  {label} by kind: {shown or 'none'}")
-    print(f"  commands per run: {fleet.commands_per_run():.2f}")
-    for r in fleet.runs:
-        shadow = f", {r.shadow_commands} shadow" if r.shadow_commands else ""
-        print(
-            f"  run {r.run_id}: {r.steps} steps, {r.pages} pages, {r.info} info, "
-            f"{r.commands} commands{shadow}"
-        )
-    for page in fleet.pages[:MAX_PAGES_LISTED]:
-        mark = " (shadow)" if page.shadow else ""
-        print(
-            f"  would page: {page.run_id} step {page.step} {page.kind} "
-            f"[{page.severity}]{mark}: {page.detail}"
-        )
-    if len(fleet.pages) > MAX_PAGES_LISTED:
-        print(f"  ... and {len(fleet.pages) - MAX_PAGES_LISTED} more (--json lists them all)")
+        import msgspec
+
+        print(json.dumps(msgspec.to_builtins(report)))
+    else:
+        print(render_report(report))
     return 0

@@ -35,6 +35,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 from runwatch.common.errors import RunwatchError
 from runwatch.schemas.events import AnomalyDetected, RestartRequested, event_name
 from runwatch.schemas.kinds import Chart, kinds_where
+from runwatch.ui.calibration import calibration_json
 from runwatch.ui.charts import Marker, Point, VLine, line_chart
 from runwatch.ui.model import FleetQuery, WebviewData
 
@@ -304,6 +305,8 @@ class _Handler(BaseHTTPRequestHandler):
                 self._run(unquote(path[len("/api/runs/") :]))
             elif path == "/api/events":
                 self._events()
+            elif path == "/api/calibration":  # computed on demand, bounded: ui/calibration.py
+                self._json(*calibration_json(self.ui.data, parse_qs(url.query)))
             elif path == "/healthz":
                 self._json({"ok": not self.ui.data.error, "error": self.ui.data.error})
             else:

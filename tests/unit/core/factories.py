@@ -14,6 +14,7 @@ from runwatch.schemas.events import (
     Heartbeat,
     ModelFlopConfig,
     Provenance,
+    RestartRequested,
     RunEnded,
     RunStarted,
     StepCompleted,
@@ -115,3 +116,40 @@ def lockstep(
 
 def kinds(verdicts: Iterable[AnomalyDetected]) -> list[str]:
     return [v.kind for v in verdicts]
+
+
+def verdict(
+    kind: str,
+    n: int,
+    *,
+    run: str = "r",
+    severity: str = "warning",
+    rank: int | None = None,
+    detail: str = "",
+) -> AnomalyDetected:
+    """A verdict of ``kind`` at step ``n`` (ids are not derived: tests of folds over verdicts)."""
+    return AnomalyDetected(
+        run_id=run,
+        ts_ns=n * S,
+        verdict_id=f"{run}-{kind}-{n}",
+        kind=kind,  # type: ignore[arg-type]
+        step=n,
+        rank=rank,
+        severity=severity,  # type: ignore[arg-type]
+        detail=detail,
+    )
+
+
+def restart(
+    action: str, cause_kind: str, *, run: str = "r", incarnation: int = 0
+) -> RestartRequested:
+    """A command of ``action`` for a verdict of ``cause_kind``."""
+    return RestartRequested(
+        run_id=run,
+        ts_ns=0,
+        command_id=f"{run}-{action}-{incarnation}",
+        action=action,  # type: ignore[arg-type]
+        cause_verdict_id=f"{run}-{cause_kind}",
+        cause_kind=cause_kind,  # type: ignore[arg-type]
+        incarnation=incarnation,
+    )
