@@ -12,6 +12,7 @@ Waiting is a read of the ranks' output with a deadline, never a sleep.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import re
@@ -156,6 +157,14 @@ def test_a_killed_group_is_restarted_alone_and_heals_from_its_live_peer(
 
 
 @pytest.mark.integration
+def kill_ranks(state_dir: Path) -> None:
+    """SIGKILL every rank the gang record names (each leads a session of its own)."""
+    gang = read_gang_file(state_dir / GANG_FILE) if (state_dir / GANG_FILE).exists() else None
+    for rank in gang.record.ranks if gang is not None else ():
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(rank.pid, signal.SIGKILL)
+
+
 def test_runwatch_launch_restarts_only_the_killed_group_through_the_closed_loop(
     loop: Any, tmp_path: Path
 ) -> None:
@@ -235,3 +244,4 @@ def test_runwatch_launch_restarts_only_the_killed_group_through_the_closed_loop(
         assert audit.returncode == 0, (audit.stdout, audit.stderr)
     finally:
         launcher.close()
+        kill_ranks(state_dir)  # a failed wait must not leave ranks stepping into later tests
