@@ -140,17 +140,8 @@ def _resume(
     return msgspec.structs.replace(state, attempt=state.attempt + 1, **reset, **rebuilt)
 
 
-def _fold_detectors(state: StepHealthState, facts: StepFacts) -> dict[str, object]:
-    """Run every registered detector on the step: field -> its new state."""
-    return {d.field: d.fold(facts, getattr(state, d.field)) for d in STEP_DETECTORS}
-
-
-def _first_ts_ns(state: StepHealthState, event: StepCompleted, step_time_s: float) -> int:
-    """The run's start: known, or when its first step began (never before the epoch)."""
-    if state.first_ts_ns >= 0:
-        return state.first_ts_ns
-    lead_ns = step_time_s * 1e9
-    return event.ts_ns - (int(lead_ns) if lead_ns < event.ts_ns else max(event.ts_ns, 0))
+_FOLDS: Final = tuple((d.field, d.fold) for d in STEP_DETECTORS)
+"""``(field, fold)`` of each registered detector, in judging order."""
 
 
 def _on_step(
@@ -165,11 +156,14 @@ def _on_step(
         closing = Emitter(state, event, source, cfg)
         state = _resume(_close_episodes(state, closing), event, from_step, cfg)
         closed = closing.out
-    em = Emitter(state, event, source, cfg)
-    em.out = closed
+    facts = StepFacts(state, event, source, cfg, closed)
+    changed: dict[str, object] = {}
+    for field, fold in _FOLDS:  # every registered detector, in order
+        old = getattr(state, field)
+        folded = fold(facts, old)
+        if folded is not old:
+            changed[field] = folded
     info, loss_base, grad_base = state.info, state.loss, state.grad
-    facts = StepFacts(em, event, cfg, info, loss_base, grad_base)
-    detected = _fold_detectors(state, facts)
     loss, grad = facts.loss, facts.grad
     if facts.loss_ok:
         loss_base = loss_base.with_value(loss, step)
@@ -184,30 +178,33 @@ def _on_step(
         tokens,
         _NAN if step_mfu is None else step_mfu,
     )
-    verdicts = em.out
-    new = StepHealthState(
-        run_id=state.run_id,
+    verdicts = facts.out
+    if verdicts:
+        changed["anomaly_counts"] = count_kinds(state.anomaly_counts, verdicts)
+    if event.skipped:
+        changed["skipped_steps"] = state.skipped_steps + 1
+    if state.first_ts_ns < 0:  # the run began when its first step began (not before 1970)
+        lead_ns = step_time_s * 1e9
+        ts_ns = event.ts_ns
+        changed["first_ts_ns"] = ts_ns - (int(lead_ns) if lead_ns < ts_ns else max(ts_ns, 0))
+    # Only what a step changes: replace() costs per keyword, and most detectors' states
+    # come back unchanged from a healthy step.
+    new = msgspec.structs.replace(
+        state,
         last_offset=source.offset,
-        info=info,
         loss=loss_base,
         grad=grad_base,
         ledger=ledger,
         last_step=step,
         last_ts_ns=max(state.last_ts_ns, event.ts_ns),
-        first_ts_ns=_first_ts_ns(state, event, step_time_s),
         last_loss=loss,
         last_grad_norm=grad,
         last_step_time_s=event.step_time_s,
         last_mfu=step_mfu,
         last_tokens_per_s=tokens_per_s,
         steps_observed=state.steps_observed + 1,
-        skipped_steps=state.skipped_steps + event.skipped,
-        attempt=state.attempt,
-        anomaly_counts=count_kinds(state.anomaly_counts, verdicts)
-        if verdicts
-        else state.anomaly_counts,
         last_index=source.index,
-        **detected,  # type: ignore[arg-type]
+        **changed,
     )
     return new, verdicts
 

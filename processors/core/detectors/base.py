@@ -5,7 +5,7 @@ Each detector of the step-health reducer (`processors.core.steps`) owns one fiel
 
 * ``fold(facts, state) -> state``: judge the step described by ``facts`` and return the
   detector's new state (the same object when nothing changed); verdicts go to
-  ``facts.em``, in the order the registry lists the detectors.
+  ``facts.emit``, in the order the registry lists the detectors.
 * ``reset(state, from_step) -> state``: the run was rolled back to ``from_step`` (a resume)
   or restarted by a new gang (RunStarted, ``from_step`` the last step): streaks end.
 
@@ -20,30 +20,28 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+from runwatch.processors.core.step_checks import Emitter
+
 if TYPE_CHECKING:
-    from runwatch.processors.core.baseline import RollingBaseline
     from runwatch.processors.core.config import DetectorConfig
-    from runwatch.processors.core.runinfo import RunInfo
-    from runwatch.processors.core.step_checks import Emitter
-    from runwatch.schemas.events import StepCompleted
+    from runwatch.processors.core.step_state import StepHealthState
+    from runwatch.schemas.events import AnomalyDetected, Provenance, StepCompleted
 
 S = TypeVar("S")
 
 
-class StepFacts:
-    """What every detector may read about the step being folded (one per step).
+class StepFacts(Emitter):
+    """What every detector may read about the step being folded, and where it emits.
 
-    The baselines are as they stood before this step. Two fields are written by one
-    detector for the ones after it: ``broke`` (the restart check found a discontinuity at
-    this step: the loss spike detector opens no episode) and ``loss_start`` (start step of
-    the latest loss spike episode, -1: none; the grad-norm detector asks whether the loss
-    followed).
+    One per step. It is the step's `Emitter` (``facts.emit(...)``, ``facts.emit_episode``,
+    ``facts.emit_replica``; ``facts.out`` collects the verdicts) with the step's values
+    classified once for every detector. The baselines are as they stood before this step.
+    Two fields are written by one detector for the ones after it: ``broke`` (the restart
+    check found a discontinuity at this step: the loss spike detector opens no episode) and
+    ``loss_start`` (start step of the latest loss spike episode, -1: none; the grad-norm
+    detector asks whether the loss followed).
 
     Attributes:
-        em: Collects the step's verdicts.
-        event: The StepCompleted.
-        step: Its step.
-        cfg: The run's effective configuration.
         info: What the run announced.
         loss: The step's loss.
         loss_ok: The loss is finite.
@@ -56,11 +54,10 @@ class StepFacts:
         loss_start: Start step of the latest loss spike episode (-1: none).
     """
 
+    event: StepCompleted
+
     __slots__ = (
         "broke",
-        "cfg",
-        "em",
-        "event",
         "grad",
         "grad_base",
         "grad_ok",
@@ -69,25 +66,25 @@ class StepFacts:
         "loss_base",
         "loss_ok",
         "loss_start",
-        "step",
         "usable_grad",
     )
 
     def __init__(
         self,
-        em: Emitter,
+        state: StepHealthState,
         event: StepCompleted,
+        source: Provenance,
         cfg: DetectorConfig,
-        info: RunInfo,
-        loss_base: RollingBaseline,
-        grad_base: RollingBaseline,
+        out: list[AnomalyDetected],
     ) -> None:
-        """Facts of ``event`` (its values classified once for every detector)."""
-        self.em = em
+        """Facts of ``event`` folded into ``state``; verdicts are appended to ``out``."""
+        self.state = state
         self.event = event
         self.step = event.step
+        self.source = source
         self.cfg = cfg
-        self.info = info
+        self.out = out
+        self.info = state.info
         loss = event.loss
         self.loss = loss
         self.loss_ok = math.isfinite(loss)
@@ -95,8 +92,8 @@ class StepFacts:
         self.grad = grad
         self.grad_ok = grad is not None and math.isfinite(grad)
         self.usable_grad = grad if self.grad_ok and grad > 0.0 else None  # type: ignore[operator]
-        self.loss_base = loss_base
-        self.grad_base = grad_base
+        self.loss_base = state.loss
+        self.grad_base = state.grad
         self.broke = False
         self.loss_start = -1
 

@@ -34,7 +34,7 @@ def fold_ceiling(f: StepFacts, s: CeilingState) -> CeilingState:
     """
     if not f.loss_ok:
         return s
-    loss, cfg, em = f.loss, f.cfg, f.em
+    loss, cfg, em = f.loss, f.cfg, f
     divergence_run, collapse_run, best_loss = s.divergence_run, s.collapse_run, s.best_loss
     ceiling = f.info.loss_ceiling(cfg)
     if ceiling is not None and loss > ceiling:

@@ -30,14 +30,14 @@ def fold_nonfinite(f: StepFacts, s: NonfiniteState) -> NonfiniteState:
     """
     loss_run = 0 if f.loss_ok else s.loss_run + 1
     if loss_run == 1:
-        f.em.emit("nonfinite_loss", value=f.loss, detail=f"loss is {f.loss!r} at step {f.step}")
+        f.emit("nonfinite_loss", value=f.loss, detail=f"loss is {f.loss!r} at step {f.step}")
     grad_run = s.grad_run
     if f.grad is None or f.grad_ok:
         grad_run = 0
     elif not f.event.skipped:
         grad_run += 1
         if grad_run == 1:
-            f.em.emit("nonfinite_grad_norm", value=f.grad, detail=f"grad norm is {f.grad!r}")
+            f.emit("nonfinite_grad_norm", value=f.grad, detail=f"grad norm is {f.grad!r}")
     if loss_run == s.loss_run and grad_run == s.grad_run:
         return s
     return NonfiniteState(loss_run, grad_run) if loss_run or grad_run else CLEAR

@@ -13,7 +13,7 @@ def fold_replica(f: StepFacts, s: ReplicaTally) -> ReplicaTally:
     """
     if not f.event.participants:
         return s
-    return fold_replicas(s, f.event, f.em.emit_replica)
+    return fold_replicas(s, f.event, f.emit_replica)
 
 
 def reset_replica(s: ReplicaTally, from_step: int) -> ReplicaTally:

@@ -56,7 +56,7 @@ def fold_continuity(f: StepFacts, s: ContinuityState) -> ContinuityState:
         f.broke = True
         ok = False
         versus = "its first attempt" if outcome.paired else "the median at the resume"
-        f.em.emit(
+        f.emit(
             "restart_discontinuity",
             value=loss,
             baseline=outcome.reference,

@@ -88,20 +88,21 @@ def fold_loss_spike(f: StepFacts, s: LossSpikeState) -> LossSpikeState:
     if not f.loss_ok:
         f.loss_start = s.starts[-1] if s.starts else -1
         return s
-    em, base, loss, cfg = f.em, f.loss_base, f.loss, f.cfg
+    em, base, loss, cfg = f, f.loss_base, f.loss, f.cfg
     if f.broke:
         run, episode, starts = 1, s.episode, s.starts
     else:
         run, episode, starts = loss_spike_step(em, base, loss, cfg, s.run, s.episode, s.starts)
     cusum, reported, crossing = loss_shift(base, loss, cfg, s.cusum, s.cusum_reported or run > 0)
-    episode = _cusum_episode(em, episode, loss, cusum, crossing, run > 0, cfg)
+    if episode is not None or crossing is not None:
+        episode = _cusum_episode(em, episode, loss, cusum, crossing, run > 0, cfg)
     f.loss_start = starts[-1] if starts else -1
     if (
-        run == s.run
+        episode is s.episode
+        and run == s.run
         and cusum == s.cusum
-        and reported == s.cusum_reported
-        and episode is s.episode
         and starts is s.starts
+        and reported == s.cusum_reported
     ):
         return s
     return LossSpikeState(run, cusum, reported, episode, starts)
@@ -124,7 +125,7 @@ def fold_grad_spike(f: StepFacts, s: GradSpikeState) -> GradSpikeState:
     followed (``facts.loss_start``, written by the loss spike detector before it).
     """
     run, episode = grad_spike_step(
-        f.em, f.grad_base, f.usable_grad, f.cfg, s.run, s.episode, f.loss_start
+        f, f.grad_base, f.usable_grad, f.cfg, s.run, s.episode, f.loss_start
     )
     if run == s.run and episode is s.episode:
         return s
