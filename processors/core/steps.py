@@ -1,19 +1,21 @@
 """Step health: the reducer over one run's steps topic (RunStarted, StepCompleted, RunEnded).
 
 ``fold_step(state, event, source, cfg) -> (state, verdicts)`` is pure: it reads nothing but
-its arguments, returns a new state and never changes the old one. Per step it checks, in
-this order:
+its arguments, returns a new state and never changes the old one. Per step it:
 
-* a resume: a restart marker (``restart_from_step=S``) or a step number seen again rolls
-  the baselines and the kept-step ledger back to S; after a marker the next
-  ``restart_check_steps`` steps are judged against the baseline as it stood at S;
-* non-finite loss and grad norm (always, also during warmup; once per streak);
-* divergence (loss above the ceiling, once per streak) and collapse (loss held near
-  ln(vocab) for ``collapse_steps`` after the run had learned);
-* upward loss spikes (robust z against the baseline before the value, or a run of
-  ``loss_shift_steps`` losses each above ``loss_shift_z``) and grad-norm spikes (robust z
-  of the logarithm, and at least ``grad_min_ratio`` times the median);
-* MFU and tokens/s of the step, and the run totals over kept steps.
+* handles a resume: a restart marker (``restart_from_step=S``) or a step number seen again
+  rolls the baselines and the kept-step ledger back to S and resets every detector; after
+  a marker the next ``restart_check_steps`` steps are judged against the baseline as it
+  stood at S;
+* runs every detector of `processors.core.detectors.registry.STEP_DETECTORS`, in order:
+  non-finite loss and grad norm (always, also during warmup; once per streak); divergence
+  (loss above the ceiling) and collapse (loss held near ln(vocab) after the run had
+  learned); restart continuity; upward loss spikes (robust z against the baseline before
+  the value, or a CUSUM of sustained rise) and grad-norm spikes (robust z of the
+  logarithm, and at least ``grad_min_ratio`` times the median), judged as episodes; the
+  replica groups of a fault-tolerant run;
+* adds the values to the baselines and accounts the step's MFU and tokens/s and the run
+  totals over kept steps.
 """
 
 from __future__ import annotations
