@@ -64,7 +64,7 @@ def fold_batch(
     """
     replayer = Replayer(cfg)
     kind = folding(role).state
-    store: dict[str, Any] = getattr(replayer, kind.value)
+    store = replayer.states_of(role)
     for source, event in items:
         if isinstance(event, Tick) and event.run_id == TICK_RUN_ID:
             known = replayer.partition_runs.setdefault(source.partition, set())

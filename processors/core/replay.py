@@ -73,7 +73,7 @@ from runwatch.schemas.events import (
     StepCompleted,
     Tick,
 )
-from runwatch.schemas.topics import FOLD_ORDER, StateKind, TopicRole
+from runwatch.schemas.topics import FOLD_ORDER, StateKind, TopicRole, folding
 
 Record: TypeAlias = tuple[TopicRole, Provenance, InputEvent | AnomalyDetected]
 """``(role, provenance, event)``: one record of the log, as read from its topic."""
@@ -194,6 +194,22 @@ class Replayer:
         """Kind -> runs whose state was evicted (`processors.core.retention`) and not made
         again since: their table values are to be deleted."""
         self._touched: Touched | None = None
+        self._stores: dict[StateKind, dict[str, Any]] = {
+            StateKind.STEPS: self.steps,
+            StateKind.LIVENESS: self.liveness,
+            StateKind.POLICY: self.policy,
+            StateKind.CHECKPOINTS: self.checkpoints,
+        }
+
+    def states_of(self, role: TopicRole | str) -> dict[str, Any]:
+        """The live table of run -> state that ``role``'s records fold into.
+
+        Callers may preload states into it before `feed` (the processors' stored states).
+
+        Raises:
+            ValueError: The processors do not fold ``role``.
+        """
+        return self._stores[folding(role).state]
 
     def _collect(self, verdicts: list[AnomalyDetected]) -> None:
         for i, v in enumerate(verdicts):

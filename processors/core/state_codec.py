@@ -4,10 +4,18 @@ The liveness state's per-rank table (`processors.core.rank_table.RankTable`) is 
 as packed arrays (integers as narrow offsets in deflated byte planes, step times as raw
 float64), so a 4,096-rank run's state is a few kilobytes instead of tens. States encoded
 before this format (per-rank tuples) do not decode: no changelog had to be migrated.
+
+Step states are maps by field name. Layout 1 held every step detector's counters as
+top-level fields (``nonfinite_loss_run``, ``loss_cusum``, ``restarts``...); layout 2 holds
+one field per detector (`processors.core.detectors`). A layout-1 state decodes through
+`_steps_from_layout1`, which moves those fields into their detectors' states: a changelog
+written before the split restores without losing a streak, an open episode or a restart
+record.
 """
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from typing import Any, Final, TypeAlias
 
@@ -48,6 +56,49 @@ _DECODERS: Final[dict[str, msgspec.msgpack.Decoder[Any]]] = {
 }
 
 
+_LAYOUT1_KEY: Final = b"nonfinite_loss_run"
+"""A top-level field of layout-1 step states only (a cheap test before decoding)."""
+
+_LAYOUT1_FIELDS: Final[dict[str, tuple[tuple[str, str, Any], ...]]] = {
+    "nonfinite": (("nonfinite_loss_run", "loss_run", 0), ("nonfinite_grad_run", "grad_run", 0)),
+    "ceiling": (
+        ("divergence_run", "divergence_run", 0),
+        ("collapse_run", "collapse_run", 0),
+        ("best_loss", "best_loss", math.inf),
+    ),
+    "continuity": (
+        ("check", "check", None),
+        ("continuity_ok", "ok", True),
+        ("restarts", "restarts", []),
+    ),
+    "loss_spike": (
+        ("loss_spike_run", "run", 0),
+        ("loss_cusum", "cusum", 0.0),
+        ("loss_cusum_reported", "cusum_reported", False),
+        ("loss_episode", "episode", None),
+        ("loss_episode_starts", "starts", []),
+    ),
+    "grad_spike": (("grad_spike_run", "run", 0), ("grad_episode", "episode", None)),
+}
+"""Detector field -> (layout-1 field, its field in the detector's state, default)."""
+
+
+def _steps_from_layout1(data: bytes) -> StepHealthState | None:
+    """A layout-1 step state in layout 2; None when ``data`` is not layout 1.
+
+    Raises:
+        msgspec.DecodeError: Bytes that are not a step state.
+        msgspec.ValidationError: A layout-1 map with fields of the wrong type.
+    """
+    raw = msgspec.msgpack.decode(data)
+    if not isinstance(raw, dict) or "nonfinite_loss_run" not in raw:
+        return None
+    for field, moves in _LAYOUT1_FIELDS.items():
+        raw[field] = {new: raw.pop(old, default) for old, new, default in moves}
+    state: StepHealthState = msgspec.convert(raw, StepHealthState)
+    return state
+
+
 def encode_state(state: State) -> bytes:
     """Encode any reducer state as msgpack bytes."""
     return _ENCODER.encode(state)
@@ -75,6 +126,10 @@ def decode_state(kind: StateKind | type[State], data: bytes) -> State:
     decoder = _DECODERS.get(key)
     if decoder is None:
         raise ValueError(f"unknown state kind {kind!r}; valid: {', '.join(STATE_TYPES)}")
+    if key == StateKind.STEPS and _LAYOUT1_KEY in data:
+        old = _steps_from_layout1(data)
+        if old is not None:
+            return old
     state: State = decoder.decode(data)
     return state
 

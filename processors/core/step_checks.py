@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from runwatch.processors.core.baseline import (
     MAD_TO_SIGMA,
@@ -24,7 +24,6 @@ from runwatch.processors.core.episodes import (
 )
 from runwatch.processors.core.mfu import mfu
 from runwatch.processors.core.runinfo import RunInfo
-from runwatch.processors.core.step_state import StepHealthState
 from runwatch.processors.core.verdicts import EpisodeFields, make_anomaly
 from runwatch.schemas.events import (
     AnomalyDetected,
@@ -35,6 +34,9 @@ from runwatch.schemas.events import (
     Severity,
     StepCompleted,
 )
+
+if TYPE_CHECKING:  # step_state imports the detectors, which import this module
+    from runwatch.processors.core.step_state import StepHealthState
 
 _SAFE: Final = 1.0 - 1e-12
 """Keeps the spike shortcut strictly inside the exact test despite rounding."""

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-import math
-
 import msgspec
 
 from runwatch.processors.core.baseline import RollingBaseline
 from runwatch.processors.core.config import DetectorConfig
-from runwatch.processors.core.continuity import RestartCheck, RestartRecord
-from runwatch.processors.core.episodes import SpikeEpisode
+from runwatch.processors.core.continuity import RestartRecord
+from runwatch.processors.core.detectors.ceiling import CeilingState
+from runwatch.processors.core.detectors.nonfinite import NonfiniteState
+from runwatch.processors.core.detectors.restart import ContinuityState
+from runwatch.processors.core.detectors.spikes import GradSpikeState, LossSpikeState
 from runwatch.processors.core.ledger import StepLedger, Totals
 from runwatch.processors.core.replicas import ReplicaTally
 from runwatch.processors.core.runinfo import RunInfo
@@ -35,29 +36,21 @@ class StepHealthState(msgspec.Struct, frozen=True, gc=False):
         last_tokens_per_s: Tokens/s of the last step (whole gang).
         steps_observed: StepCompleted events applied, redone steps included.
         skipped_steps: Steps whose optimizer update was skipped.
-        best_loss: Lowest finite loss seen.
-        nonfinite_loss_run: Consecutive non-finite losses.
-        nonfinite_grad_run: Consecutive non-finite grad norms.
-        divergence_run: Consecutive losses above the ceiling.
-        collapse_run: Consecutive losses near ln(vocab) after learning.
-        loss_spike_run: Consecutive loss spikes (one verdict per streak).
-        grad_spike_run: Consecutive grad-norm spikes (one verdict per streak).
         attempt: Resumes seen (verdicts of redone steps get new ids).
-        check: The running restart check, if any.
-        continuity_ok: False once any resume broke continuity.
-        restarts: The latest resumes with their continuity verdicts.
         anomaly_counts: Verdicts raised, by kind.
-        loss_cusum: One-sided CUSUM of the loss's robust z (sustained loss spikes).
-        loss_cusum_reported: The current CUSUM excursion was already reported.
         last_index: Index in its pack of the last applied event (-1: the record at
             ``last_offset`` was the event); with ``last_offset`` the position that older
             ones are skipped below.
+        nonfinite: State of the non-finite detector (`detectors.nonfinite`).
+        ceiling: State of the divergence and collapse detector (`detectors.ceiling`).
+        continuity: State of the restart continuity detector (`detectors.restart`).
+        loss_spike: State of the loss spike detector (`detectors.spikes`).
+        grad_spike: State of the grad-norm spike detector (`detectors.spikes`).
         replicas: The run's replica groups and degraded steps (a torchft run's
-            participants, `processors.core.replicas`).
-        loss_episode: The open loss spike episode, if any (`episodes`).
-        grad_episode: The open grad-norm spike episode, if any.
-        loss_episode_starts: Start steps of the latest loss spike episodes (at most
-            ``spike_repeat_count``; the repeat rule and "the loss followed" read them).
+            participants, `detectors.replica`).
+
+    Each detector of `detectors.registry.STEP_DETECTORS` owns the field its ``field``
+    names.
     """
 
     run_id: str
@@ -76,30 +69,35 @@ class StepHealthState(msgspec.Struct, frozen=True, gc=False):
     last_tokens_per_s: float | None = None
     steps_observed: int = 0
     skipped_steps: int = 0
-    best_loss: float = math.inf
-    nonfinite_loss_run: int = 0
-    nonfinite_grad_run: int = 0
-    divergence_run: int = 0
-    collapse_run: int = 0
-    loss_spike_run: int = 0
-    grad_spike_run: int = 0
     attempt: int = 0
-    check: RestartCheck | None = None
-    continuity_ok: bool = True
-    restarts: tuple[RestartRecord, ...] = ()
     anomaly_counts: dict[str, int] = {}
-    loss_cusum: float = 0.0
-    loss_cusum_reported: bool = False
     last_index: int = -1
+    nonfinite: NonfiniteState = NonfiniteState()
+    ceiling: CeilingState = CeilingState()
+    continuity: ContinuityState = ContinuityState()
+    loss_spike: LossSpikeState = LossSpikeState()
+    grad_spike: GradSpikeState = GradSpikeState()
     replicas: ReplicaTally = ReplicaTally()
-    loss_episode: SpikeEpisode | None = None
-    grad_episode: SpikeEpisode | None = None
-    loss_episode_starts: tuple[int, ...] = ()
 
     @property
     def incarnation(self) -> int:
         """The gang incarnation of the run's latest RunStarted."""
         return self.info.incarnation
+
+    @property
+    def best_loss(self) -> float:
+        """Lowest finite loss seen."""
+        return self.ceiling.best_loss
+
+    @property
+    def continuity_ok(self) -> bool:
+        """False once any resume broke continuity."""
+        return self.continuity.ok
+
+    @property
+    def restarts(self) -> tuple[RestartRecord, ...]:
+        """The latest resumes with their continuity verdicts."""
+        return self.continuity.restarts
 
     @property
     def totals(self) -> Totals:

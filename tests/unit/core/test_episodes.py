@@ -130,7 +130,7 @@ def test_an_open_episode_is_decided_as_interrupted_by_the_run_end_and_by_a_resum
     (v,) = got
     assert (v.severity, v.recovered, v.decided_step) == ("info", False, 60)
     assert v.source == src(len(evs)), "emitted by the RunEnded"
-    assert state is not None and state.loss_episode is None
+    assert state is not None and state.loss_spike.episode is None
 
     resumed = [*evs, step(58, 1.0, restart_from=57)]
     state, got = fold_steps(resumed, CFG)

@@ -7,6 +7,7 @@ import pytest
 from runwatch.processors.core.config import DetectorConfig, with_overrides
 from runwatch.processors.core.replay import REPLAY_ANOMALIES_TOPIC, Record, Replayer, replay
 from runwatch.schemas.events import Provenance
+from runwatch.schemas.topics import TopicRole
 from tests.unit.core.factories import S, ended, hb, started, step, tick
 
 CFG = with_overrides(DetectorConfig(), {"hang_timeout_s": 60, "dead_rank_timeout_s": 600})
@@ -104,3 +105,13 @@ def test_a_tick_writes_only_the_runs_it_changes() -> None:
     r.feed([rec("heartbeats", 4, tick(20 * S)), rec("heartbeats", 3, tick(10 * S))])
     assert set(r.encoded["liveness"]) == {"live"}
     assert r.liveness["live"].last_offset == 4  # the redelivered Tick changed nothing
+
+
+def test_the_replayer_hands_out_the_states_of_each_folded_role() -> None:
+    replayer = Replayer(DetectorConfig())
+    assert replayer.states_of(TopicRole.STEPS) is replayer.steps
+    assert replayer.states_of("heartbeats") is replayer.liveness
+    assert replayer.states_of(TopicRole.CHECKPOINTS) is replayer.checkpoints
+    assert replayer.states_of(TopicRole.ANOMALIES) is replayer.policy
+    with pytest.raises(ValueError):
+        replayer.states_of(TopicRole.COMMANDS)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from runwatch.processors.core.config import DetectorConfig
 from runwatch.processors.core.replay import replay
 from runwatch.processors.core.state_codec import (
     STATE_TYPES,
@@ -14,7 +16,15 @@ from runwatch.processors.core.state_codec import (
     encode_state,
 )
 from runwatch.processors.core.steps import StepHealthState
-from tests.unit.core.factories import fold_heartbeats, lockstep, started
+from runwatch.schemas.events import RunStarted, StepCompleted
+from tests.unit.core.factories import (
+    fold_heartbeats,
+    fold_steps,
+    healthy_losses,
+    lockstep,
+    started,
+    step,
+)
 from tests.unit.core.test_properties import CFG, records_for
 
 
@@ -106,3 +116,22 @@ def test_folding_through_decoded_states_writes_what_decoding_every_round_writes(
         fresh = encode_state(reference)  # type: ignore[arg-type]
         assert table[b"r"] == fresh, f"round {i}"
         offset += len(events)
+
+
+def test_a_layout1_step_state_decodes_with_its_detector_fields_moved() -> None:
+    # data/steps_state_layout1.msgpack was encoded by the reducer before the detector split
+    # (commit 26165e0) after exactly these events; folding them now gives the same state.
+    old = (Path(__file__).parent / "data" / "steps_state_layout1.msgpack").read_bytes()
+    assert b"nonfinite_loss_run" in old
+    losses = healthy_losses(80, seed=3)
+    events: list[RunStarted | StepCompleted] = [started(vocab_size=50257)]
+    events += [step(i, 3.0 + losses[i], grad=1.0 + 0.01 * (i % 5)) for i in range(1, 41)]
+    events += [step(31, 3.0 + losses[31], grad=1.0, restart_from=30)]
+    events += [step(i, 3.0 + losses[i], grad=1.0 + 0.01 * (i % 5)) for i in range(32, 61)]
+    events += [step(61, 50.0, grad=1.0), step(62, 3.0 + losses[62], grad=float("nan"))]
+    now, _ = fold_steps(events, DetectorConfig())
+    decoded = decode_state("steps", old)
+    assert isinstance(decoded, StepHealthState) and now is not None
+    assert encode_state(decoded) == encode_state(now)
+    assert decoded.nonfinite.grad_run == 1 and decoded.restarts[0].checked_steps == 20
+    assert decoded.loss_spike.starts == (61,)

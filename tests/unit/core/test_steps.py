@@ -8,6 +8,7 @@ import msgspec
 import pytest
 
 from runwatch.processors.core.config import DetectorConfig, with_overrides
+from runwatch.processors.core.detectors.registry import STEP_DETECTORS
 from runwatch.processors.core.steps import StepHealthState, fold_step
 from tests.unit.core.factories import (
     S,
@@ -316,45 +317,11 @@ def test_verdict_carries_provenance_log_time_and_identity() -> None:
     assert verdict.rank is None, "loss and grad norm are run-wide"
 
 
-def test_hot_path_field_order_is_pinned() -> None:
-    # _on_step builds the state positionally; this pins the order it relies on.
-    assert StepHealthState.__struct_fields__ == (
-        "run_id",
-        "last_offset",
-        "info",
-        "loss",
-        "grad",
-        "ledger",
-        "last_step",
-        "last_ts_ns",
-        "first_ts_ns",
-        "last_loss",
-        "last_grad_norm",
-        "last_step_time_s",
-        "last_mfu",
-        "last_tokens_per_s",
-        "steps_observed",
-        "skipped_steps",
-        "best_loss",
-        "nonfinite_loss_run",
-        "nonfinite_grad_run",
-        "divergence_run",
-        "collapse_run",
-        "loss_spike_run",
-        "grad_spike_run",
-        "attempt",
-        "check",
-        "continuity_ok",
-        "restarts",
-        "anomaly_counts",
-        "loss_cusum",
-        "loss_cusum_reported",
-        "last_index",
-        "replicas",
-        "loss_episode",
-        "grad_episode",
-        "loss_episode_starts",
-    )
+def test_every_registered_detector_owns_one_state_field() -> None:
+    fields = [d.field for d in STEP_DETECTORS]
+    assert len(set(fields)) == len(fields), "two detectors share a state field"
+    assert set(fields) <= set(StepHealthState.__struct_fields__)
+    assert len(StepHealthState.__struct_fields__) < 30, "detector state belongs in its field"
 
 
 def test_fold_never_mutates_its_input() -> None:

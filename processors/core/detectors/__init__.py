@@ -1,0 +1,1 @@
+"""Step detectors: each one file with its own small state, listed in `registry`."""
