@@ -44,6 +44,7 @@ def test_a_shadow_command_is_recorded_but_not_executed(loop, launch):
         cause_verdict_id="v-real",
         cause_kind="hang",
         incarnation=0,
+        launch_id=run.gang().spec.run.launch_id,  # bound to this launch (gate rule 6)
     )
     shadow = msgspec.structs.replace(
         real, command_id="shadow-respawn", cause_verdict_id="v-shadow", shadow=True
