@@ -10,7 +10,9 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import random
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -74,6 +76,32 @@ def rank_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RUNWATCH_")}
     env.update(RUNWATCH_COMMAND_KEY=COMMAND_KEY, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
     return env
+
+
+RENDEZVOUS_PORTS = range(20_000, 32_000)
+"""Where multi-node tests put their rendezvous ports: below the kernel's ephemeral range
+(32768-60999 here), so no outgoing connection can take port P + incarnation between the
+check and the incarnation that binds it (an EADDRINUSE at a restart's rendezvous)."""
+
+
+def free_rendezvous_ports(count: int) -> int:
+    """A port P such that P .. P + count - 1 (incarnations 0 ..) are free, off the ephemeral range."""
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(RENDEZVOUS_PORTS.start, RENDEZVOUS_PORTS.stop - count)
+        held = []
+        try:
+            for extra in range(count):
+                s = socket.socket()
+                held.append(s)
+                s.bind(("127.0.0.1", port + extra))
+        except OSError:
+            continue
+        finally:
+            for s in held:
+                s.close()
+        return port
+    raise AssertionError(f"no {count} consecutive free ports in {RENDEZVOUS_PORTS}")
 
 
 class Proc:

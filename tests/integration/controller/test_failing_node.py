@@ -29,7 +29,7 @@ from runwatch.schemas.events import (
     RestartRequested,
 )
 
-from .conftest import Proc, of_run, reference_losses, wait_events
+from .conftest import Proc, free_rendezvous_ports, of_run, reference_losses, wait_events
 from .test_multinode import _agent as _node_agent
 from .test_multinode import _logs, _record
 
@@ -43,26 +43,8 @@ HOST = socket.gethostname()
 
 
 def _free_ports(count: int) -> int:
-    """A port P such that P .. P + count - 1 (incarnations 0 ..) were all free a moment ago."""
-    for _ in range(100):
-        with socket.socket() as first:
-            first.bind(("127.0.0.1", 0))
-            port = int(first.getsockname()[1])
-            if port + count > 65535 - 16:
-                continue
-            taken = []
-            try:
-                for extra in range(1, count):
-                    s = socket.socket()
-                    taken.append(s)
-                    s.bind(("127.0.0.1", port + extra))
-            except OSError:
-                continue
-            finally:
-                for s in taken:
-                    s.close()
-        return port
-    raise AssertionError(f"no {count} consecutive free ports")
+    """A port P such that P .. P + count - 1 (incarnations 0 ..) are free (conftest)."""
+    return free_rendezvous_ports(count)
 
 
 def test_a_node_that_keeps_failing_is_dropped_and_the_run_completes_on_node_0(loop, tmp_path):

@@ -36,6 +36,7 @@ from .conftest import (
     WAIT_S,
     Proc,
     ended_liveness,
+    free_rendezvous_ports,
     of_run,
     rank_env,
     reference_losses,
@@ -51,20 +52,8 @@ HOST = socket.gethostname()
 
 
 def _free_port_pair() -> int:
-    """A port P such that P and P + 1 (incarnations 0 and 1) were both free a moment ago."""
-    for _ in range(100):
-        with socket.socket() as a:
-            a.bind(("127.0.0.1", 0))
-            port = int(a.getsockname()[1])
-            if port + 1 > 65535 - 16:
-                continue
-            with socket.socket() as b:
-                try:
-                    b.bind(("127.0.0.1", port + 1))
-                except OSError:
-                    continue
-        return port
-    raise AssertionError("no two consecutive free ports")
+    """A port P such that P and P + 1 (incarnations 0 and 1) are free (conftest)."""
+    return free_rendezvous_ports(2)
 
 
 def _agent(
