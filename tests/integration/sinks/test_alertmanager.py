@@ -73,15 +73,18 @@ def test_a_run_with_a_spike_a_nan_rollback_and_a_dead_rank_fires_resolves_and_en
 ):
     make_topics(topic_prefix, partitions=2)
     t = names(topic_prefix)
-    now = time.time()
+    # One timeline, fixed before anything is published and wholly in the past: the order of
+    # verdicts, restart and ends is the log's, never how long the waits between took (an end
+    # dated from the clock after a quick first wait fell before the verdict it had to end).
+    base = time.time() - 60
     tags = {"team": "llm", "cluster": "west", "model": "gpt-1b"}
     publish(
         kafka_bootstrap,
         [
-            (t.runs, started(run="ra", ts_s=now - 60, tags=tags)),
-            (t.anomalies, anomaly(run="ra", kind="loss_spike", step=30, ts_s=now)),
-            (t.anomalies, anomaly(run="ra", kind="nonfinite_loss", step=41, ts_s=now + 0.1)),
-            (t.anomalies, anomaly(run="ra", kind="dead_rank", rank=3, step=41, ts_s=now + 0.2)),
+            (t.runs, started(run="ra", ts_s=base, tags=tags)),
+            (t.anomalies, anomaly(run="ra", kind="loss_spike", step=30, ts_s=base + 10)),
+            (t.anomalies, anomaly(run="ra", kind="nonfinite_loss", step=41, ts_s=base + 10.1)),
+            (t.anomalies, anomaly(run="ra", kind="dead_rank", rank=3, step=41, ts_s=base + 10.2)),
         ],
     )
     sink = make_sink(
@@ -115,8 +118,8 @@ def test_a_run_with_a_spike_a_nan_rollback_and_a_dead_rank_fires_resolves_and_en
             assert alert["annotations"]["summary"] and alert["annotations"]["description"]
 
         # the rollback: the gang is stopped and comes back as incarnation 1, where a rank
-        # dies (times in the past, as an end is by the time the sink reads it)
-        t0 = time.time() - 3
+        # dies (later on the timeline, still in the past: an end is past when the sink reads it)
+        t0 = base + 20
         publish(
             kafka_bootstrap,
             [
