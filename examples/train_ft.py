@@ -29,6 +29,7 @@ import hashlib
 import os
 import sys
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -264,10 +265,21 @@ class FTTrainer:
 
 
 def main(argv: list[str] | None = None) -> int:
-    trainer = FTTrainer(parse_args(argv))
-    trainer.run()
-    sys.stdout.flush()
-    os._exit(0)  # torchft's server threads and the group's store: nothing left to flush
+    """Train, then leave at once: torchft's server threads and the group's store would keep
+    the interpreter alive, and a rank that failed must *exit* (its exit is the evidence the
+    controller acts on), not linger with a live heartbeat and no steps."""
+    code = 1
+    try:
+        FTTrainer(parse_args(argv)).run()
+        code = 0
+    except SystemExit as exc:  # argparse: --help, a bad flag
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
 
 
 if __name__ == "__main__":

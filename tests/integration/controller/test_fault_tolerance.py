@@ -211,7 +211,11 @@ def test_runwatch_launch_restarts_only_the_killed_group_through_the_closed_loop(
             0,
         )
         (done,) = wait_events(controller, of_run(run_id, RestartCompleted))
-        assert done.command_id == command.command_id and done.checkpoint_step is None
+        assert done.command_id == command.command_id and done.checkpoint_step is None, (
+            [e for e in commands.events if e.run_id == run_id],
+            [e for e in controller.events if e.run_id == run_id],
+            [e for e in anomalies.events if e.run_id == run_id],
+        )
         record = read_gang_file(state_dir / GANG_FILE).record  # type: ignore[union-attr]
         after = {p.rank: p.pid for p in record.ranks}
         assert record.incarnation == 0 and after[0] == pids[0] and after[1] != pids[1]
