@@ -35,7 +35,7 @@ tools:  ## best effort: kcat (wire-format test), chromium + chromedriver (web vi
 	  echo "prometheus-alertmanager/amtool/promtool not installed: the Alertmanager and promtool tests will be skipped"
 
 test: $(STAMP) kafka-jars tools  ## run the whole test suite against a real broker
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=25
 
 images: $(STAMP) kafka-jars  ## build the compose images locally from Debian's mirror (runwatch/kafka:local, runwatch:local, runwatch/prometheus:local); cached
 	PYTHON=$(PY) compose/images/build.sh
