@@ -27,8 +27,10 @@ ignored. A budget caps commands per run to ``restart_budget`` per
 
 Incarnations count within one launch (``AnomalyDetected.launch_id``, from the run's
 RunStarted): an anomaly of another launch than the last one seen starts the count over, so
-a new launch of a recurring run id (incarnation 0 again) gets its commands. Each command
-carries its anomaly's launch id, signed, and a controller executes it only in that launch.
+a new launch of a recurring run id (incarnation 0 again) gets its commands. An anomaly with
+no launch id (its processor had not read the RunStarted yet) counts in the last launch seen.
+Each command carries its anomaly's launch id, signed, and a controller executes it only in
+that launch.
 
 Shadow mode: an anomaly flagged ``shadow`` (or of a kind `config.is_shadow` names) gives
 the command it would cause, flagged ``shadow``, which no controller executes. A shadow
@@ -159,6 +161,11 @@ def fold_policy(
         state = PolicyState(run_id=anomaly.run_id)
     elif source.offset <= state.last_offset:
         return state, []
+    if not anomaly.launch_id and state.launch_id:
+        # A verdict made before its processor read the run's RunStarted carries no launch:
+        # it belongs to the launch last seen and never starts the count over (toggling
+        # between "" and the launch reset the incarnation's one command: two restarts).
+        anomaly = msgspec.structs.replace(anomaly, launch_id=state.launch_id)
     if anomaly.launch_id != state.launch_id:  # a new launch counts its incarnations anew
         state = msgspec.structs.replace(
             state, launch_id=anomaly.launch_id, newest_incarnation=-1, commanded_incarnation=-1

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+import msgspec
+
 from runwatch.processors.core.config import DetectorConfig, with_overrides
 from runwatch.processors.core.liveness import LivenessState
 from runwatch.processors.core.policy import fold_policy
@@ -87,3 +89,30 @@ def test_a_new_launch_of_the_run_gets_its_own_commands() -> None:
     state, fresh = fold_policy(state, dead(3, "B"), src(3, topic="anomalies"), CFG)
     assert [(c.launch_id, c.incarnation) for c in fresh] == [("B", 0)]
     assert state.launch_id == "B" and state.commands == 2
+
+
+def test_a_verdict_without_a_launch_never_reopens_the_launchs_incarnation() -> None:
+    """A processor that had not read the RunStarted yet makes verdicts with no launch id;
+    mixed with the launch's own, they must not reset the count: one command per incarnation."""
+    from runwatch.processors.core.verdicts import make_anomaly
+
+    def dead(offset: int, launch_id: str) -> AnomalyDetected:
+        anomaly = make_anomaly(
+            run_id="r",
+            kind="dead_rank",
+            step=offset,
+            ts_ns=offset * S,
+            source=src(offset),
+            config_hash="h",
+            incarnation=0,
+            rank=offset,
+        )
+        return msgspec.structs.replace(anomaly, launch_id=launch_id)
+
+    state = None
+    commands = []
+    for offset, launch in enumerate(["L1", "", "L1", ""]):
+        state, out = fold_policy(state, dead(offset, launch), src(offset, "anomalies"), CFG)
+        commands += out
+    assert [(c.launch_id, c.incarnation) for c in commands] == [("L1", 0)]
+    assert state is not None and state.launch_id == "L1"
