@@ -21,6 +21,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -108,6 +109,10 @@ def test_a_run_is_judged_commanded_and_audited_with_a_credential_per_role(
         _as_the_controller(secure_kafka, prefix, command, monkeypatch)
         audit = _audit(secure_kafka, prefix, scope.app_id, run)
         assert "no ACLs" not in worker.log_tail(200)  # it found the authorizer
+        views = _states_as_the_sinks(secure_kafka, scope.app_id, run, monkeypatch)
+    steps = views[run].steps
+    assert steps is not None and steps.steps_observed == NAN_AT, views[run]
+    assert views[run].policy is not None and views[run].policy.commands == 1
     assert audit.returncode == 0, audit.stdout + audit.stderr
     assert "verdict: every verdict reproduced" in audit.stdout, audit.stdout
 
@@ -156,6 +161,22 @@ def _as_the_controller(
         )
     finally:
         publisher.close()
+
+
+def _states_as_the_sinks(
+    kafka: SecureKafka, app_id: str, run: str, monkeypatch: pytest.MonkeyPatch
+) -> dict[str, Any]:
+    """The processors' states from their changelogs, as the web view and ``runwatch status``
+    read them: with the sinks' read-only credential (Read on the ``<app id>-`` topics)."""
+    from runwatch.processors.fleet import latest_states
+
+    for name, value in kafka.environ("sinks").items():
+        monkeypatch.setenv(name, value)
+    deadline = time.monotonic() + 90.0
+    while True:  # the states flush a moment after the verdicts: wait for the run's
+        views = latest_states(kafka.bootstrap, app_id)
+        if (run in views and views[run].policy is not None) or time.monotonic() > deadline:
+            return views
 
 
 def _audit(
