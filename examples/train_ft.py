@@ -48,7 +48,7 @@ from runwatch.common.launch_env import LaunchEnv
 from runwatch.producers.backend import get_training_backend
 from runwatch.producers.checkpoint import AsyncCheckpointer, CheckpointResult, load_checkpoint
 from runwatch.producers.torch_helpers import flop_config_from_causal_lm
-from runwatch.producers.torchft_backend import TorchFTDDPBackend
+from runwatch.producers.torchft_backend import TorchFTDDPBackend, floor_thresholds
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -192,6 +192,7 @@ class FTTrainer:
             vocab_size=VOCAB_SIZE,
             tags={"model": "tinylm", "backend": self.backend.capabilities.name},
             backend=self.backend.capabilities.declaration(),
+            thresholds=floor_thresholds() or None,
         )
 
     def _last_step(self) -> int:
