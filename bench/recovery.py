@@ -29,12 +29,20 @@ line per run follows the tables, then one with the medians per path.
 the new incarnation's ranks start in processes that imported torch beforehand. The kill
 then waits until every agent's spares are preloaded, so the figure is that of a warm node.
 
-For a run of torchft replica groups (``runwatch launch --fault-tolerance torchft``) only
-the lost group restarts: ``bench/ettr.py`` measures kill -> the surviving group's next
-step and kill -> the lost group rejoined (healed from a live peer) beside these.
+``--compare``: a group restart against a gang restart, through the same closed loop. The
+gang run is the ``exit_evidence`` path above (`examples/train_ddp.py`, a DCP checkpoint
+every 5 steps); the group run is ``runwatch launch --fault-tolerance torchft
+--replica-groups 2 -- python examples/train_ft.py`` (gloo, torchft's Lighthouse), whose
+group 1 rank is SIGKILLed the same way. Each reports ``lost_steps`` (steps committed
+before the kill and committed again after it: the gang redoes those since its
+checkpoint, the groups none) and seconds from the kill to ``command`` and
+``restart_completed``; the group run also ``survivor_step`` (the first step the other
+group commits without group 1) and ``rejoined`` (the first step with group 1 back, healed
+from a live peer), the gang run ``first_step`` (the first resumed step). One JSON line
+per run, then one comparing the medians.
 
     .venv/bin/python bench/recovery.py [--runs 3] [--paths both|exit_evidence|silence]
-        [--nnodes 1|2] [--warm-spares] [--keep DIR]
+        [--nnodes 1|2] [--warm-spares] [--compare] [--keep DIR]
 """
 
 from __future__ import annotations
@@ -266,6 +274,146 @@ def one_run(
     return row
 
 
+GROUP_PHASES = (
+    "rank_exited",
+    "dead_rank",
+    "command",
+    "restart_completed",
+    "survivor_step",
+    "rejoined",
+)
+
+
+def one_group_run(
+    bootstrap: str, prefix: str, work: Path, args: argparse.Namespace
+) -> dict[str, Any]:
+    """SIGKILL group 1's rank of a torchft run of two groups; time its group restart."""
+    run_id = f"recovery-ft-{uuid.uuid4().hex[:6]}"
+    topics = names(prefix)
+    tail = Tail(
+        bootstrap,
+        [topics.steps, topics.heartbeats, topics.anomalies, topics.commands, topics.controller],
+    )
+    state, stop = work / run_id / "state", work / run_id / "stop"
+    script = [
+        sys.executable, "-u", str(REPO / "examples" / "train_ft.py"), "--steps", "100000",
+        "--step-delay-s", str(args.step_delay_s), "--timeout-s", "20", "--stop-file", str(stop),
+    ]  # fmt: skip
+    launcher = runwatch(
+        [
+            "launch", "--bootstrap", bootstrap, "--prefix", prefix, "--run-id", run_id,
+            "--state-dir", str(state), "--grace-s", "2",
+            "--fault-tolerance", "torchft", "--replica-groups", "2", "--", *script,
+        ],
+        work / f"{run_id}.log",
+    )  # fmt: skip
+    kill_ns: int | None = None
+    last_before = 0
+    after: list[int] = []
+    seen: dict[str, tuple[int, int]] = {}
+    extra: dict[str, Any] = {"path": "group_restart"}
+    deadline = time.monotonic() + args.timeout_s
+    try:
+        while len(seen) < len(GROUP_PHASES):
+            if time.monotonic() > deadline:
+                raise SystemExit(f"{run_id}: timed out; seen {sorted(seen)}")
+            for event, record, read_ns in tail.poll():
+                if event.run_id != run_id:
+                    continue
+                stamp = (record.timestamp * 1_000_000, read_ns)
+                if isinstance(event, StepCompleted):
+                    if kill_ns is None:
+                        last_before = max(last_before, event.step)
+                        if event.step >= args.kill_at_step and event.participants == (0, 1):
+                            ranks = json.loads((state / "gang.json").read_text())["record"]
+                            (pid,) = [r["pid"] for r in ranks["ranks"] if r["rank"] == 1]
+                            os.killpg(pid, signal.SIGKILL)
+                            kill_ns = time.time_ns()
+                            extra["killed_after_step"] = event.step
+                        continue
+                    after.append(event.step)
+                    if 1 not in event.participants:
+                        seen.setdefault("survivor_step", stamp)
+                    elif "restart_completed" in seen:
+                        seen.setdefault("rejoined", stamp)
+                        extra["rejoined_at_step"] = event.step
+                elif kill_ns is None:
+                    continue
+                elif isinstance(event, RankExited) and event.rank == 1:
+                    seen.setdefault("rank_exited", stamp)
+                elif isinstance(event, AnomalyDetected) and event.kind == "dead_rank":
+                    seen.setdefault("dead_rank", stamp)
+                elif isinstance(event, RestartRequested):
+                    seen.setdefault("command", stamp)
+                    extra["action"] = event.action
+                elif isinstance(event, RestartCompleted):
+                    seen.setdefault("restart_completed", stamp)
+                    extra["controller_duration_s"] = event.duration_s
+        (work / run_id / "stop.tmp").write_text(str(max(after) + 5))
+        (work / run_id / "stop.tmp").rename(stop)
+        code = launcher.wait(timeout=args.timeout_s)
+        if code != 0:
+            raise SystemExit(f"{run_id}: launcher exited {code}")
+    finally:
+        if launcher.poll() is None:
+            launcher.send_signal(signal.SIGTERM)
+            launcher.wait(timeout=60)
+        tail.close()
+    assert kill_ns is not None
+    extra["lost_steps"] = sum(1 for s in set(after) if s <= last_before)
+    extra["steps_during_outage"] = len({s for s in after if s < extra["rejoined_at_step"]})
+    row: dict[str, Any] = {"run_id": run_id, **extra}
+    for phase in GROUP_PHASES:
+        ts_ns, read_ns = seen[phase]
+        row[f"{phase}_ts_s"] = round((ts_ns - kill_ns) / 1e9, 3)
+        row[f"{phase}_read_s"] = round((read_ns - kill_ns) / 1e9, 3)
+    return row
+
+
+def compare(rows: list[dict[str, Any]], settings: dict[str, Any]) -> dict[str, Any]:
+    """One line: the medians of the group runs beside those of the gang runs."""
+    group = [r for r in rows if r["path"] == "group_restart"]
+    gang = [r for r in rows if r["path"] == "exit_evidence"]
+
+    def med(mine: list[dict[str, Any]], key: str) -> float:
+        return float(statistics.median(r[key] for r in mine))
+
+    return {
+        "bench": "recovery",
+        "compare": "group_vs_gang",
+        "runs": len(group),
+        **settings,
+        "group_lost_steps": med(group, "lost_steps"),
+        "gang_lost_steps": med(gang, "lost_steps"),
+        "group_command_s": med(group, "command_read_s"),
+        "gang_command_s": med(gang, "command_read_s"),
+        "group_restart_completed_s": med(group, "restart_completed_read_s"),
+        "gang_restart_completed_s": med(gang, "restart_completed_read_s"),
+        "group_survivor_step_s": med(group, "survivor_step_read_s"),
+        "group_rejoined_s": med(group, "rejoined_read_s"),
+        "gang_first_step_s": med(gang, "first_step_read_s"),
+    }
+
+
+def print_compare(rows: list[dict[str, Any]], settings: dict[str, Any]) -> None:
+    """The group and gang runs side by side, then their JSON lines."""
+    line = compare(rows, settings)
+    print(f"group restart (torchft, 2 groups) vs gang restart (DCP every 5 steps); {settings}")
+    print(f"{'':<38} {'group':>10} {'gang':>10}")
+    lost = (line["group_lost_steps"], line["gang_lost_steps"])
+    print(f"{'lost steps (redone)':<38} {lost[0]:>10g} {lost[1]:>10g}")
+    for label, g, k in (
+        ("kill -> command (s)", "group_command_s", "gang_command_s"),
+        ("kill -> restart completed (s)", "group_restart_completed_s", "gang_restart_completed_s"),
+        ("kill -> next committed step (s)", "group_survivor_step_s", "gang_first_step_s"),
+    ):
+        print(f"{label:<38} {line[g]:>10.2f} {line[k]:>10.2f}")
+    print(f"{'kill -> lost group back (s)':<38} {line['group_rejoined_s']:>10.2f} {'-':>10}")
+    for row in rows:
+        print(json.dumps({"bench": "recovery", **settings, **row}))
+    print(json.dumps(line))
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--bootstrap", help="Kafka (default: RUNWATCH_BOOTSTRAP, else embedded)")
@@ -301,6 +449,11 @@ def main() -> int:
         default=1,
         help="2: one agent per node on loopback (1 rank each), rank 1's node is killed",
     )
+    p.add_argument(
+        "--compare",
+        action="store_true",
+        help="a torchft group restart against a gang restart (the exit_evidence path)",
+    )
     args = p.parse_args()
     exit_on_sigterm()  # stop the children it started when it is stopped itself
     if args.steps is None:
@@ -329,14 +482,24 @@ def main() -> int:
         try:
             wait_worker(bootstrap, prefix)
             paths = PATHS if args.paths == "both" else (args.paths,)
+            if args.compare:
+                paths = ("exit_evidence",)
             rows = [
                 one_run(bootstrap, prefix, work, args, path)
                 for path in paths
                 for _ in range(args.runs)
             ]
+            if args.compare:
+                rows += [one_group_run(bootstrap, prefix, work, args) for _ in range(args.runs)]
         finally:
             worker.send_signal(signal.SIGTERM)
             worker.wait(timeout=60)
+    for row in rows:
+        if row["path"] == "exit_evidence":  # the steps the gang redoes: since its checkpoint
+            row["lost_steps"] = row["killed_after_step"] - row["resumed_from_step"]
+    if args.compare:
+        print_compare(rows, settings)
+        return 0
     print(f"recovery after SIGKILL of rank 1 (2 gloo ranks on CPU; {settings})")
     for path in paths:
         mine = [r for r in rows if r["path"] == path]

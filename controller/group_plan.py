@@ -11,7 +11,10 @@ The rules, in order (each a guard clause with its number):
 
 1. The run has no replica groups (launched without ``--fault-tolerance``): the gang path;
    a ``respawn_group`` is refused (there is no group to restart alone).
-2. A ``rollback`` (NaN, divergence): the gang path: every group rolls back from DCP.
+2. A ``rollback`` (NaN, divergence): the gang path: every group rolls back from DCP. A
+   ``respawn`` for ``replicas_below_min`` (the steps stayed below ``--min-replicas`` for
+   longer than ``--min-replicas-bound-s`` of log time): the gang path too, whatever group
+   restarts are healing (they did not come back in time).
 3. The backend does not declare ``per_step_fault_tolerance`` (the run's RunStarted as last
    recorded, else the backend the launch named): the gang path; a ``respawn_group`` is
    refused. A backend that does not declare it is never asked to heal.
@@ -23,7 +26,9 @@ The rules, in order (each a guard clause with its number):
    what the group restart saves). None exited and none healing (a hang): the gang path.
 6. Every group would be down, or fewer groups than ``--min-replicas`` would go on stepping
    while the restarted ones heal: the run cannot commit a step meanwhile: escalate to the
-   gang path.
+   gang path. With ``--min-replicas-bound-s`` only every group down escalates here: the
+   survivors may step below the floor for the bound, and the step reducer's
+   ``replicas_below_min`` (rule 2) escalates a heal that takes longer.
 7. Otherwise: restart those groups alone.
 """
 
@@ -47,11 +52,15 @@ class ReplicaGroups:
         groups: How many (``--replica-groups``).
         nproc_per_group: Ranks per group (global rank = group x this + rank in group).
         min_replicas: Fewest groups a step may commit with (``--min-replicas``).
+        bounded: ``--min-replicas-bound-s`` was given: the survivors may step below
+            ``min_replicas`` for that long (log time) before the gang restarts
+            (``replicas_below_min``), so rule 6 escalates only when no group would step.
     """
 
     groups: int
     nproc_per_group: int
     min_replicas: int
+    bounded: bool = False
 
 
 @dataclass(frozen=True)
@@ -98,6 +107,9 @@ def plan_group(
         return GroupPlan("gang", reason="no replica groups", rule=1)
     if command.action == "rollback":  # rule 2
         return GroupPlan("gang", reason="a rollback restarts every group from DCP", rule=2)
+    if command.cause_kind == "replicas_below_min":  # rule 2
+        reason = "the steps stayed below --min-replicas for longer than the bound"
+        return GroupPlan("gang", reason=reason, rule=2)
     if backend is None or not backend.per_step_fault_tolerance:  # rule 3
         name = "the run's backend" if backend is None else f"backend {backend.name}"
         reason = f"{name} does not declare per_step_fault_tolerance"
@@ -116,7 +128,8 @@ def plan_group(
         if not chosen:
             return GroupPlan("gang", reason="no rank exited: the whole run is stuck", rule=5)
     left = replicas.groups - len(chosen)
-    if left < max(1, replicas.min_replicas):  # rule 6
+    floor = 1 if replicas.bounded else max(1, replicas.min_replicas)
+    if left < floor:  # rule 6
         reason = (
             f"restarting groups {list(chosen)} leaves {left} of {replicas.groups} stepping, "
             f"below --min-replicas {replicas.min_replicas}: gang restart"

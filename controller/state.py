@@ -99,12 +99,22 @@ class FaultToleranceSpec(msgspec.Struct, frozen=True, kw_only=True):
         min_replicas: Fewest groups a step may commit with (``--min-replicas``).
         backend: The training backend the launch names (its registered capabilities
             stand in until the run's RunStarted declares its own).
+        min_replicas_bound_s: ``--min-replicas-bound-s``: None: torchft's quorum needs
+            ``min_replicas`` groups (fewer cannot step). Given: the quorum needs one
+            group, and steps below ``min_replicas`` for longer than this (log time)
+            restart the gang (``replicas_below_min``).
     """
 
     replica_groups: int
     nproc_per_group: int = 1
     min_replicas: int = 1
     backend: str = "torchft-ddp"
+    min_replicas_bound_s: float | None = None
+
+    @property
+    def quorum_floor(self) -> int:
+        """The fewest groups torchft's quorum needs (its Lighthouse, its Manager)."""
+        return self.min_replicas if self.min_replicas_bound_s is None else 1
 
 
 class LaunchSpec(msgspec.Struct, frozen=True, kw_only=True):

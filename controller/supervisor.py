@@ -422,7 +422,12 @@ class RunSupervisor:
         ft = self.spec.fault_tolerance
         if ft is None:
             return None
-        return ReplicaGroups(ft.replica_groups, ft.nproc_per_group, ft.min_replicas)
+        return ReplicaGroups(
+            ft.replica_groups,
+            ft.nproc_per_group,
+            ft.min_replicas,
+            bounded=ft.min_replicas_bound_s is not None,
+        )
 
     def _backend(self) -> BackendDeclaration | None:
         """What the run's backend declares: its RunStarted's as recorded, else the launch's."""

@@ -59,11 +59,20 @@ class ReplicaLayout:
         groups: Replica groups (``--replica-groups``).
         nproc_per_group: Ranks per group (``--nproc-per-group``).
         min_replicas: Fewest groups a step may commit with (``--min-replicas``).
+        bound_s: ``--min-replicas-bound-s``: None: torchft's quorum needs ``min_replicas``
+            groups. Given: it needs one, and the ranks announce ``min_replicas`` and this
+            bound as the run's floor (`producers.torchft_backend.floor_thresholds`).
     """
 
     groups: int
     nproc_per_group: int = 1
     min_replicas: int = 1
+    bound_s: float | None = None
+
+    @property
+    def quorum_floor(self) -> int:
+        """The fewest groups torchft's quorum needs (its Lighthouse, its Manager)."""
+        return self.min_replicas if self.bound_s is None else 1
 
     def __post_init__(self) -> None:
         """A layout that exists is valid."""
@@ -160,11 +169,14 @@ class TorchFTLauncher:
         ft = spec.fault_tolerance
         if ft is None:
             raise ValueError(f"run {spec.run_id} was not launched with --fault-tolerance")
-        layout = ReplicaLayout(ft.replica_groups, ft.nproc_per_group, ft.min_replicas)
+        layout = ReplicaLayout(
+            ft.replica_groups, ft.nproc_per_group, ft.min_replicas, ft.min_replicas_bound_s
+        )
         path = state.root / LIGHTHOUSE_FILE
         lighthouse = _running_lighthouse(path)
         if lighthouse is None:
-            lighthouse = start_lighthouse(LighthouseSettings(ft.min_replicas, ft.replica_groups))
+            settings = LighthouseSettings(layout.quorum_floor, ft.replica_groups)
+            lighthouse = start_lighthouse(settings)
             atomic_write(path, msgspec.json.encode(lighthouse))
         log.info(
             "run %s: torchft Lighthouse %s (pid %d), %d replica groups of %d, min %d",
@@ -188,7 +200,15 @@ class TorchFTLauncher:
             "TORCHFT_LIGHTHOUSE": self.lighthouse.address,
             "RUNWATCH_FT_START_BARRIER": self.lighthouse.barrier,
             "RUNWATCH_FT_GROUP_RESTARTS": str(self.restarts.get(group, 0)),
-            "RUNWATCH_MIN_REPLICAS": str(layout.min_replicas),
+            "RUNWATCH_MIN_REPLICAS": str(layout.quorum_floor),
+            **(
+                {
+                    "RUNWATCH_REPLICA_FLOOR": str(layout.min_replicas),
+                    "RUNWATCH_REPLICA_FLOOR_BOUND_S": f"{layout.bound_s:g}",
+                }
+                if layout.bound_s is not None
+                else {}
+            ),
         }
 
     def _start_group(self, incarnation: Incarnation, group: int, resume: int | None) -> Gang:

@@ -49,7 +49,7 @@ from runwatch.common.launch_env import LaunchEnv
 from runwatch.producers.backend import get_training_backend
 from runwatch.producers.checkpoint import AsyncCheckpointer, CheckpointResult, load_checkpoint
 from runwatch.producers.torch_helpers import flop_config_from_causal_lm
-from runwatch.producers.torchft_backend import TorchFTDDPBackend
+from runwatch.producers.torchft_backend import TorchFTDDPBackend, floor_thresholds
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -73,6 +73,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--stop-file",
         type=Path,
         help="when it exists, it holds the last step (every group reads the same one)",
+    )
+    p.add_argument(
+        "--hang-file",
+        type=Path,
+        help="when it exists and holds this rank's replica group, the group's first start "
+        "stops stepping (alive, in a sleep): a hung group, for tests",
+    )
+    p.add_argument(
+        "--threshold",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a detector threshold the run announces (RunStarted.thresholds), repeatable",
     )
     p.add_argument("--run-id", default=launch.run_id or "tinylm-ft")
     p.add_argument("--no-emit", action="store_true")
@@ -102,6 +115,7 @@ class FTTrainer:
         assert backend.replica is not None
         self.group, self.groups = backend.replica.group, backend.replica.groups
         self.group_rank, self.group_size = env.rank, env.world_size
+        self.first_start = backend.replica.restarts == 0
         self.rank = self.group * self.group_size + self.group_rank
         self.manager = backend.manager
         cfg = TinyLMConfig(
@@ -193,7 +207,27 @@ class FTTrainer:
             vocab_size=VOCAB_SIZE,
             tags={"model": "tinylm", "backend": self.backend.capabilities.name},
             backend=self.backend.capabilities.declaration(),
+            thresholds=self._thresholds() or None,
         )
+
+    def _thresholds(self) -> dict[str, float]:
+        """What the run announces: the launch's floor of groups, then ``--threshold``."""
+        out = floor_thresholds()
+        for pair in self.args.threshold:
+            key, _, value = pair.partition("=")
+            out[key.strip()] = float(value)
+        return out
+
+    def _hang_if_asked(self) -> None:
+        """``--hang-file``: a first start of the group it names sleeps here for good."""
+        hang = self.args.hang_file
+        if hang is None or not self.first_start or not hang.exists():
+            return
+        if hang.read_text().strip() != str(self.group):
+            return
+        print(f"group {self.group}: hanging (--hang-file)", flush=True)
+        while True:  # alive, not stepping: torchft's own threads still heartbeat
+            time.sleep(3600)
 
     def _last_step(self) -> int:
         """``--steps``, or the earlier step ``--stop-file`` names once it exists."""
@@ -209,6 +243,7 @@ class FTTrainer:
         if self.rank == 0 and self.manager.current_step() == 0:
             self._announce()
         while self.manager.current_step() < self._last_step():
+            self._hang_if_asked()
             t0 = time.perf_counter()
             step = self.manager.current_step() + 1
             loss, groups, committed = self._step(step)

@@ -14,7 +14,7 @@ registration (`producers.backend` reads the capabilities without torch).
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -35,6 +35,26 @@ ENV_START_BARRIER = "RUNWATCH_FT_START_BARRIER"
 """A second Lighthouse whose quorum needs every group: the first start's barrier (below)."""
 ENV_GROUP_RESTARTS = "RUNWATCH_FT_GROUP_RESTARTS"
 """How many times the launcher restarted this rank's group (0: its first start)."""
+ENV_REPLICA_FLOOR = "RUNWATCH_REPLICA_FLOOR"
+"""``--min-replicas`` when ``--min-replicas-bound-s`` is given (torchft's floor is then 1)."""
+ENV_REPLICA_FLOOR_BOUND_S = "RUNWATCH_REPLICA_FLOOR_BOUND_S"
+"""``--min-replicas-bound-s``: how long the steps may stay below the floor, in log time."""
+
+
+def floor_thresholds(environ: Mapping[str, str] | None = None) -> dict[str, float]:
+    """The run's floor of replica groups as RunStarted thresholds (empty: none given).
+
+    ``runwatch launch --min-replicas M --min-replicas-bound-s S`` gives the ranks M and S;
+    the run announces them (``min_replicas``, ``min_replicas_bound_s``) so that the step
+    reducer raises ``replicas_below_min`` when its steps stay below M for longer than S.
+    """
+    env = os.environ if environ is None else environ
+    if ENV_REPLICA_FLOOR not in env:
+        return {}
+    return {
+        "min_replicas": float(env[ENV_REPLICA_FLOOR]),
+        "min_replicas_bound_s": float(env.get(ENV_REPLICA_FLOOR_BOUND_S, "300")),
+    }
 
 
 @dataclass(frozen=True)
@@ -243,6 +263,8 @@ __all__ = [
     "ENV_LIGHTHOUSE",
     "ENV_MIN_REPLICAS",
     "ENV_NUM_REPLICA_GROUPS",
+    "ENV_REPLICA_FLOOR",
+    "ENV_REPLICA_FLOOR_BOUND_S",
     "ENV_REPLICA_GROUP_ID",
     "ReplicaEnv",
     "TorchFTDDPBackend",

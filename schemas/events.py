@@ -469,6 +469,7 @@ AnomalyKind = Literal[
     "straggler",
     "replica_lost",
     "replica_rejoined",
+    "replicas_below_min",
 ]
 """Every kind of anomaly a detector can raise."""
 

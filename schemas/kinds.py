@@ -133,6 +133,12 @@ KINDS: Final[Mapping[AnomalyKind, KindSpec]] = {
             severity="info",
             summary="a lost replica group is back in the steps' quorum, healed from a peer",
         ),
+        KindSpec(
+            kind="replicas_below_min",
+            severity="critical",
+            action="respawn",
+            summary="the steps' quorums stayed below --min-replicas for longer than the bound",
+        ),
     )
 }
 """Kind -> its facts, for every `AnomalyKind` (a test holds the two to each other)."""

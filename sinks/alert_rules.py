@@ -89,6 +89,8 @@ ALERT_RULES: Final[Mapping[str, AlertRule]] = {
     # ends it in practice; hold_s bounds a group that never comes back).
     "replica_lost": AlertRule("replica-lost", _EPISODE, hold_s=600.0),
     "replica_rejoined": AlertRule("replica-rejoined", Ends.MOMENT, hold_s=900.0),
+    # Too few groups for too long: until the gang restart it causes.
+    "replicas_below_min": AlertRule("replicas-below-min", _UNTIL_RESTART),
     # Restart events: shown a while.
     "restart_requested": AlertRule("restart-requested", Ends.MOMENT, hold_s=900.0),
     "restart_completed": AlertRule("restart-completed", Ends.MOMENT, hold_s=900.0),

@@ -83,6 +83,12 @@ class DetectorConfig(msgspec.Struct, frozen=True, kw_only=True):
         mfu_convention: How FLOPs per token are counted for MFU.
         min_scale_rel: When every value of a window is identical, the spread used is this
             fraction of the median (or of 1 when the median is 0).
+        min_replicas: Fewest replica groups a run's steps should have in their quorum
+            (a per-step fault-tolerant run); 0: no floor. A run announces it for itself
+            (``RunStarted.thresholds={"min_replicas": M}``, ``runwatch launch
+            --min-replicas-bound-s``).
+        min_replicas_bound_s: Steps below ``min_replicas`` for longer than this, in log
+            time, raise ``replicas_below_min``: the degraded run becomes a gang restart.
         shadow: Shadow mode for every kind: verdicts and the commands they would cause are
             recorded flagged ``shadow`` and never executed. A run sets it for itself with
             ``RunStarted.thresholds={"shadow": 1}``.
@@ -124,6 +130,8 @@ class DetectorConfig(msgspec.Struct, frozen=True, kw_only=True):
     history_steps: PosInt = 512
     mfu_convention: MfuConvention = "6N+attn"
     min_scale_rel: PosFloat = 1e-3
+    min_replicas: NonNegInt = 0
+    min_replicas_bound_s: PosFloat = 300.0
     shadow: bool = False
     shadow_kinds: str = ""
 
@@ -191,6 +199,8 @@ RUN_THRESHOLD_BOUNDS: Final[Mapping[str, tuple[float, float]]] = {
     "spike_repeat_count": (2, 1000),
     "spike_repeat_steps": (1, 100_000),
     "grad_follow_steps": (0, 1000),
+    "min_replicas": (0, 4096),
+    "min_replicas_bound_s": (1.0, DAY_S),
 }
 """The range a run's own threshold (``RunStarted.thresholds``) is clamped into, per field.
 

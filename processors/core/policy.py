@@ -17,6 +17,10 @@ What each kind calls for is its `schemas.kinds.KindSpec`:
   none, nor one of an incarnation that already has a gang command, until a group has
   rejoined in it (the controller carried that command out as a group restart: a later
   loss is a new failure);
+* ``replicas_below_min`` (the steps' quorums stayed below the run's ``--min-replicas``
+  for longer than its bound): a gang ``respawn``, even in an incarnation that already has
+  a gang command (a torchft controller carried that one out as a group restart, and the
+  groups did not come back in time); once per incarnation (see `_escalation`);
 * spikes, stragglers and ``replica_rejoined``: alert only.
 
 At most one command per (run, incarnation): a restart ends the incarnation, so every
@@ -75,6 +79,8 @@ class PolicyState(msgspec.Struct, frozen=True, gc=False):
             restart, so a later ``replica_lost`` of that incarnation is a new failure.
         shadow_commands: Shadow commands recorded (what shadow mode would have done).
         shadow_incarnation: Newest incarnation a shadow command was recorded for (-1: none).
+        escalated_incarnation: Newest incarnation a ``replicas_below_min`` gang command
+            was issued for (-1: none).
     """
 
     run_id: str
@@ -91,6 +97,7 @@ class PolicyState(msgspec.Struct, frozen=True, gc=False):
     rejoined_incarnation: int = -1
     shadow_commands: int = 0
     shadow_incarnation: int = -1
+    escalated_incarnation: int = -1
 
 
 def action_for(kind: AnomalyKind) -> RestartAction | None:
@@ -188,6 +195,8 @@ def fold_policy(
         return state, []
     if action == "respawn_group":
         return _group_command(state, anomaly, source, cfg)
+    if anomaly.kind == "replicas_below_min":
+        return _escalation(state, anomaly, source, cfg)
     if incarnation < newest:
         return msgspec.structs.replace(state, stale=state.stale + 1), []
     if incarnation <= state.commanded_incarnation:
@@ -205,6 +214,39 @@ def fold_policy(
         command_steps=(*state.command_steps, anomaly.step)[-keep:],
         commands=state.commands + 1,
         last_command_id=cid,
+    ), [command]
+
+
+def _escalation(
+    state: PolicyState, anomaly: AnomalyDetected, source: Provenance, cfg: DetectorConfig
+) -> tuple[PolicyState, list[RestartRequested]]:
+    """A gang ``respawn`` for a run that stayed below its floor, by numbered rules.
+
+    1. Its incarnation is older than one already seen: stale, no command.
+    2. The incarnation was already escalated: no command (one gang restart covers it).
+    3. Shadow: the command it would cause, flagged (`_shadow_command`).
+    4. Over the restart budget: no command, counted.
+    5. Otherwise the gang command, whether or not the incarnation had one before (a group
+       restart carried that one out and the run did not come back above its floor).
+    """
+    incarnation = anomaly.incarnation
+    if incarnation < state.newest_incarnation:  # rule 1
+        return msgspec.structs.replace(state, stale=state.stale + 1), []
+    if incarnation <= state.escalated_incarnation:  # rule 2
+        return state, []
+    if anomaly.shadow or is_shadow(cfg, anomaly.kind):  # rule 3
+        return _shadow_command(state, anomaly, source, "respawn")
+    if not _within_budget(state, anomaly.step, cfg):  # rule 4
+        return msgspec.structs.replace(state, over_budget=state.over_budget + 1), []
+    command = _command(anomaly, source, "respawn", shadow=False)  # rule 5
+    keep = max(cfg.restart_budget, 1)
+    return msgspec.structs.replace(
+        state,
+        commanded_incarnation=incarnation,
+        escalated_incarnation=incarnation,
+        command_steps=(*state.command_steps, anomaly.step)[-keep:],
+        commands=state.commands + 1,
+        last_command_id=command.command_id,
     ), [command]
 
 

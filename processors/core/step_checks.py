@@ -118,8 +118,8 @@ class Emitter:
             )
         )
 
-    def emit_replica(self, kind: AnomalyKind, replica_group: int, detail: str) -> None:
-        """Record a verdict about one replica group (`processors.core.replicas`)."""
+    def emit_replica(self, kind: AnomalyKind, replica_group: int | None, detail: str) -> None:
+        """Record a verdict about a replica group, or None: the run's replica groups."""
         self.out.append(
             make_anomaly(
                 run_id=self.state.run_id,

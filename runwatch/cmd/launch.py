@@ -132,6 +132,13 @@ def _add_ft_args(parser: argparse.ArgumentParser) -> None:
         help="fewest groups a step commits with; a restart that would leave fewer "
         "stepping restarts the gang",
     )
+    ft.add_argument(
+        "--min-replicas-bound-s",
+        type=float,
+        metavar="S",
+        help="let the survivors step below --min-replicas (torchft's quorum needs one "
+        "group) for at most S seconds of log time; longer restarts the gang",
+    )
 
 
 def fault_tolerance(args: argparse.Namespace) -> FaultToleranceSpec | None:
@@ -157,7 +164,15 @@ def fault_tolerance(args: argparse.Namespace) -> FaultToleranceSpec | None:
             f"--nproc {args.nproc} is not --replica-groups x --nproc-per-group "
             f"({groups} x {per_group}): give one or the other"
         )
-    return FaultToleranceSpec(replica_groups=groups, nproc_per_group=per_group, min_replicas=least)
+    bound_s = args.min_replicas_bound_s
+    if bound_s is not None and not 1.0 <= bound_s <= 86_400.0:
+        raise UsageError(f"--min-replicas-bound-s must be in 1..86400 s, got {bound_s:g}")
+    return FaultToleranceSpec(
+        replica_groups=groups,
+        nproc_per_group=per_group,
+        min_replicas=least,
+        min_replicas_bound_s=bound_s,
+    )
 
 
 def _add_node_args(parser: argparse.ArgumentParser) -> None:

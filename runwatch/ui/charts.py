@@ -3,7 +3,8 @@
 Pure functions from numbers to an SVG string: no JavaScript library, no CDN, the same
 picture in every browser, and testable without one. Every element a reader (or a test)
 looks for carries a class and data attributes: ``.marker[data-kind][data-step]``,
-``.vline[data-kind][data-step]``, ``.curve[data-incarnation]``.
+``.vline[data-kind][data-step]``, ``.curve[data-incarnation]``, ``.degraded[data-from]
+[data-to]`` (steps where not every replica group took part).
 """
 
 from __future__ import annotations
@@ -49,6 +50,48 @@ class VLine(NamedTuple):
     broken: bool = False
 
 
+class Band(NamedTuple):
+    """A shaded stretch of steps, both ends included (degraded steps)."""
+
+    first: int
+    last: int
+    label: str
+
+
+class DegradedSpan(NamedTuple):
+    """Consecutive degraded steps with the same quorum: ``groups`` of ``of`` took part."""
+
+    first: int
+    last: int
+    groups: int
+    of: int
+
+
+def degraded_spans(steps: Sequence[tuple[int, int, int]]) -> list[DegradedSpan]:
+    """Merge degraded steps into spans, by numbered rules.
+
+    1. A step right after the open span's last, with the same quorum size and group
+       count, extends it.
+    2. Any other step (a gap, another quorum size, or a step redone after a resume)
+       opens a new span.
+
+    Args:
+        steps: ``(step, groups in its quorum, groups known)`` of each degraded step, in
+            arrival order.
+
+    Returns:
+        The spans, in arrival order.
+    """
+    spans: list[DegradedSpan] = []
+    for step, groups, of in steps:
+        last = spans[-1] if spans else None
+        if last is not None and step == last.last + 1 and (groups, of) == last[2:]:  # rule 1
+            spans[-1] = last._replace(last=step)
+        else:  # rule 2
+            spans.append(DegradedSpan(step, step, groups, of))
+    return spans
+
+
 TINY_SPAN = 1e-300
 """Below this a span has no round ticks (its logarithm is near the float limits)."""
 Y_LIMIT = 1e300
@@ -87,6 +130,7 @@ def line_chart(
     *,
     markers: Sequence[Marker] = (),
     vlines: Sequence[VLine] = (),
+    bands: Sequence[Band] = (),
     percent: bool = False,
     chart_id: str = "",
 ) -> str:
@@ -100,6 +144,7 @@ def line_chart(
         points: Values in arrival order.
         markers: Anomalies to mark.
         vlines: Restart and rollback lines.
+        bands: Shaded stretches of steps (degraded steps), drawn under the curves.
         percent: Label values as percentages (MFU fractions).
         chart_id: ``id`` of the ``svg`` element.
 
@@ -109,6 +154,7 @@ def line_chart(
     finite_vals = [p.value for p in points if p.value is not None and math.isfinite(p.value)]
     finite_vals += [m.value for m in markers if m.value is not None and math.isfinite(m.value)]
     steps = [p.step for p in points] + [m.step for m in markers] + [v.step for v in vlines]
+    steps += [s for b in bands for s in (b.first, b.last)]
     head = (
         f'<svg xmlns="http://www.w3.org/2000/svg" class="chart" id="{escape(chart_id)}" '
         f'viewBox="0 0 {WIDTH} {HEIGHT}" role="img" aria-label="{escape(title)}">'
@@ -155,6 +201,15 @@ def line_chart(
             f'<text class="xtick" x="{x:.1f}" y="{HEIGHT - PAD_BOTTOM + 16}">{int(t)}</text>'
         )
     parts.append(f'<text class="xlabel" x="{WIDTH - PAD_RIGHT}" y="{HEIGHT - 4}">step</text>')
+    for b in bands:
+        x0, x1 = sx(b.first - 0.5), sx(b.last + 0.5)
+        x0, x1 = max(PAD_LEFT, x0), min(WIDTH - PAD_RIGHT, x1)
+        parts.append(
+            f'<g class="degraded" data-from="{b.first}" data-to="{b.last}">'
+            f"<title>{escape(b.label)}</title>"
+            f'<rect x="{x0:.1f}" y="{PAD_TOP}" width="{max(1.0, x1 - x0):.1f}" '
+            f'height="{plot_h}"/></g>'
+        )
     for v in vlines:
         x = sx(v.step)
         cls = "vline broken" if v.broken else "vline"

@@ -49,6 +49,7 @@ from runwatch.schemas.events import (
 )
 from runwatch.schemas.records import RawRecord, split
 from runwatch.schemas.topics import FOLD_ORDER, StateKind, TopicRole, folding, names
+from runwatch.ui.charts import degraded_spans
 
 log = logging.getLogger(__name__)
 
@@ -142,6 +143,10 @@ class _Run:
             maxlen=MAX_POINTS
         )  # (step, incarnation, loss, grad_norm, mfu)
         self.feed: deque[Event] = deque(maxlen=MAX_FEED)
+        self.groups: frozenset[int] = frozenset()
+        """Every replica group seen in a step's quorum (a fault-tolerant run)."""
+        self.degraded: deque[tuple[int, int, int]] = deque(maxlen=MAX_POINTS)
+        """``(step, groups in its quorum, groups known)`` of each degraded step."""
         self.audit: AuditNote | None = None
         self.touched_ms = 0
         """Log time (broker timestamp, bounded) of the run's newest record."""
@@ -454,6 +459,10 @@ class WebviewData:
             info = run.info or RunInfo()
             _, _, step_mfu, _ = step_accounting(info, event, info.config(self.cfg))
             run.points.append((event.step, info.incarnation, event.loss, event.grad_norm, step_mfu))
+            if event.participants:  # a fault-tolerant run: degraded when a group is missing
+                run.groups |= frozenset(event.participants)
+                if len(event.participants) < len(run.groups):
+                    run.degraded.append((event.step, len(event.participants), len(run.groups)))
         elif isinstance(
             event,
             AnomalyDetected | RestartRequested | RestartCompleted | RestartFailed | CommandRejected,
@@ -530,7 +539,8 @@ class WebviewData:
             MFU), ``restarts`` (the step-health state's resumes with their continuity
             verdicts), ``feed`` (verdicts, commands and controller events, oldest first),
             ``receipt`` (the core's health report from the live states), ``audit``,
-            ``version``.
+            ``degraded`` (spans of steps where not every replica group took part:
+            ``first``, ``last``, ``groups``, ``of``), ``version``.
         """
         with self._lock:
             run = self._runs.get(run_id)
@@ -539,6 +549,7 @@ class WebviewData:
             self._summaries()
             states = dict(run.states)
             points = list(run.points)
+            degraded = degraded_spans(list(run.degraded))
             feed = sorted(run.feed, key=lambda e: e.ts_ns)  # topics interleave on arrival
             summary, audit, version = run.summary, run.audit, self._version
         steps = states.get(StateKind.STEPS)
@@ -559,6 +570,7 @@ class WebviewData:
             "feed": [event_json(e) for e in feed],
             "receipt": receipt,
             "audit": None if audit is None else msgspec.to_builtins(audit),
+            "degraded": [d._asdict() for d in degraded],
             "version": version,
         }
 

@@ -36,7 +36,7 @@ from runwatch.common.errors import RunwatchError
 from runwatch.schemas.events import AnomalyDetected, RestartRequested, event_name
 from runwatch.schemas.kinds import Chart, kinds_where
 from runwatch.ui.calibration import calibration_json
-from runwatch.ui.charts import Marker, Point, VLine, line_chart
+from runwatch.ui.charts import Band, Marker, Point, VLine, line_chart
 from runwatch.ui.model import FleetQuery, WebviewData
 
 log = logging.getLogger(__name__)
@@ -122,12 +122,26 @@ def run_charts(page: dict[str, Any]) -> dict[str, str]:
             )
         return out
 
+    bands = [
+        Band(
+            d["first"],
+            d["last"],
+            f"steps {d['first']}-{d['last']}: {d['groups']} of {d['of']} replica groups stepping",
+        )
+        for d in page.get("degraded", ())
+    ]
+
     def series(col: int) -> list[Point]:
         return [Point(p[0], _float(p[col]), p[1]) for p in points if p[col] is not None]
 
     return {
         "loss": line_chart(
-            "loss", series(2), markers=markers(LOSS_KINDS), vlines=vlines, chart_id="chart-loss"
+            "loss",
+            series(2),
+            markers=markers(LOSS_KINDS),
+            vlines=vlines,
+            bands=bands,
+            chart_id="chart-loss",
         ),
         "grad_norm": line_chart(
             "grad norm",
@@ -141,6 +155,7 @@ def run_charts(page: dict[str, Any]) -> dict[str, str]:
             series(4),
             markers=markers(frozenset()),
             vlines=vlines,
+            bands=bands,
             percent=True,
             chart_id="chart-mfu",
         ),

@@ -224,6 +224,10 @@ function runPage() {
       kpi("restarts", "restarts", s.restarts),
       kpi("anomalies", "anomalies", anomalies, anomalies ? "bad" : "ok"),
       kpi("continuity", "continuity", s.continuity_ok ? "ok" : "broken", s.continuity_ok ? "ok" : "bad"),
+      ...(s.replica_groups ? [
+        kpi("groups", "replica groups", `${s.replica_groups - s.replicas_lost.length}/${s.replica_groups}`, s.replicas_lost.length ? "bad" : "ok"),
+        kpi("degraded", "degraded steps", s.degraded_steps, s.degraded_steps ? "warn" : "ok"),
+      ] : []),
     ].join("") : "";
     $("#loss-chart").innerHTML = data.charts.loss;
     $("#grad-chart").innerHTML = data.charts.grad_norm;
@@ -234,6 +238,14 @@ function runPage() {
           <td><span class="pill ${r.continuity === "broken" ? "bad" : r.continuity === "ok" ? "ok" : ""}">${esc(r.continuity)}</span></td>
           <td>${r.checked_steps}</td><td>${num(r.max_z, 2)}</td></tr>`).join("")
       : '<tr><td class="muted">no restarts</td></tr>';
+    const spans = data.degraded || [];
+    $("#degraded-card").hidden = !(spans.length || (s && s.replica_groups));
+    const degradedSteps = spans.reduce((n, d) => n + d.last - d.first + 1, 0);
+    $("#degraded-count").textContent = spans.length ? `(${degradedSteps} steps in ${spans.length} spans, newest first)` : "";
+    $("#degraded").innerHTML = spans.length
+      ? "<tr><th>steps</th><th>replica groups stepping</th><th>steps</th></tr>" +
+        spans.slice().reverse().map((d) => `<tr data-from="${d.first}" data-to="${d.last}"><td>${d.first}–${d.last}</td><td>${d.groups} of ${d.of}</td><td>${d.last - d.first + 1}</td></tr>`).join("")
+      : '<tr><td class="muted">every step had every replica group</td></tr>';
     $("#audit").innerHTML = `<p>${auditText(data.audit)}</p>` + (data.audit && !data.audit.error ? `<p class="muted">${data.audit.anomalies} anomalies and ${data.audit.commands} commands re-derived from ${data.audit.input_records} input records</p>` : "");
     $("#audit-now").disabled = data.auditing;
     $("#audit-now").textContent = data.auditing ? "auditing…" : "audit now";

@@ -183,6 +183,7 @@ class Trainer:
         loss: float | None = None,
         silent: Sequence[int] = (),
         restart_from: int | None = None,
+        participants: tuple[int, ...] = (),
     ) -> None:
         e0 = self.emitters[0]
         e0.step(
@@ -193,6 +194,9 @@ class Trainer:
             tokens=4096,
             examples=64,
             restart_from_step=restart_from,
+            # a replica-group run's quorum (torchft): reported by its first group
+            replica_group=participants[0] if participants else None,
+            participants=participants,
         )
         for rank, emitter in enumerate(self.emitters):
             if rank not in silent:

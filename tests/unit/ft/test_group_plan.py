@@ -81,6 +81,7 @@ def ns(**kw: object) -> argparse.Namespace:
         "nproc_per_group": 1,
         "min_replicas": 1,
         "nproc": None,
+        "min_replicas_bound_s": None,
     }
     return argparse.Namespace(**{**base, **kw})
 
@@ -94,6 +95,7 @@ def test_launch_flags_make_the_spec_part_and_refuse_what_cannot_be() -> None:
         ns(min_replicas=4),
         ns(nproc=2),
         ns(fault_tolerance=None),
+        ns(min_replicas_bound_s=0.5),
     ):
         with pytest.raises(UsageError):
             fault_tolerance(bad)
