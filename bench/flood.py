@@ -106,7 +106,7 @@ class Worker:
         p = self._partition(role, event.run_id) if partition is None else partition
         offset = self.offsets.get((role, p), 0)
         self.offsets[(role, p)] = offset + 1
-        return Decoded(Provenance(topic=f"flood.{role}", partition=p, offset=offset), event)
+        return Decoded(Provenance(topic=f"flood.{role}", partition=p, offset=offset), event)  # type: ignore[arg-type]
 
     def feed(self, role: TopicRole, items: list[Decoded]) -> None:
         """Fold ``items`` round by round, as the agents do; anomalies go to the policy."""
