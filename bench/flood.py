@@ -15,10 +15,9 @@ as the anomalies topic's records and folded by the policy, as the worker does.
 Phases (log time, never the wall clock, is what drives retention):
 
 1. ``flood``: the flood and the honest runs' start, steps and checkpoints, at log time T.
-2. ``ended``: the honest runs end at T + 1 min, and a Tick per heartbeat partition plus a
-   record per steps, checkpoints and anomalies partition carry the log on to T + 2 days
-   (every partition sees records past the ended retention: the flood's partitions keep
-   receiving the honest runs' traffic in a deployment; here filler records of one run id).
+2. ``ended``: the honest runs end at T + 1 min, and other traffic carries the log on to
+   T + 2 days: a Tick per heartbeat partition, and in each steps, checkpoints and anomalies
+   partition records of one other run up to the next offset that sweeps it (`filler`).
 
 Figures after each phase: resident memory (``VmRSS``, MiB, this process), the number of
 states per kind, and the table bytes. For "before" figures run it from an older tree:
@@ -71,6 +70,8 @@ PARTITIONS = {
 """The catalogue's default partition counts (`schemas.topics`)."""
 FOLD_CHUNK_EVENTS = 4096
 """As `processors.app.FOLD_CHUNK_EVENTS`."""
+SWEEP_EVERY_RECORDS = 1024
+"""As `processors.core.retention.SWEEP_EVERY_RECORDS` (spelled here: "before" trees lack it)."""
 
 
 def rss_mib() -> float:
@@ -124,8 +125,13 @@ class Worker:
             raw = table.get(run_id)
             return None if raw is None else decode_state(kind, raw)
 
+        index: dict[int, list[str]] = {}  # one pass per round, as the agents' memory table
+
         def runs_in(partition: int) -> list[str]:
-            return [r for r in table if self._partition(role, r) == partition]
+            if not index:
+                for r in table:
+                    index.setdefault(self._partition(role, r), []).append(r)
+            return index.get(partition, [])
 
         encoded: dict[str, bytes] = {}
         evicted: frozenset[str] = frozenset()
@@ -202,8 +208,28 @@ def feed_all(worker: Worker, events: Iterator[tuple[TopicRole, Event]]) -> None:
             worker.feed(role, by_role[role])
 
 
+def filler(role: TopicRole, partition: int, i: int, now_ns: int) -> Event:
+    """The ``i``-th record of other traffic in a partition at log time ``now_ns``."""
+    run_id = f"filler-{partition}"
+    if role == TopicRole.HEARTBEATS:
+        return Tick(run_id="*", ts_ns=now_ns, partition=partition)
+    if role == TopicRole.STEPS:
+        return StepCompleted(run_id=run_id, ts_ns=now_ns, step=i + 1, loss=2.0, step_time_s=1.0)
+    if role == TopicRole.CHECKPOINTS:
+        return CheckpointCommitted(run_id=run_id, ts_ns=now_ns, step=i + 1, path=f"/f/{i}")
+    return AnomalyDetected(
+        run_id=run_id, ts_ns=now_ns, seq=i, verdict_id=f"{run_id}-{i}", kind="loss_spike",
+        step=i + 1, incarnation=0,
+    )  # fmt: skip
+
+
 def later(worker: Worker, real: int, now_ns: int) -> None:
-    """The honest runs end, and log time reaches ``now_ns`` in every partition."""
+    """The honest runs end, and log time reaches ``now_ns`` in every partition.
+
+    Each partition gets other traffic at ``now_ns`` up to and including its next offset
+    that is a multiple of `SWEEP_EVERY_RECORDS` (a Tick for heartbeats): that many more
+    records is what a partition takes to be swept.
+    """
     events: list[tuple[TopicRole, Event]] = []
     for i in range(real):
         end = RunEnded(
@@ -211,26 +237,13 @@ def later(worker: Worker, real: int, now_ns: int) -> None:
         )
         events += [(r, end) for r in (TopicRole.STEPS, TopicRole.HEARTBEATS, TopicRole.CHECKPOINTS)]
     feed_all(worker, iter(events))
-    for role in FOLD_ORDER:  # time passes in every partition: later records of its runs
+    for role in FOLD_ORDER:
         items: list[Decoded] = []
         for p in range(PARTITIONS[role]):
-            if role == TopicRole.HEARTBEATS:
-                event: Event = Tick(run_id="*", ts_ns=now_ns, partition=p)
-            elif role == TopicRole.ANOMALIES:
-                continue  # the policy's partitions see no more anomalies here
-            else:
-                event = Heartbeat(run_id="filler", ts_ns=now_ns, rank=0, step=0)
-                if role == TopicRole.STEPS:
-                    event = StepCompleted(
-                        run_id="filler", ts_ns=now_ns, step=1, loss=2.0, step_time_s=1.0
-                    )
-                else:
-                    event = CheckpointCommitted(
-                        run_id="filler", ts_ns=now_ns, step=1, path="/filler"
-                    )
-            items.append(worker.record(role, event, partition=p))
-        if items:
-            worker.feed(role, items)
+            offset = worker.offsets.get((role, p), 0)
+            count = 1 if role == TopicRole.HEARTBEATS else -offset % SWEEP_EVERY_RECORDS + 1
+            items += [worker.record(role, filler(role, p, i, now_ns), p) for i in range(count)]
+        worker.feed(role, items)
 
 
 def main() -> None:

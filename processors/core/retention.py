@@ -12,11 +12,13 @@ audit and replay keep and drop the same states:
    of it arrived for `STRAY_RETENTION_NS`;
 3. nothing of it arrived for `SILENT_RETENTION_NS` (by then its hang verdict is days old).
 
-The policy reads the anomalies topic alone and never sees a RunEnded: its state goes by
-rule 3 from the run's last anomaly. What it forgets is harmless then: the controller
-dedups commands by id and refuses one of an incarnation that is not the gang's current one
-(`controller.command_gate`, rules 7 and 8), and the restart budget counts steps of the
-last days only.
+The policy reads the anomalies topic alone and never sees a RunEnded or a RunStarted: its
+state goes `POLICY_RETENTION_NS` (a day) after the run's last anomaly. Its memory matters
+while a gang fails and restarts (minutes apart); what it forgets after a quiet day is
+harmless: a verdict replayed into a fresh state makes the same command id, which the
+controller refuses as replayed, and a command for an incarnation that is not the gang's
+current one is refused as stale (`controller.command_gate`, rules 7 and 8). The restart
+budget starts over, as after a day without failures it should.
 
 "Now" is the log time of the partition: a Tick for liveness (the clock writes one into
 every heartbeat partition); for steps, checkpoints and the policy, whose topics carry no
@@ -58,6 +60,8 @@ STRAY_RETENTION_NS: Final = HOUR_NS
 """How long a run that never sent a RunStarted is kept with nothing of it arriving."""
 SILENT_RETENTION_NS: Final = 7 * 24 * HOUR_NS
 """How long a live run's state is kept with nothing of it arriving (a week)."""
+POLICY_RETENTION_NS: Final = ENDED_RETENTION_NS
+"""How long a policy state is kept after the run's last anomaly (module docstring)."""
 SWEEP_EVERY_RECORDS: Final = 1024
 """A steps, checkpoints or anomalies partition is swept at each record whose offset is a
 multiple of this: a sweep reads every state of the partition, so this many records pay
@@ -127,8 +131,8 @@ def checkpoints_expired(state: CheckpointCatalogue, now_ns: int) -> bool:
 
 
 def policy_expired(state: PolicyState, now_ns: int) -> bool:
-    """`run_expired` for a policy state: rule 3 from its last anomaly (module docstring)."""
-    return run_expired(ended=False, announced=True, last_ns=state.last_ts_ns, now_ns=now_ns)
+    """Whether a policy state is `POLICY_RETENTION_NS` past its last anomaly."""
+    return now_ns - state.last_ts_ns > POLICY_RETENTION_NS
 
 
 EXPIRED: Final[dict[StateKind, Callable[[Any, int], bool]]] = {
@@ -164,6 +168,7 @@ __all__ = [
     "EXPIRED",
     "HOUR_NS",
     "MAX_RUNS_PER_PARTITION",
+    "POLICY_RETENTION_NS",
     "SILENT_RETENTION_NS",
     "STRAY_RETENTION_NS",
     "SWEEP_EVERY_RECORDS",

@@ -12,6 +12,7 @@ from runwatch.processors.core.retention import (
     ENDED_RETENTION_NS,
     HOUR_NS,
     MAX_RUNS_PER_PARTITION,
+    POLICY_RETENTION_NS,
     SILENT_RETENTION_NS,
     STRAY_RETENTION_NS,
     SWEEP_EVERY_RECORDS,
@@ -171,7 +172,7 @@ def test_a_stray_run_goes_an_hour_after_its_last_record_an_announced_one_stays()
     assert replayer.evicted[StateKind.STEPS] == {"stray"}
 
 
-def test_a_policy_state_goes_a_week_after_its_last_anomaly_and_a_replayed_verdict_stays_refused() -> (
+def test_a_policy_state_goes_a_day_after_its_last_anomaly_a_replayed_verdict_stays_refused() -> (
     None
 ):
     verdict = AnomalyDetected(
@@ -179,11 +180,17 @@ def test_a_policy_state_goes_a_week_after_its_last_anomaly_and_a_replayed_verdic
     )
     replayer = Replayer(CFG).feed(_on(TopicRole.ANOMALIES, [verdict], [1]))
     first = replayer.commands[0]
-    later = msgspec.structs.replace(verdict, ts_ns=S + SILENT_RETENTION_NS + 1)
-    other = msgspec.structs.replace(later, run_id="q", verdict_id="v2")
-    replayer.feed(_on(TopicRole.ANOMALIES, [other, later], [SWEEP_EVERY_RECORDS, 1025]))
-    assert replayer.evicted[StateKind.POLICY] == set()  # "p" came back at once
-    assert replayer.policy["p"].last_offset == 1025
+    other = msgspec.structs.replace(verdict, run_id="q", verdict_id="v2")
+    at_a_day = msgspec.structs.replace(other, ts_ns=S + POLICY_RETENTION_NS)
+    replayer.feed(_on(TopicRole.ANOMALIES, [at_a_day], [SWEEP_EVERY_RECORDS]))
+    assert "p" in replayer.policy  # a day exactly: kept
+    later = msgspec.structs.replace(verdict, ts_ns=S + POLICY_RETENTION_NS + 1)
+    sweep = msgspec.structs.replace(other, ts_ns=later.ts_ns)
+    replayer.feed(_on(TopicRole.ANOMALIES, [sweep], [2 * SWEEP_EVERY_RECORDS]))
+    assert replayer.evicted[StateKind.POLICY] == {"p"} and "p" not in replayer.policy
+    replayer.feed(_on(TopicRole.ANOMALIES, [later], [2 * SWEEP_EVERY_RECORDS + 1]))
+    assert replayer.evicted[StateKind.POLICY] == set()  # "p" is back, fresh
+    assert replayer.policy["p"].last_offset == 2 * SWEEP_EVERY_RECORDS + 1
     # The verdict replayed into a fresh state makes the same command again: the controller
     # refuses it, by its id (command_gate rule 7) or its incarnation (rule 8).
     again = replayer.commands[-1]
