@@ -250,6 +250,11 @@ class Replayer:
         outside it (a refold) each record's state is checked as it is made.
         """
         before = store.get(run_id)
+        if before is not None and type(event) is not Tick and EXPIRED[kind](before, event.ts_ns):
+            # Past its retention at the run's own record: as if a sweep had evicted it, so
+            # an audit of this run alone (no other runs' records, no sweeps) agrees.
+            self._evict(kind, store, run_id, source.partition)
+            before = None
         touched = self._touched
         if touched is not None:
             key = (kind, run_id)

@@ -269,3 +269,21 @@ def test_the_agents_chunked_fold_keeps_and_refuses_what_one_fold_does() -> None:
         table.update(results[-1].encoded)
     assert set(table) == set(whole.steps) == {runs[0], *(f"g{i}" for i in range(20))}
     assert [d.run_id for d in dead] == [d.run_id for d in whole.dead_letters] == runs[-10:]
+
+
+def test_a_run_audited_alone_is_evicted_where_the_partitions_sweep_evicted_it() -> None:
+    # `runwatch audit --run` reads one run's records and the Ticks, never the other runs'
+    # records that sweep a steps partition: an expired state is also dropped at the run's
+    # own next record, so both folds start the late record from a fresh state.
+    end_ns = 10 * S
+    late_ns = end_ns + ENDED_RETENTION_NS + 5 * S
+    own = [started("r", ts_ns=S), step(1, 2.0, run="r", ts_ns=2 * S), ended("r", ts_ns=end_ns)]
+    late = step(7, 3.0, run="r", ts_ns=late_ns)
+    other = step(1, 2.0, run="o", ts_ns=late_ns - S)
+    whole = Replayer(CFG).feed(
+        _on(TopicRole.STEPS, [*own, other, late], [1, 2, 3, SWEEP_EVERY_RECORDS, 1100])
+    )
+    alone = Replayer(CFG).feed(_on(TopicRole.STEPS, [*own, late], [1, 2, 3, 1100]))
+    assert whole.steps["r"] == alone.steps["r"]
+    assert alone.steps["r"].steps_observed == 1 and alone.steps["r"].info.world_size == 0
+    assert whole.canonical_anomalies() == alone.canonical_anomalies()
