@@ -19,7 +19,9 @@ Phases (log time, never the wall clock, is what drives retention):
    T + 2 days: a Tick per heartbeat partition, and in each steps, checkpoints and anomalies
    partition records of one other run up to the next offset that sweeps it (`filler`).
 
-Figures after each phase: resident memory (``VmRSS``, MiB, this process), the number of
+``--waves N`` repeats 1 and 2 with new run ids (the memory a process keeps once states are
+freed is reused, so a bounded worker's resident memory stops growing). Figures after each
+phase: resident memory (``VmRSS``, MiB, this process), the number of
 states per kind, and the table bytes. For "before" figures run it from an older tree:
 ``--tree DIR`` re-executes this script with ``PYTHONPATH=DIR`` (e.g. a ``git archive`` of
 main). One JSON line at the end.
@@ -160,10 +162,10 @@ class Worker:
         }
 
 
-def flood_events(runs: int, t0_ns: int) -> Iterator[tuple[TopicRole, Event]]:
-    """What one trainer credential writes for ``runs`` fresh run ids."""
+def flood_events(runs: int, t0_ns: int, wave: int = 1) -> Iterator[tuple[TopicRole, Event]]:
+    """What one trainer credential writes for ``runs`` fresh run ids (new ones per wave)."""
     for i in range(runs):
-        run_id = f"flood-{i:06d}"
+        run_id = f"flood{wave}-{i:06d}"
         yield (
             TopicRole.STEPS,
             StepCompleted(
@@ -253,6 +255,7 @@ def main() -> None:
     parser.add_argument("--round", type=int, default=2000, help="records per round per role")
     parser.add_argument("--tree", default="", help="run the fold of this source tree instead")
     parser.add_argument("--label", default="")
+    parser.add_argument("--waves", type=int, default=1, help="floods, two days of log apart")
     args = parser.parse_args()
     if args.tree:
         at = sys.argv.index("--tree")
@@ -274,9 +277,21 @@ def main() -> None:
     started = time.perf_counter()
     later(worker, args.real, t0_ns + 2 * 24 * HOUR_NS)
     result["ended"] = {**worker.figures(), "fold_s": round(time.perf_counter() - started, 1)}
-    for phase in ("start", "flood", "ended"):
+    phases = ["start", "flood", "ended"]
+    for wave in range(2, args.waves + 1):  # the same flood again, new run ids, 2 days on
+        t_ns = t0_ns + (wave - 1) * 2 * 24 * HOUR_NS + HOUR_NS
+        started = time.perf_counter()
+        feed_all(worker, flood_events(args.runs, t_ns, wave))
+        result[f"flood{wave}"] = {
+            **worker.figures(),
+            "fold_s": round(time.perf_counter() - started, 1),
+        }
+        later(worker, 0, t_ns + 2 * 24 * HOUR_NS)
+        result[f"ended{wave}"] = worker.figures()
+        phases += [f"flood{wave}", f"ended{wave}"]
+    for phase in phases:
         f = result[phase]
-        print(f"{phase:6} rss {f['rss_mib']:>7} MiB  table {f['table_mib']:>6} MiB  "
+        print(f"{phase:7} rss {f['rss_mib']:>7} MiB  table {f['table_mib']:>6} MiB  "
               f"states {f['states']}  dead {f['dead_letters']}  cmds {f['commands']}")  # fmt: skip
     print(json.dumps(result, separators=(",", ":")))
 

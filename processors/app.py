@@ -342,6 +342,8 @@ class _Agent:
             if key in self.table:
                 del self.table[key]  # a tombstone in the changelog
             self.decoded.drop(key)
+            self.key_partitions.pop(key, None)  # nor its partition, kept per key seen
+            self.run_partitions.pop(run_id, None)
             self.evicting.discard(run_id)
         pending = {encode_key(run_id): (run_id, kept) for run_id, kept in self.unwritten.items()}
         delay_s = 0.1
