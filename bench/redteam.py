@@ -14,9 +14,14 @@ Two parts, both against one embedded broker (`runwatch.broker.ephemeral_broker`)
    view: its CPU time stops moving for ``--settle-s``), the runs tracked, ``/metrics``
    size and one scrape's seconds.
 
+3. The processors' states after the same number of run ids (one step, heartbeat and
+   checkpoint each), before and after: ``bench/flood.py`` (the agents' fold entry point
+   with tables of encoded states, no broker) for each tree; its figures land under
+   ``memory.processors_before`` and ``memory.processors_after``.
+
 Prints a table and one JSON line. ``--runs`` (default 100000; lower it where 4 replays
 of ``2 x runs`` records take more than a few minutes, and say so), ``--skip-tests``,
-``--skip-memory``.
+``--skip-memory``, ``--skip-processors``.
 
     PYTHONPATH=$PWD .venv/bin/python bench/redteam.py --runs 100000
 """
@@ -227,7 +232,20 @@ def export_before(ref: str, into: Path) -> Path:
     return into
 
 
-def memory(bootstrap: str, runs: int, before_ref: str, settle_s: float) -> dict[str, Any]:
+def processors_memory(tree: Path, runs: int) -> dict[str, Any]:
+    """`bench/flood.py` (of this tree) folding with the code of ``tree``; its JSON line."""
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "flood.py"), "--runs", str(runs),
+         "--tree", str(tree)],
+        cwd=REPO, check=True, capture_output=True, text=True,
+    )  # fmt: skip
+    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return result
+
+
+def memory(
+    bootstrap: str, runs: int, before_ref: str, settle_s: float, processors: bool = True
+) -> dict[str, Any]:
     """Before/after memory of the exporter and the web view over ``runs`` run ids."""
     prefix = f"rt{uuid.uuid4().hex[:8]}"
     admin.create_topics(bootstrap, admin.catalogue(prefix, 2))
@@ -239,6 +257,8 @@ def memory(bootstrap: str, runs: int, before_ref: str, settle_s: float) -> dict[
             log = Path(tmp) / f"{label}.log"
             out[f"sinks_{label}"] = measure_sinks(tree, bootstrap, prefix, log)
             out[f"ui_{label}"] = measure_ui(tree, bootstrap, prefix, log, settle_s)
+            if processors:
+                out[f"processors_{label}"] = processors_memory(tree, runs)
     return out
 
 
@@ -249,6 +269,7 @@ def main() -> None:
     parser.add_argument("--settle-s", type=float, default=5.0, help="web view idle this long")
     parser.add_argument("--skip-tests", action="store_true")
     parser.add_argument("--skip-memory", action="store_true")
+    parser.add_argument("--skip-processors", action="store_true")
     args = parser.parse_args()
     before = args.before or subprocess.run(
         ["git", "-C", str(REPO), "merge-base", "HEAD", "main"],
@@ -267,7 +288,9 @@ def main() -> None:
                 for row in rows:
                     print(f"{row['finding'][:58]:58} {row['result']:8} {row['seconds']}")
             if not args.skip_memory:
-                mem = memory(info.bootstrap, args.runs, before, args.settle_s)
+                mem = memory(
+                    info.bootstrap, args.runs, before, args.settle_s, not args.skip_processors
+                )
                 result["memory"] = mem
                 print(f"\n{mem['runs']} run ids, {mem['records']} records")
                 print(f"{'':16} {'VmRSS MiB':>10} {'VmHWM MiB':>10} {'tracked':>8} "
@@ -280,6 +303,12 @@ def main() -> None:
                 for label in ("before", "after"):
                     u = mem[f"ui_{label}"]
                     print(f"ui {label:13} {u['VmRSS']:>10} {u['VmHWM']:>10}")
+                for label in ("before", "after"):
+                    f = mem.get(f"processors_{label}")
+                    if f is not None:
+                        print(f"processors {label:6} flood {f['flood']['rss_mib']:>7} MiB "
+                              f"{f['flood']['states']}; two days on {f['ended']['rss_mib']:>7} "
+                              f"MiB {f['ended']['states']}")  # fmt: skip
     print(json.dumps(result, separators=(",", ":")))
 
 

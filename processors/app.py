@@ -183,6 +183,7 @@ class _Agent:
         self.unwritten: dict[str, Unwritten] = {}  # run -> its state folded, not yet stored
         self.lent: dict[str, Lent] = {}  # run -> what a fold is using (`Lent`)
         self.evicting: set[str] = set()  # runs past retention whose value is not deleted yet
+        self.round_index: dict[int, list[str]] | None = None  # `_stored_by_partition`
 
     def evict(self, run_ids: Iterable[str]) -> None:
         """Forget runs past their retention (before `absorb`); `write_unwritten` deletes them."""
@@ -248,11 +249,7 @@ class _Agent:
         if isinstance(self.table.data, RunRocksStore):  # one database per partition
             stored = [key.decode() for key in self.table.data.partition_keys(partition)]
         else:
-            stored = []
-            for key in list(self.table.keys()):
-                where, run_id = self._partition_of(key)
-                if where == partition:
-                    stored.append(run_id)
+            stored = self._stored_by_partition().get(partition, [])
         if self.evicting:
             stored = [run_id for run_id in stored if run_id not in self.evicting]
         if not self.unwritten and not self.lent:
@@ -267,6 +264,22 @@ class _Agent:
                 if run_id not in known and self._run_partition(run_id) == partition
             ),
         ]
+
+    def _stored_by_partition(self) -> dict[int, list[str]]:
+        """Partition -> runs stored in the (memory) table, from one pass over its keys.
+
+        Kept for the fold of one round (`round_index`): the table changes only when states
+        are written, after the fold. A round with a Tick per heartbeat partition, or whose
+        new runs meet the cap of many partitions (`processors.core.retention`), pays one
+        pass over the table, not one per partition.
+        """
+        index = self.round_index
+        if index is None:
+            index = self.round_index = {}
+            for key in list(self.table.keys()):
+                where, run_id = self._partition_of(key)
+                index.setdefault(where, []).append(run_id)
+        return index
 
     def _run_partition(self, run_id: str) -> int:
         where = self.run_partitions.get(run_id)
@@ -329,6 +342,8 @@ class _Agent:
             if key in self.table:
                 del self.table[key]  # a tombstone in the changelog
             self.decoded.drop(key)
+            self.key_partitions.pop(key, None)  # nor its partition, kept per key seen
+            self.run_partitions.pop(run_id, None)
             self.evicting.discard(run_id)
         pending = {encode_key(run_id): (run_id, kept) for run_id, kept in self.unwritten.items()}
         delay_s = 0.1
@@ -466,11 +481,13 @@ class _BatchSink:
             encoded: dict[str, bytes] = {}
             states: dict[str, Any] = {}
             evicted: frozenset[str] = frozenset()
+            agent.round_index = None  # the table as it is now (written since the last round)
             for result in fold_chunks(
                 agent.role, good, agent.load, agent.runs_in_partition, agent.cfg, FOLD_CHUNK_EVENTS
             ):
                 sent += await agent.send([*result.dead, *(agent.finish(o) for o in result.outputs)])
                 encoded, states, evicted = result.encoded, result.states, result.evicted
+            agent.round_index = None
             agent.evict(evicted)
             agent.absorb(encoded, states)
         self.stats.note("fold_ms", 1000 * (time.perf_counter() - t0))

@@ -17,7 +17,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 from runwatch.processors.core.config import DetectorConfig
-from runwatch.processors.core.replay import Replayer
+from runwatch.processors.core.replay import SWEPT_ROLES, Replayer
+from runwatch.processors.core.retention import sweep_due
 from runwatch.schemas.events import TICK_RUN_ID, DeadLetter, Event, EventPack, Tick
 from runwatch.schemas.records import Decoded
 from runwatch.schemas.topics import TopicRole, folding
@@ -65,16 +66,22 @@ def fold_batch(
     replayer = Replayer(cfg)
     kind = folding(role).state
     store = replayer.states_of(role)
+    replayer.stored_runs = lambda _, partition: runs_in_partition(partition)
+    swept: set[int] = set()
     for source, event in items:
         if isinstance(event, Tick) and event.run_id == TICK_RUN_ID:
             known = replayer.partition_runs.setdefault(source.partition, set())
             for run_id in runs_in_partition(source.partition):
                 known.add(run_id)
                 _preload(store, run_id, load)
-        else:
-            _preload(store, event.run_id, load)
-            if role == TopicRole.HEARTBEATS:
-                replayer.partition_runs.setdefault(source.partition, set()).add(event.run_id)
+            continue
+        if role in SWEPT_ROLES and sweep_due(source) and source.partition not in swept:
+            swept.add(source.partition)  # the sweep reads every state of the partition
+            for run_id in runs_in_partition(source.partition):
+                _preload(store, run_id, load)
+        _preload(store, event.run_id, load)
+        if role == TopicRole.HEARTBEATS:
+            replayer.partition_runs.setdefault(source.partition, set()).add(event.run_id)
     replayer.feed((role, source, event) for source, event in items)  # type: ignore[misc]
     outputs: list[Event] = [verdict for _, verdict in replayer.recomputed]
     outputs.extend(replayer.commands)
@@ -146,10 +153,9 @@ def fold_chunks(
             evicted.add(run_id)
             for runs in seen.values():
                 runs.discard(run_id)
-        if role == TopicRole.HEARTBEATS:
-            for source, event in chunk:
-                if not (isinstance(event, Tick) and event.run_id == TICK_RUN_ID):
-                    seen.setdefault(source.partition, set()).add(event.run_id)
+        for source, event in chunk:  # runs whose states this chunk made or kept
+            if event.run_id in states and event.run_id != TICK_RUN_ID:
+                seen.setdefault(source.partition, set()).add(event.run_id)
         yield BatchResult(states, result.outputs, result.dead, encoded, frozenset(evicted))
 
 

@@ -71,6 +71,10 @@ class CheckpointCatalogue(msgspec.Struct, frozen=True, gc=False):
         committed: Committed checkpoints, ascending by step (one per step: the newest).
         last_failure: The latest failure, if any.
         failures: Failures seen.
+        last_ts_ns: Log time of the newest event applied (retention,
+            `processors.core.retention`).
+        announced: A RunStarted of the run was applied.
+        ended: The latest run marker applied is a RunEnded.
     """
 
     run_id: str
@@ -78,6 +82,9 @@ class CheckpointCatalogue(msgspec.Struct, frozen=True, gc=False):
     committed: tuple[CheckpointInfo, ...] = ()
     last_failure: FailureInfo | None = None
     failures: int = 0
+    last_ts_ns: int = 0
+    announced: bool = False
+    ended: bool = False
 
     def latest(self, max_step: int | None = None) -> CheckpointInfo | None:
         """The committed checkpoint with the highest step at or below ``max_step``."""
@@ -112,7 +119,8 @@ def fold_checkpoint(
 
     Args:
         state: The run's catalogue, None for a run not seen yet.
-        event: CheckpointCommitted or CheckpointFailed (run markers are ignored).
+        event: CheckpointCommitted or CheckpointFailed; a RunStarted or RunEnded only
+            marks the run announced or ended (for its retention).
         source: The event's log position (skipped if at or below the last one).
 
     Returns:
@@ -127,6 +135,7 @@ def fold_checkpoint(
         return state
     if isinstance(event, CheckpointCommitted | CheckpointFailed):
         check_step(event.step, -1, "checkpoint step")
+    state = _seen(state, event)
     if isinstance(event, CheckpointCommitted):
         info = CheckpointInfo(
             event.step, event.path, event.ts_ns, event.size_bytes, event.write_s, event.blocked_s
@@ -145,7 +154,20 @@ def fold_checkpoint(
             last_failure=FailureInfo(event.step, event.path, event.reason, event.ts_ns),
             failures=state.failures + 1,
         )
+    if isinstance(event, RunStarted):
+        return msgspec.structs.replace(
+            state, last_offset=source.offset, announced=True, ended=False
+        )
+    if isinstance(event, RunEnded):
+        return msgspec.structs.replace(state, last_offset=source.offset, ended=True)
     return msgspec.structs.replace(state, last_offset=source.offset)
+
+
+def _seen(state: CheckpointCatalogue, event: CheckpointEvent) -> CheckpointCatalogue:
+    """``state`` with its log time moved to ``event``'s (never back)."""
+    if event.ts_ns <= state.last_ts_ns:
+        return state
+    return msgspec.structs.replace(state, last_ts_ns=event.ts_ns)
 
 
 def latest_checkpoint(

@@ -81,6 +81,8 @@ class PolicyState(msgspec.Struct, frozen=True, gc=False):
         shadow_incarnation: Newest incarnation a shadow command was recorded for (-1: none).
         escalated_incarnation: Newest incarnation a ``replicas_below_min`` gang command
             was issued for (-1: none).
+        last_ts_ns: Log time of the newest anomaly applied (retention,
+            `processors.core.retention`: the policy never sees a RunEnded).
     """
 
     run_id: str
@@ -98,6 +100,7 @@ class PolicyState(msgspec.Struct, frozen=True, gc=False):
     shadow_commands: int = 0
     shadow_incarnation: int = -1
     escalated_incarnation: int = -1
+    last_ts_ns: int = 0
 
 
 def action_for(kind: AnomalyKind) -> RestartAction | None:
@@ -184,7 +187,12 @@ def fold_policy(
     check_incarnation(anomaly.incarnation, state.newest_incarnation, "verdict incarnation")
     incarnation = anomaly.incarnation
     newest = max(state.newest_incarnation, incarnation)
-    state = msgspec.structs.replace(state, last_offset=source.offset, newest_incarnation=newest)
+    state = msgspec.structs.replace(
+        state,
+        last_offset=source.offset,
+        newest_incarnation=newest,
+        last_ts_ns=max(state.last_ts_ns, anomaly.ts_ns),
+    )
     spec = KINDS[anomaly.kind]
     if spec.breaks_continuity:
         return msgspec.structs.replace(state, continuity_broken=True), []

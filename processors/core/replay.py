@@ -51,7 +51,12 @@ from runwatch.processors.core.checkpoints import CheckpointCatalogue, fold_check
 from runwatch.processors.core.config import DetectorConfig, config_hash
 from runwatch.processors.core.liveness import LivenessState, fold_liveness
 from runwatch.processors.core.policy import PolicyState, fold_policy
-from runwatch.processors.core.retention import liveness_expired
+from runwatch.processors.core.retention import (
+    EXPIRED,
+    check_admission,
+    liveness_expired,
+    sweep_due,
+)
 from runwatch.processors.core.state_codec import encode_state
 from runwatch.processors.core.steps import StepHealthState, fold_step
 from runwatch.schemas.codec import encode
@@ -83,6 +88,11 @@ Touched: TypeAlias = dict[tuple[StateKind, str], tuple[Any, list[tuple[Provenanc
 READ_ROLES: Final[frozenset[TopicRole]] = frozenset({*FOLD_ORDER, TopicRole.RUNS})
 """The roles a replay takes records of: the folded ones, and ``runs`` (read, not folded)."""
 REPLAY_ANOMALIES_TOPIC: Final = "replay.anomalies"
+SWEPT_ROLES: Final[frozenset[TopicRole]] = frozenset(
+    {TopicRole.STEPS, TopicRole.CHECKPOINTS, TopicRole.ANOMALIES}
+)
+"""Roles whose partitions are swept for expired states every `retention.SWEEP_EVERY_RECORDS`
+records (heartbeats are swept at their Ticks)."""
 REASON_MAX_CHARS: Final = 1000
 """Longest reason a fold or encode dead letter carries."""
 S = TypeVar("S")
@@ -158,6 +168,10 @@ class ReplayResult(msgspec.Struct, frozen=True):
     dead_letters: list[DeadLetter] = []
 
 
+def _no_runs(kind: StateKind, partition: int) -> Iterable[str]:
+    return ()
+
+
 def _fold_checkpoint(
     state: CheckpointCatalogue | None, event: Any, source: Provenance
 ) -> tuple[CheckpointCatalogue, None]:
@@ -193,6 +207,12 @@ class Replayer:
         self.evicted: dict[StateKind, set[str]] = {kind: set() for kind in StateKind}
         """Kind -> runs whose state was evicted (`processors.core.retention`) and not made
         again since: their table values are to be deleted."""
+        self.members: dict[StateKind, dict[int, set[str]]] = {kind: {} for kind in StateKind}
+        """Kind -> partition -> runs holding a state there (`processors.core.retention`:
+        the cap and the sweeps), each partition's first taken from `stored_runs`."""
+        self.stored_runs: Callable[[StateKind, int], Iterable[str]] = _no_runs
+        """Runs whose states the caller keeps outside this replayer, by kind and partition
+        (the live agents' tables); a whole replay keeps them all here: none."""
         self._touched: Touched | None = None
         self._stores: dict[StateKind, dict[str, Any]] = {
             StateKind.STEPS: self.steps,
@@ -230,6 +250,11 @@ class Replayer:
         outside it (a refold) each record's state is checked as it is made.
         """
         before = store.get(run_id)
+        if before is not None and type(event) is not Tick and EXPIRED[kind](before, event.ts_ns):
+            # Past its retention at the run's own record: as if a sweep had evicted it, so
+            # an audit of this run alone (no other runs' records, no sweeps) agrees.
+            self._evict(kind, store, run_id, source.partition)
+            before = None
         touched = self._touched
         if touched is not None:
             key = (kind, run_id)
@@ -237,7 +262,10 @@ class Replayer:
             if seen is None:
                 touched[key] = seen = (before, [])
             seen[1].append((source, event))
+        members = self._members(kind, source.partition) if before is None else None
         try:
+            if members is not None and run_id not in members:  # a new run: the cap
+                check_admission(len(members), run_id, source.partition)
             state, outputs = fold(before, event, source)
         except Exception as exc:
             self.dead_letters.append(stage_dead_letter(source, event, run_id, "fold", exc))
@@ -246,6 +274,8 @@ class Replayer:
             return outputs
         if touched is not None:  # checked once per run, at the end of the batch (`_flush`)
             store[run_id] = state
+            if members is not None:
+                members.add(run_id)
             return outputs
         try:
             data = encode_state(state)  # type: ignore[arg-type]
@@ -253,9 +283,30 @@ class Replayer:
             self.dead_letters.append(stage_dead_letter(source, event, run_id, "encode", exc))
             return None
         store[run_id] = state
+        if members is not None:
+            members.add(run_id)
         self.encoded[kind][run_id] = data
         self.evicted[kind].discard(run_id)
         return outputs
+
+    def _members(self, kind: StateKind, partition: int) -> set[str]:
+        """The runs holding a state of ``kind`` in ``partition`` (seeded once)."""
+        runs = self.members[kind].get(partition)
+        if runs is None:
+            runs = self.members[kind][partition] = set(self.stored_runs(kind, partition))
+        return runs
+
+    def _sweep(self, kind: StateKind, store: dict[str, Any], partition: int, now_ns: int) -> None:
+        """Evict every state of ``partition`` past its retention at log time ``now_ns``.
+
+        The caller has put every stored state of the partition into ``store`` (the live
+        agents preload them for a record that `sweep_due`).
+        """
+        expired = EXPIRED[kind]
+        for run_id in sorted(self._members(kind, partition)):
+            state = store.get(run_id)
+            if state is not None and expired(state, now_ns):
+                self._evict(kind, store, run_id, partition)
 
     def _fold_step(
         self, state: StepHealthState | None, event: Any, source: Provenance
@@ -308,7 +359,9 @@ class Replayer:
         del store[run_id]
         self.encoded[kind].pop(run_id, None)
         self.evicted[kind].add(run_id)
-        self.partition_runs.get(partition, set()).discard(run_id)
+        self._members(kind, partition).discard(run_id)
+        if kind is StateKind.LIVENESS:
+            self.partition_runs.get(partition, set()).discard(run_id)
 
     def _anomaly(self, source: Provenance, anomaly: AnomalyDetected) -> None:
         self.recorded_anomalies += 1
@@ -387,6 +440,7 @@ class Replayer:
             self._drop_run_outputs(run_id, marks)
             if before is None:
                 del store[run_id]
+                self._members(kind, applied[0][0].partition).discard(run_id)
             else:
                 store[run_id] = before
             for source, event in applied:
@@ -417,6 +471,9 @@ class Replayer:
 
     def _dispatch(self, role: str, source: Provenance, event: InputEvent | AnomalyDetected) -> None:
         """Apply one event (a record, or one event of a pack) of ``role``."""
+        if role in SWEPT_ROLES and sweep_due(source):  # retention: log time of this record
+            kind = folding(role).state
+            self._sweep(kind, self._stores[kind], source.partition, event.ts_ns)
         if role == TopicRole.STEPS:
             if isinstance(event, (StepCompleted, RunStarted, RunEnded)):
                 verdicts = self._apply(
