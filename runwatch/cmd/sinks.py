@@ -13,11 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from runwatch.common.errors import RunwatchError, UsageError
+from runwatch.sinks.settings import ENV_ALERTMANAGER, ENV_WEBHOOK, SinkEnv
 
 HELP = "deliver alerts, serve Prometheus metrics and archive every event (idempotent consumers)"
 
-ENV_WEBHOOK = "RUNWATCH_ALERT_WEBHOOK"
-ENV_ALERTMANAGER = "RUNWATCH_ALERTMANAGER"
 
 WEBHOOK_FORMAT_GONE = (
     "--webhook-format alertmanager is gone: it posted the payload Alertmanager sends to its "
@@ -294,15 +293,13 @@ def _validate(args: argparse.Namespace, webhooks: list[str], managers: list[str]
 def _webhooks(args: argparse.Namespace) -> list[str]:
     if args.webhook:
         return list(args.webhook)
-    env = os.environ.get(ENV_WEBHOOK, "") if args.alerts else ""
-    return [u.strip() for u in env.split(",") if u.strip()]
+    return list(SinkEnv.from_env().alert_webhooks) if args.alerts else []
 
 
 def _alertmanagers(args: argparse.Namespace) -> list[str]:
     if args.alertmanager:
         return list(args.alertmanager)
-    env = os.environ.get(ENV_ALERTMANAGER, "")
-    return [u.strip() for u in env.split(",") if u.strip()]
+    return list(SinkEnv.from_env().alertmanagers)
 
 
 def build_sinks(
