@@ -170,8 +170,8 @@ class CommandKeySettings:
     Attributes:
         command_key: The shared secret that signs restart commands
             (``RUNWATCH_COMMAND_KEY``); None: not set.
-        command_key_file: A file holding it (``RUNWATCH_COMMAND_KEY_FILE``), read when
-            ``command_key`` is not set; None: not set.
+        command_key_file: A file holding the command key (``RUNWATCH_COMMAND_KEY_FILE``),
+            read when ``command_key`` is not set; None: not set.
     """
 
     command_key: str | None = None
@@ -194,18 +194,19 @@ class KafkaAuth:
     Attributes:
         security_protocol: Kafka's ``security.protocol`` (``RUNWATCH_SECURITY_PROTOCOL``,
             one of `SECURITY_PROTOCOLS`); None: PLAINTEXT.
-        sasl_mechanism: ``RUNWATCH_SASL_MECHANISM`` (one of `SASL_MECHANISMS`).
-        sasl_username: The login (``RUNWATCH_SASL_USERNAME``).
-        sasl_password: Its password (``RUNWATCH_SASL_PASSWORD``).
+        sasl_mechanism: The SASL mechanism (``RUNWATCH_SASL_MECHANISM``, one of
+            `SASL_MECHANISMS`).
+        sasl_username: The Kafka login (``RUNWATCH_SASL_USERNAME``).
+        sasl_password: The login's password (``RUNWATCH_SASL_PASSWORD``).
         sasl_password_file: A file holding the password (``RUNWATCH_SASL_PASSWORD_FILE``),
             read when ``sasl_password`` is not set.
         ssl_cafile: CA bundle verifying the broker (``RUNWATCH_SSL_CAFILE``).
         ssl_certfile: Client certificate for mutual TLS (``RUNWATCH_SSL_CERTFILE``).
-        ssl_keyfile: Its private key (``RUNWATCH_SSL_KEYFILE``).
+        ssl_keyfile: The client certificate's private key (``RUNWATCH_SSL_KEYFILE``).
         trainer_sasl_username: The ranks' login under ``runwatch launch``
             (``RUNWATCH_TRAINER_SASL_USERNAME``; `ranks_environ`).
-        trainer_sasl_password: Its password (``RUNWATCH_TRAINER_SASL_PASSWORD``).
-        trainer_sasl_password_file: A file holding it
+        trainer_sasl_password: The ranks' password (``RUNWATCH_TRAINER_SASL_PASSWORD``).
+        trainer_sasl_password_file: A file holding the ranks' password
             (``RUNWATCH_TRAINER_SASL_PASSWORD_FILE``).
     """
 
