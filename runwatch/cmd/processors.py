@@ -96,6 +96,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "offsets committed; longer writes each run's state once for more rounds, and leaves "
         "more for a crash to fold again (default: 0.2)",
     )
+    _add_store_args(parser)
+
+
+def _add_store_args(parser: argparse.ArgumentParser) -> None:
+    """Where a worker keeps its tables, how it fails over and stops, what it creates."""
     parser.add_argument(
         "--store",
         default=None,

@@ -113,6 +113,11 @@ def _alert_args(parser: argparse.ArgumentParser) -> None:
         help="longest wait between tries of a delivery a receiver (webhook or "
         "Alertmanager) still owes (default: %(default)s)",
     )
+    _alert_policy_args(alerts)
+
+
+def _alert_policy_args(alerts: argparse._ArgumentGroup) -> None:
+    """Flags of which alerts go out and when: grouping, causes, rate, severity, state."""
     alerts.add_argument(
         "--group-wait-s",
         type=float,

@@ -68,6 +68,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
         dest="topic_prefix",
         help="topic name prefix (default: runwatch)",
     )
+    _add_run_args(parser)
+
+
+def _add_run_args(parser: argparse.ArgumentParser) -> None:
+    """tail-log's arguments about the run (what RunStarted says), polling and stopping."""
     parser.add_argument(
         "--tokens-per-step",
         type=int,
