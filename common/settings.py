@@ -286,12 +286,12 @@ def runwatch_home() -> Path:
 
     `RUNWATCH_HOME` if set, else `~/.runwatch` (`CommonSettings.home_dir`).
     """
-    return Path(os.environ.get(ENV_HOME) or Path.home() / ".runwatch")
+    return CommonSettings.from_env().home_dir
 
 
 def topic_prefix(explicit: str | None = None) -> str:
     """The prefix of every topic name (`runwatch` unless configured)."""
-    return explicit or os.environ.get(ENV_TOPIC_PREFIX) or DEFAULT_TOPIC_PREFIX
+    return explicit or CommonSettings.from_env().topic_prefix
 
 
 def replication_factor(explicit: int | None = None) -> int | None:
@@ -303,7 +303,7 @@ def replication_factor(explicit: int | None = None) -> int | None:
         UsageError: when it is not a positive integer.
     """
     if explicit is None:
-        return env_value(os.environ, ENV_REPLICATION_FACTOR, positive_int, "a positive integer")
+        return CommonSettings.from_env().replication_factor
     if explicit < 1:
         raise UsageError(f"the replication factor must be a positive integer, not {explicit!r}")
     return explicit
