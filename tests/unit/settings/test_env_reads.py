@@ -8,6 +8,9 @@ Every ``RUNWATCH_*`` variable belongs to one settings object (`SETTINGS_MODULES`
   ``X[NAME]`` (loaded) and ``NAME in X``, where ``NAME`` is a string literal starting
   with ``RUNWATCH_`` or a name (or attribute) bound anywhere in the package to such a
   literal, directly or through another such name;
+* a call passing such a ``NAME`` together with an environment (``os.environ``, or a name
+  or attribute called ``env`` or ``environ``), as in ``env_value(env, NAME, ...)``: a
+  helper reading it;
 * ``os.environ.get(x)``, ``os.getenv(x)`` or ``os.environ[x]`` with an ``x`` that is not
   a literal: a variable read by a computed name might be one of ours.
 
@@ -38,6 +41,7 @@ component (``launch_env``: the rank contract the launcher writes and the ranks r
 
 PREFIX = "RUNWATCH_"
 _READ_METHODS = frozenset({"get", "pop", "setdefault", "getenv"})
+_ENVIRONMENTS = frozenset({"env", "environ"})
 
 
 def source_files(repo: Path = REPO) -> list[Path]:
@@ -99,6 +103,24 @@ def _is_os_environ(node: ast.expr) -> bool:
     )
 
 
+def _is_environment(node: ast.expr) -> bool:
+    """``os.environ``, or a name or attribute called ``env`` or ``environ``."""
+    if isinstance(node, ast.Name):
+        return node.id in _ENVIRONMENTS
+    return isinstance(node, ast.Attribute) and node.attr in _ENVIRONMENTS
+
+
+def _helper_read(node: ast.AST, names: dict[str, str]) -> str | None:
+    """The ``RUNWATCH_*`` name a call passes along with an environment, if any."""
+    if not isinstance(node, ast.Call):
+        return None
+    args = [*node.args, *(k.value for k in node.keywords)]
+    if not any(_is_environment(arg) for arg in args):
+        return None
+    texts = [_literal(arg, names) for arg in args]
+    return next((t for t in texts if t is not None and t.startswith(PREFIX)), None)
+
+
 def _dynamic_os_read(node: ast.AST) -> bool:
     """``os.environ.get(x)`` / ``os.getenv(x)`` / ``os.environ[x]`` with a computed ``x``."""
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.args:
@@ -126,6 +148,8 @@ def env_reads(tree: ast.Module, names: dict[str, str]) -> list[tuple[int, str]]:
         text = None if key is None else _literal(key, names)
         if text is not None and text.startswith(PREFIX):
             reads.append((getattr(node, "lineno", 0), text))
+        elif (helper := _helper_read(node, names)) is not None:
+            reads.append((getattr(node, "lineno", 0), helper))
         elif _dynamic_os_read(node):
             reads.append((getattr(node, "lineno", 0), "a computed name in os.environ"))
     return reads
@@ -172,9 +196,12 @@ f = os.environ[name]
 g = os.environ.get("HOME")
 os.environ["RUNWATCH_Z"] = "1"
 h = {"RUNWATCH_W": "1"}
+i = env_value(os.environ, ENV_X, int, "a count")
+j = parse(self.environ, name="RUNWATCH_J")
+k = describe("RUNWATCH_K", other)
 """
     reads = env_reads(ast.parse(code), names)
-    assert [line for line, _ in reads] == [3, 4, 5, 6, 7, 8]
+    assert [line for line, _ in reads] == [3, 4, 5, 6, 7, 8, 12, 13]
 
 
 def test_aliases_of_names_are_followed() -> None:
