@@ -13,17 +13,23 @@ from __future__ import annotations
 
 import os
 import ssl
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from runwatch.common.errors import UsageError
+
+_T = TypeVar("_T")
 
 ENV_BOOTSTRAP = "RUNWATCH_BOOTSTRAP"
 ENV_HOME = "RUNWATCH_HOME"
 ENV_TOPIC_PREFIX = "RUNWATCH_TOPIC_PREFIX"
 ENV_REPLICATION_FACTOR = "RUNWATCH_REPLICATION_FACTOR"
 ENV_PARTITIONS = "RUNWATCH_PARTITIONS"
+ENV_CONNECT_TIMEOUT = "RUNWATCH_CONNECT_TIMEOUT_S"
+ENV_COMMAND_KEY = "RUNWATCH_COMMAND_KEY"
+ENV_COMMAND_KEY_FILE = "RUNWATCH_COMMAND_KEY_FILE"
 
 ENV_SECURITY_PROTOCOL = "RUNWATCH_SECURITY_PROTOCOL"
 ENV_SASL_MECHANISM = "RUNWATCH_SASL_MECHANISM"
@@ -33,6 +39,9 @@ ENV_SASL_PASSWORD_FILE = "RUNWATCH_SASL_PASSWORD_FILE"
 ENV_TRAINER_SASL_USERNAME = "RUNWATCH_TRAINER_SASL_USERNAME"
 ENV_TRAINER_SASL_PASSWORD = "RUNWATCH_TRAINER_SASL_PASSWORD"
 ENV_TRAINER_SASL_PASSWORD_FILE = "RUNWATCH_TRAINER_SASL_PASSWORD_FILE"
+ENV_SSL_CAFILE = "RUNWATCH_SSL_CAFILE"
+ENV_SSL_CERTFILE = "RUNWATCH_SSL_CERTFILE"
+ENV_SSL_KEYFILE = "RUNWATCH_SSL_KEYFILE"
 
 # Client security settings read from the environment; names follow kafka-python's arguments.
 _SECURITY_ENV: dict[str, str] = {
@@ -40,9 +49,9 @@ _SECURITY_ENV: dict[str, str] = {
     ENV_SASL_MECHANISM: "sasl_mechanism",
     ENV_SASL_USERNAME: "sasl_plain_username",
     ENV_SASL_PASSWORD: "sasl_plain_password",
-    "RUNWATCH_SSL_CAFILE": "ssl_cafile",
-    "RUNWATCH_SSL_CERTFILE": "ssl_certfile",
-    "RUNWATCH_SSL_KEYFILE": "ssl_keyfile",
+    ENV_SSL_CAFILE: "ssl_cafile",
+    ENV_SSL_CERTFILE: "ssl_certfile",
+    ENV_SSL_KEYFILE: "ssl_keyfile",
 }
 
 # A launcher's variables for its ranks' login -> the ranks' own variables.
@@ -59,17 +68,230 @@ SASL_MECHANISMS: tuple[str, ...] = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 """Values `RUNWATCH_SASL_MECHANISM` may take: the username/password mechanisms."""
 
 
+DEFAULT_TOPIC_PREFIX = "runwatch"
+DEFAULT_CONNECT_TIMEOUT_S = 5.0
+
+
+def env_value(
+    environ: Mapping[str, str], name: str, parse: Callable[[str], _T], meaning: str
+) -> _T | None:
+    """The variable ``name`` parsed, None when unset or blank; a clear error when malformed.
+
+    Every settings object's ``from_env`` reads its typed variables through this, so a bad
+    value names the variable and what it should be.
+
+    Args:
+        environ: The environment to read.
+        name: The variable.
+        parse: Turns the stripped text into the value; raises ValueError when it cannot,
+            or when the value is out of range.
+        meaning: What the value must be, for the message (``a positive integer``).
+
+    Raises:
+        UsageError: The variable is set to something ``parse`` refuses.
+    """
+    raw = environ.get(name, "").strip()
+    if not raw:
+        return None
+    try:
+        return parse(raw)
+    except ValueError:
+        raise UsageError(f"{name}={raw!r} must be {meaning}") from None
+
+
+def positive_int(raw: str) -> int:
+    """``raw`` as an integer >= 1; ValueError otherwise."""
+    value = int(raw)
+    if value < 1:
+        raise ValueError(raw)
+    return value
+
+
+def positive_float(raw: str) -> float:
+    """``raw`` as a number > 0; ValueError otherwise (nan included)."""
+    value = float(raw)
+    if not value > 0:
+        raise ValueError(raw)
+    return value
+
+
+@dataclass(frozen=True, kw_only=True)
+class CommonSettings:
+    """What every command and client shares: where Kafka is and where local files go.
+
+    Attributes:
+        bootstrap: Kafka bootstrap ``host:port[,host:port]`` (``RUNWATCH_BOOTSTRAP``);
+            None: ``--bootstrap``, else the embedded broker (`runwatch.resolve`).
+        topic_prefix: Prefix of every topic name (``RUNWATCH_TOPIC_PREFIX``).
+        home_dir: Local state: broker data, pid files, caches, controller and processor
+            state (``RUNWATCH_HOME``, else ``~/.runwatch``).
+        replication_factor: Replicas of the topics runwatch creates
+            (``RUNWATCH_REPLICATION_FACTOR``); None: chosen from the cluster's size.
+        partitions: Partition counts of new topics, unparsed (``RUNWATCH_PARTITIONS``,
+            the syntax of `schemas.topics.parse_partitions`, which `runwatch.resolve`
+            applies); None: the catalogue's.
+        connect_timeout_s: Seconds a first connection to the broker may take before a
+            command reports it unreachable (``RUNWATCH_CONNECT_TIMEOUT_S``).
+    """
+
+    bootstrap: str | None = None
+    topic_prefix: str = DEFAULT_TOPIC_PREFIX
+    home_dir: Path = Path("~/.runwatch")
+    replication_factor: int | None = None
+    partitions: str | None = None
+    connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> CommonSettings:
+        """Read the variables (`os.environ` when None); unset or blank ones take defaults.
+
+        Raises:
+            UsageError: ``RUNWATCH_REPLICATION_FACTOR`` is not a positive integer or
+                ``RUNWATCH_CONNECT_TIMEOUT_S`` not a number of seconds > 0.
+        """
+        env = os.environ if environ is None else environ
+        timeout_s = env_value(env, ENV_CONNECT_TIMEOUT, positive_float, "a number of seconds > 0")
+        return cls(
+            bootstrap=env.get(ENV_BOOTSTRAP) or None,
+            topic_prefix=env.get(ENV_TOPIC_PREFIX) or DEFAULT_TOPIC_PREFIX,
+            home_dir=Path(env.get(ENV_HOME) or Path.home() / ".runwatch"),
+            replication_factor=env_value(
+                env, ENV_REPLICATION_FACTOR, positive_int, "a positive integer"
+            ),
+            partitions=env.get(ENV_PARTITIONS, "").strip() or None,
+            connect_timeout_s=DEFAULT_CONNECT_TIMEOUT_S if timeout_s is None else timeout_s,
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class CommandKeySettings:
+    """Where the command key comes from (`schemas.signing.load_key` reads the key itself).
+
+    Attributes:
+        command_key: The shared secret that signs restart commands
+            (``RUNWATCH_COMMAND_KEY``); None: not set.
+        command_key_file: A file holding the command key (``RUNWATCH_COMMAND_KEY_FILE``),
+            read when ``command_key`` is not set; None: not set.
+    """
+
+    command_key: str | None = None
+    command_key_file: str | None = None
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> CommandKeySettings:
+        """Read the variables (`os.environ` when None); empty ones count as unset."""
+        env = os.environ if environ is None else environ
+        return cls(
+            command_key=env.get(ENV_COMMAND_KEY) or None,
+            command_key_file=env.get(ENV_COMMAND_KEY_FILE) or None,
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class KafkaAuth:
+    """How Kafka clients authenticate (docs/security.md): the ``RUNWATCH_*`` security variables.
+
+    Attributes:
+        security_protocol: Kafka's ``security.protocol`` (``RUNWATCH_SECURITY_PROTOCOL``,
+            one of `SECURITY_PROTOCOLS`); None: PLAINTEXT.
+        sasl_mechanism: The SASL mechanism (``RUNWATCH_SASL_MECHANISM``, one of
+            `SASL_MECHANISMS`).
+        sasl_username: The Kafka login (``RUNWATCH_SASL_USERNAME``).
+        sasl_password: The login's password (``RUNWATCH_SASL_PASSWORD``).
+        sasl_password_file: A file holding the password (``RUNWATCH_SASL_PASSWORD_FILE``),
+            read when ``sasl_password`` is not set.
+        ssl_cafile: CA bundle verifying the broker (``RUNWATCH_SSL_CAFILE``).
+        ssl_certfile: Client certificate for mutual TLS (``RUNWATCH_SSL_CERTFILE``).
+        ssl_keyfile: The client certificate's private key (``RUNWATCH_SSL_KEYFILE``).
+        trainer_sasl_username: The ranks' login under ``runwatch launch``
+            (``RUNWATCH_TRAINER_SASL_USERNAME``; `ranks_environ`).
+        trainer_sasl_password: The ranks' password (``RUNWATCH_TRAINER_SASL_PASSWORD``).
+        trainer_sasl_password_file: A file holding the ranks' password
+            (``RUNWATCH_TRAINER_SASL_PASSWORD_FILE``).
+    """
+
+    security_protocol: str | None = None
+    sasl_mechanism: str | None = None
+    sasl_username: str | None = None
+    sasl_password: str | None = None
+    sasl_password_file: str | None = None
+    ssl_cafile: str | None = None
+    ssl_certfile: str | None = None
+    ssl_keyfile: str | None = None
+    trainer_sasl_username: str | None = None
+    trainer_sasl_password: str | None = None
+    trainer_sasl_password_file: str | None = None
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> KafkaAuth:
+        """Read the variables (`os.environ` when None); empty ones count as unset.
+
+        Nothing is checked or read from disk here: `faust_broker_settings` checks the
+        combination, and the password file is read when a client needs it
+        (`variables`), so a command that only asks who logs in does not fail on it.
+        """
+        env = os.environ if environ is None else environ
+        return cls(
+            security_protocol=env.get(ENV_SECURITY_PROTOCOL) or None,
+            sasl_mechanism=env.get(ENV_SASL_MECHANISM) or None,
+            sasl_username=env.get(ENV_SASL_USERNAME) or None,
+            sasl_password=env.get(ENV_SASL_PASSWORD) or None,
+            sasl_password_file=env.get(ENV_SASL_PASSWORD_FILE) or None,
+            ssl_cafile=env.get(ENV_SSL_CAFILE) or None,
+            ssl_certfile=env.get(ENV_SSL_CERTFILE) or None,
+            ssl_keyfile=env.get(ENV_SSL_KEYFILE) or None,
+            trainer_sasl_username=env.get(ENV_TRAINER_SASL_USERNAME) or None,
+            trainer_sasl_password=env.get(ENV_TRAINER_SASL_PASSWORD) or None,
+            trainer_sasl_password_file=env.get(ENV_TRAINER_SASL_PASSWORD_FILE) or None,
+        )
+
+    @property
+    def plaintext(self) -> bool:
+        """True when clients speak Kafka's protocol in the clear (no TLS) to the broker."""
+        protocol = (self.security_protocol or "PLAINTEXT").strip().upper()
+        return protocol in ("", "PLAINTEXT", "SASL_PLAINTEXT")
+
+    @property
+    def has_trainer_login(self) -> bool:
+        """True when the ranks of ``runwatch launch`` get a login of their own."""
+        return bool(self.trainer_sasl_username) and bool(
+            self.trainer_sasl_password or self.trainer_sasl_password_file
+        )
+
+    def variables(self) -> dict[str, str]:
+        """The set client security variables, by variable name (`_SECURITY_ENV`'s).
+
+        The password is read from ``sasl_password_file`` when only that is set.
+
+        Raises:
+            UsageError: The password file cannot be read or is empty.
+        """
+        values = {
+            ENV_SECURITY_PROTOCOL: self.security_protocol,
+            ENV_SASL_MECHANISM: self.sasl_mechanism,
+            ENV_SASL_USERNAME: self.sasl_username,
+            ENV_SASL_PASSWORD: self.sasl_password,
+            ENV_SSL_CAFILE: self.ssl_cafile,
+            ENV_SSL_CERTFILE: self.ssl_certfile,
+            ENV_SSL_KEYFILE: self.ssl_keyfile,
+        }
+        found = {var: value for var, value in values.items() if value}
+        if self.sasl_password_file and ENV_SASL_PASSWORD not in found:
+            found[ENV_SASL_PASSWORD] = _read_password(self.sasl_password_file)
+        return found
+
+
 def runwatch_home() -> Path:
     """The directory for runwatch's local state (broker data, pid files, caches).
 
-    `RUNWATCH_HOME` if set, else `~/.runwatch`.
+    `RUNWATCH_HOME` if set, else `~/.runwatch` (`CommonSettings.home_dir`).
     """
-    return Path(os.environ.get(ENV_HOME) or Path.home() / ".runwatch")
+    return CommonSettings.from_env().home_dir
 
 
 def topic_prefix(explicit: str | None = None) -> str:
     """The prefix of every topic name (`runwatch` unless configured)."""
-    return explicit or os.environ.get(ENV_TOPIC_PREFIX) or "runwatch"
+    return explicit or CommonSettings.from_env().topic_prefix
 
 
 def replication_factor(explicit: int | None = None) -> int | None:
@@ -80,16 +302,11 @@ def replication_factor(explicit: int | None = None) -> int | None:
     Raises:
         UsageError: when it is not a positive integer.
     """
-    raw: object = explicit if explicit is not None else os.environ.get(ENV_REPLICATION_FACTOR)
-    if raw is None or raw == "":
-        return None
-    try:
-        factor = int(str(raw))
-    except ValueError:
-        factor = 0
-    if factor < 1:
-        raise UsageError(f"the replication factor must be a positive integer, not {raw!r}")
-    return factor
+    if explicit is None:
+        return CommonSettings.from_env().replication_factor
+    if explicit < 1:
+        raise UsageError(f"the replication factor must be a positive integer, not {explicit!r}")
+    return explicit
 
 
 def kafka_client_config(environ: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -133,35 +350,22 @@ def ranks_environ(environ: Mapping[str, str]) -> dict[str, str]:
         A new mapping; the ``RUNWATCH_TRAINER_SASL_*`` variables are not in it.
     """
     env = {k: v for k, v in environ.items() if k not in _TRAINER_LOGIN}
-    if _has_trainer_login(environ):
+    if KafkaAuth.from_env(environ).has_trainer_login:
         for own in _TRAINER_LOGIN.values():
             env.pop(own, None)
         env.update({ours: environ[var] for var, ours in _TRAINER_LOGIN.items() if environ.get(var)})
     return env
 
 
-def _has_trainer_login(environ: Mapping[str, str]) -> bool:
-    return bool(environ.get(ENV_TRAINER_SASL_USERNAME)) and bool(
-        environ.get(ENV_TRAINER_SASL_PASSWORD) or environ.get(ENV_TRAINER_SASL_PASSWORD_FILE)
-    )
-
-
 def ranks_share_the_launchers_login(environ: Mapping[str, str]) -> bool:
     """True when a launcher logs in with SASL and its ranks would get the same login."""
-    return bool(environ.get(ENV_SASL_USERNAME)) and not _has_trainer_login(environ)
+    auth = KafkaAuth.from_env(environ)
+    return bool(auth.sasl_username) and not auth.has_trainer_login
 
 
 def _security_env(environ: Mapping[str, str] | None) -> dict[str, str]:
-    """The non-empty `RUNWATCH_*` security variables, by variable name.
-
-    The password is read from `RUNWATCH_SASL_PASSWORD_FILE` when only that is set.
-    """
-    env = os.environ if environ is None else environ
-    found = {var: env[var] for var in _SECURITY_ENV if env.get(var)}
-    path = env.get(ENV_SASL_PASSWORD_FILE)
-    if path and ENV_SASL_PASSWORD not in found:
-        found[ENV_SASL_PASSWORD] = _read_password(path)
-    return found
+    """The non-empty `RUNWATCH_*` security variables, by variable name (`KafkaAuth`)."""
+    return KafkaAuth.from_env(environ).variables()
 
 
 def validate_sasl_mechanism(mechanism: str) -> str:
@@ -187,9 +391,9 @@ def validate_sasl_mechanism(mechanism: str) -> str:
 
 def _ssl_context(found: Mapping[str, str]) -> ssl.SSLContext:
     """A client TLS context verifying the broker, from the `RUNWATCH_SSL_*` files."""
-    cafile = found.get("RUNWATCH_SSL_CAFILE")
-    certfile = found.get("RUNWATCH_SSL_CERTFILE")
-    keyfile = found.get("RUNWATCH_SSL_KEYFILE")
+    cafile = found.get(ENV_SSL_CAFILE)
+    certfile = found.get(ENV_SSL_CERTFILE)
+    keyfile = found.get(ENV_SSL_KEYFILE)
     if keyfile and not certfile:
         raise ValueError("RUNWATCH_SSL_KEYFILE is set without RUNWATCH_SSL_CERTFILE")
     try:
@@ -235,10 +439,10 @@ def faust_broker_settings(environ: Mapping[str, str] | None = None) -> dict[str,
             them, or certificate files that cannot be loaded.
     """
     found = _security_env(environ)
-    protocol = found.get("RUNWATCH_SECURITY_PROTOCOL", "PLAINTEXT").strip().upper()
+    protocol = found.get(ENV_SECURITY_PROTOCOL, "PLAINTEXT").strip().upper()
     if protocol not in SECURITY_PROTOCOLS:
         raise ValueError(
-            f"RUNWATCH_SECURITY_PROTOCOL={found['RUNWATCH_SECURITY_PROTOCOL']!r} is not "
+            f"{ENV_SECURITY_PROTOCOL}={found[ENV_SECURITY_PROTOCOL]!r} is not "
             f"supported; use one of {', '.join(SECURITY_PROTOCOLS)}"
         )
     sasl = protocol.startswith("SASL_")
@@ -263,20 +467,18 @@ def faust_broker_settings(environ: Mapping[str, str] | None = None) -> dict[str,
     context = _ssl_context(found) if tls else None
     if not sasl:
         return {"broker_credentials": faust.SSLCredentials(context)}
-    if "RUNWATCH_SASL_MECHANISM" not in found:
+    if ENV_SASL_MECHANISM not in found:
         raise ValueError(
             f"RUNWATCH_SECURITY_PROTOCOL={protocol} needs RUNWATCH_SASL_MECHANISM "
             f"({', '.join(SASL_MECHANISMS)})"
         )
-    mechanism = validate_sasl_mechanism(found["RUNWATCH_SASL_MECHANISM"])
-    missing = [
-        var for var in ("RUNWATCH_SASL_USERNAME", "RUNWATCH_SASL_PASSWORD") if var not in found
-    ]
+    mechanism = validate_sasl_mechanism(found[ENV_SASL_MECHANISM])
+    missing = [var for var in (ENV_SASL_USERNAME, ENV_SASL_PASSWORD) if var not in found]
     if missing:
         raise ValueError(f"SASL {mechanism} needs {' and '.join(missing)}")
     credentials = faust.SASLCredentials(
-        username=found["RUNWATCH_SASL_USERNAME"],
-        password=found["RUNWATCH_SASL_PASSWORD"],
+        username=found[ENV_SASL_USERNAME],
+        password=found[ENV_SASL_PASSWORD],
         mechanism=mechanism,
         ssl_context=context,
     )

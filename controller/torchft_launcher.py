@@ -46,6 +46,16 @@ from runwatch.controller.torchft_compat import (
     LighthouseSettings,
     start_lighthouse,
 )
+from runwatch.producers.settings import (
+    ENV_GROUP_RESTARTS,
+    ENV_LIGHTHOUSE,
+    ENV_MIN_REPLICAS,
+    ENV_NUM_REPLICA_GROUPS,
+    ENV_REPLICA_FLOOR,
+    ENV_REPLICA_FLOOR_BOUND_S,
+    ENV_REPLICA_GROUP_ID,
+    ENV_START_BARRIER,
+)
 from runwatch.schemas.events import RankStack
 
 log = logging.getLogger(__name__)
@@ -195,16 +205,16 @@ class TorchFTLauncher:
         layout = self.layout
         return {
             **self.spec.env,
-            "REPLICA_GROUP_ID": str(group),
-            "NUM_REPLICA_GROUPS": str(layout.groups),
-            "TORCHFT_LIGHTHOUSE": self.lighthouse.address,
-            "RUNWATCH_FT_START_BARRIER": self.lighthouse.barrier,
-            "RUNWATCH_FT_GROUP_RESTARTS": str(self.restarts.get(group, 0)),
-            "RUNWATCH_MIN_REPLICAS": str(layout.quorum_floor),
+            ENV_REPLICA_GROUP_ID: str(group),
+            ENV_NUM_REPLICA_GROUPS: str(layout.groups),
+            ENV_LIGHTHOUSE: self.lighthouse.address,
+            ENV_START_BARRIER: self.lighthouse.barrier,
+            ENV_GROUP_RESTARTS: str(self.restarts.get(group, 0)),
+            ENV_MIN_REPLICAS: str(layout.quorum_floor),
             **(
                 {
-                    "RUNWATCH_REPLICA_FLOOR": str(layout.min_replicas),
-                    "RUNWATCH_REPLICA_FLOOR_BOUND_S": f"{layout.bound_s:g}",
+                    ENV_REPLICA_FLOOR: str(layout.min_replicas),
+                    ENV_REPLICA_FLOOR_BOUND_S: f"{layout.bound_s:g}",
                 }
                 if layout.bound_s is not None
                 else {}

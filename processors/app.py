@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -49,7 +48,12 @@ from runwatch.processors.core.config import DetectorConfig
 from runwatch.processors.core.state_codec import DecodedStates, decode_state
 from runwatch.processors.logread import partition_for
 from runwatch.processors.pipeline import fold_chunks
-from runwatch.processors.settings import ProcessorSettings, changelog_topic
+from runwatch.processors.settings import (
+    ENV_FAULT_STATE_WRITES,
+    ProcessorEnv,
+    ProcessorSettings,
+    changelog_topic,
+)
 from runwatch.processors.stores import RunRocksStore, RunTable, store_url
 from runwatch.schemas.codec import encode, encode_key
 from runwatch.schemas.events import (
@@ -133,7 +137,7 @@ class StateWriteFaults:
     exercises the real retry and halt paths against a real broker.
     """
 
-    ENV = "RUNWATCH_FAULT_STATE_WRITES"
+    ENV = ENV_FAULT_STATE_WRITES
 
     def __init__(self, count: int = 0) -> None:
         """Arm ``count`` failures."""
@@ -142,8 +146,7 @@ class StateWriteFaults:
     @classmethod
     def from_env(cls) -> StateWriteFaults:
         """The faults the environment asks for."""
-        raw = os.environ.get(cls.ENV, "").strip()
-        return cls(int(raw) if raw else 0)
+        return cls(ProcessorEnv.from_env().fault_state_writes)
 
     def check(self, topic: str) -> None:
         """Raise while armed."""

@@ -44,7 +44,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -58,7 +57,7 @@ from faust.transport.drivers import aiokafka as driver
 from faust.types import TP
 
 from runwatch.processors import compat
-from runwatch.processors.settings import DEFAULT_STATE_FLUSH_S
+from runwatch.processors.settings import DEFAULT_STATE_FLUSH_S, ENV_BATCH_STATS, ProcessorEnv
 
 FAUST_LOGGER: Final = logging.getLogger("faust.transport.runwatch")
 """The logger of these faust services: under ``faust``, so faust's levels apply (mode names
@@ -457,7 +456,7 @@ class RoundStats:
     ended (epoch seconds).
     """
 
-    ENV = "RUNWATCH_BATCH_STATS_S"
+    ENV = ENV_BATCH_STATS
 
     def __init__(self, interval_s: float = 0.0) -> None:
         """Summarise every ``interval_s`` seconds (0: never, and keep nothing)."""
@@ -469,8 +468,7 @@ class RoundStats:
     @classmethod
     def from_env(cls) -> RoundStats:
         """The stats the environment asks for."""
-        raw = os.environ.get(cls.ENV, "").strip()
-        return cls(float(raw) if raw else 0.0)
+        return cls(ProcessorEnv.from_env().batch_stats_s)
 
     def note(self, name: str, value: float) -> None:
         """Record one sample of ``name``."""

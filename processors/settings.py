@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Final, Literal, get_args
+import os
+from collections.abc import Mapping
+from typing import Final, Literal, cast, get_args
 
 import msgspec
 
+from runwatch.common.settings import env_value
 from runwatch.schemas.topics import default_partitions
 
 DEFAULT_APP_ID = "runwatch-processors"
@@ -15,6 +18,9 @@ Store = Literal["memory", "rocksdb"]
 local disk, which a successor on the same host reopens instead of replaying it all."""
 STORES: Final[tuple[str, ...]] = get_args(Store)
 DEFAULT_STORE: Final[Store] = "memory"
+ENV_STORE: Final = "RUNWATCH_STORE"
+ENV_BATCH_STATS: Final = "RUNWATCH_BATCH_STATS_S"
+ENV_FAULT_STATE_WRITES: Final = "RUNWATCH_FAULT_STATE_WRITES"
 BATCH_MAX: Final = 20_000
 """Default `ProcessorSettings.batch_max`. A round costs a few
 fixed waits (a fetch handed across faust's consumer thread, the publish, the commit
@@ -86,6 +92,59 @@ class ProcessorSettings(msgspec.Struct, frozen=True, kw_only=True):
     def partitions_of(self, role: str) -> int:
         """Partitions of the input topic of ``role`` (and of its table's changelog)."""
         return self.partitions.get(role) or default_partitions(role)
+
+
+def _store(raw: str) -> Store:
+    if raw not in STORES:
+        raise ValueError(raw)
+    return cast(Store, raw)
+
+
+def _seconds(raw: str) -> float:
+    value = float(raw)
+    if not value >= 0:
+        raise ValueError(raw)
+    return value
+
+
+def _count(raw: str) -> int:
+    value = int(raw)
+    if value < 0:
+        raise ValueError(raw)
+    return value
+
+
+class ProcessorEnv(msgspec.Struct, frozen=True, kw_only=True):
+    """What a processor worker reads from its environment (flags override it).
+
+    Attributes:
+        store: Where the tables live when ``--store`` is not given (``RUNWATCH_STORE``).
+        batch_stats_s: Log a summary of the rounds' timings every this many seconds
+            (``RUNWATCH_BATCH_STATS_S``; `processors.engine.RoundStats`); 0: never.
+        fault_state_writes: A test seam: the first this many table writes of the process
+            fail (``RUNWATCH_FAULT_STATE_WRITES``; `processors.app.StateWriteFaults`).
+    """
+
+    store: Store = DEFAULT_STORE
+    batch_stats_s: float = 0.0
+    fault_state_writes: int = 0
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> ProcessorEnv:
+        """Read the variables (`os.environ` when None); unset or blank ones take defaults.
+
+        Raises:
+            UsageError: A variable is malformed (the message names it).
+        """
+        env = os.environ if environ is None else environ
+        store = env_value(env, ENV_STORE, _store, f"one of {', '.join(STORES)}")
+        stats_s = env_value(env, ENV_BATCH_STATS, _seconds, "a number of seconds >= 0")
+        faults = env_value(env, ENV_FAULT_STATE_WRITES, _count, "an integer >= 0")
+        return cls(
+            store=DEFAULT_STORE if store is None else store,
+            batch_stats_s=0.0 if stats_s is None else stats_s,
+            fault_state_writes=0 if faults is None else faults,
+        )
 
 
 def changelog_topic(app_id: str, table: str) -> str:

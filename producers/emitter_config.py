@@ -8,29 +8,23 @@ environment variable, then to a default) into a checked `EmitterConfig`;
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from runwatch.common.settings import ENV_BOOTSTRAP, ENV_TOPIC_PREFIX, kafka_client_config
+from runwatch.common.launch_env import (
+    ENV_INCARNATION,
+    ENV_RANK,
+    ENV_RELAY_SOCKET,
+    ENV_RUN_ID,
+    ENV_WORLD_SIZE,
+)
+from runwatch.common.settings import DEFAULT_TOPIC_PREFIX, ENV_BOOTSTRAP, kafka_client_config
 from runwatch.producers.delivery import ProducerFactory
 from runwatch.producers.packing import PackPolicy
 from runwatch.producers.ratelimit import quiet_library_loggers
+from runwatch.producers.settings import EmitterEnv
 from runwatch.producers.validation import as_bool, as_float, as_int, as_step, as_str
-
-ENV_RUN_ID: Final = "RUNWATCH_RUN_ID"
-"""The run's id, set by ``runwatch launch`` for every rank of the gang."""
-ENV_INCARNATION: Final = "RUNWATCH_INCARNATION"
-"""The gang's incarnation (0, then +1 per restart), set by ``runwatch launch``."""
-ENV_RANK: Final = "RANK"
-"""torchrun's global rank."""
-ENV_WORLD_SIZE: Final = "WORLD_SIZE"
-"""torchrun's world size."""
-ENV_RELAY_SOCKET: Final = "RUNWATCH_RELAY_SOCKET"
-"""The node agent's relay (``runwatch launch --relay``): events go there, not to Kafka."""
-ENV_LAUNCH_ID: Final = "RUNWATCH_LAUNCH_ID"
-"""The launch the gang belongs to, set by ``runwatch launch``; RunStarted carries it."""
 
 PRODUCER_DEFAULTS: Final[Mapping[str, Any]] = {
     "acks": "all",
@@ -104,19 +98,8 @@ class EmitterConfig:
         return f"{THREAD_PREFIX}{self.run_id}-rank{self.rank}"
 
 
-def env_int(name: str, default: int) -> int:
-    """The integer in environment variable ``name``; ``default`` when unset or blank.
-
-    Raises:
-        ValueError: The variable is set to something that is not an integer.
-    """
-    raw = os.environ.get(name)
-    if raw is None or raw.strip() == "":
-        return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise ValueError(f"environment variable {name} must be an integer, got {raw!r}") from None
+def _or(value: int | None, default: int) -> int:
+    return default if value is None else value
 
 
 def resolve_config(
@@ -157,19 +140,20 @@ def resolve_config(
         max_events=as_int("pack_max_events", pack_max_events),
         linger_s=as_float("pack_linger_ms", pack_linger_ms) / 1e3,
     )
-    run_id = run_id if run_id is not None else os.environ.get(ENV_RUN_ID)
+    env = EmitterEnv.from_env()
+    run_id = run_id if run_id is not None else env.run_id
     if run_id is None or run_id == "":
         raise ValueError(f"RunEmitter needs a run id: pass run_id=... or set {ENV_RUN_ID}")
     run_id = as_str("run_id", run_id, allow_empty=False)
-    bootstrap = bootstrap if bootstrap is not None else os.environ.get(ENV_BOOTSTRAP)
+    bootstrap = bootstrap if bootstrap is not None else env.bootstrap
     if not bootstrap:
         raise ValueError(
             f"RunEmitter needs a Kafka address: pass bootstrap='host:port' or set {ENV_BOOTSTRAP}"
         )
     bootstrap = as_str("bootstrap", bootstrap, allow_empty=False)
-    rank = as_step("rank", rank if rank is not None else env_int(ENV_RANK, 0))
+    rank = as_step("rank", rank if rank is not None else env.rank or 0)
     world_size = as_int(
-        "world_size", world_size if world_size is not None else env_int(ENV_WORLD_SIZE, 1)
+        "world_size", world_size if world_size is not None else _or(env.world_size, 1)
     )
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
@@ -177,9 +161,9 @@ def resolve_config(
         raise ValueError(f"rank {rank} is outside world_size {world_size}")
     incarnation = as_step(
         "incarnation",
-        incarnation if incarnation is not None else env_int(ENV_INCARNATION, 0),
+        incarnation if incarnation is not None else env.incarnation or 0,
     )
-    prefix = topic_prefix or os.environ.get(ENV_TOPIC_PREFIX) or "runwatch"
+    prefix = topic_prefix or env.topic_prefix or DEFAULT_TOPIC_PREFIX
     topic_prefix = as_str("topic_prefix", prefix, allow_empty=False)
     max_buffered = as_int("max_buffered", max_buffered)
     if max_buffered < 1:
@@ -188,8 +172,8 @@ def resolve_config(
     fixed = sorted(FIXED_SETTINGS & overrides.keys())
     if fixed:
         raise ValueError(f"client_config may not override {', '.join(fixed)}")
-    relay = relay_socket if relay_socket is not None else os.environ.get(ENV_RELAY_SOCKET)
-    launch = launch_id if launch_id is not None else os.environ.get(ENV_LAUNCH_ID, "")
+    relay = relay_socket if relay_socket is not None else env.relay_socket
+    launch = launch_id if launch_id is not None else env.launch_id or ""
     return EmitterConfig(
         run_id=run_id,
         bootstrap=bootstrap,
@@ -255,7 +239,6 @@ __all__ = [
     "THREAD_PREFIX",
     "EmitterConfig",
     "default_producer_factory",
-    "env_int",
     "producer_settings",
     "resolve_config",
 ]

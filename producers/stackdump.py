@@ -29,7 +29,7 @@ import threading
 from pathlib import Path
 from typing import IO
 
-from runwatch.common.launch_env import ENV_STACK_FILE
+from runwatch.producers.settings import EmitterEnv
 
 STACK_SIGNAL_NAME = "SIGUSR1"
 """The signal an agent sends for a stack dump (the name: Windows has no such signal)."""
@@ -66,7 +66,7 @@ def install_stack_dump(path: str | os.PathLike[str] | None = None) -> Path | Non
     with _lock:
         if _installed is not None:
             return _installed[0]
-        target = path if path is not None else os.environ.get(ENV_STACK_FILE)
+        target = path if path is not None else EmitterEnv.from_env().stack_file
         if not target or sig is None:
             return None
         if callable(signal.getsignal(sig)):  # the program handles SIGUSR1 itself: leave it

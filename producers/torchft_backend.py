@@ -13,93 +13,27 @@ registration (`producers.backend` reads the capabilities without torch).
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from runwatch.common.launch_env import LaunchEnv
 from runwatch.producers.backend import TORCHFT_DDP_CAPABILITIES, BackendCapabilities
+from runwatch.producers.settings import (
+    ENV_LIGHTHOUSE,
+    ENV_MIN_REPLICAS,
+    ENV_NUM_REPLICA_GROUPS,
+    ENV_REPLICA_FLOOR,
+    ENV_REPLICA_FLOOR_BOUND_S,
+    ENV_REPLICA_GROUP_ID,
+    ReplicaEnv,
+    floor_thresholds,
+)
 from runwatch.schemas.events import ParallelPlan
 
 if TYPE_CHECKING:
     import torch
     from torch import nn
-
-ENV_REPLICA_GROUP_ID = "REPLICA_GROUP_ID"
-ENV_NUM_REPLICA_GROUPS = "NUM_REPLICA_GROUPS"
-ENV_LIGHTHOUSE = "TORCHFT_LIGHTHOUSE"
-ENV_MIN_REPLICAS = "RUNWATCH_MIN_REPLICAS"
-ENV_START_BARRIER = "RUNWATCH_FT_START_BARRIER"
-"""A second Lighthouse whose quorum needs every group: the first start's barrier (below)."""
-ENV_GROUP_RESTARTS = "RUNWATCH_FT_GROUP_RESTARTS"
-"""How many times the launcher restarted this rank's group (0: its first start)."""
-ENV_REPLICA_FLOOR = "RUNWATCH_REPLICA_FLOOR"
-"""``--min-replicas`` when ``--min-replicas-bound-s`` is given (torchft's floor is then 1)."""
-ENV_REPLICA_FLOOR_BOUND_S = "RUNWATCH_REPLICA_FLOOR_BOUND_S"
-"""``--min-replicas-bound-s``: how long the steps may stay below the floor, in log time."""
-
-
-def floor_thresholds(environ: Mapping[str, str] | None = None) -> dict[str, float]:
-    """The run's floor of replica groups as RunStarted thresholds (empty: none given).
-
-    ``runwatch launch --min-replicas M --min-replicas-bound-s S`` gives the ranks M and S;
-    the run announces them (``min_replicas``, ``min_replicas_bound_s``) so that the step
-    reducer raises ``replicas_below_min`` when its steps stay below M for longer than S.
-    """
-    env = os.environ if environ is None else environ
-    if ENV_REPLICA_FLOOR not in env:
-        return {}
-    return {
-        "min_replicas": float(env[ENV_REPLICA_FLOOR]),
-        "min_replicas_bound_s": float(env.get(ENV_REPLICA_FLOOR_BOUND_S, "300")),
-    }
-
-
-@dataclass(frozen=True)
-class ReplicaEnv:
-    """Where a rank stands among the replica groups (torchft's variables).
-
-    Attributes:
-        group: Its replica group (``REPLICA_GROUP_ID``).
-        groups: Replica groups in the run (``NUM_REPLICA_GROUPS``).
-        lighthouse: The Lighthouse's address (``TORCHFT_LIGHTHOUSE``).
-        min_replicas: Fewest groups a step may commit with (``RUNWATCH_MIN_REPLICAS``).
-        start_barrier: The start barrier's Lighthouse (``RUNWATCH_FT_START_BARRIER``), "":
-            none.
-        restarts: Times the launcher restarted this group (``RUNWATCH_FT_GROUP_RESTARTS``).
-    """
-
-    group: int
-    groups: int
-    lighthouse: str
-    min_replicas: int = 1
-    start_barrier: str = ""
-    restarts: int = 0
-
-    @classmethod
-    def from_environ(cls, environ: dict[str, str] | None = None) -> ReplicaEnv:
-        """Read the variables; a missing one is a one-line error naming it."""
-        env = dict(os.environ if environ is None else environ)
-        missing = [
-            n
-            for n in (ENV_REPLICA_GROUP_ID, ENV_NUM_REPLICA_GROUPS, ENV_LIGHTHOUSE)
-            if n not in env
-        ]
-        if missing:
-            raise RuntimeError(
-                f"torchft-ddp needs {', '.join(missing)} (start the run with "
-                "`runwatch launch --fault-tolerance torchft`)"
-            )
-        return cls(
-            group=int(env[ENV_REPLICA_GROUP_ID]),
-            groups=int(env[ENV_NUM_REPLICA_GROUPS]),
-            lighthouse=env[ENV_LIGHTHOUSE],
-            min_replicas=int(env.get(ENV_MIN_REPLICAS, "1")),
-            start_barrier=env.get(ENV_START_BARRIER, ""),
-            restarts=int(env.get(ENV_GROUP_RESTARTS, "0")),
-        )
 
 
 def _guarded_ddp() -> Any:
@@ -176,7 +110,7 @@ class TorchFTDDPBackend:
         from torch.distributed import TCPStore  # type: ignore[attr-defined]
         from torchft import Manager, ProcessGroupGloo
 
-        self.replica = ReplicaEnv.from_environ()
+        self.replica = ReplicaEnv.from_env()
         self._device = torch.device("cpu")
         if env.rank == 0:  # torchft's Manager joins the group's store; someone must serve it
             self._store = TCPStore(
@@ -268,4 +202,5 @@ __all__ = [
     "ENV_REPLICA_GROUP_ID",
     "ReplicaEnv",
     "TorchFTDDPBackend",
+    "floor_thresholds",
 ]

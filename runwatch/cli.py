@@ -18,13 +18,12 @@ import argparse
 import copy
 import importlib
 import logging
-import os
 import sys
 from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
 
-from runwatch.common.errors import RunwatchError, kafka_error
+from runwatch.common.errors import RunwatchError, UsageError, kafka_error
 from runwatch.common.version import __version__
 
 # Subcommand name -> module. Every one must import: a missing module is a broken install.
@@ -177,9 +176,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _bootstrap_hint(args: argparse.Namespace) -> str | None:
     """The address a command was pointed at, for messages (it may have resolved another)."""
-    from runwatch.common.settings import ENV_BOOTSTRAP
+    from runwatch.common.settings import CommonSettings
 
-    return getattr(args, "bootstrap", None) or os.environ.get(ENV_BOOTSTRAP) or None
+    if getattr(args, "bootstrap", None):
+        return str(args.bootstrap)
+    try:
+        return CommonSettings.from_env().bootstrap
+    except UsageError:  # another variable is malformed: no hint, the error says why
+        return None
 
 
 def _fail(command: str, error: RunwatchError) -> int:

@@ -10,14 +10,11 @@ stops at the TCP connection (the clients' own TLS settings decide the rest).
 
 from __future__ import annotations
 
-import os
 import socket
 import struct
 
 from runwatch.common.errors import BrokerUnreachable, UsageError
-
-ENV_CONNECT_TIMEOUT = "RUNWATCH_CONNECT_TIMEOUT_S"
-DEFAULT_CONNECT_TIMEOUT_S = 5.0
+from runwatch.common.settings import CommonSettings, KafkaAuth
 
 
 def connect_timeout_s() -> float:
@@ -26,16 +23,7 @@ def connect_timeout_s() -> float:
     Raises:
         UsageError: The variable is not a positive number.
     """
-    raw = os.environ.get(ENV_CONNECT_TIMEOUT)
-    if not raw:
-        return DEFAULT_CONNECT_TIMEOUT_S
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not value > 0:
-        raise UsageError(f"{ENV_CONNECT_TIMEOUT}={raw!r} must be a number of seconds > 0")
-    return value
+    return CommonSettings.from_env().connect_timeout_s
 
 
 def parse_bootstrap(bootstrap: str) -> list[tuple[str, int]]:
@@ -90,8 +78,7 @@ def _speaks_kafka(sock: socket.socket) -> bool:
 
 def _plaintext() -> bool:
     """True when the clients speak Kafka's protocol in the clear (no TLS) to the broker."""
-    protocol = os.environ.get("RUNWATCH_SECURITY_PROTOCOL", "PLAINTEXT").strip().upper()
-    return protocol in ("", "PLAINTEXT", "SASL_PLAINTEXT")
+    return KafkaAuth.from_env().plaintext
 
 
 def _reason(exc: OSError, timeout_s: float) -> str:

@@ -8,10 +8,8 @@ topic catalogue (`schemas.topics`).
 
 from __future__ import annotations
 
-import os
-
 from runwatch.common.errors import UsageError
-from runwatch.common.settings import ENV_BOOTSTRAP, ENV_PARTITIONS, ENV_SASL_USERNAME
+from runwatch.common.settings import ENV_PARTITIONS, CommonSettings, KafkaAuth
 from runwatch.schemas.topics import parse_partitions
 
 
@@ -24,7 +22,7 @@ def partition_counts(explicit: str | None = None) -> dict[str, int] | None:
     Raises:
         UsageError: when it does not parse.
     """
-    raw = explicit if explicit is not None else os.environ.get(ENV_PARTITIONS)
+    raw = explicit if explicit is not None else CommonSettings.from_env().partitions
     if raw is None or raw.strip() == "":
         return None
     try:
@@ -61,14 +59,14 @@ def resolve_bootstrap(explicit: str | None = None, *, check: bool = True) -> str
 def _find_bootstrap(explicit: str | None) -> str:
     if explicit:
         return explicit
-    env = os.environ.get(ENV_BOOTSTRAP)
+    env = CommonSettings.from_env().bootstrap
     if env:
         return env
     from runwatch.broker import running_bootstrap, running_secure
 
     address = running_bootstrap()
     if address:
-        if running_secure() and not os.environ.get(ENV_SASL_USERNAME):
+        if running_secure() and not KafkaAuth.from_env().sasl_username:
             raise UsageError(
                 f"the embedded broker at {address} is secure: connect as a role, e.g. "
                 '`eval "$(runwatch broker env processors)"` (docs/security.md)'

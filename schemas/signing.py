@@ -14,18 +14,18 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Final
 
 import msgspec
 
+from runwatch.common.settings import ENV_COMMAND_KEY, ENV_COMMAND_KEY_FILE, CommandKeySettings
 from runwatch.schemas.codec import encode
 from runwatch.schemas.events import RestartRequested
 
-ENV_KEY: Final = "RUNWATCH_COMMAND_KEY"
-ENV_KEY_FILE: Final = "RUNWATCH_COMMAND_KEY_FILE"
+ENV_KEY: Final = ENV_COMMAND_KEY
+ENV_KEY_FILE: Final = ENV_COMMAND_KEY_FILE
 SIGNATURE_HEX_CHARS: Final = 64
 """A signature is the 64 lowercase hex digits of an HMAC-SHA256."""
 _HEX: Final = frozenset("0123456789abcdef")
@@ -55,11 +55,11 @@ def load_key(environ: Mapping[str, str] | None = None) -> CommandKey | None:
     Raises:
         ValueError: The key file is unreadable or the key is too short.
     """
-    env = os.environ if environ is None else environ
-    if env.get(ENV_KEY):
-        return CommandKey.from_secret(env[ENV_KEY].encode())
-    if env.get(ENV_KEY_FILE):
-        path = Path(env[ENV_KEY_FILE])
+    settings = CommandKeySettings.from_env(environ)
+    if settings.command_key:
+        return CommandKey.from_secret(settings.command_key.encode())
+    if settings.command_key_file:
+        path = Path(settings.command_key_file)
         try:
             secret = path.read_bytes().strip()
         except OSError as exc:

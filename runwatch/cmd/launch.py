@@ -476,14 +476,10 @@ def _spec(args: argparse.Namespace, plan: LaunchPlan, run: RunBinding) -> Launch
 def run(args: argparse.Namespace) -> int:
     """Launch the gang, then serve its commands until the run ends."""
     from runwatch.admin import warn_if_no_authorizer
-    from runwatch.common.launch_env import ENV_LAUNCH_ID
-    from runwatch.common.settings import (
-        ENV_SASL_USERNAME,
-        ranks_share_the_launchers_login,
-        topic_prefix,
-    )
+    from runwatch.common.settings import KafkaAuth, ranks_share_the_launchers_login, topic_prefix
     from runwatch.controller.agent import build_controller, load_keys
     from runwatch.controller.gang import Gang
+    from runwatch.controller.settings import AgentEnv
     from runwatch.controller.state import ControllerState, GangFile, StateLocked, lock_state_dir
     from runwatch.controller.topology import RunBinding
     from runwatch.resolve import resolve_bootstrap
@@ -501,7 +497,7 @@ def run(args: argparse.Namespace) -> int:
             "the ranks log in to Kafka with the launcher's own credential (%s): set "
             "RUNWATCH_TRAINER_SASL_USERNAME and RUNWATCH_TRAINER_SASL_PASSWORD to give them "
             "the trainer's (docs/security.md)",
-            os.environ.get(ENV_SASL_USERNAME),
+            KafkaAuth.from_env().sasl_username,
         )
     try:
         lock_state_dir(state_dir)
@@ -519,7 +515,7 @@ def run(args: argparse.Namespace) -> int:
                 f"{[p.pid for p in ranks]}): adopt it with `runwatch controller "
                 f"--state-dir {state_dir}`"
             )
-    launch_id = launch_id_for(args.launch_id or os.environ.get(ENV_LAUNCH_ID), topology.nnodes)
+    launch_id = launch_id_for(args.launch_id or AgentEnv.from_env().launch_id, topology.nnodes)
     if not launch_id:
         log.warning(
             "runwatch launch: no --launch-id on a %d-node launch: restart commands are not "

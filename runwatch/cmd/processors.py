@@ -6,7 +6,6 @@ import argparse
 import logging
 import os
 import threading
-from collections.abc import Sequence
 from typing import Any
 
 from runwatch.common.errors import UsageError
@@ -97,6 +96,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "offsets committed; longer writes each run's state once for more rounds, and leaves "
         "more for a crash to fold again (default: 0.2)",
     )
+    _add_store_args(parser)
+
+
+def _add_store_args(parser: argparse.ArgumentParser) -> None:
+    """Where a worker keeps its tables, how it fails over and stops, what it creates."""
     parser.add_argument(
         "--store",
         default=None,
@@ -212,14 +216,15 @@ def detector_config(overrides: dict[str, str]) -> object:
         raise UsageError(str(exc)) from None
 
 
-def _choose(
-    option: str, given: str | None, env_name: str, default: str, choices: Sequence[str]
-) -> str:
-    """The flag's value, else the environment variable's, else the default; checked."""
-    value = given or os.environ.get(env_name, "").strip() or default
-    if value not in choices:
-        raise UsageError(f"{option} expects one of {', '.join(choices)}, got {value!r}")
-    return value
+def _store(given: str | None) -> str:
+    """``--store``, else ``RUNWATCH_STORE`` (`ProcessorEnv`), else memory; checked."""
+    from runwatch.processors.settings import STORES, ProcessorEnv
+
+    if given is None:
+        return ProcessorEnv.from_env().store
+    if given not in STORES:
+        raise UsageError(f"--store expects one of {', '.join(STORES)}, got {given!r}")
+    return given
 
 
 def run(args: argparse.Namespace) -> int:
@@ -232,15 +237,13 @@ def run(args: argparse.Namespace) -> int:
     from runwatch.processors.settings import (
         BATCH_MAX,
         DEFAULT_STATE_FLUSH_S,
-        DEFAULT_STORE,
-        STORES,
         ProcessorSettings,
     )
     from runwatch.processors.stores import rocksdb_missing
     from runwatch.resolve import partition_counts, resolve_bootstrap
     from runwatch.schemas.signing import load_key
 
-    store = _choose("--store", args.store, "RUNWATCH_STORE", DEFAULT_STORE, STORES)
+    store = _store(args.store)
     if store == "rocksdb" and (why := rocksdb_missing()) is not None:
         raise UsageError(why)
     batch_max = BATCH_MAX if args.batch_max is None else args.batch_max

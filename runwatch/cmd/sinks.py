@@ -13,11 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from runwatch.common.errors import RunwatchError, UsageError
+from runwatch.sinks.settings import ENV_ALERTMANAGER, ENV_WEBHOOK, SinkEnv
 
 HELP = "deliver alerts, serve Prometheus metrics and archive every event (idempotent consumers)"
 
-ENV_WEBHOOK = "RUNWATCH_ALERT_WEBHOOK"
-ENV_ALERTMANAGER = "RUNWATCH_ALERTMANAGER"
 
 WEBHOOK_FORMAT_GONE = (
     "--webhook-format alertmanager is gone: it posted the payload Alertmanager sends to its "
@@ -114,6 +113,11 @@ def _alert_args(parser: argparse.ArgumentParser) -> None:
         help="longest wait between tries of a delivery a receiver (webhook or "
         "Alertmanager) still owes (default: %(default)s)",
     )
+    _alert_policy_args(alerts)
+
+
+def _alert_policy_args(alerts: argparse._ArgumentGroup) -> None:
+    """Flags of which alerts go out and when: grouping, causes, rate, severity, state."""
     alerts.add_argument(
         "--group-wait-s",
         type=float,
@@ -294,15 +298,13 @@ def _validate(args: argparse.Namespace, webhooks: list[str], managers: list[str]
 def _webhooks(args: argparse.Namespace) -> list[str]:
     if args.webhook:
         return list(args.webhook)
-    env = os.environ.get(ENV_WEBHOOK, "") if args.alerts else ""
-    return [u.strip() for u in env.split(",") if u.strip()]
+    return list(SinkEnv.from_env().alert_webhooks) if args.alerts else []
 
 
 def _alertmanagers(args: argparse.Namespace) -> list[str]:
     if args.alertmanager:
         return list(args.alertmanager)
-    env = os.environ.get(ENV_ALERTMANAGER, "")
-    return [u.strip() for u in env.split(",") if u.strip()]
+    return list(SinkEnv.from_env().alertmanagers)
 
 
 def build_sinks(

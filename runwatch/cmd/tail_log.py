@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
-import os
 import signal
 import sys
 import threading
@@ -21,6 +20,7 @@ from types import FrameType
 from typing import TYPE_CHECKING
 
 from runwatch.common.errors import RunwatchError, UsageError
+from runwatch.common.launch_env import ENV_RUN_ID
 
 if TYPE_CHECKING:
     from runwatch.producers.logtail import DetectingParser, LineParser
@@ -68,6 +68,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
         dest="topic_prefix",
         help="topic name prefix (default: runwatch)",
     )
+    _add_run_args(parser)
+
+
+def _add_run_args(parser: argparse.ArgumentParser) -> None:
+    """tail-log's arguments about the run (what RunStarted says), polling and stopping."""
     parser.add_argument(
         "--tokens-per-step",
         type=int,
@@ -151,6 +156,16 @@ def _line_parser(args: argparse.Namespace) -> LineParser | DetectingParser:
         raise UsageError(str(exc)) from None
 
 
+def _env_run_id() -> str | None:
+    """``RUNWATCH_RUN_ID`` (`EmitterEnv`): the run of the rank whose log this is."""
+    from runwatch.producers.settings import EmitterEnv
+
+    try:
+        return EmitterEnv.from_env().run_id
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
 def _checked(args: argparse.Namespace) -> tuple[Path, str, dict[str, str]]:
     """``(file, run id, tags)`` once every argument is checked; a UsageError otherwise."""
     path = Path(args.file)
@@ -158,9 +173,9 @@ def _checked(args: argparse.Namespace) -> tuple[Path, str, dict[str, str]]:
         raise UsageError(f"no such file: {path}")
     if not path.is_file():
         raise UsageError(f"not a regular file: {path}")
-    run_id = args.run_id or os.environ.get("RUNWATCH_RUN_ID")
+    run_id = args.run_id or _env_run_id()
     if not run_id:
-        raise UsageError("no run id: pass --run-id RUN or set RUNWATCH_RUN_ID")
+        raise UsageError(f"no run id: pass --run-id RUN or set {ENV_RUN_ID}")
     if args.tokens_per_step < 0:
         raise UsageError(f"--tokens-per-step must be >= 0, got {args.tokens_per_step}")
     if args.world_size < 1:
