@@ -160,30 +160,57 @@ class ReplicaEnv:
         )
 
 
-def floor_thresholds(environ: Mapping[str, str] | None = None) -> dict[str, float]:
-    """The run's floor of replica groups as RunStarted thresholds (empty: none given).
+@dataclass(frozen=True)
+class ReplicaFloorEnv:
+    """The floor of replica groups a run announces (``--min-replicas-bound-s``).
 
-    ``runwatch launch --min-replicas M --min-replicas-bound-s S`` gives the ranks M and S;
-    the run announces them (``min_replicas``, ``min_replicas_bound_s``) so that the step
-    reducer raises ``replicas_below_min`` when its steps stay below M for longer than S.
-
-    Raises:
-        ValueError: A variable that is not a number (the message names it).
+    Attributes:
+        min_replicas: ``--min-replicas`` (``RUNWATCH_REPLICA_FLOOR``); None: no bound given.
+        bound_s: How long the steps may stay below it, in log time
+            (``RUNWATCH_REPLICA_FLOOR_BOUND_S``).
     """
-    env = os.environ if environ is None else environ
-    if ENV_REPLICA_FLOOR not in env:
-        return {}
-    out = {}
-    for name, key, default in (
-        (ENV_REPLICA_FLOOR, "min_replicas", None),
-        (ENV_REPLICA_FLOOR_BOUND_S, "min_replicas_bound_s", "300"),
-    ):
-        raw = env.get(name, default)
-        try:
-            out[key] = float(raw)  # type: ignore[arg-type]
-        except ValueError:
-            raise ValueError(f"{name}={raw!r} is not a number") from None
-    return out
+
+    min_replicas: float | None = None
+    bound_s: float = 300.0
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> ReplicaFloorEnv:
+        """Read the variables (`os.environ` when None).
+
+        Raises:
+            ValueError: A variable that is not a number (the message names it).
+        """
+        env = os.environ if environ is None else environ
+        values: dict[str, float] = {}
+        for name, field in (
+            (ENV_REPLICA_FLOOR, "min_replicas"),
+            (ENV_REPLICA_FLOOR_BOUND_S, "bound_s"),
+        ):
+            raw = env.get(name)
+            if raw is None:
+                continue
+            try:
+                values[field] = float(raw)
+            except ValueError:
+                raise ValueError(f"{name}={raw!r} is not a number") from None
+        return cls(**values)
+
+    def thresholds(self) -> dict[str, float]:
+        """The floor as RunStarted thresholds (empty: no bound given).
+
+        ``runwatch launch --min-replicas M --min-replicas-bound-s S`` gives the ranks M and
+        S; the run announces them (``min_replicas``, ``min_replicas_bound_s``) so that the
+        step reducer raises ``replicas_below_min`` when its steps stay below M for longer
+        than S.
+        """
+        if self.min_replicas is None:
+            return {}
+        return {"min_replicas": self.min_replicas, "min_replicas_bound_s": self.bound_s}
 
 
-__all__ = ["EmitterEnv", "ReplicaEnv", "floor_thresholds"]
+def floor_thresholds(environ: Mapping[str, str] | None = None) -> dict[str, float]:
+    """`ReplicaFloorEnv.thresholds` of the environment (empty: no bound given)."""
+    return ReplicaFloorEnv.from_env(environ).thresholds()
+
+
+__all__ = ["EmitterEnv", "ReplicaEnv", "ReplicaFloorEnv", "floor_thresholds"]

@@ -21,7 +21,7 @@ from runwatch.common.launch_env import LaunchEnv
 from runwatch.common.settings import CommandKeySettings, CommonSettings, KafkaAuth
 from runwatch.controller.settings import AgentEnv
 from runwatch.processors.settings import ProcessorEnv
-from runwatch.producers.settings import EmitterEnv, ReplicaEnv
+from runwatch.producers.settings import EmitterEnv, ReplicaEnv, ReplicaFloorEnv
 from runwatch.sinks.settings import SinkEnv
 from tests.unit.settings.test_env_reads import REPO, SETTINGS_MODULES, _bound_names
 
@@ -38,6 +38,7 @@ OBJECTS: tuple[tuple[type, str], ...] = (
     (AgentEnv, "controller/agent"),
     (EmitterEnv, "producers/emitter"),
     (ReplicaEnv, "producers (torchft)"),
+    (ReplicaFloorEnv, "producers (torchft)"),
     (LaunchEnv, "rank contract"),
 )
 """Every settings object, owners first: a variable's default and meaning are its first
