@@ -235,7 +235,7 @@ def test_the_groups_get_torchft_s_floor_and_the_run_s_floor_in_their_environment
         "2",
         "45",
     )
-    assert ReplicaEnv.from_environ(env).min_replicas == 1  # torchft's quorum needs one group
+    assert ReplicaEnv.from_env(env).min_replicas == 1  # torchft's quorum needs one group
     assert floor_thresholds(env) == {"min_replicas": 2.0, "min_replicas_bound_s": 45.0}
     strict = TorchFTLauncher(state, spec, ReplicaLayout(3, 1, 2), lighthouse)._group_env(1)
     assert strict[ENV_MIN_REPLICAS] == "2" and floor_thresholds(strict) == {}
