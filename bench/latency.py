@@ -416,7 +416,7 @@ def round_stats(log: Path, window: tuple[float, float]) -> dict[str, dict[str, f
     ]
     merged: dict[str, dict[str, float]] = {}
     for name in ("records", "wait_ms", "age_ms", "fold_ms", "round_ms", "publish_ms", "write_ms",
-                 "flush_ms"):  # fmt: skip
+                 "flush_ms", "ack_ms"):  # fmt: skip
         parts = [s[name] for s in lines if name in s]
         if parts:
             merged[name] = {

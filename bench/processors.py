@@ -22,7 +22,13 @@ Where the time goes: the same events are decoded and folded in-process (no Kafka
 faust) to split the per-event cost into decode, fold and the rest (faust, aiokafka,
 changelog writes).
 
+Where the worker's own CPU goes: ``--py-spy FILE`` samples the worker with py-spy from its
+first commit to the end of the drain and prints the share of the samples per part of the
+work (`PROFILE_PARTS`), in microseconds of the drain's CPU per event (docs/processors.md,
+"Where the microseconds go per event").
+
 Usage: python bench/processors.py [--bootstrap HOST:PORT] [--runs 200] [--steps 60]
+       [--py-spy FILE] [--worker-log FILE]
 """
 
 from __future__ import annotations
@@ -39,7 +45,10 @@ import asyncio
 import json
 import os
 import random
+import shutil
+import signal
 import statistics
+import subprocess
 import tempfile
 import time
 import uuid
@@ -199,8 +208,13 @@ def throughput(
     worker_log: Path,
     stack: ExitStack,
     batch_max: int | None,
+    py_spy: Path | None = None,
 ) -> tuple[dict[str, float], ManagedProcess]:
-    """One worker of a new app id drains the backlog; returns its figures and the worker."""
+    """One worker of a new app id drains the backlog; returns its figures and the worker.
+
+    With ``py_spy``, the worker is sampled by ``py-spy record`` (raw collapsed stacks into
+    that file) from its first commit to the end of the drain, so start-up is not counted.
+    """
     topics = names(prefix)
     inputs = [topics.steps, topics.heartbeats]
     consumer = KafkaConsumer(bootstrap_servers=bootstrap)
@@ -209,15 +223,21 @@ def throughput(
     worker = start_worker(bootstrap, prefix, partitions, worker_log, app_id, batch_max)
     stack.callback(worker.stop)  # also when the measurement fails
     samples: list[tuple[float, int, float]] = []
+    spy: subprocess.Popen[bytes] | None = None
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
         done = committed_total(app_id, bootstrap, set(inputs))
         samples.append((time.monotonic(), done, cpu_s(worker.proc.pid)))
         if done >= target:
             break
+        if py_spy is not None and spy is None and done > 0:
+            spy = start_py_spy(worker.proc.pid, py_spy)
         time.sleep(0.25)  # sampling interval of a measurement, not synchronisation
     else:
         raise SystemExit(f"worker did not drain the backlog; see {worker_log}")
+    if spy is not None:
+        spy.send_signal(signal.SIGINT)  # py-spy writes its file when interrupted
+        spy.wait(timeout=60)
     first = next(i for i, (_, n, _) in enumerate(samples) if n > 0)
     t_first, n_first, cpu_first = samples[first - 1] if first > 0 else samples[first]
     t_last, n_last, cpu_last = samples[-1]
@@ -225,6 +245,47 @@ def throughput(
     cpu_us = 1e6 * (cpu_last - cpu_first) / max(n_last - n_first, 1)
     consumer.close()
     return {"drain_s": t_last - t_first, "events_per_s": rate, "cpu_us_per_event": cpu_us}, worker
+
+
+def start_py_spy(pid: int, out: Path) -> subprocess.Popen[bytes]:
+    """``py-spy record`` of every thread of ``pid`` into ``out`` (raw collapsed stacks)."""
+    exe = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    argv = [exe, "record", "--pid", str(pid), "--rate", "250", "--format", "raw"]
+    argv += ["--nonblocking", "--threads", "--output", str(out)]
+    return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+PROFILE_PARTS: list[tuple[str, tuple[str, ...]]] = [
+    # (part, frame substrings): a sample counts for the first part one of its frames names
+    ("other threads (aiokafka consumer thread: fetch, record parsing)", ("_bootstrap (",)),
+    ("flush: state writes, changelog acks", ("write_unwritten", "write_states")),
+    ("flush: outputs acknowledged, ranges, commit", ("commit (", "outputs_acknowledged")),
+    ("state encoding", ("encode_state", "state_codec.py")),
+    ("decode and bounds checks", ("records.py", "split (")),
+    ("the fold (reducers, carried states)", ("fold_batch", "fold_chunks", "processors/core/")),
+    ("outputs handed to the producer", ("send (", "finish (")),
+    ("the round: cursors, ranges, RawRecords", ("_round (", "__call__ (")),
+    ("fetch hand-over (main thread)", ("getmany", "next_records", "_wait_next_records")),
+    ("aiokafka producer (main thread)", ("aiokafka/producer", "aiokafka/client", "aiokafka/conn")),
+]
+
+
+def profile_split(raw: Path) -> dict[str, float]:
+    """Share of the worker's samples per part (`PROFILE_PARTS`; the rest is "other")."""
+    counts: dict[str, int] = {}
+    total = 0
+    for line in raw.read_text().splitlines():
+        stack, _, n = line.rpartition(" ")
+        if not n.isdigit():
+            continue
+        frames = stack.split(";")
+        part = next(
+            (name for name, keys in PROFILE_PARTS if any(k in f for f in frames for k in keys)),
+            "other",
+        )
+        counts[part] = counts.get(part, 0) + int(n)
+        total += int(n)
+    return {part: n / max(total, 1) for part, n in sorted(counts.items(), key=lambda kv: -kv[1])}
 
 
 def latency(bootstrap: str, prefix: str, spikes: int) -> dict[str, float]:
@@ -325,6 +386,20 @@ def main() -> int:
         help="the worker's --batch-max, and the ceiling's records per getmany (default: "
         "the worker's, processors.settings.BATCH_MAX)",
     )
+    parser.add_argument(
+        "--worker-log",
+        type=Path,
+        default=None,
+        help="keep the worker's log here (with RUNWATCH_BATCH_STATS_S=1 it holds the rounds' "
+        "and flushes' timing lines)",
+    )
+    parser.add_argument(
+        "--py-spy",
+        type=Path,
+        default=None,
+        help="sample the worker's drain with py-spy into this file (raw collapsed stacks) "
+        "and print the share of its samples per part of the work",
+    )
     args = parser.parse_args()
     exit_on_sigterm()  # stop the children it started when it is stopped itself
     with ExitStack() as stack:
@@ -346,8 +421,9 @@ def main() -> int:
         # The ceiling right before the worker: the box's load drifts over minutes.
         tput.update(ceiling(bootstrap, prefix, batch_max))
         figures, _ = throughput(
-            bootstrap, prefix, args.partitions, tmp / "worker.log", stack, args.batch_max
-        )
+            bootstrap, prefix, args.partitions, args.worker_log or tmp / "worker.log", stack,
+            args.batch_max, args.py_spy,
+        )  # fmt: skip
         tput.update(figures)
         tput["batch_max"] = batch_max
         tput["ratio"] = tput["events_per_s"] / tput["ceiling_events_per_s"]
@@ -373,6 +449,13 @@ def main() -> int:
         f"latency: {lat['detected']}/{lat['spikes']} spikes, produce -> verdict readable: "
         f"p50 {lat['p50_ms']:.1f} ms, p99 {lat['p99_ms']:.1f} ms, max {lat['max_ms']:.1f} ms"
     )
+    if args.py_spy is not None:
+        split_ = profile_split(args.py_spy)
+        tput["profile"] = split_  # type: ignore[assignment]
+        cpu_us = tput["cpu_us_per_event"]
+        print(f"worker drain, py-spy samples per part ({args.py_spy}), of {cpu_us:.1f} us:")
+        for part, share in split_.items():
+            print(f"  {part:<62} {100 * share:5.1f} %  {share * cpu_us:5.2f} us")
     print("in-process cost per event (no Kafka, no faust):")
     for k, v in parts.items():
         print(f"  {k:<22} {v:6.2f} us")

@@ -125,6 +125,23 @@ class Lent:
     unwritten: bool
 
 
+@dataclass(frozen=True, slots=True)
+class StateWrite:
+    """A run's state handed to the producer, and Kafka's answer to its changelog record.
+
+    Attributes:
+        key: The run's table key.
+        run_id: The run.
+        kept: What was written (`Unwritten.data`), written again if Kafka refuses it.
+        ack: The future of its changelog record (`RunTable.last_sent`).
+    """
+
+    key: bytes
+    run_id: str
+    kept: Unwritten
+    ack: Any
+
+
 class StateWriteError(RuntimeError):
     """A batch's states could not be written after every retry."""
 
@@ -330,15 +347,19 @@ class _Agent:
             await asyncio.sleep(delay_s)
             delay_s = min(1.0, delay_s * 2)
 
-    async def write_unwritten(self) -> None:
-        """Write every state folded and not yet written, and wait until Kafka stored each.
+    async def write_unwritten(self) -> list[StateWrite]:
+        """Write every state folded and not yet written: the table holds it from here.
 
-        A state counts as written only once its changelog record is acknowledged by Kafka
-        (`RunTable.last_sent`); one whose write raised or whose record Kafka refused is
-        written again (`STATE_WRITE_ATTEMPTS`).
+        Each state's changelog record is handed to the producer; `acknowledge` then waits
+        for Kafka's answers (a state counts as written only once Kafka acknowledged it). A
+        write that raises is tried again in place (`STATE_WRITE_ATTEMPTS`), the run's state
+        kept in `unwritten` meanwhile so that nothing folds from the table's older value.
+
+        Returns:
+            The writes handed to the producer, for `acknowledge`.
 
         Raises:
-            StateWriteError: Some state still not stored after `STATE_WRITE_ATTEMPTS`.
+            StateWriteError: Some state still not handed over after `STATE_WRITE_ATTEMPTS`.
         """
         for run_id in sorted(self.evicting):  # retention (processors.core.retention)
             key = encode_key(run_id)
@@ -348,38 +369,26 @@ class _Agent:
             self.key_partitions.pop(key, None)  # nor its partition, kept per key seen
             self.run_partitions.pop(run_id, None)
             self.evicting.discard(run_id)
-        pending = {encode_key(run_id): (run_id, kept) for run_id, kept in self.unwritten.items()}
+        pending = [(encode_key(run_id), run_id, kept) for run_id, kept in self.unwritten.items()]
+        writes: list[StateWrite] = []
         delay_s = 0.1
-        error: BaseException | None = None
         for attempt in range(1, STATE_WRITE_ATTEMPTS + 1):
-            failed: dict[bytes, tuple[str, Unwritten]] = {}
-            sent: list[tuple[bytes, str, Unwritten, Any]] = []
-            for key, (run_id, kept) in pending.items():
+            failed: list[tuple[bytes, str, Unwritten]] = []
+            error: BaseException | None = None
+            for key, run_id, kept in pending:
                 try:
                     self.faults.check(self.changelog)
                     self.table[key] = kept.data
                 except Exception as exc:
-                    failed[key], error = (run_id, kept), exc
+                    failed.append((key, run_id, kept))
+                    error = exc
                 else:
-                    sent.append((key, run_id, kept, self.table.last_sent))
-            acks = await self._acknowledged([fut for *_, fut in sent])
-            for (key, run_id, kept, _), ack in zip(sent, acks, strict=True):
-                if isinstance(ack, BaseException):
-                    failed[key], error = (run_id, kept), ack
-                else:
+                    writes.append(StateWrite(key, run_id, kept, self.table.last_sent))
                     del self.unwritten[run_id]
                     self.decoded.put(key, kept.data, kept.state)
             if not failed:
-                return
-            log.warning(
-                "%s: %d of %d state writes failed (attempt %d of %d): %r",
-                self.role,
-                len(failed),
-                len(pending),
-                attempt,
-                STATE_WRITE_ATTEMPTS,
-                error,
-            )
+                return writes
+            self._warn_failed(len(failed), len(pending), attempt, error)
             pending = failed
             if attempt < STATE_WRITE_ATTEMPTS:
                 await asyncio.sleep(delay_s)
@@ -387,7 +396,59 @@ class _Agent:
                 await self.wait_for_metadata()
         raise StateWriteError(
             f"{len(pending)} states of the {self.role} table not written after "
+            f"{STATE_WRITE_ATTEMPTS} attempts"
+        )
+
+    async def acknowledge(self, writes: list[StateWrite]) -> None:
+        """Return once Kafka acknowledged every write of ``writes`` (`write_unwritten`).
+
+        A record Kafka refused is written again (the table already holds the same bytes,
+        and no later state of its run is written before this returns: `Checkpoint` step
+        2), up to `STATE_WRITE_ATTEMPTS`.
+
+        Raises:
+            StateWriteError: Some state still not stored after `STATE_WRITE_ATTEMPTS`.
+        """
+        delay_s = 0.1
+        error: BaseException | None = None
+        for attempt in range(1, STATE_WRITE_ATTEMPTS + 1):
+            acks = await self._acknowledged([write.ack for write in writes])
+            failed = [
+                w for w, ack in zip(writes, acks, strict=True) if isinstance(ack, BaseException)
+            ]
+            if not failed:
+                return
+            error = next(ack for ack in acks if isinstance(ack, BaseException))
+            self._warn_failed(len(failed), len(writes), attempt, error)
+            if attempt == STATE_WRITE_ATTEMPTS:
+                break
+            await asyncio.sleep(delay_s)
+            delay_s *= 2
+            await self.wait_for_metadata()
+            writes = [self._write_again(write) for write in failed]
+        raise StateWriteError(
+            f"{len(failed)} states of the {self.role} table not written after "
             f"{STATE_WRITE_ATTEMPTS} attempts: {error!r}"
+        )
+
+    def _write_again(self, write: StateWrite) -> StateWrite:
+        """``write`` handed to the producer again; as it was (its failed answer) if that raises."""
+        try:
+            self.faults.check(self.changelog)
+            self.table[write.key] = write.kept.data
+        except Exception:
+            return write
+        return StateWrite(write.key, write.run_id, write.kept, self.table.last_sent)
+
+    def _warn_failed(self, failed: int, of: int, attempt: int, error: BaseException | None) -> None:
+        log.warning(
+            "%s: %d of %d state writes failed (attempt %d of %d): %r",
+            self.role,
+            failed,
+            of,
+            attempt,
+            STATE_WRITE_ATTEMPTS,
+            error,
         )
 
     async def _acknowledged(self, sent: list[Any]) -> list[Any]:
@@ -451,10 +512,14 @@ class _BatchSink:
 
     async def __call__(self, batches: Mapping[Any, Sequence[ConsumerRecord]]) -> None:
         grouped: dict[str, list[RawRecord]] = {}
+        new = tuple.__new__  # RawRecord's own __new__ is a Python call per record: 2x slower
         for tp, recs in batches.items():
-            grouped.setdefault(tp.topic, []).extend(
-                RawRecord(r.topic, r.partition, r.offset, r.key, r.value, r.timestamp or 0)
-                for r in recs
+            topic, partition = tp.topic, tp.partition  # one partition's records share them
+            grouped.setdefault(topic, []).extend(
+                [
+                    new(RawRecord, (topic, partition, r.offset, r.key, r.value, r.timestamp or 0))
+                    for r in recs
+                ]
             )
         # In `FOLD_ORDER` (the roles' order in ``self.roles``), whatever order the fetch had.
         by_topic = {topic: grouped[topic] for topic in self.roles if topic in grouped}
@@ -508,18 +573,35 @@ class _BatchSink:
             await self.stop("the outputs of the last rounds", exc)
         self.stats.note("publish_ms", 1000 * (time.perf_counter() - t0))
 
-    async def write_states(self) -> None:
-        """Write every role's unwritten states; return once Kafka acknowledged each one."""
+    async def write_states(self) -> engine.StateAcks:
+        """Write every role's unwritten states (`Checkpoint` step 3).
+
+        Returns:
+            What waits until Kafka acknowledged each of them (step 4), stopping the worker
+            when one cannot be stored.
+        """
         t0 = time.perf_counter()
+        written: list[tuple[_Agent, list[StateWrite]]] = []
         try:
             for agent in self.roles.values():
                 if agent.unwritten:
-                    await agent.write_unwritten()
+                    written.append((agent, await agent.write_unwritten()))
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             await self.stop("the states of the last rounds", exc)
         self.stats.note("write_ms", 1000 * (time.perf_counter() - t0))
+
+        async def acknowledged() -> None:
+            try:
+                for agent, writes in written:
+                    await agent.acknowledge(writes)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                await self.stop("the states of the last rounds", exc)
+
+        return acknowledged
 
     def discard(self) -> None:
         """Drop every state not written and the futures of outputs not waited for."""

@@ -45,7 +45,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
@@ -295,16 +295,21 @@ class App(faust.App):
 # The engine: batches in, checkpoints out.
 
 
+StateAcks = Callable[[], Awaitable[None]]
+"""Waits until Kafka acknowledged every state a checkpoint wrote (`BatchSink.write_states`)."""
+
+
 class BatchSink(Protocol):
     """Folds whole per-partition batches of raw records and makes their results durable.
 
     A call gets, per assigned partition, consecutive records in offset order: it folds
     them, hands their outputs to the producer and keeps their new states in memory. The
     `Checkpoint` then asks, in its order, for the outputs to be acknowledged by Kafka
-    (`outputs_acknowledged`) and for the kept states to be written and acknowledged
-    (`write_states`); only after both are the rounds before it applied. `discard` drops
-    the kept states (the rounds they came from are read again). Raising, or never
-    returning, leaves every round since the last checkpoint unacknowledged.
+    (`outputs_acknowledged`), for the kept states to be written (`write_states`), and,
+    beside the next rounds, for Kafka's acknowledgement of each written state (the
+    `StateAcks` it returned); only after all three are the rounds before it applied.
+    `discard` drops the kept states (the rounds they came from are read again). Raising,
+    or never returning, leaves every round since the last checkpoint unacknowledged.
     """
 
     async def __call__(self, batches: Mapping[TP, Sequence[ConsumerRecord]]) -> None:
@@ -313,8 +318,14 @@ class BatchSink(Protocol):
     async def outputs_acknowledged(self) -> None:
         """Return once Kafka acknowledged every output handed over so far."""
 
-    async def write_states(self) -> None:
-        """Write every kept state; return once Kafka acknowledged each changelog record."""
+    async def write_states(self) -> StateAcks:
+        """Hand every kept state to the producer as a changelog record (the table holds it).
+
+        Returns:
+            What waits, beside the next rounds, until Kafka acknowledged each of these
+            changelog records (writing a refused one again); it stops the worker when one
+            cannot be stored.
+        """
 
     def discard(self) -> None:
         """Drop the kept states and outputs' futures: their rounds are read again."""
@@ -342,23 +353,33 @@ class Checkpoint:
 
     1. outputs: wait until Kafka acknowledged every verdict, command and dead letter the
        rounds handed to the producer (publish, then write);
-    2. the offset commit started by the previous checkpoint: wait until it is done (faust's
-       commit flushes its producer buffer until it is empty, which state writes would keep
-       from happening; its error fails this checkpoint);
-    3. states: write each run's newest state once and wait until Kafka acknowledged each
-       changelog record (`BatchSink.write_states`: a refused write is retried, then fails);
-    4. offsets: acknowledge each folded range of the current rebalance generation into
-       faust's offset tracking (`Consumer.ack_range`); ranges of an older generation are
-       not acknowledged (read again, by their partition's new owner);
+    2. the checkpoint before: wait until it is settled (its steps 4 and 5) and the offset
+       commit it started is done (faust's commit flushes its producer buffer until it is
+       empty, which state writes would keep from happening; its error fails this
+       checkpoint). So checkpoints' state writes reach the changelog in their order, and
+       their ranges are acknowledged in their order;
+    3. states: write each run's newest state once (`BatchSink.write_states`: the table
+       holds it, its changelog record is handed to the producer; the next rounds fold from
+       it). `commit` returns here, and steps 4 and 5 run beside the next rounds (`settle`);
+    4. acknowledgements, then offsets: wait until Kafka acknowledged each changelog record
+       (`StateAcks`: a refused write is written again, then fails), and only then
+       acknowledge each folded range of the current rebalance generation into faust's
+       offset tracking (`Consumer.ack_range`); ranges of an older generation are not
+       acknowledged (read again, by their partition's new owner);
     5. commit: start faust's offset commit of what step 4 acknowledged, at most once per
        ``broker_commit_interval``; it runs beside the next rounds, and step 2 of the next
        checkpoint waits for it.
 
     A step that fails ends the checkpoint there and stops the worker (`BatchSink.stop`):
     nothing is acknowledged, so nothing is committed past a record whose state is not
-    stored.
-    `abort` drops the rounds instead (a rebalance): their states are discarded and they
-    are read again from the committed offsets.
+    stored; the checkpoints after it wait at their step 2 and acknowledge nothing either.
+    `abort` drops the rounds not yet committed instead (a rebalance): their states are
+    discarded and they are read again from the committed offsets.
+
+    Why steps 4 and 5 run beside the next rounds: waiting for the changelog
+    acknowledgements on the fold's path stopped the fold for 170-280 ms a checkpoint under
+    a backlog, and every record fetched meanwhile waited with it under a paced load
+    (docs/processors.md, "Where the microseconds go per event").
     """
 
     def __init__(self, sink: BatchSink) -> None:
@@ -366,8 +387,10 @@ class Checkpoint:
         self.sink = sink
         self.ranges: list[FoldedRange] = []
         self.opened_s: float | None = None  # when the oldest range was folded (monotonic)
+        self.settling: asyncio.Future[None] | None = None  # steps 4-5 of the last commit
         self.committing: asyncio.Future[Any] | None = None  # the offset commit of step 5
         self.last_commit_s = time.monotonic()
+        self.stats: RoundStats | None = None
 
     def add(self, folded: FoldedRange, now_s: float) -> None:
         """Note a range the sink folded (its outputs handed over, its states kept)."""
@@ -376,13 +399,20 @@ class Checkpoint:
         self.ranges.append(folded)
 
     def abort(self) -> None:
-        """Drop every range and the sink's kept states: they are read again."""
+        """Drop every range not yet written and the sink's kept states: they are read again.
+
+        A checkpoint already written and settling is left to settle: its states are in the
+        table, and its ranges are acknowledged only if the rebalance generation did not
+        change meanwhile.
+        """
         self.sink.discard()
         self.ranges.clear()
         self.opened_s = None
 
     async def commit(self, consumer: Consumer) -> None:
         """Make the rounds since the last checkpoint durable, in the numbered steps above.
+
+        Returns after step 3; steps 4 and 5 run beside the next rounds (`settled` waits).
 
         Raises:
             Exception: What a step raised; nothing of this checkpoint is acknowledged.
@@ -391,24 +421,50 @@ class Checkpoint:
             return
         await self.sink.outputs_acknowledged()  # 1
         try:
-            await self.previous_commit()  # 2
+            await self.settled()  # 2
+        except Exception as exc:
+            await self.sink.stop("the states of the checkpoint before the last rounds", exc)
+        try:
+            await self.previous_commit()
         except Exception as exc:
             await self.sink.stop("the offset commit before the last rounds' states", exc)
-        await self.sink.write_states()  # 3
-        generation = consumer.app.consumer_generation_id  # 4
-        for folded in self.ranges:
+        acknowledged = await self.sink.write_states()  # 3
+        ranges, self.ranges, self.opened_s = self.ranges, [], None
+        self.settling = asyncio.ensure_future(self.settle(consumer, acknowledged, ranges))
+
+    async def settle(
+        self, consumer: Consumer, acknowledged: StateAcks, ranges: Sequence[FoldedRange]
+    ) -> None:
+        """Steps 4 and 5 of a checkpoint whose states are written: acknowledgements, then ranges."""
+        t0 = time.perf_counter()
+        await acknowledged()  # 4: the sink stops the worker when a state cannot be stored
+        if self.stats is not None:
+            self.stats.note("ack_ms", 1000 * (time.perf_counter() - t0))
+        generation = consumer.app.consumer_generation_id
+        for folded in ranges:
             if folded.generation == generation:
                 consumer.ack_range(folded.tp, folded.first, folded.last)
-        self.ranges.clear()
-        self.opened_s = None
         self._maybe_start_commit(consumer)  # 5
 
-    async def previous_commit(self) -> None:
-        """Return once the offset commit started by the last checkpoint is done.
+    async def settled(self) -> None:
+        """Return once the last checkpoint's steps 4 and 5 are done (its ranges acknowledged).
 
         Raises:
-            Exception: The commit's own error.
+            Exception: The error of step 4.
         """
+        settling = self.settling
+        if settling is not None:
+            await asyncio.shield(settling)
+            if self.settling is settling:
+                self.settling = None
+
+    async def previous_commit(self) -> None:
+        """Return once the last checkpoint settled and the offset commit it started is done.
+
+        Raises:
+            Exception: The settling's or the commit's own error.
+        """
+        await self.settled()
         committing = self.committing
         if committing is not None:
             await asyncio.shield(committing)
@@ -450,8 +506,9 @@ class RoundStats:
     oldest record's age, from its Kafka timestamp, when the fold starts), ``fold_ms``
     (decode + `fold_batch`, all roles, outputs handed to the producer chunk by chunk),
     ``round_ms`` (the whole round); per flush: ``publish_ms`` (waiting for the outputs'
-    acknowledgements), ``write_ms`` (table writes), ``flush_ms`` (the whole flush, offset
-    ranges acknowledged);
+    acknowledgements), ``write_ms`` (table writes handed to the producer), ``flush_ms``
+    (the flush on the round's path: steps 1-3 of `Checkpoint`), ``ack_ms`` (beside the
+    next rounds: waiting for the changelog acknowledgements, step 4);
     ``first_start`` / ``last_end``: when the interval's first round began and its last
     ended (epoch seconds).
     """
@@ -541,10 +598,11 @@ class BatchIngest:
        moves each partition's next offset past its batch, and keeps the batch's range;
     5. once ``flush_interval_s`` has passed since the oldest range kept (checked after
        each round, and after each fetch that brought none), commits the `Checkpoint`
-       (outputs acknowledged by Kafka, states written and acknowledged, only then the
-       ranges acknowledged in faust's offset tracking and an offset commit started);
-       nothing is acknowledged past a record whose state is not stored. A revocation
-       commits the checkpoint before faust's own commit.
+       (outputs acknowledged by Kafka, states written; then, beside the next rounds,
+       the states acknowledged by Kafka, only then the ranges acknowledged in faust's
+       offset tracking and an offset commit started); nothing is acknowledged past a
+       record whose state is not stored. A revocation and a stop commit the checkpoint
+       and wait for it to settle before faust's own commit.
 
     A round whose rebalance generation changed while it was applied is not acknowledged
     (its records are read again; the states skip what they applied, by offset).
@@ -565,6 +623,7 @@ class BatchIngest:
         self.idle.set()
         self.stats = RoundStats.from_env()
         self.checkpoint = Checkpoint(sink)
+        self.checkpoint.stats = self.stats if self.stats.interval_s else None
         self.interrupted = False  # a round or flush was cancelled half-way: never flush again
 
     @property
@@ -664,13 +723,20 @@ class BatchIngest:
         if since is None or not consumer.flow_active:  # a revocation flushes for itself
             return
         if time.monotonic() - since >= self.flush_interval_s:
-            await self.flush(consumer)
+            await self._commit(consumer)  # it settles beside the next rounds
 
     async def flush(self, consumer: Consumer) -> None:
-        """Commit the checkpoint: the rounds folded since the last one, made durable whole.
+        """Commit the checkpoint and wait until it settled: its rounds' ranges acknowledged.
+
+        What a revocation and a stop do before faust's own commit; a round's flush leaves
+        the settling to run beside the next rounds (`Checkpoint.commit`).
 
         Raises what a step of `Checkpoint.commit` raised, acknowledging nothing.
         """
+        await self._commit(consumer)
+        await self.checkpoint.settled()
+
+    async def _commit(self, consumer: Consumer) -> None:
         if self.unflushed_since is None:
             return
         t_flush = time.perf_counter()

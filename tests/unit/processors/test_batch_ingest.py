@@ -82,6 +82,7 @@ class Sink:
         self.flushes = 0
         self.discards = 0
         self.stopped: list[str] = []
+        self.acks: asyncio.Event | None = None
 
     async def __call__(self, batches: Mapping[TP, Sequence[Rec]]) -> None:
         self.rounds.append({tp: [r.offset for r in rs] for tp, rs in batches.items()})
@@ -93,10 +94,16 @@ class Sink:
     async def outputs_acknowledged(self) -> None:
         pass
 
-    async def write_states(self) -> None:
+    async def write_states(self) -> Any:
         if self.fail_flush is not None:
             raise self.fail_flush
         self.flushes += 1
+        return self.acknowledged
+
+    async def acknowledged(self) -> None:
+        """Kafka's acknowledgement of the states written: at once, or when `acks` is set."""
+        if self.acks is not None:
+            await self.acks.wait()
 
     def discard(self) -> None:
         self.discards += 1
@@ -114,6 +121,16 @@ def run_round(ingest: BatchIngest, consumer: StandInConsumer, round_: dict[TP, l
             await ingest.before_writes()  # the commit it started, if any
 
     asyncio.run(round_and_commit())
+
+
+def quiet_fetch(ingest: BatchIngest, consumer: StandInConsumer) -> None:
+    """A fetch that brought no record: a flush if one is due, and its settling."""
+
+    async def flush_and_settle() -> None:
+        await ingest.maybe_flush(consumer)  # type: ignore[arg-type]
+        await ingest.before_writes()
+
+    asyncio.run(flush_and_settle())
 
 
 def setup(committed: int | None = 0, earliest: int = 0, flush_interval_s: float = 0.0):
@@ -238,7 +255,7 @@ def test_rounds_are_acknowledged_only_once_a_flush_wrote_their_states() -> None:
     asyncio.run(ingest.maybe_flush(consumer))  # a quiet fetch: not due yet
     assert sink.flushes == 0
     ingest.flush_interval_s = 0.0
-    asyncio.run(ingest.maybe_flush(consumer))
+    quiet_fetch(ingest, consumer)
     assert sink.flushes == 1
     assert consumer.acked == [(IN, 0, 4), (IN, 5, 9), (OTHER, 0, 2)]
     asyncio.run(ingest.maybe_flush(consumer))  # nothing left to flush
@@ -318,3 +335,54 @@ def test_a_failed_offset_commit_stops_the_worker_before_the_next_states_are_writ
     assert sink.stopped == ["the offset commit before the last rounds' states"]
     assert sink.flushes == 1  # the second checkpoint wrote no state...
     assert consumer.acked == [(IN, 0, 4)]  # ...and acknowledged nothing
+
+
+def test_the_next_round_folds_while_the_states_wait_for_kafka_and_nothing_is_acknowledged() -> None:
+    # Step 4 of a checkpoint runs beside the next rounds: round 2 is folded while round 1's
+    # states still wait for Kafka's acknowledgement, and no range of either is acknowledged
+    # before the acknowledgements of round 1's states arrive.
+    ingest, consumer, sink = setup(committed=0)
+    sink.acks = asyncio.Event()
+    consumer.app.conf.broker_commit_interval = 0.0
+
+    async def overlapped() -> None:
+        folded = asyncio.Event()
+        sink.on_call = folded.set
+        await ingest.round(consumer, {IN: recs(0, 4)})  # type: ignore[arg-type]
+        assert sink.flushes == 1 and consumer.acked == []  # written, not acknowledged
+        folded.clear()
+        second = asyncio.ensure_future(ingest.round(consumer, {IN: recs(5, 9)}))  # type: ignore[arg-type]
+        await folded.wait()
+        assert len(sink.rounds) == 2  # round 2 folded beside round 1's wait...
+        assert consumer.acked == [] and consumer.commits == 0  # ...nothing acknowledged
+        assert sink.acks is not None
+        sink.acks.set()  # Kafka answers
+        await second
+        await ingest.before_writes()
+        assert consumer.acked == [(IN, 0, 4), (IN, 5, 9)]
+
+    asyncio.run(overlapped())
+    assert sink.flushes == 2
+
+
+def test_a_checkpoint_whose_states_kafka_refuses_acknowledges_nothing_after_it() -> None:
+    ingest, consumer, sink = setup(committed=0)
+
+    async def refused() -> None:
+        raise RuntimeError("changelog record refused")
+
+    async def write_states() -> Any:
+        sink.flushes += 1
+        return refused
+
+    sink.write_states = write_states  # type: ignore[method-assign]
+
+    async def two_rounds() -> None:
+        await ingest.round(consumer, {IN: recs(0, 4)})  # type: ignore[arg-type]
+        await ingest.round(consumer, {IN: recs(5, 9)})  # type: ignore[arg-type]
+
+    with pytest.raises(Stopped):
+        asyncio.run(two_rounds())
+    assert sink.stopped == ["the states of the checkpoint before the last rounds"]
+    assert sink.flushes == 1  # the second round's states were not written...
+    assert consumer.acked == []  # ...and neither round was acknowledged
