@@ -63,7 +63,7 @@ def _guarded_ddp() -> Any:
         # No annotations: torch's DDP refuses a hook whose annotations are not the very
         # objects dist.GradBucket and Future[Tensor] (this module's are strings).
         @staticmethod
-        def _comm_hook(state, bucket):
+        def _comm_hook(state, bucket):  # type: ignore[no-untyped-def]
             work = state.allreduce(bucket.buffer())
             work.wait()
             inner = getattr(work.get_future(), "_fut", None)
