@@ -87,22 +87,6 @@ def _handlers() -> dict[type, LivenessHandler]:
 _HANDLERS: Final = _handlers()
 
 
-def _on_heartbeat(
-    state: LivenessState, event: Heartbeat, source: Provenance, cfg: DetectorConfig
-) -> tuple[LivenessState, list[AnomalyDetected]]:
-    """Run every registered heartbeat fold; a suspended run only advances log time."""
-    ts_ns = event.ts_ns
-    now_ns = ts_ns if ts_ns > state.log_time_ns else state.log_time_ns
-    if not state.live:
-        return msgspec.structs.replace(
-            state, last_offset=source.offset, last_index=source.index, log_time_ns=now_ns
-        ), []
-    facts = HeartbeatFacts(state, event, source, cfg, now_ns)
-    for fold in _HEARTBEAT_FOLDS:  # every registered detector, in order
-        fold(facts)
-    return facts.new_state(), facts.out
-
-
 def advance_step(
     state: LivenessState, step: int, source: Provenance, cfg: DetectorConfig
 ) -> tuple[LivenessState, list[AnomalyDetected]]:
@@ -183,13 +167,19 @@ def fold_liveness(
         source.offset < state.last_offset or source.index <= state.last_index
     ):  # at or before the last applied (offset, index): a pack's events are (o, 0), (o, 1)...
         return state, []
-    if type(event) is Heartbeat:
-        return _on_heartbeat(
-            state,
-            event,
-            source,
-            effective_config(cfg, state.thresholds) if state.thresholds else cfg,
-        )
+    if type(event) is Heartbeat:  # the hot path: inline, no call per event beyond the folds
+        ts_ns = event.ts_ns
+        now_ns = ts_ns if ts_ns > state.log_time_ns else state.log_time_ns
+        if not state.live:  # a suspended run (incarnation detector) only advances log time
+            return msgspec.structs.replace(
+                state, last_offset=source.offset, last_index=source.index, log_time_ns=now_ns
+            ), []
+        thresholds = state.thresholds
+        run_cfg = effective_config(cfg, thresholds) if thresholds else cfg
+        facts = HeartbeatFacts(state, event, source, run_cfg, now_ns)
+        for fold in _HEARTBEAT_FOLDS:  # every registered detector, in order
+            fold(facts)
+        return facts.new_state(), facts.out
     handler = _HANDLERS.get(type(event))
     if handler is None:
         return msgspec.structs.replace(
