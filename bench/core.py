@@ -41,17 +41,20 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np
 
+from runwatch.processors.core import liveness as liveness_module
+from runwatch.processors.core import steps as steps_module
 from runwatch.processors.core.baseline import RollingBaseline
 from runwatch.processors.core.config import DetectorConfig, with_overrides
+from runwatch.processors.core.detectors.registry import LIVENESS_DETECTORS, STEP_DETECTORS
 from runwatch.processors.core.liveness import LivenessState, fold_liveness
 from runwatch.processors.core.state_codec import decode_state, encode_state
-from runwatch.processors.core.steps import fold_step
+from runwatch.processors.core.steps import StepHealthState, fold_step
 from runwatch.processors.pipeline import fold_batch
 from runwatch.schemas.codec import encode, encode_key
 from runwatch.schemas.events import (
@@ -291,8 +294,10 @@ def huge_main(args: argparse.Namespace) -> None:
     )
 
 
-def step_rate(events: int, repeat: int, cfg: DetectorConfig = CFG) -> tuple[float, int, int]:
-    """Steps/s folded, encoded step state bytes, kept steps (step times jittered 1 %)."""
+def _step_events(
+    events: int, cfg: DetectorConfig = CFG
+) -> tuple[StepHealthState, list[StepCompleted], list[Provenance]]:
+    """A started run's state and ``events`` healthy steps (step times jittered 1 %)."""
     rng = random.Random(0)
     sources = [Provenance(topic="steps", partition=0, offset=i) for i in range(events + 1)]
     steps = [
@@ -316,6 +321,12 @@ def step_rate(events: int, repeat: int, cfg: DetectorConfig = CFG) -> tuple[floa
         vocab_size=50257,
     )
     state0, _ = fold_step(None, started, sources[0], cfg)
+    return state0, steps, sources
+
+
+def step_rate(events: int, repeat: int, cfg: DetectorConfig = CFG) -> tuple[float, int, int]:
+    """Steps/s folded, encoded step state bytes, kept steps (step times jittered 1 %)."""
+    state0, steps, sources = _step_events(events, cfg)
     final = [state0]
 
     def body() -> None:
@@ -326,6 +337,78 @@ def step_rate(events: int, repeat: int, cfg: DetectorConfig = CFG) -> tuple[floa
 
     rate = best_rate(len(steps), repeat, body)
     return rate, len(encode_state(final[0])), final[0].kept_steps
+
+
+Fold = Callable[..., Any]
+
+
+def _timed(name: str, fold: Fold, spent: dict[str, int]) -> Fold:
+    """``fold`` adding the thread's CPU time it takes (ns) to ``spent[name]``.
+
+    CPU time, not wall time: a fold takes a microsecond or two, and on a shared machine a
+    single preemption inside one would outweigh thousands of them.
+    """
+    clock = time.thread_time_ns
+
+    def timed(*args: Any) -> Any:
+        start = clock()
+        out = fold(*args)
+        spent[name] += clock() - start
+        return out
+
+    return timed
+
+
+def _timer_overhead_ns() -> float:
+    """What `_timed` adds to one call (a no-op fold timed), best of 5."""
+    spent = {"noop": 0}
+    noop = _timed("noop", lambda *args: None, spent)
+    best = math.inf
+    for _ in range(5):
+        spent["noop"] = 0
+        for _ in range(20_000):
+            noop(None, None)
+        best = min(best, spent["noop"] / 20_000)
+    return best
+
+
+def detector_costs(events: int, repeat: int) -> dict[str, float]:
+    """CPU microseconds per event that each registered detector's fold takes (best of ``repeat``).
+
+    Each fold of `STEP_DETECTORS` (over healthy steps) and each heartbeat fold of
+    `LIVENESS_DETECTORS` (world 8) is wrapped in a timer for one pass, the reducers'
+    registered tuples swapped for the wrapped ones and restored after; a timer's own
+    cost is measured on a no-op and subtracted.
+    """
+    overhead = _timer_overhead_ns()
+    best: dict[str, float] = {}
+    state0, steps, sources = _step_events(events)
+    beats = HeartbeatRun(8, events)
+    step_folds, hb_folds = steps_module._FOLDS, liveness_module._HEARTBEAT_FOLDS
+    for _ in range(repeat):
+        spent = dict.fromkeys([f"step {d.name}" for d in STEP_DETECTORS], 0)
+        spent.update((f"heartbeat {d.name}", 0) for d in LIVENESS_DETECTORS if d.heartbeat)
+        steps_module._FOLDS = tuple(  # type: ignore[misc]
+            (index, _timed(f"step {d.name}", fold, spent))
+            for (index, fold), d in zip(step_folds, STEP_DETECTORS, strict=True)
+        )
+        liveness_module._HEARTBEAT_FOLDS = tuple(  # type: ignore[misc]
+            _timed(f"heartbeat {d.name}", d.heartbeat, spent)
+            for d in LIVENESS_DETECTORS
+            if d.heartbeat
+        )
+        try:
+            state = state0
+            for event, source in zip(steps, sources[1:], strict=False):
+                state, _ = fold_step(state, event, source, CFG)
+            beats.once()
+        finally:
+            steps_module._FOLDS = step_folds  # type: ignore[misc]
+            liveness_module._HEARTBEAT_FOLDS = hb_folds  # type: ignore[misc]
+        for name, ns in spent.items():
+            n = len(steps) if name.startswith("step") else len(beats.beats)
+            best[name] = min(best.get(name, math.inf), max(0.0, ns / n - overhead) / 1e3)
+    return best
 
 
 def baseline_rates(repeat: int) -> tuple[float, float]:
@@ -402,6 +485,7 @@ def main() -> None:
     long_cfg = with_overrides(CFG, {"history_steps": 4096})
     steps_long, long_bytes, _ = step_rate(args.events // 2, args.repeat, long_cfg)
     pure, numpy_rate = baseline_rates(max(1, args.repeat // 2))
+    per_detector = detector_costs(min(args.events // 4, 50_000), max(1, args.repeat // 2))
     if ratio is not None:
         print(f"per-event cost, world 4,096 / world 8: {ratio:.2f}x (goal <= 1.5)")
     print(f"steps (MFU, 2 baselines, ledger): {steps:>12,.0f} /s   (kept {kept})")
@@ -410,6 +494,10 @@ def main() -> None:
         f"({pure / numpy_rate:.0f}x)"
     )
     print(f"step state as a table value: {state_bytes:,} bytes (msgpack)")
+    print(
+        "per detector, us/event (timer cost subtracted): "
+        + ", ".join(f"{name} {us:.2f}" for name, us in per_detector.items())
+    )
     print(
         f"steps with history_steps 4096: {steps_long:,.0f} /s, state {long_bytes:,} bytes "
         "(cost per step does not depend on the history; its size does)"
@@ -445,6 +533,7 @@ def main() -> None:
                     str(w): c.changelog_bytes_per_batch for w, c in pipe.items()
                 },
                 "pack_events": args.pack_events,
+                "detector_us_per_event": {k: round(v, 3) for k, v in per_detector.items()},
                 "batch_records": args.batch_records,
                 "targets_met": ok,
             },

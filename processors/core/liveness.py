@@ -30,6 +30,13 @@ next RunStarted clears the culprit.
 A RunEnded suspends every check until the next RunStarted, which starts a new incarnation
 with a fresh rank table.
 
+Detectors: each part is a `processors.core.detectors.base.LivenessDetector` in
+`processors.core.detectors` (incarnation, last_seen, exit_evidence, rank_scans,
+stragglers), listed in `processors.core.detectors.registry.LIVENESS_DETECTORS`. A
+heartbeat runs every registered heartbeat fold in that order over one
+`processors.core.liveness_facts.HeartbeatFacts`; every other event type is folded by the
+one detector that registered it. This module only dispatches.
+
 Cost: a heartbeat writes O(1) entries of the run's `processors.core.rank_table.RankTable`
 (its last step and time, its straggler bucket) through the fold's journal; the dead-rank
 scans and bucket closes are periodic and amortised O(1) per heartbeat (see
@@ -45,12 +52,13 @@ from typing import Final
 
 import msgspec
 
-from runwatch.processors.core.bounds import MAX_STEP, MAX_STEP_JUMP, check_incarnation, check_step
 from runwatch.processors.core.config import DetectorConfig, effective_config
-from runwatch.processors.core.liveness_scans import Gang, Verdicts, step_scan, time_scan
-from runwatch.processors.core.liveness_state import NEVER, LivenessState
-from runwatch.processors.core.rank_table import RankTable
-from runwatch.processors.core.stragglers import observe
+from runwatch.processors.core.detectors.base import LivenessHandler
+from runwatch.processors.core.detectors.exit_evidence import SIGNAL_NAMES, exit_status
+from runwatch.processors.core.detectors.registry import LIVENESS_DETECTORS
+from runwatch.processors.core.liveness_facts import HeartbeatFacts
+from runwatch.processors.core.liveness_scans import Gang, Verdicts, step_scan
+from runwatch.processors.core.liveness_state import LivenessState
 from runwatch.schemas.events import (
     AnomalyDetected,
     Heartbeat,
@@ -61,196 +69,22 @@ from runwatch.schemas.events import (
     Tick,
 )
 
-
-def _incarnation_state(state: LivenessState, event: RunStarted) -> LivenessState:
-    step_hint = max(state.step_hint, state.run_step)
-    return LivenessState(
-        run_id=state.run_id,
-        last_offset=state.last_offset,
-        last_index=state.last_index,
-        incarnation=event.incarnation,
-        thresholds=dict(event.thresholds),
-        # The new gang's clock, not the old incarnation's log time: a time one bad record
-        # pushed ahead must not carry into the next incarnation (issue 19, finding 2).
-        log_time_ns=event.ts_ns,
-        started_ns=event.ts_ns,
-        expected_ranks=event.world_size,
-        known_ranks=event.world_size,
-        step_hint=step_hint,
-        table=RankTable.of_width(event.world_size),
-        heartbeats=state.heartbeats,
-        raised=state.raised,
-        anomaly_counts=state.anomaly_counts,
-        launch_id=event.launch_id,
-    )
+_HEARTBEAT_FOLDS: Final = tuple(d.heartbeat for d in LIVENESS_DETECTORS if d.heartbeat)
+"""Each registered detector's heartbeat fold, in judging order."""
 
 
-def _verdict_step(state: LivenessState) -> int:
-    return state.run_step if state.run_step >= 0 else state.step_hint
+def _handlers() -> dict[type, LivenessHandler]:
+    """Event type -> the one registered detector that folds it (other than Heartbeat)."""
+    handlers: dict[type, LivenessHandler] = {}
+    for detector in LIVENESS_DETECTORS:
+        for kind, handler in detector.events:
+            if kind in handlers or kind is Heartbeat:
+                raise ValueError(f"{detector.name}: {kind.__name__} has another detector")
+            handlers[kind] = handler
+    return handlers
 
 
-def _on_heartbeat(
-    state: LivenessState, event: Heartbeat, source: Provenance, cfg: DetectorConfig
-) -> tuple[LivenessState, list[AnomalyDetected]]:
-    ts_ns = event.ts_ns
-    now_ns = ts_ns if ts_ns > state.log_time_ns else state.log_time_ns
-    if not state.live:
-        return msgspec.structs.replace(
-            state, last_offset=source.offset, last_index=source.index, log_time_ns=now_ns
-        ), []
-    rank, step = event.rank, event.step
-    newest = state.run_step if state.run_step >= 0 else state.step_hint or -1
-    if step >= MAX_STEP or step - newest > MAX_STEP_JUMP:  # before any write (bounds.py)
-        check_step(step, newest if newest >= 0 else -1, "heartbeat step")
-    table, data, journal = state.table.begin()
-    steps, stamps = data.steps, data.ts
-    if rank >= len(steps):
-        for _ in range(rank + 1 - len(steps)):
-            journal.push(steps, NEVER)
-            journal.push(stamps, 0)
-    previous = steps[rank]
-    log = journal  # inline journal writes: this is the per-heartbeat path
-    log.append((steps, rank, previous))
-    steps[rank] = step
-    log.append((stamps, rank, stamps[rank]))
-    stamps[rank] = ts_ns
-    known = state.known_ranks
-    if previous == NEVER and rank >= state.expected_ranks:
-        known += 1
-    first_step, first_ns = state.first_step, state.first_heartbeat_ns
-    if first_step < 0:
-        first_step, first_ns = step, ts_ns
-    step_scan_at = state.step_scan_at
-    if previous != NEVER and step < previous:
-        step_scan_at = min(step_scan_at, step + cfg.rank_heartbeat_threshold + 1)
-    dead = data.dead
-    if dead and rank in dead:
-        journal.discard(dead, rank)
-    last_heartbeat_ns = ts_ns if ts_ns > state.last_heartbeat_ns else state.last_heartbeat_ns
-    run_step = step if step > state.run_step else state.run_step
-    time_scan_after = state.time_scan_after_ns
-    blamed = state.exit_rank >= 0  # the incarnation's culprit is named: peers are blocked
-    need_step_scan = run_step > state.run_step and run_step >= step_scan_at and not blamed
-    need_time_scan = now_ns - time_scan_after > cfg.dead_rank_timeout_s * 1e9 and not blamed
-    out: Verdicts | None = None
-    if need_step_scan or need_time_scan:
-        out = Verdicts(state, ts_ns, source, cfg)
-        gang = Gang(state.expected_ranks, first_step, first_ns, last_heartbeat_ns)
-        if need_step_scan:
-            step_scan_at = step_scan(gang, data, journal, run_step, cfg, out)
-        if need_time_scan:
-            time_scan_after = time_scan(gang, data, journal, now_ns, cfg, out, run_step)
-    stragglers, slow = observe(
-        state.stragglers,
-        data,
-        journal,
-        rank,
-        step,
-        event.step_time_s,
-        known - len(dead),
-        cfg.straggler_ratio,
-        cfg.straggler_steps,
-    )
-    if slow:
-        out = out or Verdicts(state, ts_ns, source, cfg)
-        for s in slow:
-            out.emit(
-                "straggler",
-                s.step,
-                s.rank,
-                s.ratio,
-                cfg.straggler_ratio,
-                f"rank {s.rank} at {s.ratio:.2f}x its peers' median step time "
-                f"{s.peer_median_s:.4g} s for {s.streak} steps",
-                baseline=s.peer_median_s,
-            )
-    verdicts = out.out if out is not None else []
-    # Positional, in field order (a test pins the order): much cheaper than replace().
-    new = LivenessState(
-        state.run_id,
-        source.offset,
-        state.incarnation,
-        True,
-        state.status,
-        state.thresholds,
-        now_ns,
-        state.started_ns,
-        state.expected_ranks,
-        known,
-        first_step,
-        first_ns,
-        run_step,
-        state.step_hint,
-        last_heartbeat_ns,
-        table,
-        len(dead),
-        False,
-        time_scan_after,
-        step_scan_at,
-        stragglers,
-        state.heartbeats + 1,
-        out.raised() if verdicts and out is not None else state.raised,
-        out.counts() if verdicts and out is not None else state.anomaly_counts,
-        state.exit_rank,
-        source.index,
-        state.launch_id,
-    )
-    return new, verdicts
-
-
-def _on_tick(
-    state: LivenessState, event: Tick, source: Provenance, cfg: DetectorConfig
-) -> tuple[LivenessState, list[AnomalyDetected]]:
-    if not state.live:
-        # An ended run has nothing to age: the Tick leaves its state as it is (the same
-        # object), so the table is not rewritten for it. A fleet's state is mostly ended
-        # runs; rewriting each of them on every Tick made the changelog, and a successor's
-        # replay, grow with uptime instead of with the fleet.
-        return state, []
-    now_ns = max(state.log_time_ns, event.ts_ns)
-    out = Verdicts(state, event.ts_ns, source, cfg)
-    hung = state.hung
-    started = state.first_step >= 0
-    blamed = state.exit_rank >= 0  # the culprit is named: the rest of the gang is blocked
-    if not hung and not blamed:
-        since_ns = state.last_heartbeat_ns if started else state.started_ns
-        timeout_s = cfg.hang_timeout_s if started else cfg.startup_timeout_s
-        silent_ns = now_ns - since_ns
-        if silent_ns > timeout_s * 1e9:
-            hung = True
-            what = "no rank reported" if started else "no rank reported since the start"
-            out.emit(
-                "hang",
-                _verdict_step(state),
-                None,
-                silent_ns / 1e9,
-                timeout_s,
-                f"{what} for {silent_ns / 1e9:.1f} s of log time",
-            )
-    table, dead_count = state.table, state.dead_count
-    time_scan_after = state.time_scan_after_ns
-    if started and not blamed and now_ns - time_scan_after > cfg.dead_rank_timeout_s * 1e9:
-        gang = Gang(
-            state.expected_ranks,
-            state.first_step,
-            state.first_heartbeat_ns,
-            state.last_heartbeat_ns,
-        )
-        table, data, journal = table.begin()
-        time_scan_after = time_scan(gang, data, journal, now_ns, cfg, out, _verdict_step(state))
-        dead_count = len(data.dead)
-    return msgspec.structs.replace(
-        state,
-        last_offset=source.offset,
-        last_index=source.index,
-        log_time_ns=now_ns,
-        hung=hung,
-        table=table,
-        dead_count=dead_count,
-        time_scan_after_ns=time_scan_after,
-        raised=out.raised(),
-        anomaly_counts=out.counts() if out.out else state.anomaly_counts,
-    ), out.out
+_HANDLERS: Final = _handlers()
 
 
 def advance_step(
@@ -287,83 +121,6 @@ def advance_step(
         table=table,
         dead_count=len(data.dead),
         step_scan_at=step_scan_at,
-        raised=out.raised(),
-        anomaly_counts=out.counts() if out.out else state.anomaly_counts,
-    ), out.out
-
-
-SIGNAL_NAMES: Final[dict[int, str]] = {
-    1: "SIGHUP",
-    2: "SIGINT",
-    3: "SIGQUIT",
-    4: "SIGILL",
-    6: "SIGABRT",
-    7: "SIGBUS",
-    8: "SIGFPE",
-    9: "SIGKILL",
-    11: "SIGSEGV",
-    13: "SIGPIPE",
-    15: "SIGTERM",
-}
-"""Linux signal names for verdict details (a fixed table: replay on any OS says the same)."""
-
-
-def exit_status(event: RankExited) -> str:
-    """How the rank ended, in words: ``exit code 1``, ``signal 9 (SIGKILL)``, ``unknown``."""
-    if event.signal is not None:
-        name = SIGNAL_NAMES.get(event.signal)
-        return f"signal {event.signal}" + (f" ({name})" if name else "")
-    if event.exit_code is not None:
-        return f"exit code {event.exit_code}"
-    return "unknown exit status"
-
-
-def _on_rank_exited(
-    state: LivenessState, event: RankExited, source: Provenance, cfg: DetectorConfig
-) -> tuple[LivenessState, list[AnomalyDetected]]:
-    now_ns = max(state.log_time_ns, event.ts_ns)
-    if not state.live or event.incarnation != state.incarnation or state.exit_rank >= 0:
-        return msgspec.structs.replace(
-            state, last_offset=source.offset, last_index=source.index, log_time_ns=now_ns
-        ), []
-    clean = event.exit_code == 0 and event.signal is None
-    table, data, journal = state.table.begin()
-    rank = event.rank
-    steps = data.steps
-    if rank >= len(steps):
-        for _ in range(rank + 1 - len(steps)):
-            journal.push(steps, NEVER)
-            journal.push(data.ts, 0)
-    already = rank in data.dead
-    journal.put(data.dead, rank, None)
-    out = Verdicts(state, event.ts_ns, source, cfg)
-    exit_rank = state.exit_rank
-    if not clean:
-        exit_rank = rank
-        if not already:
-            last = steps[rank]
-            where = f"after step {last}" if last != NEVER else "before its first report"
-            host = f" on {event.host}" if event.host else ""
-            pid = f", pid {event.pid}" if event.pid else ""
-            code = event.exit_code if event.signal is None else 128 + event.signal
-            cause = f"; root cause: {event.root_cause}" if event.root_cause else ""
-            out.emit(
-                "dead_rank",
-                _verdict_step(state),
-                rank,
-                float(code) if code is not None else -1.0,
-                0.0,
-                f"rank {rank}{host} exited ({exit_status(event)}{pid}) {where}; "
-                f"its peers are blocked on it{cause}",
-            )
-    return msgspec.structs.replace(
-        state,
-        last_offset=source.offset,
-        last_index=source.index,
-        log_time_ns=now_ns,
-        table=table,
-        dead_count=len(data.dead),
-        exit_rank=exit_rank,
         raised=out.raised(),
         anomaly_counts=out.counts() if out.out else state.anomaly_counts,
     ), out.out
@@ -410,34 +167,25 @@ def fold_liveness(
         source.offset < state.last_offset or source.index <= state.last_index
     ):  # at or before the last applied (offset, index): a pack's events are (o, 0), (o, 1)...
         return state, []
-    if type(event) is Heartbeat:
-        return _on_heartbeat(
-            state,
-            event,
-            source,
-            effective_config(cfg, state.thresholds) if state.thresholds else cfg,
-        )
-    if isinstance(event, Tick):
-        return _on_tick(state, event, source, _config(state, cfg))
-    if isinstance(event, RankExited):
-        return _on_rank_exited(state, event, source, _config(state, cfg))
-    if isinstance(event, RunStarted):
-        check_incarnation(event.incarnation, state.incarnation, "RunStarted incarnation")
-        fresh = _incarnation_state(state, event)
+    if type(event) is Heartbeat:  # the hot path: inline, no call per event beyond the folds
+        ts_ns = event.ts_ns
+        now_ns = ts_ns if ts_ns > state.log_time_ns else state.log_time_ns
+        if not state.live:  # a suspended run (incarnation detector) only advances log time
+            return msgspec.structs.replace(
+                state, last_offset=source.offset, last_index=source.index, log_time_ns=now_ns
+            ), []
+        thresholds = state.thresholds
+        run_cfg = effective_config(cfg, thresholds) if thresholds else cfg
+        facts = HeartbeatFacts(state, event, source, run_cfg, now_ns)
+        for fold in _HEARTBEAT_FOLDS:  # every registered detector, in order
+            fold(facts)
+        return facts.new_state(), facts.out
+    handler = _HANDLERS.get(type(event))
+    if handler is None:
         return msgspec.structs.replace(
-            fresh, last_offset=source.offset, last_index=source.index
+            state, last_offset=source.offset, last_index=source.index
         ), []
-    if isinstance(event, RunEnded):
-        return msgspec.structs.replace(
-            state,
-            last_offset=source.offset,
-            last_index=source.index,
-            live=False,
-            status=event.status,
-            hung=False,
-            log_time_ns=max(state.log_time_ns, event.ts_ns),
-        ), []
-    return msgspec.structs.replace(state, last_offset=source.offset, last_index=source.index), []
+    return handler(state, event, source, _config(state, cfg))
 
 
 __all__ = [

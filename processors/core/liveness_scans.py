@@ -38,28 +38,23 @@ def rank_ranges(ranks: list[int]) -> str:
 
 
 class Verdicts:
-    """Collects one event's verdicts with their shared identity and provenance."""
+    """Collects one event's verdicts with their shared identity and provenance.
 
-    __slots__ = (
-        "cfg",
-        "counts_before",
-        "incarnation",
-        "launch_id",
-        "out",
-        "raised_before",
-        "run_id",
-        "source",
-        "ts_ns",
-    )
+    Attributes:
+        state: The run's state before the event (its run, incarnation, launch, and the
+            verdicts raised so far, which number the new ones).
+        ts_ns: The event's time (the verdicts').
+        source: The event's log position (the verdicts' provenance).
+        cfg: The configuration the verdicts were judged under.
+        out: The verdicts, in the order they were emitted.
+    """
+
+    __slots__ = ("cfg", "out", "source", "state", "ts_ns")
 
     def __init__(
         self, state: LivenessState, ts_ns: int, source: Provenance, cfg: DetectorConfig
     ) -> None:
-        self.run_id = state.run_id
-        self.incarnation = state.incarnation
-        self.launch_id = state.launch_id
-        self.raised_before = state.raised
-        self.counts_before = state.anomaly_counts
+        self.state = state
         self.ts_ns = ts_ns
         self.source = source
         self.cfg = cfg
@@ -78,17 +73,18 @@ class Verdicts:
         rank_count: int = 0,
     ) -> None:
         """Record one verdict (the arguments are its fields)."""
+        state = self.state
         self.out.append(
             make_anomaly(
-                run_id=self.run_id,
+                run_id=state.run_id,
                 kind=kind,
                 step=step,
                 ts_ns=self.ts_ns,
                 source=self.source,
                 config_hash=config_hash(self.cfg),
-                incarnation=self.incarnation,
-                launch_id=self.launch_id,
-                attempt=self.raised_before + len(self.out),
+                incarnation=state.incarnation,
+                launch_id=state.launch_id,
+                attempt=state.raised + len(self.out),
                 rank=rank,
                 value=value,
                 baseline=baseline,
@@ -121,14 +117,14 @@ class Verdicts:
 
     def counts(self) -> dict[str, int]:
         """The run's verdict counts by kind, these included."""
-        counts = dict(self.counts_before)
+        counts = dict(self.state.anomaly_counts)
         for v in self.out:
             counts[v.kind] = counts.get(v.kind, 0) + 1
         return counts
 
     def raised(self) -> int:
         """Verdicts raised for the run, these included."""
-        return self.raised_before + len(self.out)
+        return self.state.raised + len(self.out)
 
 
 class Gang(msgspec.Struct, frozen=True, gc=False):

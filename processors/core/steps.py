@@ -29,7 +29,7 @@ from runwatch.processors.core.baseline import (
     RollingBaseline,
 )
 from runwatch.processors.core.bounds import MAX_STEP, MAX_STEP_JUMP, check_incarnation, check_step
-from runwatch.processors.core.config import DetectorConfig
+from runwatch.processors.core.config import DetectorConfig, effective_config
 from runwatch.processors.core.continuity import RestartRecord
 from runwatch.processors.core.detectors.base import StepFacts
 from runwatch.processors.core.detectors.registry import STEP_DETECTORS
@@ -142,8 +142,22 @@ def _resume(
     return msgspec.structs.replace(state, attempt=state.attempt + 1, **reset, **rebuilt)
 
 
-_FOLDS: Final = tuple((d.field, d.fold) for d in STEP_DETECTORS)
-"""``(field, fold)`` of each registered detector, in judging order."""
+_FIELD: Final = {name: i for i, name in enumerate(StepHealthState.__struct_fields__)}
+"""`StepHealthState` field -> its position (the order the state's constructor takes)."""
+
+_FOLDS: Final = tuple((_FIELD[d.field], d.fold) for d in STEP_DETECTORS)
+"""``(field position, fold)`` of each registered detector, in judging order."""
+
+_LAST_OFFSET, _LOSS, _GRAD, _LEDGER = (_FIELD[f] for f in ("last_offset", "loss", "grad", "ledger"))
+_LAST_STEP, _LAST_TS_NS, _FIRST_TS_NS = (
+    _FIELD[f] for f in ("last_step", "last_ts_ns", "first_ts_ns")
+)
+_LAST_LOSS, _LAST_GRAD_NORM = _FIELD["last_loss"], _FIELD["last_grad_norm"]
+_LAST_STEP_TIME_S, _LAST_MFU = _FIELD["last_step_time_s"], _FIELD["last_mfu"]
+_LAST_TOKENS_PER_S, _STEPS_OBSERVED = _FIELD["last_tokens_per_s"], _FIELD["steps_observed"]
+_SKIPPED_STEPS, _ANOMALY_COUNTS = _FIELD["skipped_steps"], _FIELD["anomaly_counts"]
+_LAST_INDEX = _FIELD["last_index"]
+_astuple: Final = msgspec.structs.astuple
 
 
 def _on_step(
@@ -159,20 +173,19 @@ def _on_step(
         state = _resume(_close_episodes(state, closing), event, from_step, cfg)
         closed = closing.out
     facts = StepFacts(state, event, source, cfg, closed)
-    changed: dict[str, object] = {}
-    for field, fold in _FOLDS:  # every registered detector, in order
-        old = getattr(state, field)
-        folded = fold(facts, old)
-        if folded is not old:
-            changed[field] = folded
-    info, loss_base, grad_base = state.info, state.loss, state.grad
+    # The new state's fields, by position: every registered detector folds its own in
+    # place of the old value, then the step's own fields. One construction at the end
+    # (no replace(): it costs per keyword, and a step changes about half the fields).
+    values = list(_astuple(state))
+    for index, fold in _FOLDS:  # every registered detector, in order
+        values[index] = fold(facts, values[index])
     loss, grad = facts.loss, facts.grad
     if facts.loss_ok:
-        loss_base = loss_base.with_value(loss, step)
+        values[_LOSS] = facts.loss_base.with_value(loss, step)
     if facts.usable_grad is not None:
-        grad_base = grad_base.with_value(math.log(facts.usable_grad), step)
-    step_time_s, tokens, step_mfu, tokens_per_s = step_accounting(info, event, cfg)
-    ledger = state.ledger.append(
+        values[_GRAD] = facts.grad_base.with_value(math.log(facts.usable_grad), step)
+    step_time_s, tokens, step_mfu, tokens_per_s = step_accounting(facts.info, event, cfg)
+    values[_LEDGER] = state.ledger.append(
         step,
         loss if facts.loss_ok else _NAN,
         grad if facts.grad_ok else _NAN,  # type: ignore[arg-type]
@@ -182,33 +195,25 @@ def _on_step(
     )
     verdicts = facts.out
     if verdicts:
-        changed["anomaly_counts"] = count_kinds(state.anomaly_counts, verdicts)
+        values[_ANOMALY_COUNTS] = count_kinds(state.anomaly_counts, verdicts)
     if event.skipped:
-        changed["skipped_steps"] = state.skipped_steps + 1
+        values[_SKIPPED_STEPS] = state.skipped_steps + 1
+    ts_ns = event.ts_ns
     if state.first_ts_ns < 0:  # the run began when its first step began (not before 1970)
         lead_ns = step_time_s * 1e9
-        ts_ns = event.ts_ns
-        changed["first_ts_ns"] = ts_ns - (int(lead_ns) if lead_ns < ts_ns else max(ts_ns, 0))
-    # Only what a step changes: replace() costs per keyword, and most detectors' states
-    # come back unchanged from a healthy step.
-    new = msgspec.structs.replace(
-        state,
-        last_offset=source.offset,
-        loss=loss_base,
-        grad=grad_base,
-        ledger=ledger,
-        last_step=step,
-        last_ts_ns=max(state.last_ts_ns, event.ts_ns),
-        last_loss=loss,
-        last_grad_norm=grad,
-        last_step_time_s=event.step_time_s,
-        last_mfu=step_mfu,
-        last_tokens_per_s=tokens_per_s,
-        steps_observed=state.steps_observed + 1,
-        last_index=source.index,
-        **changed,
-    )
-    return new, verdicts
+        values[_FIRST_TS_NS] = ts_ns - (int(lead_ns) if lead_ns < ts_ns else max(ts_ns, 0))
+    values[_LAST_OFFSET] = source.offset
+    values[_LAST_STEP] = step
+    if ts_ns > state.last_ts_ns:
+        values[_LAST_TS_NS] = ts_ns
+    values[_LAST_LOSS] = loss
+    values[_LAST_GRAD_NORM] = grad
+    values[_LAST_STEP_TIME_S] = event.step_time_s
+    values[_LAST_MFU] = step_mfu
+    values[_LAST_TOKENS_PER_S] = tokens_per_s
+    values[_STEPS_OBSERVED] = state.steps_observed + 1
+    values[_LAST_INDEX] = source.index
+    return StepHealthState(*values), verdicts
 
 
 StepEvent = RunStarted | StepCompleted | RunEnded
@@ -250,7 +255,10 @@ def fold_step(
             check_step(step, state.last_step)
         if event.restart_from_step is not None:
             check_step(event.restart_from_step, -1, "restart_from_step")
-        return _on_step(state, event, source, state.info.config(cfg))
+        thresholds = state.info.thresholds  # most runs announce none: no config lookup
+        return _on_step(
+            state, event, source, effective_config(cfg, thresholds) if thresholds else cfg
+        )
     if isinstance(event, RunStarted):
         check_incarnation(event.incarnation, state.info.incarnation, "RunStarted incarnation")
         return _on_run_started(state, event, source, cfg)

@@ -11,6 +11,13 @@ Each detector of the step-health reducer (`processors.core.steps`) owns one fiel
 
 `processors.core.detectors.registry.STEP_DETECTORS` lists them; ``fold_step`` runs them in
 that order, so verdict order is the list's order.
+
+A liveness detector (`LivenessDetector`) is the same idea for the heartbeats topic: its
+state is a few named fields of `processors.core.liveness_state.LivenessState`, its
+``heartbeat`` fold runs on every heartbeat of a live run (in the order of
+`processors.core.detectors.registry.LIVENESS_DETECTORS`, writing its fields' new values
+into the `processors.core.liveness_facts.HeartbeatFacts`), and ``events`` names the other
+event types it alone folds (a Tick, a RankExited, a RunStarted or RunEnded).
 """
 
 from __future__ import annotations
@@ -24,6 +31,8 @@ from runwatch.processors.core.step_checks import Emitter
 
 if TYPE_CHECKING:
     from runwatch.processors.core.config import DetectorConfig
+    from runwatch.processors.core.liveness_facts import HeartbeatFacts
+    from runwatch.processors.core.liveness_state import LivenessState
     from runwatch.processors.core.step_state import StepHealthState
     from runwatch.schemas.events import AnomalyDetected, Provenance, StepCompleted
 
@@ -118,4 +127,36 @@ class StepDetector(Generic[S]):
 AnyStepDetector = StepDetector[Any]
 """A detector of any state type (the registry's element)."""
 
-__all__ = ["AnyStepDetector", "StepDetector", "StepFacts"]
+LivenessHandler = Callable[
+    ["LivenessState", Any, "Provenance", "DetectorConfig"],
+    "tuple[LivenessState, list[AnomalyDetected]]",
+]
+"""``(state, event, source, cfg) -> (state, verdicts)`` for one event type other than Heartbeat."""
+
+
+@dataclass(frozen=True, slots=True)
+class LivenessDetector:
+    """One detector of the liveness reducer.
+
+    Attributes:
+        name: Its name (docs and errors).
+        fields: The `LivenessState` fields that hold its state (no other detector's fold
+            writes them; later ones may read their new values from the facts).
+        heartbeat: ``(facts) -> None`` for each heartbeat of a live run, or None.
+        events: Event type -> its handler, for the event types this detector alone folds
+            (each type belongs to one detector).
+    """
+
+    name: str
+    fields: tuple[str, ...]
+    heartbeat: Callable[[HeartbeatFacts], None] | None = None
+    events: tuple[tuple[type, LivenessHandler], ...] = ()
+
+
+__all__ = [
+    "AnyStepDetector",
+    "LivenessDetector",
+    "LivenessHandler",
+    "StepDetector",
+    "StepFacts",
+]

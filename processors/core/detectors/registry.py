@@ -1,20 +1,26 @@
-"""The step detectors, in the order they judge a step (and so the order of their verdicts).
+"""The step and liveness detectors, in the order they judge an event (and so verdict order).
 
 Live processors, audit replay and the in-process monitor all fold steps through
-`processors.core.steps.fold_step`, which runs this list: adding a detector here adds it
-everywhere. See docs/core.md, "Adding a detector".
+`processors.core.steps.fold_step` and heartbeats through
+`processors.core.liveness.fold_liveness`, which run these lists: adding a detector here
+adds it everywhere. See docs/core.md, "Adding a detector".
 """
 
 from __future__ import annotations
 
 from typing import Final
 
-from runwatch.processors.core.detectors.base import AnyStepDetector
+from runwatch.processors.core.detectors.base import AnyStepDetector, LivenessDetector
 from runwatch.processors.core.detectors.ceiling import CEILING
+from runwatch.processors.core.detectors.exit_evidence import EXIT_EVIDENCE
+from runwatch.processors.core.detectors.incarnation import INCARNATION
+from runwatch.processors.core.detectors.last_seen import LAST_SEEN
 from runwatch.processors.core.detectors.nonfinite import NONFINITE
+from runwatch.processors.core.detectors.rank_scans import RANK_SCANS
 from runwatch.processors.core.detectors.replica import REPLICAS
 from runwatch.processors.core.detectors.restart import CONTINUITY
 from runwatch.processors.core.detectors.spikes import GRAD_SPIKE, LOSS_SPIKE
+from runwatch.processors.core.detectors.straggler import STRAGGLERS
 
 STEP_DETECTORS: Final[tuple[AnyStepDetector, ...]] = (
     NONFINITE,
@@ -26,4 +32,13 @@ STEP_DETECTORS: Final[tuple[AnyStepDetector, ...]] = (
 )
 """Every step detector, in judging order."""
 
-__all__ = ["STEP_DETECTORS"]
+LIVENESS_DETECTORS: Final[tuple[LivenessDetector, ...]] = (
+    INCARNATION,  # RunStarted, RunEnded; a suspended run folds no heartbeat
+    LAST_SEEN,  # first on a heartbeat: the table version and rank rows the others read
+    EXIT_EVIDENCE,  # RankExited; its exit_rank silences the scans
+    RANK_SCANS,  # after LAST_SEEN: reads the new run step and rows; Tick
+    STRAGGLERS,  # after RANK_SCANS: live ranks exclude those it flagged dead
+)
+"""Every liveness detector, in judging order (a heartbeat's verdicts: scans, then stragglers)."""
+
+__all__ = ["LIVENESS_DETECTORS", "STEP_DETECTORS"]

@@ -10,8 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runwatch.processors.core import liveness, stragglers
+from runwatch.processors.core import stragglers
 from runwatch.processors.core.config import DetectorConfig, with_overrides
+from runwatch.processors.core.detectors import rank_scans
 from runwatch.processors.core.ledger import ROW, pack_rows, unpack_rows
 from runwatch.processors.core.liveness import LivenessEvent, LivenessState, fold_liveness
 from runwatch.processors.core.rank_table import RankTable, pack_ints, unpack_ints
@@ -195,7 +196,7 @@ class Touches:
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.count = 0
-        step_scan, time_scan, judge = liveness.step_scan, liveness.time_scan, stragglers._judge
+        step_scan, time_scan, judge = rank_scans.step_scan, rank_scans.time_scan, stragglers._judge
 
         def counted_step(gang: Any, data: Any, *rest: Any) -> Any:
             self.count += len(data.steps)
@@ -209,8 +210,8 @@ class Touches:
             self.count += len(bucket)
             return judge(data, journal, bucket, *rest)
 
-        monkeypatch.setattr(liveness, "step_scan", counted_step)
-        monkeypatch.setattr(liveness, "time_scan", counted_time)
+        monkeypatch.setattr(rank_scans, "step_scan", counted_step)  # the scans' detector
+        monkeypatch.setattr(rank_scans, "time_scan", counted_time)
         monkeypatch.setattr(stragglers, "_judge", counted_judge)
 
 
