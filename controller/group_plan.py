@@ -20,10 +20,11 @@ The rules, in order (each a guard clause with its number):
    refused. A backend that does not declare it is never asked to heal.
 4. ``respawn_group``: the group the command names (refused when there is no such group).
 5. ``respawn`` (a dead rank, a hang): the groups of the ranks that exited abnormally. None
-   exited, but groups restarted alone lately are still healing: refused (the verdict is
-   their silence while they start and heal: a ``replica_lost`` seen before the exit
-   evidence, or a dead-rank timeout shorter than a heal; a gang restart would throw away
-   what the group restart saves). None exited and none healing (a hang): the gang path.
+   exited, but groups restarted alone lately are still healing: refused as *covered*
+   (`RestartFailed.covered`: the verdict is their silence while they start and heal: a
+   ``replica_lost`` seen before the exit evidence, or a dead-rank timeout shorter than a
+   heal; a gang restart would throw away what the group restart saves, and nobody is
+   paged for it). None exited and none healing (a hang): the gang path.
 6. Every group would be down, or fewer groups than ``--min-replicas`` would go on stepping
    while the restarted ones heal: the run cannot commit a step meanwhile: escalate to the
    gang path. With ``--min-replicas-bound-s`` only every group down escalates here: the
@@ -73,12 +74,16 @@ class GroupPlan:
         groups: The groups to restart (``groups`` only).
         reason: Why, in one line (logged; the RestartFailed reason for ``refuse``).
         rule: The rule that decided.
+        covered: A ``refuse`` because group restarts in progress already answer the
+            command (rule 5): the RestartFailed says so (`RestartFailed.covered`), and no
+            one is paged for it.
     """
 
     verdict: GroupVerdict
     groups: tuple[int, ...] = ()
     reason: str = ""
     rule: int = 0
+    covered: bool = False
 
 
 def plan_group(
@@ -124,7 +129,7 @@ def plan_group(
         chosen = tuple(sorted({e.rank // replicas.nproc_per_group for e in exits if e.abnormal}))
         if not chosen and healing:
             reason = f"no rank exited and groups {sorted(healing)} are healing"
-            return GroupPlan("refuse", reason=reason, rule=5)
+            return GroupPlan("refuse", reason=reason, rule=5, covered=True)
         if not chosen:
             return GroupPlan("gang", reason="no rank exited: the whole run is stuck", rule=5)
     left = replicas.groups - len(chosen)

@@ -362,14 +362,20 @@ class RunSupervisor:
             log.exception("run %s: command %s failed", self.run_id, command.command_id)
             self._publish_failed(command, reason)
 
-    def _publish_failed(self, command: RestartRequested, reason: str) -> None:
-        """Tell the run its command was not carried out, and why (one line)."""
+    def _publish_failed(
+        self, command: RestartRequested, reason: str, *, covered: bool = False
+    ) -> None:
+        """Tell the run its command was not carried out, and why (one line).
+
+        ``covered``: a restart in progress already answers it (`RestartFailed.covered`).
+        """
         self.publish(
             RestartFailed(
                 run_id=self.run_id,
                 ts_ns=time.time_ns(),
                 command_id=command.command_id,
                 reason=reason,
+                covered=covered,
             )
         )
 
@@ -384,8 +390,9 @@ class RunSupervisor:
             command, self._replicas(), self._backend(), list(self.exits.values()), healing
         )
         if group.verdict == "refuse":
-            log.warning("run %s: %s refused: %s", self.run_id, command.action, group.reason)
-            self._publish_failed(command, group.reason)
+            level = logging.INFO if group.covered else logging.WARNING
+            log.log(level, "run %s: %s refused: %s", self.run_id, command.action, group.reason)
+            self._publish_failed(command, group.reason, covered=group.covered)
             return
         if group.verdict == "groups":
             self._restart_groups(command, group.groups, group.reason, received_s)

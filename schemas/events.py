@@ -641,15 +641,20 @@ class RestartCompleted(Event, frozen=True, kw_only=True, tag="restart_completed.
 
 
 class RestartFailed(Event, frozen=True, kw_only=True, tag="restart_failed.v1"):
-    """The controller could not execute a command.
+    """The controller did not execute a command.
 
     Attributes:
         command_id: The command.
         reason: One line.
+        covered: The command was redundant, not failed: a group restart in progress already
+            answers what it asked (a dead rank's respawn that arrives while the group
+            restarted for that rank heals, `controller.group_plan` rule 5). Nothing for a
+            human to do; the sinks show it as info, not as a failed restart.
     """
 
     command_id: Id
     reason: Text
+    covered: bool = False
 
 
 class AgentReady(Event, frozen=True, kw_only=True, tag="agent_ready.v1"):

@@ -132,6 +132,10 @@ def _outcome(event: RestartCompleted | RestartFailed | CommandRejected) -> Alert
             f"checkpoint {event.checkpoint_path or '-'}"
         )
         detail = f"from checkpoint step {event.checkpoint_step}, {description}"
+    elif isinstance(event, RestartFailed) and event.covered:
+        severity = "info"  # redundant, not failed: a group restart in progress answers it
+        summary = f"command for run {event.run_id} covered by a group restart in progress"
+        description = detail = event.reason
     else:
         severity = "critical"
         summary = f"{kind.replace('_', ' ')} for run {event.run_id}"

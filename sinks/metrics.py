@@ -13,7 +13,7 @@ being rendered). Served metrics (label ``run`` unless said otherwise):
 * ``runwatch_run_live_ranks``: ranks that heartbeat within the live window (log time);
 * ``runwatch_run_last_step``, ``runwatch_run_incarnation``;
 * ``runwatch_anomalies_total{run,kind}``, ``runwatch_restarts_total`` (restart commands),
-  ``runwatch_restart_outcomes_total{run,outcome}`` (completed, failed, rejected);
+  ``runwatch_restart_outcomes_total{run,outcome}`` (completed, failed, rejected, covered);
 * ``runwatch_consumer_lag_records{topic,partition}``: records that were already in the
   partition one sampling interval ago and that the exporter has not read yet (so the
   clock's ticks, landing every second, do not keep it above 0 for a consumer that keeps

@@ -189,6 +189,8 @@ class FleetFigures:
                 RestartFailed: "failed",
                 CommandRejected: "rejected",
             }[type(event)]
+            if isinstance(event, RestartFailed) and event.covered:
+                outcome = "covered"  # a restart in progress answers it: no failure to page
             key, bucket = f"{outcome}:{event.command_id}", ("outcome", outcome)
         else:
             return

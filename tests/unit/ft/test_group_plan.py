@@ -103,4 +103,10 @@ def test_launch_flags_make_the_spec_part_and_refuse_what_cannot_be() -> None:
 
 def test_rule_5_no_exit_while_a_group_heals_is_refused_not_a_gang_restart() -> None:
     plan = plan_group(command("respawn"), THREE, FT, (), healing=(1,))
-    assert (plan.verdict, plan.rule) == ("refuse", 5)
+    assert (plan.verdict, plan.rule, plan.covered) == ("refuse", 5, True)
+
+
+def test_only_a_refusal_that_a_healing_group_answers_is_covered() -> None:
+    """Every other refusal is a failure a human must see (RestartFailed, critical)."""
+    plan = plan_group(command("respawn_group", group=7), THREE, FT, ())
+    assert (plan.verdict, plan.rule, plan.covered) == ("refuse", 4, False)

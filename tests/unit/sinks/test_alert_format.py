@@ -30,6 +30,14 @@ from .events import anomaly, completed, failed, heartbeat, rejected, restart, st
         (restart(), "restart_requested:c1", "restart_requested", "warning", None, None),
         (completed(), "restart_completed:c1", "restart_completed", "info", None, None),
         (failed(), "restart_failed:c1", "restart_failed", "critical", None, None),
+        (
+            msgspec.structs.replace(failed(), covered=True),  # a healing group answers it
+            "restart_failed:c1",
+            "restart_failed",
+            "info",
+            None,
+            None,
+        ),
         (rejected(), "command_rejected:c1", "command_rejected", "critical", None, None),
     ],
 )
