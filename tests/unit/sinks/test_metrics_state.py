@@ -7,7 +7,18 @@ import pytest
 
 from runwatch.sinks.metrics_state import FleetFigures, MetricsPolicy
 
-from .events import anomaly, completed, ended, failed, heartbeat, rejected, restart, started, step, tick
+from .events import (
+    anomaly,
+    completed,
+    ended,
+    failed,
+    heartbeat,
+    rejected,
+    restart,
+    started,
+    step,
+    tick,
+)
 
 
 def fold(events, policy=None):
@@ -81,8 +92,6 @@ def test_counters_count_each_id_once():
 
 def test_a_covered_refusal_is_not_counted_as_a_failed_restart():
     """The Prometheus rule RunwatchRestartFailures pages on outcome failed|rejected."""
-    import msgspec
-
     f = fold([restart(cid="c1"), msgspec.structs.replace(failed(cid="c1"), covered=True)])
     assert f.runs["r1"].outcomes == {"covered": 1}
 
