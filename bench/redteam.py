@@ -2,9 +2,11 @@
 
 Two parts, both against one embedded broker (`runwatch.broker.ephemeral_broker`):
 
-1. The attack scenarios: ``tests/integration/security/test_attacks.py`` run by pytest
-   with ``RUNWATCH_BOOTSTRAP`` set to this broker (the tests then use it instead of
-   starting their own); its JUnit report becomes one table, finding -> result.
+1. The attack scenarios: the attacker tests (`ATTACK_TESTS`: ACLs per role, forged steps
+   and verdicts, clock attacks, a replayed command, records that tried to stop a process)
+   run by pytest with ``RUNWATCH_BOOTSTRAP`` set to this broker (the tests that need a
+   broker with ACLs start their own secure one); the JUnit report becomes one table,
+   finding -> result.
 2. Memory after ``--runs`` distinct run ids (one step and one heartbeat each, so twice as
    many records): `runwatch sinks --metrics` and `runwatch ui`, each a subprocess reading
    the whole log, for the code ``--before`` (default: the commit this branch left main
@@ -49,6 +51,32 @@ from runwatch import admin  # noqa: E402
 from runwatch.broker import ephemeral_broker  # noqa: E402
 
 FINDINGS: dict[str, str] = {
+    # test_attacker.py: what each role's credential may do on a broker with ACLs
+    "test_a_trainer_cannot_write_a_verdict_a_command_or_a_dead_letter": "1 forged verdict (ACLs)",
+    "test_a_trainer_cannot_write_the_processors_state": "1 forged state (ACLs)",
+    "test_a_trainer_reads_nothing_not_even_its_own_inputs": "least privilege: trainer",
+    "test_the_sinks_credential_cannot_write_anything": "least privilege: sinks write",
+    "test_the_sinks_credential_reads_what_it_shows": "least privilege: sinks read",
+    "test_the_controller_cannot_write_a_verdict_or_a_command": "least privilege: controller",
+    "test_no_other_role_joins_the_processors_group": "least privilege: processors' group",
+    "test_no_login_no_kafka": "least privilege: no login",
+    # test_forged_steps.py and test_clock_attacks.py: records that steer decisions
+    "test_a_trainers_forged_nan_steps_buy_what_the_detection_gives_and_no_forged_verdict": (
+        "1 forged NaN steps"
+    ),
+    "test_a_forged_huge_hang_timeout_does_not_disable_hang_detection": "1 forged thresholds",
+    "test_a_tick_a_day_ahead_raises_nothing_for_live_runs": "2 future Tick",
+    "test_a_future_dated_incarnation_never_carries_into_the_next": "2 future incarnation",
+    "test_a_live_worker_ignores_a_tick_a_day_ahead": "2 future Tick, live worker",
+    "test_every_input_topic_is_stamped_by_the_broker": "2 broker time on inputs",
+    "test_topics_create_gives_an_existing_input_topic_the_broker_s_clock": (
+        "2 broker time, upgraded topics"
+    ),
+    # test_launch_binding.py (controller): commands bound to a launch
+    "test_a_command_replayed_into_a_new_launch_is_refused_and_a_fresh_one_obeyed": (
+        "6 command replayed into a new launch"
+    ),
+    # test_attacks.py: no record stops a process; bounded edges
     "test_a_non_ascii_signature_neither_kills_the_launcher_nor_its_adoption": (
         "3 non-ASCII signature; 12 state/log modes"
     ),
@@ -60,7 +88,18 @@ FINDINGS: dict[str, str] = {
     "test_dns_rebinding_is_refused_by_the_host_check": "11 Host check",
     "test_a_cross_site_form_cannot_start_an_audit": "11 Origin + CSRF",
 }
-"""Attack test -> the issue's finding(s) it shows."""
+"""Attack test -> the issue's finding(s) it shows (7 and 8 are unit tests and a bench:
+tests/unit/core/test_bounds.py, `bench/core.py`'s 131,072-rank line; 10 is this bench's
+memory part)."""
+
+ATTACK_TESTS: tuple[str, ...] = (
+    "tests/integration/security/test_attacker.py",
+    "tests/integration/security/test_forged_steps.py",
+    "tests/integration/security/test_clock_attacks.py",
+    "tests/integration/controller/test_launch_binding.py",
+    "tests/integration/security/test_attacks.py",
+)
+"""Where the attack tests are: raw records and plain Kafka clients, as an attacker writes them."""
 
 
 def free_port() -> int:
@@ -76,7 +115,7 @@ def attack_table(bootstrap: str) -> list[dict[str, Any]]:
         env = {**os.environ, "RUNWATCH_BOOTSTRAP": bootstrap, "PYTHONPATH": str(REPO)}
         subprocess.run(
             [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-             f"--junitxml={report}", "tests/integration/security/test_attacks.py"],
+             f"--junitxml={report}", *ATTACK_TESTS],
             cwd=REPO, env=env, check=False, stdout=subprocess.DEVNULL,
         )  # fmt: skip
         rows = []
