@@ -333,6 +333,7 @@ class RunSupervisor:
                     exit_code=gone.exit_code,
                     signal=gone.signal,
                     root_cause=root_cause,
+                    launch_id=self.spec.run.launch_id,
                 )
             )
         except Exception as exc:  # evidence is best effort: the silence timeout still holds

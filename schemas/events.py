@@ -399,6 +399,10 @@ class RankExited(Event, frozen=True, kw_only=True, tag="rank_exited.v1"):
             most `MAX_ROOT_CAUSE_CHARS` (what torch's ``@record`` wrote to the rank's
             ``TORCHELASTIC_ERROR_FILE``); empty when the rank wrote none (killed by a
             signal, no ``@record``, a clean exit, or evidence of an older agent).
+        launch_id: The launch the agent runs (empty: none, or an older agent). The
+            exit-evidence ``dead_rank`` carries it when the processors have not read the
+            run's RunStarted yet (a rank killed in its first steps), so its command is
+            bound to the launch and not refused as unbound.
     """
 
     rank: Rank
@@ -408,6 +412,7 @@ class RankExited(Event, frozen=True, kw_only=True, tag="rank_exited.v1"):
     exit_code: Annotated[int, Meta(ge=-(2**31), lt=2**31)] | None = None
     signal: Annotated[int, Meta(ge=1, le=128)] | None = None
     root_cause: Annotated[str, Meta(max_length=MAX_ROOT_CAUSE_CHARS)] = ""
+    launch_id: Id = ""
 
 
 PackableEvent = Heartbeat | StepCompleted

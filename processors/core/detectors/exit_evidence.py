@@ -77,6 +77,7 @@ def on_rank_exited(
     while its peers finish).
     Rule 3: a non-zero code, a signal or an unknown status names the culprit, and raises
     ``dead_rank`` unless a scan had already flagged the rank dead.
+    Rule 4: the verdict carries the state's launch, else the evidence's (`RankExited.launch_id`).
     """
     now_ns = max(state.log_time_ns, event.ts_ns)
     if not state.live or event.incarnation != state.incarnation or state.exit_rank >= 0:
@@ -93,7 +94,13 @@ def on_rank_exited(
             journal.push(data.ts, 0)
     already = rank in data.dead
     journal.put(data.dead, rank, None)
-    out = Verdicts(state, event.ts_ns, source, cfg)
+    # Rule 4: a run whose RunStarted is not read yet (a rank killed in its first steps)
+    # takes the verdict's launch from the agent's evidence, so the command it causes is
+    # bound to the launch the agent runs (a RunStarted read later still sets the state's).
+    bound = state
+    if not state.launch_id and event.launch_id:
+        bound = msgspec.structs.replace(state, launch_id=event.launch_id)
+    out = Verdicts(bound, event.ts_ns, source, cfg)
     exit_rank = state.exit_rank
     if not clean:
         exit_rank = rank

@@ -172,3 +172,19 @@ def test_the_verdict_carries_the_root_cause_the_rank_recorded() -> None:
     _, (plain,) = fold_heartbeats([*events[:-1], failed], CFG)
     assert plain.detail.endswith("its peers are blocked on it")
     assert plain.verdict_id == verdict.verdict_id  # the same verdict, better described
+
+
+def test_an_exit_before_the_run_started_is_read_is_bound_to_the_agents_launch() -> None:
+    """A rank killed in its first steps: its RankExited may be read before the RunStarted
+    (rank 0's packs flush later than rank 1's); the dead_rank then takes the launch from
+    the agent's evidence, or its command is refused as unbound (CI, the torchft loop)."""
+    gone = msgspec.structs.replace(exited(1, 2 * S, sig=9), launch_id="L9")
+    _, verdicts = fold_heartbeats([*lockstep(2, range(1, 3)), gone], CFG)
+    assert [(v.kind, v.rank, v.launch_id) for v in verdicts] == [("dead_rank", 1, "L9")]
+
+
+def test_the_run_s_own_launch_wins_over_the_evidence_s() -> None:
+    events = [started(world_size=2, launch_id="L1"), *lockstep(2, range(1, 3))]
+    gone = msgspec.structs.replace(exited(1, 2 * S, sig=9), launch_id="L9")
+    _, verdicts = fold_heartbeats([*events, gone], CFG)
+    assert [(v.kind, v.launch_id) for v in verdicts] == [("dead_rank", "L1")]
