@@ -156,7 +156,6 @@ def test_a_killed_group_is_restarted_alone_and_heals_from_its_live_peer(
         launcher.close()
 
 
-@pytest.mark.integration
 def kill_ranks(state_dir: Path) -> None:
     """SIGKILL every rank the gang record names (each leads a session of its own)."""
     gang = read_gang_file(state_dir / GANG_FILE) if (state_dir / GANG_FILE).exists() else None
@@ -165,6 +164,7 @@ def kill_ranks(state_dir: Path) -> None:
             os.killpg(rank.pid, signal.SIGKILL)
 
 
+@pytest.mark.integration
 def test_runwatch_launch_restarts_only_the_killed_group_through_the_closed_loop(
     loop: Any, tmp_path: Path
 ) -> None:
