@@ -118,17 +118,23 @@ def attack_table(bootstrap: str) -> list[dict[str, Any]]:
              f"--junitxml={report}", *ATTACK_TESTS],
             cwd=REPO, env=env, check=False, stdout=subprocess.DEVNULL,
         )  # fmt: skip
-        rows = []
+        by_test: dict[str, dict[str, Any]] = {}  # one row per scenario, its cases counted
         for case in ET.parse(report).getroot().iter("testcase"):
             name = case.get("name", "").split("[")[0]
             failed = case.find("failure") is not None or case.find("error") is not None
             skipped = case.find("skipped") is not None
             result = "FAIL" if failed else "skipped" if skipped else "held"
-            rows.append(
-                {"finding": FINDINGS.get(name, name), "test": name, "result": result,
-                 "seconds": round(float(case.get("time", 0)), 1)}
+            seconds = float(case.get("time", 0))
+            row = by_test.setdefault(
+                name, {"finding": FINDINGS.get(name, name), "test": name, "cases": 0,
+                       "held": 0, "result": "held", "seconds": 0.0}
             )  # fmt: skip
-    return rows
+            row["cases"] += 1
+            row["held"] += result == "held"
+            row["seconds"] = round(row["seconds"] + seconds, 1)
+            if result != "held" and row["result"] != "FAIL":
+                row["result"] = result  # one failing case fails the scenario
+    return list(by_test.values())
 
 
 def publish_runs(bootstrap: str, prefix: str, runs: int) -> float:
@@ -323,9 +329,10 @@ def main() -> None:
             if not args.skip_tests:
                 rows = attack_table(info.bootstrap)
                 result["attacks"] = rows
-                print(f"{'finding':58} {'result':8} seconds")
+                print(f"{'finding':50} {'result':8} {'cases':>7} seconds")
                 for row in rows:
-                    print(f"{row['finding'][:58]:58} {row['result']:8} {row['seconds']}")
+                    cases = f"{row['held']}/{row['cases']}"
+                    print(f"{row['finding'][:50]:50} {row['result']:8} {cases:>7} {row['seconds']}")
             if not args.skip_memory:
                 mem = memory(
                     info.bootstrap, args.runs, before, args.settle_s, not args.skip_processors
