@@ -229,37 +229,11 @@ def _run_peer(peer: str, bootstrap: str, prefix: str, target: int) -> dict[str, 
 
 
 def _runwatch(bp: Any, bootstrap: str, prefix: str, partitions: int, log: Path) -> dict[str, float]:
-    """One ``runwatch processors`` worker of a new app id drains the backlog
-    (`bench/processors.py`'s throughput phase, with an app id per round)."""
-    topics = names(prefix)
-    inputs = {topics.steps, topics.heartbeats}
-    from kafka import KafkaConsumer
-
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap)
-    target = bp.end_total(consumer, sorted(inputs))
-    consumer.close()
+    """`bench/processors.py`'s throughput phase, with an app id of its own per round."""
     app_id = f"{prefix}-app-{uuid.uuid4().hex[:6]}"
-    samples: list[tuple[float, int, float]] = []
     with ExitStack() as stack:
-        worker = bp.start_worker(bootstrap, prefix, partitions, log, app_id, None)
-        stack.callback(worker.stop)
-        deadline = time.monotonic() + 900
-        while time.monotonic() < deadline:
-            done = bp.committed_total(app_id, bootstrap, inputs)
-            samples.append((time.monotonic(), done, bp.cpu_s(worker.proc.pid)))
-            if done >= target:
-                break
-            time.sleep(0.25)  # the sampling interval of a measurement, not synchronisation
-        else:
-            raise SystemExit(f"the worker did not drain the backlog; see {log}")
-    first = next(i for i, (_, n, _) in enumerate(samples) if n > 0)
-    t0, n0, cpu0 = samples[max(first - 1, 0)]
-    t1, n1, cpu1 = samples[-1]
-    return {
-        "events": n1,
-        "events_per_s": (n1 - n0) / max(t1 - t0, 1e-9),
-        "cpu_us_per_event": 1e6 * (cpu1 - cpu0) / max(n1 - n0, 1),
-    }
+        figures, _ = bp.throughput(bootstrap, prefix, partitions, log, stack, None, app_id=app_id)
+    return dict(figures)
 
 
 def _worst(samples: list[dict[str, float]]) -> dict[str, float]:

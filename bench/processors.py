@@ -209,17 +209,19 @@ def throughput(
     stack: ExitStack,
     batch_max: int | None,
     py_spy: Path | None = None,
+    app_id: str | None = None,
 ) -> tuple[dict[str, float], ManagedProcess]:
     """One worker of a new app id drains the backlog; returns its figures and the worker.
 
-    With ``py_spy``, the worker is sampled by ``py-spy record`` (raw collapsed stacks into
+    ``app_id``: the worker's (default ``<prefix>-app``; a second drain of one backlog needs
+    another). With ``py_spy``, the worker is sampled by ``py-spy record`` (raw collapsed stacks into
     that file) from its first commit to the end of the drain, so start-up is not counted.
     """
     topics = names(prefix)
     inputs = [topics.steps, topics.heartbeats]
     consumer = KafkaConsumer(bootstrap_servers=bootstrap)
     target = end_total(consumer, inputs)
-    app_id = f"{prefix}-app"
+    app_id = app_id or f"{prefix}-app"
     worker = start_worker(bootstrap, prefix, partitions, worker_log, app_id, batch_max)
     stack.callback(worker.stop)  # also when the measurement fails
     samples: list[tuple[float, int, float]] = []

@@ -14,7 +14,7 @@ from runwatch.schemas.events import AnomalyDetected
 from runwatch.schemas.topics import names
 
 from ..processors.harness import Reader, Trainer, workers
-from .browser import MISSING, chrome, ui_process
+from .browser import MISSING, ui_process
 
 pytestmark = pytest.mark.integration
 
@@ -29,15 +29,6 @@ from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
 WAIT_S = 90.0
-
-
-@pytest.fixture
-def browser():
-    driver = chrome()
-    try:
-        yield driver
-    finally:
-        driver.quit()
 
 
 def _text(driver, css: str) -> str:

@@ -15,7 +15,7 @@ from runwatch.schemas.events import AnomalyDetected
 from runwatch.schemas.topics import names
 
 from ..processors.harness import Reader, Trainer, workers
-from .browser import MISSING, chrome, ui_process
+from .browser import MISSING, ui_process
 
 pytestmark = pytest.mark.integration
 
@@ -60,15 +60,6 @@ def _attrs(driver, css: str, *names: str) -> list[tuple[str, ...]]:
 def d_text(driver) -> str:
     """What the page shows (for a failed wait's message)."""
     return f"{driver.current_url}: {' | '.join(_texts(driver, 'body'))[:2000]}"
-
-
-@pytest.fixture
-def browser():
-    driver = chrome()
-    try:
-        yield driver
-    finally:
-        driver.quit()
 
 
 def test_the_run_page_shows_the_degraded_steps_of_a_replica_group_run(

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import math
 
-import msgspec
-
 from runwatch.processors.core.config import DetectorConfig, with_overrides
 from runwatch.processors.core.liveness import LivenessState
 from runwatch.processors.core.policy import fold_policy
 from runwatch.processors.core.state_codec import decode_state, encode_state
+from runwatch.processors.core.verdicts import make_anomaly
 from runwatch.schemas.events import AnomalyDetected
 from tests.unit.core.factories import (
     S,
@@ -67,22 +66,22 @@ def test_the_launch_survives_the_state_store() -> None:
     assert decode_state(LivenessState, encode_state(state)).launch_id == "L3"  # type: ignore[union-attr]
 
 
+def dead(offset: int, launch_id: str, rank: int = 1) -> AnomalyDetected:
+    """A dead_rank verdict of incarnation 0 at ``offset`` (its step and second too)."""
+    return make_anomaly(
+        run_id="r",
+        kind="dead_rank",
+        step=offset,
+        ts_ns=offset * S,
+        source=src(offset),
+        config_hash="h",
+        incarnation=0,
+        rank=rank,
+        launch_id=launch_id,
+    )
+
+
 def test_a_new_launch_of_the_run_gets_its_own_commands() -> None:
-    from runwatch.processors.core.verdicts import make_anomaly
-
-    def dead(offset: int, launch_id: str, incarnation: int = 0) -> AnomalyDetected:
-        return make_anomaly(
-            run_id="r",
-            kind="dead_rank",
-            step=offset,
-            ts_ns=offset * S,
-            source=src(offset),
-            config_hash="h",
-            incarnation=incarnation,
-            rank=1,
-            launch_id=launch_id,
-        )
-
     state, first = fold_policy(None, dead(1, "A"), src(1, topic="anomalies"), CFG)
     state, again = fold_policy(state, dead(2, "A"), src(2, topic="anomalies"), CFG)
     assert [c.launch_id for c in first] == ["A"] and again == []  # one per incarnation
@@ -94,25 +93,11 @@ def test_a_new_launch_of_the_run_gets_its_own_commands() -> None:
 def test_a_verdict_without_a_launch_never_reopens_the_launchs_incarnation() -> None:
     """A processor that had not read the RunStarted yet makes verdicts with no launch id;
     mixed with the launch's own, they must not reset the count: one command per incarnation."""
-    from runwatch.processors.core.verdicts import make_anomaly
-
-    def dead(offset: int, launch_id: str) -> AnomalyDetected:
-        anomaly = make_anomaly(
-            run_id="r",
-            kind="dead_rank",
-            step=offset,
-            ts_ns=offset * S,
-            source=src(offset),
-            config_hash="h",
-            incarnation=0,
-            rank=offset,
-        )
-        return msgspec.structs.replace(anomaly, launch_id=launch_id)
-
     state = None
     commands = []
     for offset, launch in enumerate(["L1", "", "L1", ""]):
-        state, out = fold_policy(state, dead(offset, launch), src(offset, "anomalies"), CFG)
+        verdict = dead(offset, launch, rank=offset)
+        state, out = fold_policy(state, verdict, src(offset, "anomalies"), CFG)
         commands += out
     assert [(c.launch_id, c.incarnation) for c in commands] == [("L1", 0)]
     assert state is not None and state.launch_id == "L1"
