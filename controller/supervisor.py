@@ -388,8 +388,16 @@ class RunSupervisor:
             g for g, at in self.group_restarts.items() if now_s - at < self.spec.command_timeout_s
         ]
         group = plan_group(
-            command, self._replicas(), self._backend(), list(self.exits.values()), healing
+            command,
+            self._replicas(),
+            self._backend(),
+            list(self.exits.values()),
+            healing,
+            cause_rank=self._cause_rank(command),
         )
+        if group.verdict == "ignore":
+            log.info("run %s: %s not for this node: %s", self.run_id, command.action, group.reason)
+            return
         if group.verdict == "refuse":
             level = logging.INFO if group.covered else logging.WARNING
             log.log(level, "run %s: %s refused: %s", self.run_id, command.action, group.reason)
@@ -430,12 +438,35 @@ class RunSupervisor:
         ft = self.spec.fault_tolerance
         if ft is None:
             return None
+        node = self.record.topology
+        per_node = ft.replica_groups // node.nnodes
         return ReplicaGroups(
             ft.replica_groups,
             ft.nproc_per_group,
             ft.min_replicas,
             bounded=ft.min_replicas_bound_s is not None,
+            local=(
+                tuple(range(node.node_rank * per_node, (node.node_rank + 1) * per_node))
+                if node.nnodes > 1
+                else None
+            ),
         )
+
+    def _cause_rank(self, command: RestartRequested) -> int | None:
+        """The rank a ``respawn``'s verdict names, for replica groups on several nodes.
+
+        Its exit may have been on another node (group plan rule 5); on one node the exits
+        noticed here say it all, and nothing is read.
+        """
+        if (
+            self.spec.fault_tolerance is None
+            or self.peers is None
+            or command.action != "respawn"
+            or self.record.topology.nnodes == 1
+        ):
+            return None
+        cause = self.peers.cause(command)
+        return None if cause is None else cause.rank
 
     def _backend(self) -> BackendDeclaration | None:
         """What the run's backend declares: its RunStarted's as recorded, else the launch's."""

@@ -10,7 +10,9 @@ serves until it is terminated.
 
 Two Lighthouses serve: the training quorum (``min_replicas`` = ``--min-replicas``) and a
 start barrier (``min_replicas`` = every group): see
-`producers.torchft_backend.TorchFTDDPBackend`.
+`producers.torchft_backend.TorchFTDDPBackend`. On one host they listen on free ports; a
+run of several nodes has node 0's agent start them on fixed ports (`LighthouseSettings.port`
+and the next one) and the other nodes' agents join them there (`join_lighthouse`).
 
 Guards: the version is checked on import of torchft here (`require_torchft`), and any
 attribute missing from it is a `TorchFTUnsupported` that says which version is expected;
@@ -23,9 +25,11 @@ import argparse
 import importlib.metadata
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,12 +76,14 @@ class LighthouseSettings:
         groups: Replica groups in the run (the start barrier waits for all of them).
         join_timeout_ms: How long a quorum waits for a heartbeating group to join.
         heartbeat_timeout_ms: A group not heard from this long is out of the quorum.
+        port: The quorum's port (the barrier's is the next one); 0: free ports (one host).
     """
 
     min_replicas: int
     groups: int
     join_timeout_ms: int = 1000
     heartbeat_timeout_ms: int = 2000
+    port: int = 0
 
     def argv(self) -> list[str]:
         """The command line of the Lighthouse process."""
@@ -93,6 +99,8 @@ class LighthouseSettings:
             str(self.join_timeout_ms),
             "--heartbeat-timeout-ms",
             str(self.heartbeat_timeout_ms),
+            "--port",
+            str(self.port),
         ]
 
 
@@ -116,6 +124,54 @@ class LighthouseProcess:
             os.killpg(self.pid, signal.SIGTERM)
         except ProcessLookupError:
             return
+
+
+@dataclass(frozen=True)
+class JoinedLighthouse:
+    """Another node's Lighthouse, which this node's groups meet in (nothing of it is ours).
+
+    Attributes:
+        address: The training quorum's address (``TORCHFT_LIGHTHOUSE``).
+        barrier: The start barrier's address (``RUNWATCH_FT_START_BARRIER``).
+    """
+
+    address: str
+    barrier: str
+
+    def stop(self) -> None:
+        """Nothing: node 0's agent stops its Lighthouse."""
+
+
+def lighthouse_address(host: str, port: int) -> str:
+    """The address torchft's clients use for a Lighthouse on ``host``:``port``."""
+    return f"http://{host}:{port}"
+
+
+def join_lighthouse(host: str, port: int, timeout_s: float) -> JoinedLighthouse:
+    """Wait until node 0's Lighthouse and barrier accept connections; return their addresses.
+
+    Args:
+        host: Node 0's host (``--master-addr``).
+        port: The quorum's port (the barrier's is the next one).
+        timeout_s: How long node 0's agent may take to start them.
+
+    Raises:
+        TimeoutError: They did not accept a connection within ``timeout_s``.
+    """
+    deadline = time.monotonic() + timeout_s
+    for p in (port, port + 1):
+        while True:
+            try:
+                socket.create_connection((host, p), timeout=1.0).close()
+                break
+            except OSError as exc:
+                if time.monotonic() >= deadline:
+                    raise TimeoutError(
+                        f"node 0's torchft Lighthouse at {host}:{p} did not answer within "
+                        f"{timeout_s:g}s ({exc})"
+                    ) from None
+                time.sleep(0.2)  # retrying a connection that node 0 has not opened yet
+    return JoinedLighthouse(lighthouse_address(host, port), lighthouse_address(host, port + 1))
 
 
 def start_lighthouse(settings: LighthouseSettings, timeout_s: float = 120.0) -> LighthouseProcess:
@@ -153,14 +209,15 @@ def _serve(args: argparse.Namespace) -> int:
     except TorchFTUnsupported as exc:
         print(f"error: {exc}", flush=True)
         return 2
+    port, barrier_port = (args.port, args.port + 1) if args.port else (0, 0)
     server = coordination.LighthouseServer(
-        bind="[::]:0",
+        bind=f"[::]:{port}",
         min_replicas=args.min_replicas,
         join_timeout_ms=args.join_timeout_ms,
         heartbeat_timeout_ms=args.heartbeat_timeout_ms,
     )
     barrier = coordination.LighthouseServer(
-        bind="[::]:0", min_replicas=args.groups, join_timeout_ms=3_600_000
+        bind=f"[::]:{barrier_port}", min_replicas=args.groups, join_timeout_ms=3_600_000
     )
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
@@ -178,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--groups", type=int, required=True)
     p.add_argument("--join-timeout-ms", type=int, default=1000)
     p.add_argument("--heartbeat-timeout-ms", type=int, default=2000)
+    p.add_argument("--port", type=int, default=0)
     return _serve(p.parse_args(argv))
 
 
@@ -187,9 +245,12 @@ if __name__ == "__main__":
 
 __all__ = [
     "EXPECTED_VERSION",
+    "JoinedLighthouse",
     "LighthouseProcess",
     "LighthouseSettings",
     "TorchFTUnsupported",
+    "join_lighthouse",
+    "lighthouse_address",
     "require_torchft",
     "start_lighthouse",
 ]

@@ -1,20 +1,24 @@
-"""A `controller.launcher.Launcher` of torchft replica groups on one host.
+"""A `controller.launcher.Launcher` of torchft replica groups on one node.
 
 ``runwatch launch --fault-tolerance torchft --replica-groups N --nproc-per-group K``: the
-node's N x K ranks are N replica groups of K ranks, each its own torchrun-style gang
-(``RANK`` 0..K-1 inside the group, ``WORLD_SIZE`` K, its own rendezvous port) started with
+run's N x K ranks are N replica groups of K ranks; on one host this agent starts them all,
+on ``--nnodes M`` each node's agent starts its N / M of them (node I: groups
+I x N/M .. (I+1) x N/M - 1, `ReplicaLayout.local`) and supervises those alone. Each group
+is its own torchrun-style gang (``RANK`` 0..K-1 inside the group, ``WORLD_SIZE`` K, its
+own rendezvous port on this host) started with
 torchft's variables (``REPLICA_GROUP_ID``, ``NUM_REPLICA_GROUPS``, ``TORCHFT_LIGHTHOUSE``)
 and runwatch's (``RUNWATCH_MIN_REPLICAS``, ``RUNWATCH_FT_START_BARRIER``,
 ``RUNWATCH_FT_GROUP_RESTARTS``). Global rank ``g x K + r`` names rank r of group g in the
 gang record, the logs and the exit evidence. The groups meet per step in the quorum of a
-Lighthouse this launcher started (`controller.torchft_compat`).
+Lighthouse: one this launcher started (one host, or node 0 of several, on the port
+`lighthouse_port` names), or node 0's, joined there (`controller.torchft_compat`).
 
 A `controller.launcher.Scope` naming groups stops and starts those groups only: the
 others keep their processes (the same pids) and keep stepping; a restarted group heals
 from a live peer (torchft), so it gets no ``RUNWATCH_RESTART_FROM``. A whole-node scope is
-a gang restart (a rollback from DCP: every group gets ``RUNWATCH_RESTART_FROM``).
-`Started.ranks` always lists every group's processes, so the supervisor's gang record
-holds the node's ranks whatever the scope.
+a gang restart (a rollback from DCP: every group of the node gets
+``RUNWATCH_RESTART_FROM``). `Started.ranks` always lists every group's processes of this
+node, so the supervisor's gang record holds the node's ranks whatever the scope.
 """
 
 from __future__ import annotations
@@ -40,10 +44,12 @@ from runwatch.controller.launcher import (
 )
 from runwatch.controller.stacks import capture
 from runwatch.controller.state import ControllerState, GangRecord, LaunchSpec, RankProcess
-from runwatch.controller.topology import NodeTopology
+from runwatch.controller.topology import PORT_SPAN, NodeTopology
 from runwatch.controller.torchft_compat import (
+    JoinedLighthouse,
     LighthouseProcess,
     LighthouseSettings,
+    join_lighthouse,
     start_lighthouse,
 )
 from runwatch.producers.settings import (
@@ -72,12 +78,16 @@ class ReplicaLayout:
         bound_s: ``--min-replicas-bound-s``: None: torchft's quorum needs ``min_replicas``
             groups. Given: it needs one, and the ranks announce ``min_replicas`` and this
             bound as the run's floor (`producers.torchft_backend.floor_thresholds`).
+        nodes: Nodes the groups are spread over (``--nnodes``), as many groups on each.
+        node: This node (``--node-rank``).
     """
 
     groups: int
     nproc_per_group: int = 1
     min_replicas: int = 1
     bound_s: float | None = None
+    nodes: int = 1
+    node: int = 0
 
     @property
     def quorum_floor(self) -> int:
@@ -93,6 +103,17 @@ class ReplicaLayout:
                 f"--min-replicas must be in 1..{self.groups} (--replica-groups), "
                 f"got {self.min_replicas}"
             )
+        if self.nodes < 1 or self.groups % self.nodes or not 0 <= self.node < self.nodes:
+            raise ValueError(
+                f"--replica-groups {self.groups} must be a multiple of --nnodes {self.nodes} "
+                f"(as many groups on every node), node {self.node} in 0..{self.nodes - 1}"
+            )
+
+    @property
+    def local(self) -> range:
+        """The groups this node's agent starts and supervises."""
+        per_node = self.groups // self.nodes
+        return range(self.node * per_node, (self.node + 1) * per_node)
 
     def group_of(self, rank: int) -> int:
         """The replica group of global ``rank``."""
@@ -103,17 +124,31 @@ class ReplicaLayout:
         return range(group * self.nproc_per_group, (group + 1) * self.nproc_per_group)
 
     def groups_in(self, scope: Scope) -> tuple[int, ...]:
-        """The groups ``scope`` names (every group for a whole-node scope).
+        """The groups ``scope`` names (this node's groups for a whole-node scope).
 
         Raises:
-            ValueError: A group that does not exist.
+            ValueError: A group that does not exist, or another node's.
         """
+        local = self.local
         if scope.groups is None:
-            return tuple(range(self.groups))
-        bad = [g for g in scope.groups if not 0 <= g < self.groups]
+            return tuple(local)
+        bad = [g for g in scope.groups if g not in local]
         if bad:
-            raise ValueError(f"no replica group {bad} (groups 0..{self.groups - 1})")
+            raise ValueError(
+                f"no replica group {bad} on node {self.node} "
+                f"(groups {local.start}..{local.stop - 1})"
+            )
         return tuple(sorted(set(scope.groups)))
+
+
+def lighthouse_port(topology: NodeTopology) -> int:
+    """Where node 0's Lighthouse listens in a run of several nodes (the barrier: the next port).
+
+    The two ports after the incarnations' rendezvous ports (``--master-port`` ..
+    ``--master-port + 15``): every agent computes them without talking. 0 on one host
+    (free ports).
+    """
+    return topology.master_port + PORT_SPAN if topology.nnodes > 1 else 0
 
 
 LIGHTHOUSE_FILE = "lighthouse.json"
@@ -140,7 +175,8 @@ class TorchFTLauncher:
         state: The run's state directory (logs, exit files, stack and error files).
         spec: What was asked (command, extra environment, the run).
         layout: The replica groups.
-        lighthouse: The Lighthouse the groups meet in (closed with the launcher).
+        lighthouse: The Lighthouse the groups meet in (closed with the launcher: node 0's
+            own stops, another node's joined one is left alone).
         environ: The agent's environment, under each rank's (default ``os.environ``).
         host: This agent's host, in the stacks it reports.
     """
@@ -150,7 +186,7 @@ class TorchFTLauncher:
         state: ControllerState,
         spec: LaunchSpec,
         layout: ReplicaLayout,
-        lighthouse: LighthouseProcess,
+        lighthouse: LighthouseProcess | JoinedLighthouse,
         *,
         environ: Mapping[str, str] | None = None,
         host: str = HOST,
@@ -174,27 +210,43 @@ class TorchFTLauncher:
 
         The Lighthouse is the one this state directory's agent started when it is still
         running (an adopting controller: the groups are meeting in it), else a new one;
-        where it is goes in ``<state>/lighthouse.json``.
+        where it is goes in ``<state>/lighthouse.json``. On a node other than node 0 of
+        several, it is node 0's, joined at ``--master-addr`` (`lighthouse_port`), waiting
+        up to ``--node-timeout`` for node 0's agent to start it.
         """
         ft = spec.fault_tolerance
         if ft is None:
             raise ValueError(f"run {spec.run_id} was not launched with --fault-tolerance")
+        topology = record.topology
         layout = ReplicaLayout(
-            ft.replica_groups, ft.nproc_per_group, ft.min_replicas, ft.min_replicas_bound_s
+            ft.replica_groups,
+            ft.nproc_per_group,
+            ft.min_replicas,
+            ft.min_replicas_bound_s,
+            nodes=topology.nnodes,
+            node=topology.node_rank,
         )
-        path = state.root / LIGHTHOUSE_FILE
-        lighthouse = _running_lighthouse(path)
-        if lighthouse is None:
-            settings = LighthouseSettings(layout.quorum_floor, ft.replica_groups)
-            lighthouse = start_lighthouse(settings)
-            atomic_write(path, msgspec.json.encode(lighthouse))
+        port = lighthouse_port(topology)
+        lighthouse: LighthouseProcess | JoinedLighthouse
+        if topology.node_rank > 0:
+            lighthouse = join_lighthouse(topology.master_addr, port, spec.node_timeout_s)
+        else:
+            path = state.root / LIGHTHOUSE_FILE
+            found = _running_lighthouse(path)
+            if found is None:
+                settings = LighthouseSettings(layout.quorum_floor, ft.replica_groups, port=port)
+                found = start_lighthouse(settings)
+                atomic_write(path, msgspec.json.encode(found))
+            lighthouse = found
         log.info(
-            "run %s: torchft Lighthouse %s (pid %d), %d replica groups of %d, min %d",
+            "run %s: torchft Lighthouse %s (%s), %d replica groups of %d (node %d: %s), min %d",
             spec.run_id,
             lighthouse.address,
-            lighthouse.pid,
+            f"pid {lighthouse.pid}" if isinstance(lighthouse, LighthouseProcess) else "node 0's",
             layout.groups,
             layout.nproc_per_group,
+            layout.node,
+            list(layout.local),
             layout.min_replicas,
         )
         launcher = cls(state, spec, layout, lighthouse)
@@ -336,8 +388,8 @@ class TorchFTLauncher:
         """Nothing to do between looks (no warm spares for replica groups yet)."""
 
     def close(self) -> None:
-        """Stop the Lighthouse (the groups are left as they are)."""
+        """Stop this node's Lighthouse, if it started one (the groups are left as they are)."""
         self.lighthouse.stop()
 
 
-__all__ = ["LIGHTHOUSE_FILE", "ReplicaLayout", "TorchFTLauncher"]
+__all__ = ["LIGHTHOUSE_FILE", "ReplicaLayout", "TorchFTLauncher", "lighthouse_port"]

@@ -33,7 +33,7 @@ from runwatch.cmd._torchrun import (
 )
 from runwatch.common.errors import UsageError
 from runwatch.controller.state import DEFAULT_SPARE_PRELOAD, FaultToleranceSpec
-from runwatch.controller.topology import NodeTopology, TopologyError, resolve_topology
+from runwatch.controller.topology import PORT_SPAN, NodeTopology, TopologyError, resolve_topology
 from runwatch.producers.logtail import FORMATS
 
 if TYPE_CHECKING:
@@ -113,14 +113,20 @@ def _add_gang_args(parser: argparse.ArgumentParser) -> None:
 
 def _add_ft_args(parser: argparse.ArgumentParser) -> None:
     """Per-replica-group fault tolerance (torchft): only a lost group restarts."""
-    ft = parser.add_argument_group("fault tolerance by replica groups (torchft, one host)")
+    ft = parser.add_argument_group("fault tolerance by replica groups (torchft)")
     ft.add_argument(
         "--fault-tolerance",
         choices=("torchft",),
         help="start a torchft Lighthouse and the ranks as replica groups; a lost group is "
         "restarted alone and heals from a live peer",
     )
-    ft.add_argument("--replica-groups", type=int, metavar="N", help="replica groups")
+    ft.add_argument(
+        "--replica-groups",
+        type=int,
+        metavar="N",
+        help="replica groups of the run (with --nnodes M: N / M on each node, node 0 serving "
+        "the Lighthouse at --master-port + 16)",
+    )
     ft.add_argument(
         "--nproc-per-group", type=int, default=1, metavar="K", help="ranks per replica group"
     )
@@ -325,17 +331,25 @@ def resolve(
     from runwatch.controller.state import default_state_dir
 
     ft = fault_tolerance(args)
-    if ft is not None:  # the node's ranks are the groups' (one host: across nodes is not yet)
-        args = argparse.Namespace(**{**vars(args), "nproc": ft.replica_groups * ft.nproc_per_group})
+    ft_nodes = 1
+    if ft is not None:  # the node's ranks are its groups'
+        args, ft_nodes = _ft_sizes(args, ft, environ)
     settings = translate(args, environ, python=sys.executable, count_devices=devices)
     try:
         resolved = resolve_topology(environ, **settings.topology_args())
     except TopologyError as exc:
         raise UsageError(str(exc)) from None
     topology = resolved.topology
-    if ft is not None and topology.nnodes > 1:
+    if ft is not None and topology.nnodes != ft_nodes:
         raise UsageError(
-            "--fault-tolerance torchft runs on one host for now (one agent for every group)"
+            f"--fault-tolerance torchft spreads its groups over the nodes --nnodes names; "
+            f"give --nnodes {topology.nnodes} (the {topology.source} topology has "
+            f"{topology.nnodes} nodes)"
+        )
+    if ft is not None and ft_nodes > 1 and topology.master_port + PORT_SPAN + 1 > 65535:
+        raise UsageError(
+            f"--master-port {topology.master_port} leaves no room for the torchft Lighthouse "
+            f"(--master-port + {PORT_SPAN} and the next port)"
         )
     given = (settings.nproc, settings.nnodes, settings.nproc_per_node)
     if given == (None, None, None) and topology.source != "slurm":
@@ -355,6 +369,47 @@ def resolve(
     return LaunchPlan(
         topology=topology, run_id=run_id, state_dir=state_dir.resolve(), settings=settings
     )
+
+
+def _ft_sizes(
+    args: argparse.Namespace, ft: FaultToleranceSpec, environ: Mapping[str, str]
+) -> tuple[argparse.Namespace, int]:
+    """The ranks this node starts for its replica groups, and the nodes they spread over.
+
+    One node: ``--nproc`` is every group's ranks. ``--nnodes N`` (N > 1): each node's agent
+    starts ``--replica-groups / N`` groups, ``--nproc-per-node`` is their ranks.
+
+    Raises:
+        UsageError: Groups that do not divide evenly over the nodes, an elastic node
+            count, or a ``--nproc-per-node`` that says otherwise.
+    """
+    raw = args.nnodes if args.nnodes is not None else environ.get("PET_NNODES")
+    low, _, high = str(raw or "1").partition(":")
+    try:
+        nodes, least = int(high or low), int(low)
+    except ValueError:
+        raise UsageError(f"--nnodes must be N or MIN:MAX, got {raw!r}") from None
+    if least != nodes or (args.min_nnodes is not None and args.min_nnodes != nodes):
+        raise UsageError(
+            "--fault-tolerance torchft restarts lost replica groups, not nodes: an elastic "
+            "--nnodes MIN:MAX or --min-nnodes does not go with it"
+        )
+    size = ft.replica_groups * ft.nproc_per_group
+    if nodes <= 1:
+        return argparse.Namespace(**{**vars(args), "nproc": size}), 1
+    if ft.replica_groups % nodes:
+        raise UsageError(
+            f"--replica-groups {ft.replica_groups} must be a multiple of --nnodes {nodes} "
+            f"(each node's agent runs as many groups)"
+        )
+    per_node = size // nodes
+    given = args.nproc_per_node
+    if given is not None and str(given) != str(per_node):
+        raise UsageError(
+            f"--nproc-per-node {given} is not --replica-groups / --nnodes x --nproc-per-group "
+            f"= {per_node}"
+        )
+    return argparse.Namespace(**{**vars(args), "nproc_per_node": str(per_node)}), nodes
 
 
 _LAUNCH_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")

@@ -61,17 +61,40 @@ def test_rule_4_respawn_group_restarts_the_group_it_names_or_is_refused() -> Non
 def test_rule_5_a_dead_rank_restarts_the_groups_of_the_abnormal_exits() -> None:
     exits = [*killed(3), RankExit(rank=0, code=0, seen_s=1.0)]
     plan = plan_group(command("respawn"), THREE, FT, exits)
-    assert (plan.verdict, plan.groups, plan.rule) == ("groups", (1,), 7)
+    assert (plan.verdict, plan.groups, plan.rule) == ("groups", (1,), 8)
     hang = plan_group(command("respawn"), THREE, FT, ())
     assert (hang.verdict, hang.rule) == ("gang", 5)
 
 
-def test_rule_6_below_min_replicas_escalates_to_a_gang_restart() -> None:
+def test_rule_7_below_min_replicas_escalates_to_a_gang_restart() -> None:
     strict = ReplicaGroups(groups=3, nproc_per_group=2, min_replicas=2)
     plan = plan_group(command("respawn"), strict, FT, killed(0, 3))
-    assert (plan.verdict, plan.rule) == ("gang", 6)
+    assert (plan.verdict, plan.rule) == ("gang", 7)
     every = plan_group(command("respawn"), THREE, FT, killed(0, 2, 5))
-    assert (every.verdict, every.rule) == ("gang", 6)
+    assert (every.verdict, every.rule) == ("gang", 7)
+
+
+NODE0 = ReplicaGroups(groups=2, nproc_per_group=1, min_replicas=1, local=(0,))
+NODE1 = ReplicaGroups(groups=2, nproc_per_group=1, min_replicas=1, local=(1,))
+
+
+def test_rule_6_another_nodes_group_is_ignored_by_this_agent_and_restarted_by_its_owner() -> None:
+    """Two nodes, a group each: the command for group 1 is node 1's agent's alone."""
+    asked = command("respawn_group", 1)
+    ignored = plan_group(asked, NODE0, FT, ())
+    assert (ignored.verdict, ignored.groups, ignored.rule) == ("ignore", (1,), 6)
+    assert plan_group(asked, NODE1, FT, ()) == GroupPlan(
+        "groups", groups=(1,), reason="groups [1] restart alone; 1 of 2 go on", rule=8
+    )
+    # a dead rank on node 1: node 0 saw no exit, but the verdict names rank 1 (group 1)
+    far = plan_group(command("respawn"), NODE0, FT, (), cause_rank=1)
+    assert (far.verdict, far.rule) == ("ignore", 6)
+    near = plan_group(command("respawn"), NODE1, FT, killed(1), cause_rank=1)
+    assert (near.verdict, near.groups, near.rule) == ("groups", (1,), 8)
+    # the named group is healing on its node (a silence verdict): covered there, ignored here
+    healing = plan_group(command("respawn"), NODE1, FT, (), healing=(1,), cause_rank=1)
+    assert (healing.verdict, healing.rule, healing.covered) == ("refuse", 5, True)
+    assert plan_group(command("respawn"), NODE0, FT, (), cause_rank=1).verdict == "ignore"
 
 
 def ns(**kw: object) -> argparse.Namespace:
