@@ -516,12 +516,14 @@ class RunSupervisor:
         )
         self.publish(done)
         log.info(
-            "run %s: groups %s restarted in %.2fs (ranks %s, pids %s); they heal from a live peer",
+            "run %s: groups %s restarted in %.2fs (ranks %s, pids %s%s); they heal from a live "
+            "peer",
             self.run_id,
             list(groups),
             done.duration_s,
             sorted(restarted),
             [p.pid for p in started.ranks if p.rank in restarted],
+            f"; {started.warm} in warm spares" if started.warm else "",
         )
 
     def _take_stacks(self, scope: Scope) -> tuple[RankStack, ...]:

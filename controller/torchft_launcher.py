@@ -19,12 +19,19 @@ from a live peer (torchft), so it gets no ``RUNWATCH_RESTART_FROM``. A whole-nod
 a gang restart (a rollback from DCP: every group of the node gets
 ``RUNWATCH_RESTART_FROM``). `Started.ranks` always lists every group's processes of this
 node, so the supervisor's gang record holds the node's ranks whatever the scope.
+
+With ``--warm-spares`` the launcher keeps one group's worth of spares (K interpreters with
+torch, torchft and the script's own imports done: `controller.spares`), refilled 3 s
+after each start; a restarted group's ranks start in them, so the group joins the quorum
+and heals without importing torch again. A whole-node start takes them too, as far as they
+go (the rest start cold).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +39,7 @@ from pathlib import Path
 import msgspec
 
 from runwatch.common.durable import atomic_write
-from runwatch.controller.gang import Gang, free_port, rank_environ
+from runwatch.controller.gang import Gang, free_port, node_environ, rank_environ
 from runwatch.controller.launcher import (
     HOST,
     STACK_TIMEOUT_S,
@@ -42,6 +49,7 @@ from runwatch.controller.launcher import (
     Scope,
     Started,
 )
+from runwatch.controller.spares import NoSpares, SparePool, Spares, split_python
 from runwatch.controller.stacks import capture
 from runwatch.controller.state import ControllerState, GangRecord, LaunchSpec, RankProcess
 from runwatch.controller.topology import PORT_SPAN, NodeTopology
@@ -179,6 +187,8 @@ class TorchFTLauncher:
             own stops, another node's joined one is left alone).
         environ: The agent's environment, under each rank's (default ``os.environ``).
         host: This agent's host, in the stacks it reports.
+        spares: Where a group's ranks may start warm (default `controller.spares.NoSpares`:
+            every rank starts cold).
     """
 
     def __init__(
@@ -190,6 +200,7 @@ class TorchFTLauncher:
         *,
         environ: Mapping[str, str] | None = None,
         host: str = HOST,
+        spares: Spares | None = None,
     ) -> None:
         self.state = state
         self.spec = spec
@@ -197,6 +208,7 @@ class TorchFTLauncher:
         self.lighthouse = lighthouse
         self.environ = os.environ if environ is None else environ
         self.host = host
+        self.spares: Spares = NoSpares() if spares is None else spares
         self.incarnation = 0
         self.gangs: dict[int, Gang] = {}
         self.restarts: dict[int, int] = {}
@@ -249,7 +261,7 @@ class TorchFTLauncher:
             list(layout.local),
             layout.min_replicas,
         )
-        launcher = cls(state, spec, layout, lighthouse)
+        launcher = cls(state, spec, layout, lighthouse, spares=group_spares(state, spec, layout))
         launcher.adopt(record.incarnation, record.ranks)
         return launcher
 
@@ -301,6 +313,7 @@ class TorchFTLauncher:
             [state.log_path(number, r) for r in ranks],
             [state.exit_path(number, r) for r in ranks],
             ranks=ranks,
+            warm=self.spares.start_rank,
         )
 
     def _all_ranks(self) -> tuple[RankProcess, ...]:
@@ -323,10 +336,12 @@ class TorchFTLauncher:
             resume = None
             for g in groups:
                 self.restarts[g] = self.restarts.get(g, 0) + 1
+        taken = self.spares.taken
         for g in groups:
             self.gangs[g] = self._start_group(incarnation, g, resume)
         self.incarnation = incarnation.number
-        return Started(self._all_ranks(), self.ports[groups[0]])
+        self.spares.launched(time.monotonic())
+        return Started(self._all_ranks(), self.ports[groups[0]], warm=self.spares.taken - taken)
 
     def adopt(self, incarnation: int, ranks: Sequence[RankProcess]) -> None:
         """Watch ranks another process launched, by group (exit status from the files)."""
@@ -385,11 +400,53 @@ class TorchFTLauncher:
                 gang.stop(grace_s, kill_now=kill_now)
 
     def tick(self, now_s: float) -> None:
-        """Nothing to do between looks (no warm spares for replica groups yet)."""
+        """Refill the warm spares when it is time (`controller.spares.SparePool.tick`)."""
+        self.spares.tick(now_s)
 
     def close(self) -> None:
-        """Stop this node's Lighthouse, if it started one (the groups are left as they are)."""
+        """Release the warm spares and stop this node's Lighthouse, if it started one.
+
+        The groups are left as they are.
+        """
+        self.spares.close()
         self.lighthouse.stop()
 
 
-__all__ = ["LIGHTHOUSE_FILE", "ReplicaLayout", "TorchFTLauncher", "lighthouse_port"]
+FT_PRELOAD = ("torchft",)
+"""What a group's spare imports besides ``--spare-preload``: torchft, which the
+``torchft-ddp`` backend imports only when it starts (`producers.torchft_backend`)."""
+
+
+def group_spares(state: ControllerState, spec: LaunchSpec, layout: ReplicaLayout) -> Spares:
+    """The warm spares ``spec`` asks for: one group's worth (`ReplicaLayout.nproc_per_group`).
+
+    A group restart needs K ranks at once, and groups fail one at a time far more often
+    than together; a whole-node start takes what there is and starts the rest cold.
+    Without ``--warm-spares``, or for a command that is not Python (a record edited since
+    the launch refused it), `controller.spares.NoSpares`.
+    """
+    wanted = spec.warm_spares
+    split = split_python(spec.argv) if wanted is not None else None
+    if wanted is None or split is None:
+        if wanted is not None:
+            log.warning("run %s: warm spares need a Python command; ranks start cold", spec.run_id)
+        return NoSpares()
+    preload = wanted.preload + tuple(m for m in FT_PRELOAD if m not in wanted.preload)
+    return SparePool(
+        root=state.root / "spares",
+        interpreter=tuple(split[0]),
+        target=tuple(split[1]),
+        env=node_environ(os.environ, spec.env),
+        preload=preload,
+        size=layout.nproc_per_group,
+    )
+
+
+__all__ = [
+    "FT_PRELOAD",
+    "LIGHTHOUSE_FILE",
+    "ReplicaLayout",
+    "TorchFTLauncher",
+    "group_spares",
+    "lighthouse_port",
+]
