@@ -114,7 +114,8 @@ class Trajectory:
 
     ``steps`` maps a step to the groups that committed it (a step redone after a gang
     restart: its last report); ``first_seen`` to when this reader first saw it, in
-    ``time.monotonic()`` seconds.
+    ``time.monotonic()`` seconds; ``last_new_s`` is when it last read a step line (the
+    gang mode's silence check).
     """
 
     def __init__(self, logs: Path) -> None:
@@ -147,9 +148,8 @@ class Trajectory:
         if m is None:
             return
         step, groups = int(m[2]), tuple(int(g) for g in m[3].split(",") if g.strip())
-        if self.steps.get(step) != groups or step not in self.first_seen:
-            self.first_seen.setdefault(step, now)
-            self.last_new_s = now
+        self.first_seen.setdefault(step, now)
+        self.last_new_s = now  # a step redone after a restart is progress too
         self.steps[step] = groups
         if len(groups) == self.groups:
             self.full_seen.append(now)

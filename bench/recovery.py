@@ -58,7 +58,8 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -173,16 +174,130 @@ def spares_ready(states: list[Path], per_node: int, warm: bool) -> bool:
     return all(len(list((s / "spares").glob("*.ready"))) >= per_node for s in states)
 
 
-def one_run(
-    bootstrap: str, prefix: str, work: Path, args: argparse.Namespace, path: str
-) -> dict[str, Any]:
-    run_id = f"recovery-{uuid.uuid4().hex[:6]}"
+Stamp = tuple[int, int]
+"""``(broker timestamp ns, read ns)`` of a record."""
+
+
+@dataclass
+class PhaseTimer:
+    """A run's phases after its kill: when each was first seen, and the facts noted on the way.
+
+    Attributes:
+        run_id: The run.
+        phases: Those the run waits for (its row reports them).
+        kill_ns: When the bench killed the rank (None: not yet).
+        seen: Phase -> its first record's `Stamp`.
+        extra: What the row says besides the phases, in the order it was noted.
+    """
+
+    run_id: str
+    phases: tuple[str, ...]
+    kill_ns: int | None = None
+    seen: dict[str, Stamp] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def done(self) -> bool:
+        return all(phase in self.seen for phase in self.phases)
+
+    def kill(self, state: Path, step: int) -> None:
+        """SIGKILL rank 1's process group (the gang record of ``state`` names it)."""
+        ranks = json.loads((state / "gang.json").read_text())["record"]["ranks"]
+        (pid,) = [r["pid"] for r in ranks if r["rank"] == 1]
+        os.killpg(pid, signal.SIGKILL)
+        self.kill_ns = time.time_ns()
+        self.extra["killed_after_step"] = step
+
+    def mark(self, phase: str, stamp: Stamp) -> None:
+        self.seen.setdefault(phase, stamp)
+
+    def control(self, event: Any, stamp: Stamp) -> str | None:
+        """Mark the control-plane phase ``event`` is (exit evidence to restart); its name."""
+        phase = None
+        if isinstance(event, RankExited) and event.rank == 1:
+            phase = "rank_exited"
+        elif isinstance(event, AnomalyDetected) and event.kind == "dead_rank":
+            phase = "dead_rank"
+        elif isinstance(event, RestartRequested):
+            phase = "command"
+        elif isinstance(event, RestartCompleted):
+            phase = "restart_completed"
+            self.extra["controller_duration_s"] = event.duration_s
+        if phase is not None:
+            self.mark(phase, stamp)
+        return phase
+
+    def row(self) -> dict[str, Any]:
+        """The run's row: its facts, then each phase in seconds after the kill."""
+        assert self.kill_ns is not None
+        row: dict[str, Any] = {"run_id": self.run_id, **self.extra}
+        for phase in self.phases:
+            ts_ns, read_ns = self.seen[phase]
+            row[f"{phase}_ts_s"] = round((ts_ns - self.kill_ns) / 1e9, 3)
+            row[f"{phase}_read_s"] = round((read_ns - self.kill_ns) / 1e9, 3)
+        return row
+
+
+OnStep = Callable[[StepCompleted, Stamp], None]
+OnControl = Callable[[str, Any], None]
+
+
+def follow(
+    bootstrap: str,
+    prefix: str,
+    timer: PhaseTimer,
+    start: Callable[[], list[subprocess.Popen[bytes]]],
+    args: argparse.Namespace,
+    on_step: OnStep,
+    on_control: OnControl,
+    before_wait: Callable[[], None] = lambda: None,
+) -> None:
+    """Start the run's launchers (``start``, once this reads the topics' ends), read its
+    records until every phase is seen, then wait for the launchers.
+
+    Steps go to ``on_step`` (which kills, and marks the step phases); after the kill, every
+    control-plane record is marked (`PhaseTimer.control`) and handed to ``on_control``.
+    ``before_wait`` runs once the phases are in (a stop file). Launchers still running at
+    the end are stopped.
+    """
     topics = names(prefix)
     tail = Tail(
         bootstrap,
         [topics.steps, topics.heartbeats, topics.anomalies, topics.commands, topics.controller],
     )
-    phases = PHASES if path == "exit_evidence" else PHASES[1:]
+    launchers = start()
+    deadline = time.monotonic() + args.timeout_s
+    try:
+        while not timer.done:
+            if time.monotonic() > deadline:
+                raise SystemExit(f"{timer.run_id}: timed out; seen {sorted(timer.seen)}")
+            for event, record, read_ns in tail.poll():
+                if event.run_id != timer.run_id:
+                    continue
+                stamp = (record.timestamp * 1_000_000, read_ns)
+                if isinstance(event, StepCompleted):
+                    on_step(event, stamp)
+                elif timer.kill_ns is not None and (phase := timer.control(event, stamp)):
+                    on_control(phase, event)
+        before_wait()
+        codes = [launcher.wait(timeout=args.timeout_s) for launcher in launchers]
+        if codes != [0] * len(launchers):
+            said = f"launcher exited {codes[0]}" if len(codes) == 1 else f"launchers exited {codes}"
+            raise SystemExit(f"{timer.run_id}: {said}")
+    finally:
+        for launcher in launchers:
+            if launcher.poll() is None:
+                launcher.send_signal(signal.SIGTERM)
+                launcher.wait(timeout=60)
+        tail.close()
+
+
+def one_run(
+    bootstrap: str, prefix: str, work: Path, args: argparse.Namespace, path: str
+) -> dict[str, Any]:
+    run_id = f"recovery-{uuid.uuid4().hex[:6]}"
+    timer = PhaseTimer(run_id, PHASES if path == "exit_evidence" else PHASES[1:])
+    timer.extra["path"] = path
     evidence = [] if path == "exit_evidence" else ["--no-exit-evidence"]
     script = [
         sys.executable, str(REPO / "examples" / "train_ddp.py"),
@@ -205,73 +320,44 @@ def one_run(
              "--master-port", port, "--nproc-per-node", str(2 // args.nnodes)]
             for i in range(args.nnodes)
         ]  # fmt: skip
-    launchers = [
-        runwatch(
-            [*common, *topology, "--state-dir", str(state), "--", *script],
-            work / f"{run_id}.{state.name}.log",
-        )
-        for topology, state in zip(topologies, states, strict=True)
-    ]
-    state = states[-1]  # the agent of rank 1
-    kill_ns: int | None = None
-    seen: dict[str, tuple[int, int]] = {}
-    extra: dict[str, Any] = {"path": path}
     dead_rank_verdicts = 0
-    deadline = time.monotonic() + args.timeout_s
-    try:
-        while len(seen) < len(phases):
-            if time.monotonic() > deadline:
-                raise SystemExit(f"{run_id}: timed out; seen {sorted(seen)}")
-            for event, record, read_ns in tail.poll():
-                if event.run_id != run_id:
-                    continue
-                stamp = (record.timestamp * 1_000_000, read_ns)
-                if isinstance(event, StepCompleted):
-                    if (
-                        kill_ns is None
-                        and event.step >= args.kill_at_step
-                        and spares_ready(states, 2 // args.nnodes, args.warm_spares)
-                    ):
-                        ranks = json.loads((state / "gang.json").read_text())["record"]["ranks"]
-                        (pid,) = [r["pid"] for r in ranks if r["rank"] == 1]
-                        os.killpg(pid, signal.SIGKILL)
-                        kill_ns = time.time_ns()
-                        extra["killed_after_step"] = event.step
-                    elif kill_ns and event.restart_from_step is not None:
-                        seen.setdefault("first_step", stamp)
-                        extra["resumed_from_step"] = event.restart_from_step
-                elif kill_ns is None:
-                    continue
-                elif isinstance(event, RankExited) and event.rank == 1:
-                    seen.setdefault("rank_exited", stamp)
-                elif isinstance(event, AnomalyDetected) and event.kind == "dead_rank":
-                    seen.setdefault("dead_rank", stamp)
-                    extra.setdefault("culprit_rank", event.rank)
-                    dead_rank_verdicts += event.incarnation == 0
-                elif isinstance(event, RestartRequested):
-                    seen.setdefault("command", stamp)
-                elif isinstance(event, RestartCompleted):
-                    seen.setdefault("restart_completed", stamp)
-                    extra["controller_duration_s"] = event.duration_s
-        codes = [launcher.wait(timeout=args.timeout_s) for launcher in launchers]
-        if codes != [0] * len(launchers):
-            raise SystemExit(f"{run_id}: launchers exited {codes}")
-    finally:
-        for launcher in launchers:
-            if launcher.poll() is None:
-                launcher.send_signal(signal.SIGTERM)
-                launcher.wait(timeout=60)
-        tail.close()
-    assert kill_ns is not None
+
+    def on_step(event: StepCompleted, stamp: Stamp) -> None:
+        if (
+            timer.kill_ns is None
+            and event.step >= args.kill_at_step
+            and spares_ready(states, 2 // args.nnodes, args.warm_spares)
+        ):
+            timer.kill(states[-1], event.step)  # the agent of rank 1
+        elif timer.kill_ns and event.restart_from_step is not None:
+            timer.mark("first_step", stamp)
+            timer.extra["resumed_from_step"] = event.restart_from_step
+
+    def on_control(phase: str, event: Any) -> None:
+        nonlocal dead_rank_verdicts
+        if phase == "dead_rank":
+            timer.extra.setdefault("culprit_rank", event.rank)
+            dead_rank_verdicts += event.incarnation == 0
+
+    follow(
+        bootstrap,
+        prefix,
+        timer,
+        lambda: [
+            runwatch(
+                [*common, *topology, "--state-dir", str(state), "--", *script],
+                work / f"{run_id}.{state.name}.log",
+            )
+            for topology, state in zip(topologies, states, strict=True)
+        ],
+        args,
+        on_step,
+        on_control,
+    )
     # The killed incarnation's dead_rank verdicts read by the first resumed step (all of them:
     # the controller's RunEnded for it precedes the new gang on the heartbeats topic).
-    extra["dead_rank_verdicts"] = dead_rank_verdicts
-    row: dict[str, Any] = {"run_id": run_id, **extra}
-    for phase in phases:
-        ts_ns, read_ns = seen[phase]
-        row[f"{phase}_ts_s"] = round((ts_ns - kill_ns) / 1e9, 3)
-        row[f"{phase}_read_s"] = round((read_ns - kill_ns) / 1e9, 3)
-    return row
+    timer.extra["dead_rank_verdicts"] = dead_rank_verdicts
+    return timer.row()
 
 
 GROUP_PHASES = (
@@ -289,85 +375,58 @@ def one_group_run(
 ) -> dict[str, Any]:
     """SIGKILL group 1's rank of a torchft run of two groups; time its group restart."""
     run_id = f"recovery-ft-{uuid.uuid4().hex[:6]}"
-    topics = names(prefix)
-    tail = Tail(
-        bootstrap,
-        [topics.steps, topics.heartbeats, topics.anomalies, topics.commands, topics.controller],
-    )
+    timer = PhaseTimer(run_id, GROUP_PHASES)
+    timer.extra["path"] = "group_restart"
     state, stop = work / run_id / "state", work / run_id / "stop"
     script = [
         sys.executable, "-u", str(REPO / "examples" / "train_ft.py"), "--steps", "100000",
         "--step-delay-s", str(args.step_delay_s), "--timeout-s", "20", "--stop-file", str(stop),
     ]  # fmt: skip
-    launcher = runwatch(
-        [
-            "launch", "--bootstrap", bootstrap, "--prefix", prefix, "--run-id", run_id,
-            "--state-dir", str(state), "--grace-s", "2",
-            "--fault-tolerance", "torchft", "--replica-groups", "2", "--", *script,
-        ],
-        work / f"{run_id}.log",
-    )  # fmt: skip
-    kill_ns: int | None = None
+    launch = [
+        "launch", "--bootstrap", bootstrap, "--prefix", prefix, "--run-id", run_id,
+        "--state-dir", str(state), "--grace-s", "2",
+        "--fault-tolerance", "torchft", "--replica-groups", "2", "--", *script,
+    ]  # fmt: skip
     last_before = 0
     after: list[int] = []
-    seen: dict[str, tuple[int, int]] = {}
-    extra: dict[str, Any] = {"path": "group_restart"}
-    deadline = time.monotonic() + args.timeout_s
-    try:
-        while len(seen) < len(GROUP_PHASES):
-            if time.monotonic() > deadline:
-                raise SystemExit(f"{run_id}: timed out; seen {sorted(seen)}")
-            for event, record, read_ns in tail.poll():
-                if event.run_id != run_id:
-                    continue
-                stamp = (record.timestamp * 1_000_000, read_ns)
-                if isinstance(event, StepCompleted):
-                    if kill_ns is None:
-                        last_before = max(last_before, event.step)
-                        if event.step >= args.kill_at_step and event.participants == (0, 1):
-                            ranks = json.loads((state / "gang.json").read_text())["record"]
-                            (pid,) = [r["pid"] for r in ranks["ranks"] if r["rank"] == 1]
-                            os.killpg(pid, signal.SIGKILL)
-                            kill_ns = time.time_ns()
-                            extra["killed_after_step"] = event.step
-                        continue
-                    after.append(event.step)
-                    if 1 not in event.participants:
-                        seen.setdefault("survivor_step", stamp)
-                    elif "restart_completed" in seen:
-                        seen.setdefault("rejoined", stamp)
-                        extra["rejoined_at_step"] = event.step
-                elif kill_ns is None:
-                    continue
-                elif isinstance(event, RankExited) and event.rank == 1:
-                    seen.setdefault("rank_exited", stamp)
-                elif isinstance(event, AnomalyDetected) and event.kind == "dead_rank":
-                    seen.setdefault("dead_rank", stamp)
-                elif isinstance(event, RestartRequested):
-                    seen.setdefault("command", stamp)
-                    extra["action"] = event.action
-                elif isinstance(event, RestartCompleted):
-                    seen.setdefault("restart_completed", stamp)
-                    extra["controller_duration_s"] = event.duration_s
+
+    def on_step(event: StepCompleted, stamp: Stamp) -> None:
+        nonlocal last_before
+        if timer.kill_ns is None:
+            last_before = max(last_before, event.step)
+            if event.step >= args.kill_at_step and event.participants == (0, 1):
+                timer.kill(state, event.step)
+            return
+        after.append(event.step)
+        if 1 not in event.participants:
+            timer.mark("survivor_step", stamp)
+        elif "restart_completed" in timer.seen:
+            timer.mark("rejoined", stamp)
+            timer.extra["rejoined_at_step"] = event.step
+
+    def on_control(phase: str, event: Any) -> None:
+        if phase == "command":
+            timer.extra["action"] = event.action
+
+    def stop_run() -> None:
         (work / run_id / "stop.tmp").write_text(str(max(after) + 5))
         (work / run_id / "stop.tmp").rename(stop)
-        code = launcher.wait(timeout=args.timeout_s)
-        if code != 0:
-            raise SystemExit(f"{run_id}: launcher exited {code}")
-    finally:
-        if launcher.poll() is None:
-            launcher.send_signal(signal.SIGTERM)
-            launcher.wait(timeout=60)
-        tail.close()
-    assert kill_ns is not None
-    extra["lost_steps"] = sum(1 for s in set(after) if s <= last_before)
-    extra["steps_during_outage"] = len({s for s in after if s < extra["rejoined_at_step"]})
-    row: dict[str, Any] = {"run_id": run_id, **extra}
-    for phase in GROUP_PHASES:
-        ts_ns, read_ns = seen[phase]
-        row[f"{phase}_ts_s"] = round((ts_ns - kill_ns) / 1e9, 3)
-        row[f"{phase}_read_s"] = round((read_ns - kill_ns) / 1e9, 3)
-    return row
+
+    follow(
+        bootstrap,
+        prefix,
+        timer,
+        lambda: [runwatch(launch, work / f"{run_id}.log")],
+        args,
+        on_step,
+        on_control,
+        before_wait=stop_run,
+    )
+    timer.extra["lost_steps"] = sum(1 for s in set(after) if s <= last_before)
+    timer.extra["steps_during_outage"] = len(
+        {s for s in after if s < timer.extra["rejoined_at_step"]}
+    )
+    return timer.row()
 
 
 def compare(rows: list[dict[str, Any]], settings: dict[str, Any]) -> dict[str, Any]:

@@ -1,26 +1,24 @@
 """The min-replicas time bound on real processes: too long below the floor restarts the gang.
 
-`runwatch launch --fault-tolerance torchft --replica-groups 2 --min-replicas 2
---min-replicas-bound-s S`, the processors and Kafka, all real; two replica groups of one
+`runwatch launch --fault-tolerance torchft --replica-groups 3 --min-replicas 2
+--min-replicas-bound-s S`, the processors and Kafka, all real; three replica groups of one
 rank of `examples/train_ft.py`, gloo on CPU, torchft's Lighthouse, DCP checkpoints every 5
-steps. Group 1's rank is stopped (SIGSTOP: its torchft threads stop heartbeating too, so
-the Lighthouse drops it after its heartbeat timeout and group 0 steps alone, one group
-below the floor of two). The steps' participants give ``replica_lost`` for group 1, the
-policy asks ``respawn_group``, and the controller restarts group 1 alone (stacks, SIGTERM,
-``--grace-s``, SIGKILL: a stopped rank answers neither of the first two). Then:
+steps. The ranks of groups 1 and 2 are stopped (SIGSTOP: their torchft threads stop
+heartbeating too, so the Lighthouse drops them after its heartbeat timeout and group 0
+steps alone, one group below the floor of two). The steps' participants give
+``replica_lost`` for groups 1 and 2, the policy asks ``respawn_group`` for each, and the
+controller restarts them alone, one after the other (stacks, SIGTERM, ``--grace-s``,
+SIGKILL: a stopped rank answers neither the stack request nor SIGTERM). Then:
 
-* **S = 1 s**: group 0 steps alone for more than S s of log time before group 1 can be
-  back (its restart alone takes longer than the grace), so the step reducer raises
+* **S = 1 s**: group 0 steps alone for more than S s of log time before either group can
+  be back (a restart alone takes longer than the grace), so the step reducer raises
   ``replicas_below_min`` once; the policy asks a gang ``respawn``; the controller restarts
   every group (new pids for all, the survivor's included) in incarnation 1 from the last
   committed DCP checkpoint; the run completes with equal weights; the audit agrees.
-* **S = 300 s** (the twin): group 1 heals from group 0 long before S, the stretch below
-  the floor ends at its first step back in the quorum, and nothing escalates: no
-  ``replicas_below_min``, no gang restart, group 0 keeps its pid, incarnation 0 to the end.
-
-Why two groups and not three with two stopped: the policy asks ``respawn_group`` for one
-lost group per incarnation until it rejoins (rule 3 of ``_group_command``), so the second
-group lost in the same step would never be restarted in the twin (see the report).
+* **S = 300 s** (the twin): groups 1 and 2 heal from group 0 long before S, the stretch
+  below the floor ends at the first step with two groups back in the quorum, and nothing
+  escalates: no ``replicas_below_min``, no gang restart, group 0 keeps its pid,
+  incarnation 0 to the end.
 
 The run announces silence timeouts of 120 s (``dead_rank_timeout_s``, ``hang_timeout_s``;
 300 s by default): a stopped peer stalls group 0's all-reduce for the collective timeout
@@ -41,7 +39,12 @@ from typing import Any
 import pytest
 
 from runwatch.controller.state import GANG_FILE, GangRecord, read_gang_file
-from runwatch.schemas.events import AnomalyDetected, RestartCompleted, RestartRequested
+from runwatch.schemas.events import (
+    AnomalyDetected,
+    RestartCompleted,
+    RestartFailed,
+    RestartRequested,
+)
 
 from .test_fault_tolerance import REPO, SCRIPT, kill_ranks, python_child, steps, wait_for
 
@@ -49,7 +52,8 @@ pytestmark = [pytest.mark.torch, pytest.mark.integration]
 
 CHECKPOINT = re.compile(r"^checkpoint step (\d+) committed", re.MULTILINE)
 SILENCE = ("dead_rank_timeout_s=120", "hang_timeout_s=120")
-BOTH = (0, 1)
+GROUPS = (0, 1, 2)
+STOPPED = (1, 2)
 
 
 @dataclass
@@ -71,18 +75,18 @@ class FloorRun:
         return gang.record
 
     def finish(self, incarnation: int) -> str:
-        """Stop both groups 10 steps ahead; return the step and weights both ended on."""
-        last = max(steps(self.log(incarnation, r))[-1][0] for r in BOTH) + 10
+        """Stop every group 10 steps ahead; return the weights they all ended on."""
+        last = max(steps(self.log(incarnation, r))[-1][0] for r in GROUPS) + 10
         (self.base / "stop.tmp").write_text(str(last))
         (self.base / "stop.tmp").rename(self.base / "stop")
         assert self.launcher.wait() == 0, self.launcher.log()
-        sums = [(self.base / "sums" / f"group{g}.rank0.txt").read_text().split() for g in BOTH]
-        assert sums[0] == sums[1] and sums[0][0] == str(last), "the groups ended apart"
+        sums = [(self.base / "sums" / f"group{g}.rank0.txt").read_text().split() for g in GROUPS]
+        assert sums == [sums[0]] * len(GROUPS) and sums[0][0] == str(last), sums
         return sums[0][1]
 
 
 def start_below_floor(loop: Any, tmp_path: Path, run_id: str, bound_s: int) -> FloorRun:
-    """Launch two groups with a floor of two, wait for a checkpoint, SIGSTOP group 1."""
+    """Launch three groups with a floor of two, wait for a checkpoint, SIGSTOP groups 1, 2."""
     from tests.integration.controller.conftest import Proc, rank_env
 
     base = tmp_path / run_id
@@ -91,7 +95,7 @@ def start_below_floor(loop: Any, tmp_path: Path, run_id: str, bound_s: int) -> F
     args = ["launch", "--bootstrap", loop.bootstrap, "--prefix", loop.prefix]
     args += ["--run-id", run_id, "--state-dir", str(state_dir), "--grace-s", "2"]
     args += ["--checkpoint-dir", str(base / "ckpt")]
-    args += ["--fault-tolerance", "torchft", "--replica-groups", "2"]
+    args += ["--fault-tolerance", "torchft", "--replica-groups", "3"]
     args += ["--min-replicas", "2", "--min-replicas-bound-s", str(bound_s), "--"]
     args += [sys.executable, "-u", str(SCRIPT), "--steps", "100000", "--step-delay-s", "0.05"]
     args += ["--timeout-s", "20", "--stop-file", str(base / "stop")]
@@ -101,13 +105,14 @@ def start_below_floor(loop: Any, tmp_path: Path, run_id: str, bound_s: int) -> F
     launcher = Proc(args, base / "launcher.log", rank_env() | {"PYTHONPATH": str(REPO)})
     run = FloorRun(run_id, launcher, base, state_dir, {})
     log0, log1 = run.log(0, 0), run.log(0, 1)
-    wait_for("both groups stepping together", lambda: any(p == BOTH for _, p in steps(log1)))
+    wait_for("every group stepping together", lambda: any(p == GROUPS for _, p in steps(log1)))
     wait_for(
         "a committed checkpoint",
         lambda: any(CHECKPOINT.search(p.read_text(errors="replace")) for p in (log0, log1)),
     )
     run.pids = {p.rank: p.pid for p in run.record().ranks}
-    os.kill(python_child(run.pids[1]), signal.SIGSTOP)
+    for group in STOPPED:
+        os.kill(python_child(run.pids[group]), signal.SIGSTOP)
     return run
 
 
@@ -155,13 +160,9 @@ def test_a_survivor_alone_past_the_bound_restarts_every_group_from_dcp(
         )[0]
         assert (gang.action, gang.incarnation) == ("respawn", 0)
         assert gang.cause_verdict_id == below.verdict_id
-        # before it: the lost group's own restart, asked from its replica_lost
-        first = commands_of(commands, run_id)[0]
-        assert (first.action, first.replica_group, first.cause_kind) == (
-            "respawn_group",
-            1,
-            "replica_lost",
-        )
+        # before it: the lost groups' own restarts, asked from their replica_lost
+        asked = [(c.action, c.replica_group, c.cause_kind) for c in commands_of(commands, run_id)]
+        assert asked[:2] == [("respawn_group", g, "replica_lost") for g in STOPPED], asked
         done = wait_events(
             controller,
             lambda e: of_run(run_id, RestartCompleted)(e) and e.command_id == gang.command_id,
@@ -171,14 +172,14 @@ def test_a_survivor_alone_past_the_bound_restarts_every_group_from_dcp(
         record = run.record()
         after = {p.rank: p.pid for p in record.ranks}
         assert record.incarnation == 1
-        assert after[0] != run.pids[0] and after[1] != run.pids[1], (run.pids, after)
+        assert all(after[g] != run.pids[g] for g in GROUPS), (run.pids, after)
         assert any(p == (0,) for _, p in steps(run.log(0, 0))), "group 0 never stepped alone"
         wait_for(
-            "both groups stepping together again",
-            lambda: any(p == BOTH for _, p in steps(run.log(1, 1))),
+            "every group stepping together again",
+            lambda: any(p == GROUPS for _, p in steps(run.log(1, 1))),
         )
         resumed = re.compile(rf"^group \d: resumed from \S+ at step {done.checkpoint_step}$", re.M)
-        for rank in BOTH:  # from DCP: neither group healed from a peer
+        for rank in GROUPS:  # from DCP: no group healed from a peer
             assert resumed.search(run.log(1, rank).read_text(errors="replace")), rank
         run.finish(incarnation=1)
 
@@ -202,23 +203,24 @@ def test_a_group_that_heals_within_the_bound_restarts_nothing_else(
     controller = loop.reader(loop.topics.controller)
     run = start_below_floor(loop, tmp_path, run_id, bound_s=300)
     try:
-        first = wait_events(commands, of_run(run_id, RestartRequested))[0]
-        assert (first.action, first.replica_group, first.cause_kind) == (
-            "respawn_group",
-            1,
-            "replica_lost",
-        )
-        done = wait_events(controller, of_run(run_id, RestartCompleted))[0]
-        assert done.command_id == first.command_id and done.checkpoint_step is None
+        asked = wait_events(commands, of_run(run_id, RestartRequested), count=2)
+        assert [(c.action, c.replica_group, c.cause_kind) for c in asked] == [
+            ("respawn_group", g, "replica_lost") for g in STOPPED
+        ]
+        done = wait_events(controller, of_run(run_id, RestartCompleted), count=2)
+        assert [d.command_id for d in done] == [c.command_id for c in asked]
+        assert all(d.checkpoint_step is None for d in done), done  # healed, not from DCP
         record = run.record()
         after = {p.rank: p.pid for p in record.ranks}
-        assert record.incarnation == 0 and after[0] == run.pids[0] and after[1] != run.pids[1]
+        assert record.incarnation == 0 and after[0] == run.pids[0]
+        assert all(after[g] != run.pids[g] for g in STOPPED), (run.pids, after)
 
         rejoined = wait_events(
             anomalies,
             lambda e: of_run(run_id, AnomalyDetected)(e) and e.kind == "replica_rejoined",
+            count=2,
         )
-        assert rejoined[0].replica_group == 1 and rejoined[0].incarnation == 0
+        assert sorted((e.replica_group, e.incarnation) for e in rejoined) == [(1, 0), (2, 0)]
         assert any(p == (0,) for _, p in steps(run.log(0, 0))), "group 0 never stepped alone"
         run.finish(incarnation=0)
 
@@ -231,7 +233,18 @@ def test_a_group_that_heals_within_the_bound_restarts_nothing_else(
             c for c in commands_of(commands, run_id) if c.cause_kind == "replicas_below_min"
         ]
         completed = [e for e in controller.events if of_run(run_id, RestartCompleted)(e)]
-        assert [c.command_id for c in completed] == [first.command_id]
+        assert [c.command_id for c in completed] == [c.command_id for c in asked]
+        # any other command (a silent rank's dead_rank while the groups healed) was refused
+        # as covered by the group restarts, never carried out
+        others = {c.command_id for c in commands_of(commands, run_id)} - {
+            c.command_id for c in asked
+        }
+        covered = {
+            e.command_id
+            for e in controller.events
+            if of_run(run_id, RestartFailed)(e) and e.covered
+        }
+        assert others <= covered, (others, covered)
         audit = audit_cli(loop, run_id)
         assert audit.returncode == 0, (audit.stdout, audit.stderr)
     finally:
