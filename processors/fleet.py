@@ -152,6 +152,8 @@ def last_stacks(
     for record in read_history(bootstrap, [controller_topic], timeout_s=timeout_s).get(
         controller_topic, []
     ):
+        if record.value is None:  # a tombstone carries no event
+            continue
         try:
             event = decode(record.value)
         except DecodeError:  # the topic is the controllers'; a bad record is not ours to judge

@@ -644,3 +644,18 @@ def test_a_cross_site_form_cannot_start_an_audit(ui: UiServer) -> None:
     assert not ui.auditing("r1")
     # the page's own request: its token, its origin
     assert _post(ui, {"X-Runwatch-CSRF": token, "Origin": f"http://{me}", "Host": me}) == 202
+
+
+def test_a_tombstone_on_the_controller_topic_does_not_stop_runwatch_status(
+    kafka_bootstrap: str, topics: TopicNames
+) -> None:
+    """`runwatch status` reads the controller topic for the last stacks: a record with no
+    value (a tombstone anyone with write access can send) or undecodable bytes is skipped."""
+    from runwatch.processors.fleet import last_stacks
+
+    producer = _raw_producer(kafka_bootstrap)
+    producer.send(topics.controller, key=b"victim", value=None)
+    producer.send(topics.controller, key=b"victim", value=b"\x00not an event")
+    producer.flush(30)
+    producer.close()
+    assert last_stacks(kafka_bootstrap, topics.controller, timeout_s=10.0) == {}
