@@ -473,7 +473,8 @@ def print_compare(rows: list[dict[str, Any]], settings: dict[str, Any]) -> None:
     print(json.dumps(line))
 
 
-def main() -> int:
+def parse_args() -> argparse.Namespace:
+    """The bench's command line."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--bootstrap", help="Kafka (default: RUNWATCH_BOOTSTRAP, else embedded)")
     p.add_argument("--runs", type=int, default=3)
@@ -514,17 +515,13 @@ def main() -> int:
         help="a torchft group restart against a gang restart (the exit_evidence path)",
     )
     args = p.parse_args()
-    exit_on_sigterm()  # stop the children it started when it is stopped itself
     if args.steps is None:
         args.steps = 200 if args.warm_spares else 60
-    settings = {
-        "dead_rank_timeout_s": args.dead_rank_timeout_s,
-        "hang_timeout_s": args.hang_timeout_s,
-        "tick_interval_s": args.tick_interval_s,
-        "nnodes": args.nnodes,
-        "warm_spares": args.warm_spares,
-        "spare_preload": args.spare_preload if args.warm_spares else "",
-    }
+    return args
+
+
+def run_all(args: argparse.Namespace, paths: tuple[str, ...]) -> list[dict[str, Any]]:
+    """Every run of ``paths`` (and the group runs with --compare) against one worker."""
     with broker(args.bootstrap) as bootstrap, work_dir(args.keep) as work:
         prefix = f"bench{uuid.uuid4().hex[:8]}"
         admin.create_topics(bootstrap, admin.catalogue(prefix, 2))
@@ -540,9 +537,6 @@ def main() -> int:
         )  # fmt: skip
         try:
             wait_worker(bootstrap, prefix)
-            paths = PATHS if args.paths == "both" else (args.paths,)
-            if args.compare:
-                paths = ("exit_evidence",)
             rows = [
                 one_run(bootstrap, prefix, work, args, path)
                 for path in paths
@@ -556,9 +550,11 @@ def main() -> int:
     for row in rows:
         if row["path"] == "exit_evidence":  # the steps the gang redoes: since its checkpoint
             row["lost_steps"] = row["killed_after_step"] - row["resumed_from_step"]
-    if args.compare:
-        print_compare(rows, settings)
-        return 0
+    return rows
+
+
+def report(rows: list[dict[str, Any]], paths: tuple[str, ...], settings: dict[str, Any]) -> None:
+    """Each path's phases (medians and per run), then a JSON line per run and per path."""
     print(f"recovery after SIGKILL of rank 1 (2 gloo ranks on CPU; {settings})")
     for path in paths:
         mine = [r for r in rows if r["path"] == path]
@@ -590,6 +586,27 @@ def main() -> int:
         medians["max_dead_rank_verdicts"] = max(r["dead_rank_verdicts"] for r in mine)
         line = {"bench": "recovery", "path": path, "runs": len(mine), **settings, **medians}
         print(json.dumps(line))
+
+
+def main() -> int:
+    args = parse_args()
+    exit_on_sigterm()  # stop the children it started when it is stopped itself
+    settings = {
+        "dead_rank_timeout_s": args.dead_rank_timeout_s,
+        "hang_timeout_s": args.hang_timeout_s,
+        "tick_interval_s": args.tick_interval_s,
+        "nnodes": args.nnodes,
+        "warm_spares": args.warm_spares,
+        "spare_preload": args.spare_preload if args.warm_spares else "",
+    }
+    paths: tuple[str, ...] = PATHS if args.paths == "both" else (args.paths,)
+    if args.compare:
+        paths = ("exit_evidence",)
+    rows = run_all(args, paths)
+    if args.compare:
+        print_compare(rows, settings)
+    else:
+        report(rows, paths, settings)
     return 0
 
 
