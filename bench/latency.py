@@ -51,10 +51,12 @@ if sys.path and sys.path[0] == __import__("os").path.dirname(__file__):
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import multiprocessing as mp
 import os
 import random
+import signal
 import statistics
 import tempfile
 import threading
@@ -421,7 +423,7 @@ def round_stats(log: Path, window: tuple[float, float]) -> dict[str, dict[str, f
     ]
     merged: dict[str, dict[str, float]] = {}
     for name in ("records", "wait_ms", "age_ms", "fold_ms", "round_ms", "publish_ms", "write_ms",
-                 "flush_ms", "ack_ms"):  # fmt: skip
+                 "flush_ms", "ack_ms", "min_kb"):  # fmt: skip
         parts = [s[name] for s in lines if name in s]
         if parts:
             merged[name] = {
@@ -461,6 +463,14 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--stats-s", type=float, default=1.0, help="RoundStats interval")
     parser.add_argument("--keep-log", type=Path, default=None, help="copy the worker log here")
     parser.add_argument(
+        "--py-spy",
+        type=Path,
+        default=None,
+        help="sample the worker with py-spy during the load (raw collapsed stacks into this "
+        "file; with --repeat, one file per run) and print the share of its samples per part "
+        "of the work (bench/processors.py's PROFILE_PARTS, as for its drain)",
+    )
+    parser.add_argument(
         "--repeat",
         type=int,
         default=1,
@@ -468,6 +478,22 @@ def parse_args() -> argparse.Namespace:
         f"run, then how many had a loaded p99 under {P99_GOAL_MS:g} ms",
     )
     return parser.parse_args()
+
+
+def _per_run(path: Path, repeat: int, run_index: int) -> Path:
+    """``path`` itself, or with ``--repeat`` one file per run (``name.<run>.ext``)."""
+    return path if repeat <= 1 else path.with_name(f"{path.stem}.{run_index}{path.suffix}")
+
+
+def _bench_processors() -> Any:
+    """bench/processors.py as a module: its py-spy sampling and profile split, used once."""
+    spec = importlib.util.spec_from_file_location(
+        "bench_processors", Path(__file__).with_name("processors.py")
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def measure(args: argparse.Namespace, bootstrap: str, run_index: int) -> dict[str, Any]:
@@ -523,6 +549,10 @@ def measure(args: argparse.Namespace, bootstrap: str, run_index: int) -> dict[st
         box0 = box_busy()
         me0 = time.process_time() + cpu_s(watcher.pid)
         load0 = os.getloadavg()[0]
+        spy = None
+        if args.py_spy is not None:
+            spy_out = _per_run(args.py_spy, args.repeat, run_index)
+            spy = _bench_processors().start_py_spy(worker.proc.pid, spy_out)
         t_load = time.time()
         go.set()
         commit_lag: list[tuple[float, int]] = []  # (s into the load, records not committed)
@@ -533,6 +563,8 @@ def measure(args: argparse.Namespace, bootstrap: str, run_index: int) -> dict[st
             )
         report = load_rx.recv() if load_rx.poll(0) else None
         t_end = time.time()
+        if spy is not None:
+            spy.send_signal(signal.SIGINT)  # py-spy writes its file when interrupted
         cpu_w1 = cpu_s(worker.proc.pid)
         threads1 = thread_cpu(worker.proc.pid)
         cpu_b1 = cpu_s(bpid) if bpid else 0.0
@@ -557,13 +589,12 @@ def measure(args: argparse.Namespace, bootstrap: str, run_index: int) -> dict[st
         stop.set()
         seen = watch_rx.recv() if watch_rx.poll(30) else {}
         watcher.join(10)
+        if spy is not None:
+            spy.wait(timeout=60)
         stats = round_stats(log, (t_load, t_end))
         idle_stats = round_stats(log, (t_idle, t_load))
         if args.keep_log:
-            keep = args.keep_log
-            if args.repeat > 1:
-                keep = keep.with_name(f"{keep.stem}.{run_index}{keep.suffix}")
-            keep.write_bytes(log.read_bytes())
+            _per_run(args.keep_log, args.repeat, run_index).write_bytes(log.read_bytes())
 
     idle = figures(probe.sent_ms, seen, (t_idle, t_load))
     loaded = figures(probe.sent_ms, seen, (t_load, t_end))
@@ -617,6 +648,9 @@ def measure(args: argparse.Namespace, bootstrap: str, run_index: int) -> dict[st
         "rounds_loaded": stats,
         "rounds_idle": idle_stats,
     }
+    if args.py_spy is not None:
+        raw = _per_run(args.py_spy, args.repeat, run_index)
+        result["profile_loaded"] = _bench_processors().profile_split(raw) if raw.exists() else {}
     result["others_cpu_share"] = round(
         result["box_busy_cores"]
         - sum(
@@ -695,6 +729,11 @@ def print_run(result: dict[str, Any], args: argparse.Namespace) -> None:
         "records not yet committed during the load (s: records): "
         + ", ".join(f"{t:.0f}: {n}" for t, n in r["commit_lag_records"])
     )
+    if r.get("profile_loaded"):
+        cpu_us = r["paced_cpu_us_per_event"]
+        print(f"worker under the load, py-spy samples per part, of {cpu_us:.1f} us:")
+        for part, share in r["profile_loaded"].items():
+            print(f"  {part:<62} {100 * share:5.1f} %  {share * cpu_us:5.2f} us")
     print("worker rounds under load (RoundStats):")
     for name, s in r["rounds_loaded"].items():
         if name != "_intervals":
