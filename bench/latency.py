@@ -266,10 +266,12 @@ class Probes(threading.Thread):
 
 
 def start_worker(bootstrap: str, prefix: str, partitions: int, log: Path,
-                 batch_max: int | None, stats_s: float) -> ManagedProcess:  # fmt: skip
+                 batch_max: int | None, stats_s: float,
+                 flush_s: float | None = None) -> ManagedProcess:  # fmt: skip
     args = ["processors", "--bootstrap", bootstrap, "--prefix", prefix, "--app-id",
             f"{prefix}-app", "--partitions", str(partitions),
-            *(["--batch-max", str(batch_max)] if batch_max is not None else [])]  # fmt: skip
+            *(["--batch-max", str(batch_max)] if batch_max is not None else []),
+            *(["--state-flush-interval", str(flush_s)] if flush_s is not None else [])]  # fmt: skip
     for s in SETS:
         args += ["--set", s]
     env = {
@@ -460,6 +462,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--probes", type=int, default=20)
     parser.add_argument("--probe-period-s", type=float, default=0.05)
     parser.add_argument("--batch-max", type=int, default=None, help="the worker's --batch-max")
+    parser.add_argument(
+        "--state-flush-interval",
+        type=float,
+        default=None,
+        help="the worker's --state-flush-interval (default: the worker's, 0.2 s)",
+    )
     parser.add_argument("--stats-s", type=float, default=1.0, help="RoundStats interval")
     parser.add_argument("--keep-log", type=Path, default=None, help="copy the worker log here")
     parser.add_argument(
@@ -514,7 +522,8 @@ def measure(args: argparse.Namespace, bootstrap: str, run_index: int) -> dict[st
 
         # 1. Capacity.
         log = tmp / "worker.log"
-        worker = start_worker(bootstrap, prefix, args.partitions, log, args.batch_max, args.stats_s)
+        worker = start_worker(bootstrap, prefix, args.partitions, log, args.batch_max,
+                              args.stats_s, args.state_flush_interval)  # fmt: skip
         stack.callback(worker.stop)
         cap = capacity(bootstrap, group, inputs, backlog_events, worker, args.stats_s)
 

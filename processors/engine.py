@@ -166,10 +166,12 @@ class FetchPace:
         bytes_per_s: The input's bytes per second, smoothed over fetches (0: unknown).
         last_s: When the last fetch that brought records came back (monotonic; None: none
             since the last reset).
+        asked: The ``min_bytes`` the next fetch asks for (what `fetch_linger` returned).
     """
 
     bytes_per_s: float = 0.0
     last_s: float | None = None
+    asked: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,10 +201,14 @@ def fetch_linger(
        or no linger: forget the pace; 1 byte (answered as soon as anything is there).
     2. A fetch that brought no input record: the input is quiet; forget the pace; 1 byte.
     3. The first fetch with records since the pace was forgotten: remember when; 1 byte.
-    4. Otherwise the input's rate is its bytes since the last fetch over the time between
-       them, smoothed (`FETCH_RATE_WEIGHT`); ask for ``linger_s`` of it, capped at
-       `FETCH_MIN_BYTES_MAX`, or 1 byte when that is under `FETCH_LINGER_FLOOR_BYTES`
-       (a trickle is not made to wait).
+    4. A fetch that brought less than was asked for (the broker waited its whole
+       `FETCH_MAX_WAIT_MS`: the input slowed down, e.g. a drain's backlog ran out): the
+       rate is this fetch's own, not smoothed, so the linger ends at once.
+    5. Otherwise the input's rate is its bytes since the last fetch over the time between
+       them, smoothed (`FETCH_RATE_WEIGHT`).
+
+    After 4 or 5: ask for ``linger_s`` of the rate, capped at `FETCH_MIN_BYTES_MAX`, or 1
+    byte when that is under `FETCH_LINGER_FLOOR_BYTES` (a trickle is not made to wait).
     """
     if fetched is None or fetched.other_records or linger_s <= 0:
         return FetchPace(), 1
@@ -211,11 +217,11 @@ def fetch_linger(
     if pace.last_s is None:
         return FetchPace(pace.bytes_per_s, fetched.at_s), 1
     rate = fetched.input_bytes / max(fetched.at_s - pace.last_s, 1e-3)
-    if pace.bytes_per_s > 0:
+    if fetched.input_bytes >= pace.asked and pace.bytes_per_s > 0:
         rate = FETCH_RATE_WEIGHT * rate + (1 - FETCH_RATE_WEIGHT) * pace.bytes_per_s
     want = int(rate * linger_s)
     min_bytes = 1 if want < FETCH_LINGER_FLOOR_BYTES else min(want, FETCH_MIN_BYTES_MAX)
-    return FetchPace(rate, fetched.at_s), min_bytes
+    return FetchPace(rate, fetched.at_s, min_bytes), min_bytes
 
 
 class _ConsumerThread(driver.AIOKafkaConsumerThread):
