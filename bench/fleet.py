@@ -26,6 +26,9 @@ Prints a summary and one JSON line. Sizes are arguments; on this 2-core machine 
 defaults take a few minutes:
 
     .venv/bin/python bench/fleet.py [--runs 1000] [--steps 6] [--load 0.8] [--load-s 40]
+                                    [--repeat 10]
+
+With ``--repeat N``: N whole runs, then ``p99 < 250 ms in K of N`` and a JSON summary.
 
 Workers run ``python -m runwatch.cli`` from the current directory.
 """
@@ -51,6 +54,7 @@ from collections.abc import Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
@@ -283,6 +287,10 @@ def pct(values: list[float], q: float) -> float | None:
     return round(values[min(len(values) - 1, int(q * len(values)))], 1) if values else None
 
 
+P99_GOAL_MS = 250.0
+"""Issue 23's bound on the spike -> verdict p99 under load (`--repeat` counts runs under it)."""
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=1000)
@@ -293,8 +301,39 @@ def main() -> int:
     parser.add_argument("--load-s", type=float, default=40.0, help="seconds of phase 2")
     parser.add_argument("--probes", type=int, default=10, help="fast runs that carry spikes")
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="whole runs (a broker of its own each), then how many had a p99 under load "
+        f"under {P99_GOAL_MS:g} ms",
+    )
     args = parser.parse_args()
     exit_on_sigterm()  # stop the children it started when it is stopped itself
+    results = []
+    for i in range(args.repeat):
+        result = measure(args)
+        result["run"] = i
+        print(json.dumps(result), flush=True)
+        results.append(result)
+    if args.repeat > 1:
+        p99s = [r["latency_under_load_p99_ms"] for r in results]
+        held = sum(
+            p is not None and p < P99_GOAL_MS and r["spikes_judged"] == r["spikes_sent"]
+            for p, r in zip(p99s, results, strict=True)
+        )
+        print(
+            f"p99 < {P99_GOAL_MS:g} ms in {held} of {args.repeat} (p99 under load, ms: "
+            f"{', '.join(str(p) for p in p99s)})"
+        )
+        print(json.dumps({"bench": "fleet_repeat", "repeat": args.repeat, "held": held,
+                          "p99_goal_ms": P99_GOAL_MS,
+                          "latency_under_load_p99_ms": p99s}))  # fmt: skip
+    return 0
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    """One whole run (broker, backlog drain, load, SIGKILL): prints it, returns its result."""
     runs = fleet(args.runs, args.pack_above)
     root = Path(tempfile.mkdtemp(prefix="runwatch-fleet-"))
     prefix, group = "fleet", "fleet-app"
@@ -409,8 +448,7 @@ def main() -> int:
         f"{result['latency_under_load_p50_ms']} ms, p99 {result['latency_under_load_p99_ms']} "
         f"ms; SIGKILL of a worker -> caught up in {result['recovery_after_sigkill_s']} s"
     )
-    print(json.dumps(result))
-    return 0
+    return result
 
 
 if __name__ == "__main__":

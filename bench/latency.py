@@ -33,6 +33,11 @@ fold per round; publish, table writes and acks per flush.
 Prints a table and one JSON line. Defaults take about two minutes on this 2-core box:
 
     .venv/bin/python bench/latency.py [--load 0.8] [--load-s 40] [--runs 100] [--world 32]
+                                      [--repeat 10]
+
+With ``--repeat N`` it makes N whole runs against one broker (each measures its own
+capacity), prints each, then ``p99 < 250 ms in K of N`` and one JSON summary line. Every run
+prints its CPU per event under the pace against its drain's (``paced / drain``).
 """
 
 from __future__ import annotations
@@ -46,10 +51,12 @@ if sys.path and sys.path[0] == __import__("os").path.dirname(__file__):
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import multiprocessing as mp
 import os
 import random
+import signal
 import statistics
 import tempfile
 import threading
@@ -259,10 +266,12 @@ class Probes(threading.Thread):
 
 
 def start_worker(bootstrap: str, prefix: str, partitions: int, log: Path,
-                 batch_max: int | None, stats_s: float) -> ManagedProcess:  # fmt: skip
+                 batch_max: int | None, stats_s: float,
+                 flush_s: float | None = None) -> ManagedProcess:  # fmt: skip
     args = ["processors", "--bootstrap", bootstrap, "--prefix", prefix, "--app-id",
             f"{prefix}-app", "--partitions", str(partitions),
-            *(["--batch-max", str(batch_max)] if batch_max is not None else [])]  # fmt: skip
+            *(["--batch-max", str(batch_max)] if batch_max is not None else []),
+            *(["--state-flush-interval", str(flush_s)] if flush_s is not None else [])]  # fmt: skip
     for s in SETS:
         args += ["--set", s]
     env = {
@@ -416,7 +425,7 @@ def round_stats(log: Path, window: tuple[float, float]) -> dict[str, dict[str, f
     ]
     merged: dict[str, dict[str, float]] = {}
     for name in ("records", "wait_ms", "age_ms", "fold_ms", "round_ms", "publish_ms", "write_ms",
-                 "flush_ms", "ack_ms"):  # fmt: skip
+                 "flush_ms", "ack_ms", "min_kb"):  # fmt: skip
         parts = [s[name] for s in lines if name in s]
         if parts:
             merged[name] = {
@@ -430,7 +439,11 @@ def round_stats(log: Path, window: tuple[float, float]) -> dict[str, dict[str, f
     return merged
 
 
-def main() -> int:
+P99_GOAL_MS = 250.0
+"""The issue's bound on the spike -> verdict p99 at 80 % load (`--repeat` counts runs under it)."""
+
+
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bootstrap", default=os.environ.get("RUNWATCH_BOOTSTRAP"))
     parser.add_argument("--runs", type=int, default=100, help="load runs")
@@ -449,18 +462,53 @@ def main() -> int:
     parser.add_argument("--probes", type=int, default=20)
     parser.add_argument("--probe-period-s", type=float, default=0.05)
     parser.add_argument("--batch-max", type=int, default=None, help="the worker's --batch-max")
+    parser.add_argument(
+        "--state-flush-interval",
+        type=float,
+        default=None,
+        help="the worker's --state-flush-interval (default: the worker's, 0.2 s)",
+    )
     parser.add_argument("--stats-s", type=float, default=1.0, help="RoundStats interval")
     parser.add_argument("--keep-log", type=Path, default=None, help="copy the worker log here")
-    args = parser.parse_args()
-    exit_on_sigterm()  # stop the children it started when it is stopped itself
+    parser.add_argument(
+        "--py-spy",
+        type=Path,
+        default=None,
+        help="sample the worker with py-spy during the load (raw collapsed stacks into this "
+        "file; with --repeat, one file per run) and print the share of its samples per part "
+        "of the work (bench/processors.py's PROFILE_PARTS, as for its drain)",
+    )
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="whole runs (capacity, idle, load) in one invocation, one broker; prints each "
+        f"run, then how many had a loaded p99 under {P99_GOAL_MS:g} ms",
+    )
+    return parser.parse_args()
+
+
+def _per_run(path: Path, repeat: int, run_index: int) -> Path:
+    """``path`` itself, or with ``--repeat`` one file per run (``name.<run>.ext``)."""
+    return path if repeat <= 1 else path.with_name(f"{path.stem}.{run_index}{path.suffix}")
+
+
+def _bench_processors() -> Any:
+    """bench/processors.py as a module: its py-spy sampling and profile split, used once."""
+    spec = importlib.util.spec_from_file_location(
+        "bench_processors", Path(__file__).with_name("processors.py")
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def measure(args: argparse.Namespace, bootstrap: str, run_index: int) -> dict[str, Any]:
+    """One whole run against ``bootstrap`` (topics of a prefix of its own): the result dict."""
     ctx = mp.get_context("spawn")
     with ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
-        bootstrap = args.bootstrap
-        if not bootstrap:
-            from runwatch.broker import ephemeral_broker
-
-            bootstrap = stack.enter_context(ephemeral_broker(tmp / "kafka")).bootstrap
         prefix = f"lat{uuid.uuid4().hex[:6]}"
         group = f"{prefix}-app"
         topics = names(prefix)
@@ -474,7 +522,8 @@ def main() -> int:
 
         # 1. Capacity.
         log = tmp / "worker.log"
-        worker = start_worker(bootstrap, prefix, args.partitions, log, args.batch_max, args.stats_s)
+        worker = start_worker(bootstrap, prefix, args.partitions, log, args.batch_max,
+                              args.stats_s, args.state_flush_interval)  # fmt: skip
         stack.callback(worker.stop)
         cap = capacity(bootstrap, group, inputs, backlog_events, worker, args.stats_s)
 
@@ -509,6 +558,10 @@ def main() -> int:
         box0 = box_busy()
         me0 = time.process_time() + cpu_s(watcher.pid)
         load0 = os.getloadavg()[0]
+        spy = None
+        if args.py_spy is not None:
+            spy_out = _per_run(args.py_spy, args.repeat, run_index)
+            spy = _bench_processors().start_py_spy(worker.proc.pid, spy_out)
         t_load = time.time()
         go.set()
         commit_lag: list[tuple[float, int]] = []  # (s into the load, records not committed)
@@ -519,6 +572,8 @@ def main() -> int:
             )
         report = load_rx.recv() if load_rx.poll(0) else None
         t_end = time.time()
+        if spy is not None:
+            spy.send_signal(signal.SIGINT)  # py-spy writes its file when interrupted
         cpu_w1 = cpu_s(worker.proc.pid)
         threads1 = thread_cpu(worker.proc.pid)
         cpu_b1 = cpu_s(bpid) if bpid else 0.0
@@ -543,19 +598,22 @@ def main() -> int:
         stop.set()
         seen = watch_rx.recv() if watch_rx.poll(30) else {}
         watcher.join(10)
+        if spy is not None:
+            spy.wait(timeout=60)
         stats = round_stats(log, (t_load, t_end))
         idle_stats = round_stats(log, (t_idle, t_load))
         if args.keep_log:
-            args.keep_log.write_bytes(log.read_bytes())
+            _per_run(args.keep_log, args.repeat, run_index).write_bytes(log.read_bytes())
 
     idle = figures(probe.sent_ms, seen, (t_idle, t_load))
     loaded = figures(probe.sent_ms, seen, (t_load, t_end))
     steady = figures(probe.sent_ms, seen, (t_load + args.warmup_s, t_end))
     offered = report["offered_events_per_s"]
-    short = offered < (1 - SHORT_TOLERANCE) * rate
     probe_events_per_s = args.probes / args.probe_period_s
+    span_s = t_end - t_load
     result: dict[str, Any] = {
         "bench": "latency",
+        "run": run_index,
         "runs": args.runs,
         "world": args.world,
         "partitions": args.partitions,
@@ -565,23 +623,24 @@ def main() -> int:
         "load": args.load,
         "load_target_events_per_s": round(rate),
         "load_offered_events_per_s": round(offered),
+        "probe_events_per_s": round(probe_events_per_s),
         "load_offered_share": round(
             (offered + probe_events_per_s) / cap["capacity_events_per_s"], 3
         ),
-        "generator_short": short,
+        "generator_short": offered < (1 - SHORT_TOLERANCE) * rate,
         "generator_behind_max_s": round(report["behind_max_s"], 3),
         "generator_cpu_share": round(report["cpu_s"] / report["elapsed_s"], 3),
-        "worker_cpu_share": round((cpu_w1 - cpu_w0) / (t_end - t_load), 3),
+        "worker_cpu_share": round((cpu_w1 - cpu_w0) / span_s, 3),
         **{
             f"worker_{name}_thread_{what}_share": round(
-                (threads1[name][i] - threads0[name][i]) / (t_end - t_load), 3
+                (threads1[name][i] - threads0[name][i]) / span_s, 3
             )
             for name in ("main", "other")
             for i, what in enumerate(("cpu", "runqueue_wait"))
         },
-        "broker_cpu_share": round((cpu_b1 - cpu_b0) / (t_end - t_load), 3) if bpid else None,
-        "bench_cpu_share": round((me1 - me0) / (t_end - t_load), 3),
-        "box_busy_cores": round((box1[0] - box0[0]) / (t_end - t_load), 2),
+        "broker_cpu_share": round((cpu_b1 - cpu_b0) / span_s, 3) if bpid else None,
+        "bench_cpu_share": round((me1 - me0) / span_s, 3),
+        "box_busy_cores": round((box1[0] - box0[0]) / span_s, 2),
         "box_cores": os.cpu_count(),
         "worker_lag_records_at_end": lag_records,
         "commit_lag_records": [(round(t, 1), n) for t, n in commit_lag],
@@ -598,64 +657,155 @@ def main() -> int:
         "rounds_loaded": stats,
         "rounds_idle": idle_stats,
     }
-    print(
-        f"one worker, {args.partitions} partitions; {args.runs} load runs x {args.world} ranks "
-        f"(a step = 1 step record + 1 pack of {args.world} heartbeats), {args.probes} probe runs"
+    if args.py_spy is not None:
+        raw = _per_run(args.py_spy, args.repeat, run_index)
+        result["profile_loaded"] = _bench_processors().profile_split(raw) if raw.exists() else {}
+    result["others_cpu_share"] = round(
+        result["box_busy_cores"]
+        - sum(
+            result[k] or 0
+            for k in (
+                "worker_cpu_share",
+                "broker_cpu_share",
+                "generator_cpu_share",
+                "bench_cpu_share",
+            )
+        ),
+        2,
     )
-    print(
-        f"capacity (backlog drain): {cap['capacity_events_per_s']:,.0f} events/s "
-        f"({backlog_events:,} events, {cap['capacity_records_per_s']:,.0f} records/s, drained "
-        f"in {cap['drain_s']:.1f} s, "
-        f"{cap['drain_cpu_us_per_event']:.1f} us CPU per event)"
-    )
-    print(
-        f"load: target {rate:,.0f} events/s ({args.load:.0%}), offered {offered:,.0f} "
-        f"(+{probe_events_per_s:,.0f} probe steps/s) = {result['load_offered_share']:.0%} of "
-        f"capacity{'  GENERATOR SHORT of the pace' if short else ''}; generator "
-        f"{result['generator_cpu_share']:.0%} of a core, worker {result['worker_cpu_share']:.0%}, "
-        f"load average {load0:.1f} -> {load1:.1f}; worker behind by {lag_records} records at end"
-    )
-    others = result["box_busy_cores"] - sum(
-        result[k] or 0
-        for k in ("worker_cpu_share", "broker_cpu_share", "generator_cpu_share", "bench_cpu_share")
-    )
-    result["others_cpu_share"] = round(others, 2)
-    # What the worker needed to keep the pace at the CPU per event of its drain.
+    # What the worker needed to keep the pace at the CPU per event of its drain, and what
+    # it paid per event under the pace (every event offered in the window, probes too).
+    paced_events = (offered + probe_events_per_s) * span_s
     result["worker_cpu_needed_share"] = round(
         (offered + probe_events_per_s) * cap["drain_cpu_us_per_event"] / 1e6, 3
     )
+    result["paced_cpu_us_per_event"] = round(1e6 * (cpu_w1 - cpu_w0) / max(paced_events, 1), 2)
+    result["paced_over_drain_cpu"] = round(
+        result["paced_cpu_us_per_event"] / cap["drain_cpu_us_per_event"], 2
+    )
+    return result
+
+
+def print_run(result: dict[str, Any], args: argparse.Namespace) -> None:
+    """The human-readable lines of one run (`measure`'s result)."""
+    r = result
     print(
-        f"CPU under load (cores): worker {result['worker_cpu_share']:.2f} of the "
-        f"{result['worker_cpu_needed_share']:.2f} the pace needs at the drain's CPU per event "
-        f"(main thread "
-        f"{result['worker_main_thread_cpu_share']:.2f}, waiting for a CPU "
-        f"{result['worker_main_thread_runqueue_wait_share']:.2f}; other threads "
-        f"{result['worker_other_thread_cpu_share']:.2f}), broker "
-        f"{result['broker_cpu_share'] or float('nan'):.2f}, generator "
-        f"{result['generator_cpu_share']:.2f}, probes + watcher {result['bench_cpu_share']:.2f}, "
-        f"everything else {others:.2f}; busy {result['box_busy_cores']:.2f} of "
-        f"{result['box_cores']}"
+        f"run {r['run'] + 1}: one worker, {r['partitions']} partitions; {r['runs']} load runs x "
+        f"{r['world']} ranks (a step = 1 step record + 1 pack of {r['world']} heartbeats), "
+        f"{args.probes} probe runs"
+    )
+    print(
+        f"capacity (backlog drain): {r['capacity_events_per_s']:,.0f} events/s "
+        f"({r['backlog_events']:,} events, {r['capacity_records_per_s']:,.0f} records/s, drained "
+        f"in {r['drain_s']:.1f} s, {r['drain_cpu_us_per_event']:.1f} us CPU per event)"
+    )
+    load0, load1 = r["loadavg_1m"]
+    print(
+        f"load: target {r['load_target_events_per_s']:,.0f} events/s ({r['load']:.0%}), offered "
+        f"{r['load_offered_events_per_s']:,.0f} (+{r['probe_events_per_s']:,.0f} probe steps/s) "
+        f"= {r['load_offered_share']:.0%} of capacity"
+        f"{'  GENERATOR SHORT of the pace' if r['generator_short'] else ''}; generator "
+        f"{r['generator_cpu_share']:.0%} of a core, worker {r['worker_cpu_share']:.0%}, "
+        f"load average {load0:.1f} -> {load1:.1f}; worker behind by "
+        f"{r['worker_lag_records_at_end']} records at end"
+    )
+    print(
+        f"CPU per event: paced {r['paced_cpu_us_per_event']:.2f} us, drain "
+        f"{r['drain_cpu_us_per_event']:.2f} us (paced / drain {r['paced_over_drain_cpu']:.2f})"
+    )
+    print(
+        f"CPU under load (cores): worker {r['worker_cpu_share']:.2f} of the "
+        f"{r['worker_cpu_needed_share']:.2f} the pace needs at the drain's CPU per event "
+        f"(main thread {r['worker_main_thread_cpu_share']:.2f}, waiting for a CPU "
+        f"{r['worker_main_thread_runqueue_wait_share']:.2f}; other threads "
+        f"{r['worker_other_thread_cpu_share']:.2f}), broker "
+        f"{r['broker_cpu_share'] or float('nan'):.2f}, generator "
+        f"{r['generator_cpu_share']:.2f}, probes + watcher {r['bench_cpu_share']:.2f}, "
+        f"everything else {r['others_cpu_share']:.2f}; busy {r['box_busy_cores']:.2f} of "
+        f"{r['box_cores']}"
     )
     print(f"{'':<8}{'spikes':>8}{'judged':>8}{'p50 ms':>9}{'p99 ms':>9}{'max ms':>9}"
           f"{'sent p50':>10}{'sent p99':>10}{'sent max':>10}")  # fmt: skip
-    for name, f in (("idle", idle), ("loaded", loaded), (f"> {args.warmup_s:g} s", steady)):
+    for name, key in (("idle", "idle"), ("loaded", "loaded"), (f"> {args.warmup_s:g} s", "steady")):
         print(
-            f"{name:<8}{f['spikes']:>8}{f['judged']:>8}{f['read_p50_ms'] or 0:>9.1f}"
-            f"{f['read_p99_ms'] or 0:>9.1f}{f['read_max_ms'] or 0:>9.1f}"
-            f"{f['sent_p50_ms'] or 0:>10.1f}{f['sent_p99_ms'] or 0:>10.1f}"
-            f"{f['sent_max_ms'] or 0:>10.1f}"
+            f"{name:<8}{r[f'{key}_spikes']:>8}{r[f'{key}_judged']:>8}"
+            f"{r[f'{key}_read_p50_ms'] or 0:>9.1f}{r[f'{key}_read_p99_ms'] or 0:>9.1f}"
+            f"{r[f'{key}_read_max_ms'] or 0:>9.1f}{r[f'{key}_sent_p50_ms'] or 0:>10.1f}"
+            f"{r[f'{key}_sent_p99_ms'] or 0:>10.1f}{r[f'{key}_sent_max_ms'] or 0:>10.1f}"
         )
-    print(f"loaded / idle p99 (read): {result['ratio_p99_loaded_idle']}")
+    print(f"loaded / idle p99 (read): {r['ratio_p99_loaded_idle']}")
     print(
         "records not yet committed during the load (s: records): "
-        + ", ".join(f"{t:.0f}: {n}" for t, n in commit_lag)
+        + ", ".join(f"{t:.0f}: {n}" for t, n in r["commit_lag_records"])
     )
+    if r.get("profile_loaded"):
+        cpu_us = r["paced_cpu_us_per_event"]
+        print(f"worker under the load, py-spy samples per part, of {cpu_us:.1f} us:")
+        for part, share in r["profile_loaded"].items():
+            print(f"  {part:<62} {100 * share:5.1f} %  {share * cpu_us:5.2f} us")
     print("worker rounds under load (RoundStats):")
-    for name, s in stats.items():
+    for name, s in r["rounds_loaded"].items():
         if name != "_intervals":
             print(f"  {name:<11} n {s['n']:>6}  mean {s['mean']:8.1f}  p50 {s['p50']:8.1f}  "
                   f"p99 {s['p99']:8.1f}  max {s['max']:8.1f}")  # fmt: skip
-    print(json.dumps(result))
+
+
+def summary(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """How many runs held the goal (loaded p99 under `P99_GOAL_MS`, every spike judged)."""
+
+    def held(r: dict[str, Any]) -> bool:
+        p99 = r["loaded_read_p99_ms"]
+        return p99 is not None and p99 < P99_GOAL_MS and r["loaded_judged"] == r["loaded_spikes"]
+
+    def spread(key: str) -> list[float | None]:
+        values = [r[key] for r in results if r[key] is not None]
+        return [min(values), max(values)] if values else [None, None]
+
+    return {
+        "bench": "latency_repeat",
+        "repeat": len(results),
+        "p99_goal_ms": P99_GOAL_MS,
+        "held": sum(held(r) for r in results),
+        "loaded_read_p99_ms": [r["loaded_read_p99_ms"] for r in results],
+        "loaded_read_p50_ms": [r["loaded_read_p50_ms"] for r in results],
+        "worker_lag_records_at_end": [r["worker_lag_records_at_end"] for r in results],
+        "capacity_events_per_s": spread("capacity_events_per_s"),
+        "drain_cpu_us_per_event": spread("drain_cpu_us_per_event"),
+        "paced_cpu_us_per_event": spread("paced_cpu_us_per_event"),
+        "paced_over_drain_cpu": [r["paced_over_drain_cpu"] for r in results],
+        "main_thread_runqueue_wait_share": [
+            r["worker_main_thread_runqueue_wait_share"] for r in results
+        ],
+        "loadavg_1m": [r["loadavg_1m"] for r in results],
+    }
+
+
+def main() -> int:
+    args = parse_args()
+    exit_on_sigterm()  # stop the children it started when it is stopped itself
+    results: list[dict[str, Any]] = []
+    with ExitStack() as stack:
+        bootstrap = args.bootstrap
+        if not bootstrap:
+            from runwatch.broker import ephemeral_broker
+
+            tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+            bootstrap = stack.enter_context(ephemeral_broker(tmp / "kafka")).bootstrap
+        for i in range(args.repeat):
+            result = measure(args, bootstrap, i)
+            results.append(result)
+            print_run(result, args)
+            print(json.dumps(result), flush=True)
+    if args.repeat > 1:
+        total = summary(results)
+        print(
+            f"p99 < {P99_GOAL_MS:g} ms in {total['held']} of {total['repeat']} "
+            f"(loaded p99 ms: {', '.join(str(p) for p in total['loaded_read_p99_ms'])}; "
+            f"paced / drain CPU per event: "
+            f"{', '.join(str(p) for p in total['paced_over_drain_cpu'])}; behind at end: "
+            f"{', '.join(str(n) for n in total['worker_lag_records_at_end'])})"
+        )
+        print(json.dumps(total))
     return 0
 
 

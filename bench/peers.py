@@ -13,9 +13,11 @@ broker, then drained, ``--rounds`` times in alternating order, by:
 * **confluent-kafka ceiling**: librdkafka's consumer reading every record and decoding it
   with runwatch's msgspec codec, nothing else: what reading and decoding cost.
 
-Each peer runs in its own process (``--peer``), so its CPU is its own; rates are counted
-from its first event to its last (start-up and group joins are not). Prints one table with
-the worst of the rounds per contender and their ratios, then one JSON line.
+``bench/processors.py`` runs the two peers too (`run_peer`), once each, after its worker
+on its own backlog. Each peer runs in its own process (``--peer``), so its CPU is its own;
+rates are counted from its first event to its last (start-up and group joins are not).
+Prints one table with the worst of the rounds per contender and their ratios, then one
+JSON line.
 
 Needs the peers installed (they are not runwatch dependencies)::
 
@@ -215,7 +217,24 @@ def _peer_main(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_peer(peer: str, bootstrap: str, prefix: str, target: int) -> dict[str, float]:
+PEERS: tuple[tuple[str, str], ...] = (
+    ("quixstreams", "quixstreams"),
+    ("confluent", "confluent_kafka"),
+)
+"""Each peer (``--peer``) and the package it needs."""
+
+
+def installed(peer: str) -> bool:
+    """Whether ``peer``'s package is installed (``pip install -e '.[peers]'``)."""
+    return importlib.util.find_spec(dict(PEERS)[peer]) is not None
+
+
+def run_peer(peer: str, bootstrap: str, prefix: str, target: int) -> dict[str, float]:
+    """Drain the backlog of ``prefix`` (``target`` events) with ``peer`` in a process of its own.
+
+    Returns:
+        Its events, events/s and CPU µs per event (`_Clock.figures`).
+    """
     cmd = [sys.executable, __file__, "--peer", peer, "--bootstrap", bootstrap]
     cmd += ["--prefix", prefix, "--target", str(target)]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -273,8 +292,8 @@ def main() -> int:
             "runwatch": lambda i: _runwatch(
                 bp, broker.bootstrap, prefix, args.partitions, Path(tmp) / f"worker{i}.log"
             ),
-            "quixstreams": lambda i: _run_peer("quixstreams", broker.bootstrap, prefix, target),
-            "confluent": lambda i: _run_peer("confluent", broker.bootstrap, prefix, target),
+            "quixstreams": lambda i: run_peer("quixstreams", broker.bootstrap, prefix, target),
+            "confluent": lambda i: run_peer("confluent", broker.bootstrap, prefix, target),
         }
         samples: dict[str, list[dict[str, float]]] = {name: [] for name in contenders}
         order = list(contenders)

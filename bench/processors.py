@@ -14,7 +14,14 @@ Phases, against one backlog produced once:
    two measurements, so CPU per event (the worker's process, every thread; the ceiling's
    process) is printed too, with its ratio (``cpu_ratio``): the part of the comparison the
    neighbours' load does not move.
-2. Latency: with the worker idle, a paced stream of steps where every 20th
+2. Peers (issue 23): on the same backlog, right after the worker, bench/peers.py's
+   quixstreams app doing the same core job (robust z on a 50-step loss window per run,
+   last-seen step per rank) and its confluent-kafka read+decode ceiling, each in a process
+   of its own; the table puts them beside the worker with the issue's goals (at least 2x
+   quixstreams' events/s, at most 3 us CPU per unpacked event). A peer whose package is
+   not installed (``pip install -e '.[peers]'``) is named and skipped; ``--no-peers``
+   skips both.
+3. Latency: with the worker idle, a paced stream of steps where every 20th
    step of a run is a loss spike; latency is from just before `send` of the spike to the
    moment a consumer of the anomalies topic reads its verdict.
 
@@ -28,7 +35,7 @@ work (`PROFILE_PARTS`), in microseconds of the drain's CPU per event (docs/proce
 "Where the microseconds go per event").
 
 Usage: python bench/processors.py [--bootstrap HOST:PORT] [--runs 200] [--steps 60]
-       [--py-spy FILE] [--worker-log FILE]
+       [--py-spy FILE] [--worker-log FILE] [--no-peers]
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ if sys.path and sys.path[0] == __import__("os").path.dirname(__file__):
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import os
 import random
@@ -54,6 +62,7 @@ import time
 import uuid
 from contextlib import ExitStack
 from pathlib import Path
+from typing import Any
 
 import aiokafka
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
@@ -374,6 +383,64 @@ def breakdown(runs: int, steps: int) -> dict[str, float]:
     return out
 
 
+RUNWATCH_OVER_QUIX_GOAL = 2.0
+"""Issue 23's goal: runwatch's worker drains at least this many times quixstreams' events/s."""
+CPU_US_PER_EVENT_GOAL = 3.0
+"""Issue 23's goal: at most this much CPU per unpacked event in runwatch's worker."""
+
+
+def _peers_module() -> Any:
+    """bench/peers.py as a module: the peers and how they are run live there, once."""
+    spec = importlib.util.spec_from_file_location(
+        "bench_peers", Path(__file__).with_name("peers.py")
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def peer_figures(bootstrap: str, prefix: str, events: int) -> dict[str, dict[str, float] | None]:
+    """The peers of bench/peers.py draining this run's backlog, each in a process of its own.
+
+    Returns:
+        Per peer (quixstreams, confluent): its figures, or None when it is not installed.
+    """
+    peers = _peers_module()
+    out: dict[str, dict[str, float] | None] = {}
+    for name, _ in peers.PEERS:
+        out[name] = (
+            peers.run_peer(name, bootstrap, prefix, events) if peers.installed(name) else None
+        )
+    return out
+
+
+def print_peers(tput: dict[str, float], peers: dict[str, dict[str, float] | None]) -> None:
+    """The worker beside the peers on the same backlog, with issue 23's goals."""
+    print(f"  {'contender':<34} {'events/s':>10} {'us CPU/event':>13}")
+    rows = [("runwatch worker", tput["events_per_s"], tput["cpu_us_per_event"])]
+    labels = {"quixstreams": "quixstreams app (same core job)",
+              "confluent": "confluent-kafka read+decode ceiling"}  # fmt: skip
+    for name, fig in peers.items():
+        if fig is None:
+            print(f"  {labels[name]:<34} not installed (pip install -e '.[peers]')")
+            continue
+        rows.append((labels[name], fig["events_per_s"], fig["cpu_us_per_event"]))
+    for label, rate, cpu in rows:
+        print(f"  {label:<34} {rate:>10,.0f} {cpu:>13.2f}")
+    quix = peers.get("quixstreams")
+    if quix is not None:
+        ratio = tput["events_per_s"] / quix["events_per_s"]
+        tput["over_quixstreams_events_per_s"] = ratio
+        print(
+            f"  runwatch / quixstreams events/s: {ratio:.2f} (goal >= {RUNWATCH_OVER_QUIX_GOAL:g})"
+        )
+    print(
+        f"  runwatch CPU per event: {tput['cpu_us_per_event']:.2f} us "
+        f"(goal <= {CPU_US_PER_EVENT_GOAL:g} us)"
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bootstrap", default=os.environ.get("RUNWATCH_BOOTSTRAP"))
@@ -401,6 +468,12 @@ def main() -> int:
         default=None,
         help="sample the worker's drain with py-spy into this file (raw collapsed stacks) "
         "and print the share of its samples per part of the work",
+    )
+    parser.add_argument(
+        "--no-peers",
+        action="store_true",
+        help="skip the quixstreams app and the confluent-kafka ceiling (bench/peers.py) that "
+        "otherwise drain the same backlog after the worker",
     )
     args = parser.parse_args()
     exit_on_sigterm()  # stop the children it started when it is stopped itself
@@ -430,6 +503,7 @@ def main() -> int:
         tput["batch_max"] = batch_max
         tput["ratio"] = tput["events_per_s"] / tput["ceiling_events_per_s"]
         tput["cpu_ratio"] = tput["ceiling_cpu_us_per_event"] / tput["cpu_us_per_event"]
+        peers = {} if args.no_peers else peer_figures(bootstrap, prefix, int(tput["events"]))
         lat = latency(bootstrap, prefix, args.spikes)
     parts = breakdown(min(args.runs, 50), args.steps)
     print(
@@ -458,12 +532,20 @@ def main() -> int:
         print(f"worker drain, py-spy samples per part ({args.py_spy}), of {cpu_us:.1f} us:")
         for part, share in split_.items():
             print(f"  {part:<62} {100 * share:5.1f} %  {share * cpu_us:5.2f} us")
+    if peers:
+        print_peers(tput, peers)
     print("in-process cost per event (no Kafka, no faust):")
     for k, v in parts.items():
         print(f"  {k:<22} {v:6.2f} us")
     print(
         json.dumps(
-            {"bench": "processors", **tput, **{f"latency_{k}": v for k, v in lat.items()}, **parts}
+            {
+                "bench": "processors",
+                **tput,
+                **{f"latency_{k}": v for k, v in lat.items()},
+                **parts,
+                "peers": peers,
+            }
         )
     )
     return 0

@@ -75,6 +75,13 @@ INTERNALS: Final[tuple[Internal, ...]] = (
     Internal(_AIOKAFKA_CONSUMER, "_client", "attribute", "set_retry_backoff"),
     Internal(_AIOKAFKA_CONSUMER, "_retry_backoff_ms", "attribute", "set_retry_backoff"),
     Internal(_AIOKAFKA_CONSUMER, "_fetch_max_wait_ms", "attribute", "set_fetch_max_wait"),
+    Internal(_AIOKAFKA_CONSUMER, "_fetcher", "attribute", "set_fetch_min_bytes"),
+    Internal(
+        "aiokafka.consumer.fetcher.Fetcher",
+        "_fetch_min_bytes",
+        "attribute",
+        "set_fetch_min_bytes: read for every fetch request it builds",
+    ),
     # faust: the producer, the consumer thread, the consumer, the app
     Internal(
         f"{_DRIVER}.Producer",
@@ -115,6 +122,7 @@ INTERNALS: Final[tuple[Internal, ...]] = (
     ),
     Internal(_DRIVER, "ensure_aiokafka_TP", "function", "committed_offset", ("tp",)),
     Internal(f"{_DRIVER}.Consumer", "_thread", "attribute", "committed_offset"),
+    Internal(f"{_DRIVER}.AIOKafkaConsumerThread", "_consumer", "attribute", "set_fetch_min_bytes"),
     Internal(_FAUST_CONSUMER, "_acked", "attribute", "ack_range"),
     Internal(_FAUST_CONSUMER, "_acked_index", "attribute", "ack_range"),
     Internal(_FAUST_CONSUMER, "_committed_offset", "attribute", "ack_range"),
@@ -283,6 +291,37 @@ def set_fetch_max_wait(consumer: Any, wait_ms: int) -> None:
     if not hasattr(consumer, "_fetch_max_wait_ms"):
         raise _moved("AIOKafkaConsumer._fetch_max_wait_ms")
     consumer._fetch_max_wait_ms = wait_ms  # read by start() for the fetcher
+
+
+def set_fetch_min_bytes(consumer: Any, min_bytes: int) -> bool:
+    """Make the running fetcher of faust's ``consumer`` ask the broker for ``min_bytes``.
+
+    aiokafka's fetcher reads its ``_fetch_min_bytes`` each time it builds a fetch request
+    (in faust's consumer thread); an int written from the worker's thread is seen by the
+    next request. The broker holds a fetch until that many bytes are there or
+    ``fetch_max_wait_ms`` passed (`processors.engine.FETCH_MAX_WAIT_MS`).
+
+    Returns:
+        False when the consumer or its fetcher is not started yet (nothing set).
+
+    Raises:
+        InternalsMoved: faust's consumer thread or aiokafka's fetcher lost the attributes.
+    """
+    thread = getattr(consumer, "_thread", None)
+    if thread is None or not hasattr(thread, "_consumer"):
+        raise _moved("faust Consumer._thread._consumer")
+    client = thread._consumer
+    if client is None:
+        return False
+    if not hasattr(client, "_fetcher"):
+        raise _moved("AIOKafkaConsumer._fetcher")
+    fetcher = client._fetcher
+    if fetcher is None:
+        return False
+    if not hasattr(fetcher, "_fetch_min_bytes"):
+        raise _moved("aiokafka Fetcher._fetch_min_bytes")
+    fetcher._fetch_min_bytes = min_bytes
+    return True
 
 
 def client_of(consumer: Any) -> Any:

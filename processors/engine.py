@@ -133,6 +133,97 @@ then folded records 1.7 s old). 50 ms bounds that stall; idle, it costs 20 empty
 a second."""
 
 
+FETCH_LINGER_S: Final = 0.04
+"""How much of the input a fetch lingers for when records come in faster than a trickle.
+
+Under a paced load a round is whatever one fetch brought: aiokafka sends the next fetch
+as soon as the last one's records are taken, and the broker answers it as soon as any
+byte is there (``fetch_min_bytes`` 1), so the worker folded a round of ~30 records every
+few milliseconds, each with the same fixed costs: the fetch across faust's consumer
+thread, the round's bookkeeping, and above all the fold's per-run work (the `Replayer`
+encodes every state a round touched, once per round: under a paced load that is once per
+step of a run, where a drain's round of 20,000 records encodes it once per hundreds of
+steps). `bench/latency.py` measured the paced CPU per event at 1.4-3.3x the drain's.
+`fetch_linger` asks the broker for about this long of the input's recent byte rate as
+``fetch_min_bytes``, so a round holds ~40 ms of records, bounded by `FETCH_MAX_WAIT_MS`
+(50 ms). A worker that takes longer than this to fold a round already finds that much
+waiting, so it waits for nothing."""
+FETCH_LINGER_FLOOR_BYTES: Final = 4 * 1024
+"""A linger asking for less than this is not asked for: an input this slow (an idle
+worker's few runs: `bench/latency.py`'s 20 probes make ~2.4 KB in 40 ms) is fetched as
+soon as a byte is there, so its latency stays as it was."""
+FETCH_MIN_BYTES_MAX: Final = 1024 * 1024
+"""The most a linger asks for (one partition's fetch is at most 1 MiB, aiokafka's default)."""
+FETCH_RATE_WEIGHT: Final = 0.5
+"""Weight of the latest fetch in the smoothed byte rate (a stop halves it every fetch)."""
+
+
+@dataclass(frozen=True, slots=True)
+class FetchPace:
+    """What the fetch linger knows of the input: its smoothed byte rate, its last fetch.
+
+    Attributes:
+        bytes_per_s: The input's bytes per second, smoothed over fetches (0: unknown).
+        last_s: When the last fetch that brought records came back (monotonic; None: none
+            since the last reset).
+        asked: The ``min_bytes`` the next fetch asks for (what `fetch_linger` returned).
+    """
+
+    bytes_per_s: float = 0.0
+    last_s: float | None = None
+    asked: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Fetched:
+    """One fetch as the linger sees it.
+
+    Attributes:
+        at_s: When it came back (monotonic seconds).
+        input_bytes: Bytes of the input records it brought (0: none).
+        other_records: Whether it brought records of other topics (faust's changelog
+            recovery, which reads as fast as it can).
+    """
+
+    at_s: float
+    input_bytes: int
+    other_records: bool = False
+
+
+def fetch_linger(
+    pace: FetchPace, fetched: Fetched | None, linger_s: float = FETCH_LINGER_S
+) -> tuple[FetchPace, int]:
+    """The fetch ``min_bytes`` to ask for after ``fetched`` (None: a reset), and the new pace.
+
+    Rules, in order:
+
+    1. A reset (an assignment, a revocation), a fetch of changelog records (a recovery),
+       or no linger: forget the pace; 1 byte (answered as soon as anything is there).
+    2. A fetch that brought no input record: the input is quiet; forget the pace; 1 byte.
+    3. The first fetch with records since the pace was forgotten: remember when; 1 byte.
+    4. A fetch that brought less than was asked for (the broker waited its whole
+       `FETCH_MAX_WAIT_MS`: the input slowed down, e.g. a drain's backlog ran out): the
+       rate is this fetch's own, not smoothed, so the linger ends at once.
+    5. Otherwise the input's rate is its bytes since the last fetch over the time between
+       them, smoothed (`FETCH_RATE_WEIGHT`).
+
+    After 4 or 5: ask for ``linger_s`` of the rate, capped at `FETCH_MIN_BYTES_MAX`, or 1
+    byte when that is under `FETCH_LINGER_FLOOR_BYTES` (a trickle is not made to wait).
+    """
+    if fetched is None or fetched.other_records or linger_s <= 0:
+        return FetchPace(), 1
+    if fetched.input_bytes <= 0:
+        return FetchPace(), 1
+    if pace.last_s is None:
+        return FetchPace(pace.bytes_per_s, fetched.at_s), 1
+    rate = fetched.input_bytes / max(fetched.at_s - pace.last_s, 1e-3)
+    if fetched.input_bytes >= pace.asked and pace.bytes_per_s > 0:
+        rate = FETCH_RATE_WEIGHT * rate + (1 - FETCH_RATE_WEIGHT) * pace.bytes_per_s
+    want = int(rate * linger_s)
+    min_bytes = 1 if want < FETCH_LINGER_FLOOR_BYTES else min(want, FETCH_MIN_BYTES_MAX)
+    return FetchPace(rate, fetched.at_s, min_bytes), min_bytes
+
+
 class _ConsumerThread(driver.AIOKafkaConsumerThread):
     logger = FAUST_LOGGER
 
@@ -184,6 +275,7 @@ class Consumer(driver.Consumer):
             return
         batch = {tp: recs for tp, recs in records.items() if tp.topic in ingest.topics}
         rest = {tp: recs for tp, recs in records.items() if tp.topic not in ingest.topics}
+        self._linger(ingest, batch, bool(rest))
         if rest:
             generation_id = self.app.consumer_generation_id
             for tp, record in self.scheduler.iterate(rest):
@@ -198,6 +290,18 @@ class Consumer(driver.Consumer):
             await _to_the_end(ingest.round(self, batch))
         elif ingest.unflushed_since is not None:  # a quiet fetch: the last rounds may be due
             await _to_the_end(ingest.maybe_flush(self))
+
+    def _linger(self, ingest: BatchIngest, batch: Mapping[Any, Sequence[Any]], other: bool) -> None:
+        """Set the next fetch's ``min_bytes`` from this one (`fetch_linger`)."""
+        size = sum(r.serialized_value_size for recs in batch.values() for r in recs)
+        fetched = Fetched(time.monotonic(), size, other)
+        ingest.pace, min_bytes = fetch_linger(ingest.pace, fetched, ingest.linger_s)
+        self._set_min_bytes(ingest, min_bytes)
+
+    def _set_min_bytes(self, ingest: BatchIngest, min_bytes: int) -> None:
+        if min_bytes != ingest.min_bytes and compat.set_fetch_min_bytes(self, min_bytes):
+            ingest.min_bytes = min_bytes
+        ingest.stats.note("min_kb", ingest.min_bytes / 1024)
 
     def ack_range(self, tp: TP, first: int, last: int) -> None:
         """Acknowledge offsets ``first..last`` of ``tp`` (applied whole) for faust's commits."""
@@ -221,7 +325,14 @@ class Consumer(driver.Consumer):
                     REVOKE_WAIT_S,
                 )
             ingest.forget()
+        if ingest is not None:
+            self._reset_linger(ingest)
         await super().on_partitions_revoked(revoked)
+
+    def _reset_linger(self, ingest: BatchIngest) -> None:
+        """Forget the input's pace: the next fetches are answered as soon as a byte is there."""
+        ingest.pace, min_bytes = fetch_linger(ingest.pace, None)
+        self._set_min_bytes(ingest, min_bytes)
 
     async def on_stop(self) -> None:
         """Flush the batch path's last rounds, then stop as faust does (its stop commits)."""
@@ -235,6 +346,7 @@ class Consumer(driver.Consumer):
         ingest = self.batch_ingest
         if ingest is not None:
             ingest.forget()
+            self._reset_linger(ingest)
         await super().on_partitions_assigned(assigned, generation_id)
 
 
@@ -625,6 +737,9 @@ class BatchIngest:
         self.checkpoint = Checkpoint(sink)
         self.checkpoint.stats = self.stats if self.stats.interval_s else None
         self.interrupted = False  # a round or flush was cancelled half-way: never flush again
+        self.linger_s = FETCH_LINGER_S
+        self.pace = FetchPace()  # the input's pace, for the fetch linger (`fetch_linger`)
+        self.min_bytes = 1  # the fetch min_bytes the consumer asks for now
 
     @property
     def unflushed_since(self) -> float | None:
