@@ -26,6 +26,7 @@ then one JSON line (``bench: core_instructions``).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import os
@@ -107,8 +108,19 @@ def _steps(events: int) -> tuple[Any, list[Any], list[Any]]:
     return state0, steps, sources[1:]
 
 
+def _settle() -> None:
+    """Collect, then freeze what is alive (the prebuilt events) out of later collections."""
+    gc.collect()
+    gc.freeze()
+
+
 def inner(kind: str, events: int, world: int, fold: bool) -> None:
-    """Build ``events`` events of ``kind``; fold them when ``fold`` (the measured process)."""
+    """Build ``events`` events of ``kind``; fold them when ``fold`` (the measured process).
+
+    The events are built, then moved out of the collector's reach (`gc.freeze`): a full
+    collection walks every live object, so without it a fold's count would depend on when
+    the collector happened to run over the prebuilt events, not on the fold.
+    """
     from runwatch.processors.core.config import DetectorConfig
 
     cfg = DetectorConfig()
@@ -117,6 +129,7 @@ def inner(kind: str, events: int, world: int, fold: bool) -> None:
         from runwatch.processors.core.steps import fold_step
 
         state, steps, sources = _steps(events)
+        _settle()
         if fold:
             for event, source in zip(steps, sources, strict=True):
                 state, out = fold_step(state, event, source, cfg)
@@ -125,6 +138,7 @@ def inner(kind: str, events: int, world: int, fold: bool) -> None:
         from runwatch.processors.core.liveness import fold_liveness
 
         state, beats, sources = _heartbeats(world, events)
+        _settle()
         if fold:
             for event, source in zip(beats, sources, strict=True):
                 state, out = fold_liveness(state, event, source, cfg)
@@ -138,6 +152,7 @@ def inner(kind: str, events: int, world: int, fold: bool) -> None:
             (beats[i : i + world], Provenance(topic="hb", partition=0, offset=1 + i // world))
             for i in range(0, len(beats), world)
         ]
+        _settle()
         if fold:
             fold_heartbeats = liveness.fold_heartbeats  # type: ignore[attr-defined]
             for pack, source in records:
@@ -147,7 +162,14 @@ def inner(kind: str, events: int, world: int, fold: bool) -> None:
 
 
 def _count(tree: Path, kind: str, events: int, world: int, fold: bool) -> int:
-    """Instructions cachegrind counts for one inner run."""
+    """Instructions cachegrind counts for one inner run (after one run outside valgrind).
+
+    The run outside valgrind compiles and caches every module's bytecode first: otherwise
+    whichever counted run came first after an edit would also count the compilation.
+    """
+    env = dict(os.environ, PYTHONPATH=str(tree), **_QUIET)
+    warm = [sys.executable, str(HERE), "--inner", kind, "--events", "1", "--no-fold"]
+    subprocess.run(warm, cwd=tree, env=env, capture_output=True, check=True)
     with tempfile.TemporaryDirectory() as tmp:
         out_file = Path(tmp) / "cg.out"
         cmd = [
@@ -165,7 +187,6 @@ def _count(tree: Path, kind: str, events: int, world: int, fold: bool) -> int:
             str(world),
             "--fold" if fold else "--no-fold",
         ]
-        env = dict(os.environ, PYTHONPATH=str(tree), **_QUIET)
         run = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, check=False)
         if run.returncode != 0:
             raise SystemExit(f"{kind} under valgrind failed:\n{run.stderr[-3000:]}")

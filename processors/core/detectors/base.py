@@ -14,9 +14,10 @@ that order, so verdict order is the list's order.
 
 A liveness detector (`LivenessDetector`) is the same idea for the heartbeats topic: its
 state is a few named fields of `processors.core.liveness_state.LivenessState`, its
-``heartbeat`` fold runs on every heartbeat of a live run (in the order of
-`processors.core.detectors.registry.LIVENESS_DETECTORS`, writing its fields' new values
-into the `processors.core.liveness_facts.HeartbeatFacts`), and ``events`` names the other
+``heartbeat`` fold runs on every heartbeat of a live run after the reducer's own last-seen
+bookkeeping (in the order of `processors.core.detectors.registry.LIVENESS_DETECTORS`,
+writing its fields' new values into the `processors.core.liveness_facts.HeartbeatFacts`,
+only when they changed: a write costs far more than a read), and ``events`` names the other
 event types it alone folds (a Tick, a RankExited, a RunStarted or RunEnded).
 """
 
