@@ -25,6 +25,10 @@ every record, which dominates at large worlds, so it folds at most ``--pipeline-
 
 Targets: >= 200k heartbeats/s and >= 100k steps/s; 4,096/8 per-event cost <= 1.5.
 
+These are wall-clock figures: on a shared machine they vary several-fold between runs. For a
+per-event cost that reruns to the same number (and compares checkouts), count instructions
+with ``bench/core_instructions.py`` (cachegrind).
+
 ``--huge-only`` measures one thing (issue 19, finding 8): unpacked heartbeats through
 decode + `fold_batch` (batches of ``--batch-records``) at world 8 and at ``--huge-world``
 (131,072), ``--huge-events`` of each; prints the per-heartbeat cost of both and their

@@ -31,11 +31,12 @@ A RunEnded suspends every check until the next RunStarted, which starts a new in
 with a fresh rank table.
 
 Detectors: each part is a `processors.core.detectors.base.LivenessDetector` in
-`processors.core.detectors` (incarnation, last_seen, exit_evidence, rank_scans,
-stragglers), listed in `processors.core.detectors.registry.LIVENESS_DETECTORS`. A
-heartbeat runs every registered heartbeat fold in that order over one
+`processors.core.detectors` (incarnation, exit_evidence, rank_scans, stragglers), listed
+in `processors.core.detectors.registry.LIVENESS_DETECTORS`. A heartbeat is first recorded
+by this module's own last-seen bookkeeping (the rank's last step and time, the run's newest
+step), then runs every registered heartbeat fold in the registry's order over one
 `processors.core.liveness_facts.HeartbeatFacts`; every other event type is folded by the
-one detector that registered it. This module only dispatches.
+one detector that registered it.
 
 Cost: a heartbeat writes O(1) entries of the run's `processors.core.rank_table.RankTable`
 (its last step and time, its straggler bucket) through the fold's journal; the dead-rank
@@ -52,6 +53,7 @@ from typing import Final
 
 import msgspec
 
+from runwatch.processors.core.bounds import MAX_STEP, MAX_STEP_JUMP, check_step
 from runwatch.processors.core.config import DetectorConfig, effective_config
 from runwatch.processors.core.detectors.base import LivenessHandler
 from runwatch.processors.core.detectors.exit_evidence import SIGNAL_NAMES, exit_status
@@ -59,6 +61,7 @@ from runwatch.processors.core.detectors.registry import LIVENESS_DETECTORS
 from runwatch.processors.core.liveness_facts import HeartbeatFacts
 from runwatch.processors.core.liveness_scans import Gang, Verdicts, step_scan
 from runwatch.processors.core.liveness_state import LivenessState
+from runwatch.processors.core.rank_table import NEVER
 from runwatch.schemas.events import (
     AnomalyDetected,
     Heartbeat,
@@ -158,6 +161,18 @@ def fold_liveness(
         ValueError: A Tick with no state.
         BoundError: A step or incarnation past a bound of `processors.core.bounds`
             (the shared fold makes the record a dead letter).
+
+    A heartbeat is recorded by the reducer itself (last-seen), then judged by the detectors:
+    Rule 1: a suspended run (the incarnation detector's ``live``) only advances log time.
+    Rule 2: a step past a bound (`processors.core.bounds`) is refused before any write.
+    Rule 3: a rank past the table's width widens it (ranks in between have not reported).
+    Rule 4: the rank's last step and time are the heartbeat's; a rank not expected by the
+    RunStarted that reports for the first time is known.
+    Rule 5: the incarnation's first heartbeat sets its first step and time.
+    Rule 6: a rank flagged dead that reports again is live (its outage ended).
+    Rule 7: the run's newest step and heartbeat time only grow.
+    Rule 8: every registered heartbeat fold runs, in the registry's order, over one
+    `HeartbeatFacts`; the new state is built once from it.
     """
     if state is None:
         if isinstance(event, Tick):
@@ -167,19 +182,60 @@ def fold_liveness(
         source.offset < state.last_offset or source.index <= state.last_index
     ):  # at or before the last applied (offset, index): a pack's events are (o, 0), (o, 1)...
         return state, []
-    if type(event) is Heartbeat:  # the hot path: inline, no call per event beyond the folds
+    if type(event) is Heartbeat:  # the hot path, inline: no call but the detectors' folds
         ts_ns = event.ts_ns
         now_ns = ts_ns if ts_ns > state.log_time_ns else state.log_time_ns
-        if not state.live:  # a suspended run (incarnation detector) only advances log time
+        if not state.live:
             return msgspec.structs.replace(
                 state, last_offset=source.offset, last_index=source.index, log_time_ns=now_ns
             ), []
-        thresholds = state.thresholds
-        run_cfg = effective_config(cfg, thresholds) if thresholds else cfg
-        facts = HeartbeatFacts(state, event, source, run_cfg, now_ns)
-        for fold in _HEARTBEAT_FOLDS:  # every registered detector, in order
-            fold(facts)
-        return facts.new_state(), facts.out
+        rank, step = event.rank, event.step
+        newest = state.run_step if state.run_step >= 0 else state.step_hint or -1
+        if step >= MAX_STEP or step - newest > MAX_STEP_JUMP:
+            check_step(step, newest if newest >= 0 else -1, "heartbeat step")
+        table, data, journal = state.table.begin()
+        steps, stamps = data.steps, data.ts
+        if rank >= len(steps):
+            for _ in range(rank + 1 - len(steps)):
+                journal.push(steps, NEVER)
+                journal.push(stamps, 0)
+        previous = steps[rank]
+        journal.append((steps, rank, previous))  # inline journal writes (Journal.set)
+        steps[rank] = step
+        journal.append((stamps, rank, stamps[rank]))
+        stamps[rank] = ts_ns
+        known = state.known_ranks
+        if previous == NEVER and rank >= state.expected_ranks:
+            known += 1
+        first_step, first_ns = state.first_step, state.first_heartbeat_ns
+        if first_step < 0:
+            first_step, first_ns = step, ts_ns
+        dead = data.dead
+        if dead and rank in dead:
+            journal.discard(dead, rank)
+        last_ns = ts_ns if ts_ns > state.last_heartbeat_ns else state.last_heartbeat_ns
+        run_step = step if step > state.run_step else state.run_step
+        if state.thresholds:
+            cfg = effective_config(cfg, state.thresholds)
+        f = HeartbeatFacts(
+            state, event, source, cfg, now_ns, rank, step, previous, data, journal, known,
+            first_step, first_ns, run_step, last_ns, state.step_scan_at,
+            state.time_scan_after_ns, state.stragglers,
+        )  # fmt: skip
+        for fold in _HEARTBEAT_FOLDS:
+            fold(f)
+        out = f.out
+        verdicts = out.out if out is not None else []
+        # Positional, in field order (a test pins the order): much cheaper than replace().
+        return LivenessState(
+            state.run_id, source.offset, state.incarnation, True, state.status, state.thresholds,
+            now_ns, state.started_ns, state.expected_ranks, known, first_step, first_ns, run_step,
+            state.step_hint, last_ns, table, len(dead), False, f.time_scan_after, f.step_scan_at,
+            f.stragglers, state.heartbeats + 1,
+            out.raised() if verdicts and out is not None else state.raised,
+            out.counts() if verdicts and out is not None else state.anomaly_counts,
+            state.exit_rank, source.index, state.launch_id,
+        ), verdicts  # fmt: skip
     handler = _HANDLERS.get(type(event))
     if handler is None:
         return msgspec.structs.replace(

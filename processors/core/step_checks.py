@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, Protocol
 
 from runwatch.processors.core.baseline import (
     MAD_TO_SIGMA,
@@ -42,6 +42,38 @@ _SAFE: Final = 1.0 - 1e-12
 """Keeps the spike shortcut strictly inside the exact test despite rounding."""
 
 
+class Emits(Protocol):
+    """What judges call to raise verdicts: an `Emitter`, or a step's facts that make one.
+
+    Attributes:
+        step: The event's step (the verdicts' unless they name another).
+    """
+
+    step: int
+
+    def emit_episode(self, decision: Decision, label: str) -> None:
+        """Record the one verdict of a decided spike episode."""
+
+    def emit(
+        self,
+        kind: AnomalyKind,
+        *,
+        value: float | None,
+        detail: str,
+        baseline: float | None = None,
+        scale: float | None = None,
+        z: float | None = None,
+        threshold: float | None = None,
+        step: int | None = None,
+        severity: Severity | None = None,
+        episode: EpisodeFields | None = None,
+    ) -> None:
+        """Record one verdict."""
+
+    def emit_replica(self, kind: AnomalyKind, replica_group: int | None, detail: str) -> None:
+        """Record a verdict about a replica group."""
+
+
 class Emitter:
     """Builds the verdicts of one event (same provenance, log time and identity)."""
 
@@ -53,13 +85,14 @@ class Emitter:
         event: StepCompleted | RunStarted | RunEnded,
         source: Provenance,
         cfg: DetectorConfig,
+        out: list[AnomalyDetected] | None = None,
     ) -> None:
         self.state = state
         self.event = event
         self.step = event.step if isinstance(event, StepCompleted) else state.last_step
         self.source = source
         self.cfg = cfg
-        self.out: list[AnomalyDetected] = []
+        self.out: list[AnomalyDetected] = out if out is not None else []
 
     def emit_episode(self, decision: Decision, label: str) -> None:
         """Record the one verdict of a decided spike episode (``step``: its first step)."""
@@ -139,7 +172,7 @@ class Emitter:
 
 
 def loss_spike_step(
-    em: Emitter,
+    em: Emits,
     base: RollingBaseline,
     loss: float,
     cfg: DetectorConfig,
@@ -183,7 +216,7 @@ def loss_spike_step(
 
 
 def grad_spike_step(
-    em: Emitter,
+    em: Emits,
     log_base: RollingBaseline,
     grad: float | None,
     cfg: DetectorConfig,
@@ -330,6 +363,7 @@ def step_accounting(
 
 
 __all__ = [
+    "Emits",
     "Emitter",
     "count_kinds",
     "grad_spike_step",

@@ -172,14 +172,18 @@ def _on_step(
         closing = Emitter(state, event, source, cfg)
         state = _resume(_close_episodes(state, closing), event, from_step, cfg)
         closed = closing.out
-    facts = StepFacts(state, event, source, cfg, closed)
+    loss, grad = event.loss, event.grad_norm  # classified once for every detector
+    grad_ok = grad is not None and math.isfinite(grad)
+    facts = StepFacts(
+        state, event, step, source, cfg, closed, state.info, loss, math.isfinite(loss),
+        grad, grad_ok, grad if grad_ok and grad > 0.0 else None, state.loss, state.grad,  # type: ignore[operator]
+    )  # fmt: skip
     # The new state's fields, by position: every registered detector folds its own in
     # place of the old value, then the step's own fields. One construction at the end
     # (no replace(): it costs per keyword, and a step changes about half the fields).
     values = list(_astuple(state))
     for index, fold in _FOLDS:  # every registered detector, in order
         values[index] = fold(facts, values[index])
-    loss, grad = facts.loss, facts.grad
     if facts.loss_ok:
         values[_LOSS] = facts.loss_base.with_value(loss, step)
     if facts.usable_grad is not None:

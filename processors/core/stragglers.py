@@ -20,6 +20,9 @@ and closing a bucket costs O(ranks in it): amortised O(1) per heartbeat at any w
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Final
+
 import msgspec
 
 from runwatch.processors.core.baseline import median_of_sorted
@@ -59,6 +62,10 @@ class SlowRank(msgspec.Struct, frozen=True, gc=False):
     streak: int
 
 
+_NONE: Final[tuple[SlowRank, ...]] = ()
+"""No new straggler (shared: the common answer allocates nothing)."""
+
+
 def median_without(ordered: list[float], index: int) -> float:
     """Median of a sorted list without the element at ``index`` (needs 2+ elements)."""
     n = len(ordered) - 1
@@ -84,14 +91,14 @@ def _judge(
     """Judge one closed bucket: update streaks and flags, collect new stragglers."""
     if len(bucket) < 2:
         return
+    if not data.flagged and not data.streaks:
+        # Healthy fast path: if even the slowest rank is under the ratio, nothing changes
+        # (its peers are every other time: the sorted times without the last).
+        ordered = sorted(bucket.values())
+        if ordered[-1] <= ratio_thresh * median_of_sorted(ordered[:-1]):
+            return
     ranks = list(bucket)
     times = list(bucket.values())
-    if not data.flagged and not data.streaks:
-        # Healthy fast path: if even the slowest rank is under the ratio, nothing changes.
-        slowest = max(range(len(times)), key=times.__getitem__)
-        peers = sorted(times[:slowest] + times[slowest + 1 :])
-        if times[slowest] <= ratio_thresh * median_of_sorted(peers):
-            return
     order = sorted(range(len(times)), key=times.__getitem__)
     ordered = [times[i] for i in order]
     position = {i: p for p, i in enumerate(order)}
@@ -123,7 +130,7 @@ def observe(
     live_ranks: int,
     ratio_thresh: float,
     steps_thresh: int,
-) -> tuple[StragglerState, list[SlowRank]]:
+) -> tuple[StragglerState, Sequence[SlowRank]]:
     """Add one rank's step time; close buckets that are complete or left behind.
 
     Args:
@@ -138,24 +145,25 @@ def observe(
         steps_thresh: ``straggler_steps``.
 
     Returns:
-        The new bucket steps and the ranks that just became stragglers.
+        The new bucket steps (the same object when no bucket opened or closed) and the
+        ranks that just became stragglers.
     """
     if not step_time_s > 0.0 or step <= state.closed_upto:
-        return state, []
+        return state, _NONE
     buckets = data.buckets
     a_step, b_step, closed_upto = state.a_step, state.b_step, state.closed_upto
     if step == b_step:
         bucket = buckets[1]
         if rank in bucket:
-            return state, []
+            return state, _NONE
         journal.append((bucket, rank, ABSENT))  # inline put: the per-heartbeat path
         bucket[rank] = step_time_s
         if len(bucket) < live_ranks:
-            return state, []
+            return state, _NONE
     elif step == a_step:
         bucket = buckets[0]
         if rank in bucket:
-            return state, []
+            return state, _NONE
         journal.put(bucket, rank, step_time_s)
     elif step > b_step:
         found: list[SlowRank] = []
@@ -188,7 +196,7 @@ def observe(
         journal.set(buckets, 0, {rank: step_time_s})
         a_step = step
     else:
-        return state, []
+        return state, _NONE
     return _close_full(
         data, journal, a_step, b_step, closed_upto, live_ranks, ratio_thresh, steps_thresh, []
     )

@@ -14,43 +14,64 @@ that order, so verdict order is the list's order.
 
 A liveness detector (`LivenessDetector`) is the same idea for the heartbeats topic: its
 state is a few named fields of `processors.core.liveness_state.LivenessState`, its
-``heartbeat`` fold runs on every heartbeat of a live run (in the order of
-`processors.core.detectors.registry.LIVENESS_DETECTORS`, writing its fields' new values
-into the `processors.core.liveness_facts.HeartbeatFacts`), and ``events`` names the other
+``heartbeat`` fold runs on every heartbeat of a live run after the reducer's own last-seen
+bookkeeping (in the order of `processors.core.detectors.registry.LIVENESS_DETECTORS`,
+writing its fields' new values into the `processors.core.liveness_facts.HeartbeatFacts`,
+only when they changed: a write costs far more than a read), and ``events`` names the other
 event types it alone folds (a Tick, a RankExited, a RunStarted or RunEnded).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+import msgspec
+
+from runwatch.processors.core.baseline import RollingBaseline
+from runwatch.processors.core.config import DetectorConfig
+from runwatch.processors.core.episodes import Decision
+from runwatch.processors.core.runinfo import RunInfo
 from runwatch.processors.core.step_checks import Emitter
+from runwatch.processors.core.verdicts import EpisodeFields
+from runwatch.schemas.events import (
+    AnomalyDetected,
+    AnomalyKind,
+    Provenance,
+    Severity,
+    StepCompleted,
+)
 
 if TYPE_CHECKING:
-    from runwatch.processors.core.config import DetectorConfig
     from runwatch.processors.core.liveness_facts import HeartbeatFacts
     from runwatch.processors.core.liveness_state import LivenessState
     from runwatch.processors.core.step_state import StepHealthState
-    from runwatch.schemas.events import AnomalyDetected, Provenance, StepCompleted
 
 S = TypeVar("S")
 
 
-class StepFacts(Emitter):
+class StepFacts(msgspec.Struct, gc=False):
     """What every detector may read about the step being folded, and where it emits.
 
-    One per step. It is the step's `Emitter` (``facts.emit(...)``, ``facts.emit_episode``,
-    ``facts.emit_replica``; ``facts.out`` collects the verdicts) with the step's values
-    classified once for every detector. The baselines are as they stood before this step.
-    Two fields are written by one detector for the ones after it: ``broke`` (the restart
-    check found a discontinuity at this step: the loss spike detector opens no episode) and
+    One per step, built by the reducer positionally (one C call: a Python ``__init__``
+    writing its attributes one by one cost more than any detector): the step's values
+    classified once for every detector, and the step's verdicts (``facts.emit(...)``,
+    ``facts.emit_episode``, ``facts.emit_replica``, as an `Emitter`: it makes one on first
+    use; ``facts.out`` collects the verdicts). The baselines are as they stood before this
+    step. Two fields are written by one detector for the ones after it, only when they
+    change (a write costs about ten reads): ``broke`` (the restart check found a
+    discontinuity at this step: the loss spike detector opens no episode) and
     ``loss_start`` (start step of the latest loss spike episode, -1: none; the grad-norm
     detector asks whether the loss followed).
 
     Attributes:
+        state: The run's state before the step.
+        event: The step.
+        step: Its number.
+        source: Its log position.
+        cfg: The configuration it is judged under.
+        out: The verdicts (the reducer's list: a resume's closing verdicts come first).
         info: What the run announced.
         loss: The step's loss.
         loss_ok: The loss is finite.
@@ -61,50 +82,69 @@ class StepFacts(Emitter):
         grad_base: The ln(grad norm) baseline before this step.
         broke: The restart check broke at this step.
         loss_start: Start step of the latest loss spike episode (-1: none).
+        emitter_: The `Emitter` once a detector emitted (None before).
     """
 
+    state: StepHealthState
     event: StepCompleted
+    step: int
+    source: Provenance
+    cfg: DetectorConfig
+    out: list[AnomalyDetected]
+    info: RunInfo
+    loss: float
+    loss_ok: bool
+    grad: float | None
+    grad_ok: bool
+    usable_grad: float | None
+    loss_base: RollingBaseline
+    grad_base: RollingBaseline
+    broke: bool = False
+    loss_start: int = -1
+    emitter_: Emitter | None = None
 
-    __slots__ = (
-        "broke",
-        "grad",
-        "grad_base",
-        "grad_ok",
-        "info",
-        "loss",
-        "loss_base",
-        "loss_ok",
-        "loss_start",
-        "usable_grad",
-    )
+    def emitter(self) -> Emitter:
+        """The step's `Emitter`, appending to ``out`` (made on first use)."""
+        em = self.emitter_
+        if em is None:
+            em = self.emitter_ = Emitter(self.state, self.event, self.source, self.cfg, self.out)
+        return em
 
-    def __init__(
+    def emit_episode(self, decision: Decision, label: str) -> None:
+        """`Emitter.emit_episode`."""
+        self.emitter().emit_episode(decision, label)
+
+    def emit(
         self,
-        state: StepHealthState,
-        event: StepCompleted,
-        source: Provenance,
-        cfg: DetectorConfig,
-        out: list[AnomalyDetected],
+        kind: AnomalyKind,
+        *,
+        value: float | None,
+        detail: str,
+        baseline: float | None = None,
+        scale: float | None = None,
+        z: float | None = None,
+        threshold: float | None = None,
+        step: int | None = None,
+        severity: Severity | None = None,
+        episode: EpisodeFields | None = None,
     ) -> None:
-        """Facts of ``event`` folded into ``state``; verdicts are appended to ``out``."""
-        self.state = state
-        self.event = event
-        self.step = event.step
-        self.source = source
-        self.cfg = cfg
-        self.out = out
-        self.info = state.info
-        loss = event.loss
-        self.loss = loss
-        self.loss_ok = math.isfinite(loss)
-        grad = event.grad_norm
-        self.grad = grad
-        self.grad_ok = grad is not None and math.isfinite(grad)
-        self.usable_grad = grad if self.grad_ok and grad > 0.0 else None  # type: ignore[operator]
-        self.loss_base = state.loss
-        self.grad_base = state.grad
-        self.broke = False
-        self.loss_start = -1
+        """`Emitter.emit`."""
+        self.emitter().emit(
+            kind,
+            value=value,
+            detail=detail,
+            baseline=baseline,
+            scale=scale,
+            z=z,
+            threshold=threshold,
+            step=step,
+            severity=severity,
+            episode=episode,
+        )
+
+    def emit_replica(self, kind: AnomalyKind, replica_group: int | None, detail: str) -> None:
+        """`Emitter.emit_replica`."""
+        self.emitter().emit_replica(kind, replica_group, detail)
 
 
 @dataclass(frozen=True, slots=True)

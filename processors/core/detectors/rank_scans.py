@@ -35,22 +35,24 @@ def fold_scans(f: HeartbeatFacts) -> None:
     Rule 4: the time scan runs when log time passed ``time_scan_after_ns`` plus
     ``dead_rank_timeout_s``.
     """
-    cfg, previous, step = f.cfg, f.previous, f.step
-    if previous != NEVER and step < previous:
-        f.step_scan_at = min(f.step_scan_at, step + cfg.rank_heartbeat_threshold + 1)
+    step, previous = f.step, f.previous
+    if step < previous and previous != NEVER:
+        f.step_scan_at = min(f.step_scan_at, step + f.cfg.rank_heartbeat_threshold + 1)
     state = f.state
     if state.exit_rank >= 0:
         return
     run_step = f.run_step
     need_step_scan = run_step > state.run_step and run_step >= f.step_scan_at
+    cfg = f.cfg
     need_time_scan = f.now_ns - f.time_scan_after > cfg.dead_rank_timeout_s * 1e9
     if not (need_step_scan or need_time_scan):
         return
     gang = Gang(state.expected_ranks, f.first_step, f.first_ns, f.last_heartbeat_ns)
+    out = f.verdicts()
     if need_step_scan:
-        f.step_scan_at = step_scan(gang, f.data, f.journal, run_step, cfg, f)
+        f.step_scan_at = step_scan(gang, f.data, f.journal, run_step, cfg, out)
     if need_time_scan:
-        f.time_scan_after = time_scan(gang, f.data, f.journal, f.now_ns, cfg, f, run_step)
+        f.time_scan_after = time_scan(gang, f.data, f.journal, f.now_ns, cfg, out, run_step)
 
 
 def _hang(state: LivenessState, now_ns: int, cfg: DetectorConfig, out: Verdicts) -> bool:

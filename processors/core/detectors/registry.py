@@ -14,7 +14,6 @@ from runwatch.processors.core.detectors.base import AnyStepDetector, LivenessDet
 from runwatch.processors.core.detectors.ceiling import CEILING
 from runwatch.processors.core.detectors.exit_evidence import EXIT_EVIDENCE
 from runwatch.processors.core.detectors.incarnation import INCARNATION
-from runwatch.processors.core.detectors.last_seen import LAST_SEEN
 from runwatch.processors.core.detectors.nonfinite import NONFINITE
 from runwatch.processors.core.detectors.rank_scans import RANK_SCANS
 from runwatch.processors.core.detectors.replica import REPLICAS
@@ -34,9 +33,8 @@ STEP_DETECTORS: Final[tuple[AnyStepDetector, ...]] = (
 
 LIVENESS_DETECTORS: Final[tuple[LivenessDetector, ...]] = (
     INCARNATION,  # RunStarted, RunEnded; a suspended run folds no heartbeat
-    LAST_SEEN,  # first on a heartbeat: the table version and rank rows the others read
     EXIT_EVIDENCE,  # RankExited; its exit_rank silences the scans
-    RANK_SCANS,  # after LAST_SEEN: reads the new run step and rows; Tick
+    RANK_SCANS,  # reads the reducer's new run step and rows; Tick
     STRAGGLERS,  # after RANK_SCANS: live ranks exclude those it flagged dead
 )
 """Every liveness detector, in judging order (a heartbeat's verdicts: scans, then stragglers)."""

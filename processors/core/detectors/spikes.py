@@ -12,7 +12,7 @@ from runwatch.processors.core.episodes import (
     open_cusum_episode,
 )
 from runwatch.processors.core.step_checks import (
-    Emitter,
+    Emits,
     grad_spike_step,
     loss_shift,
     loss_spike_step,
@@ -55,7 +55,7 @@ _QUIET_GRAD = GradSpikeState()
 
 
 def _cusum_episode(
-    em: Emitter,
+    em: Emits,
     ep: SpikeEpisode | None,
     loss: float,
     cusum: float,
@@ -86,7 +86,8 @@ def fold_loss_spike(f: StepFacts, s: LossSpikeState) -> LossSpikeState:
     none is open.
     """
     if not f.loss_ok:
-        f.loss_start = s.starts[-1] if s.starts else -1
+        if s.starts:  # the facts start at -1; a write costs ten reads
+            f.loss_start = s.starts[-1]
         return s
     em, base, loss, cfg = f, f.loss_base, f.loss, f.cfg
     if f.broke:
@@ -96,7 +97,8 @@ def fold_loss_spike(f: StepFacts, s: LossSpikeState) -> LossSpikeState:
     cusum, reported, crossing = loss_shift(base, loss, cfg, s.cusum, s.cusum_reported or run > 0)
     if episode is not None or crossing is not None:
         episode = _cusum_episode(em, episode, loss, cusum, crossing, run > 0, cfg)
-    f.loss_start = starts[-1] if starts else -1
+    if starts:  # the facts start at -1; a write costs ten reads
+        f.loss_start = starts[-1]
     if (
         episode is s.episode
         and run == s.run

@@ -1,0 +1,255 @@
+"""Instructions per heartbeat and per step through the pure folds, counted by cachegrind.
+
+Wall-clock figures on a shared machine vary several-fold; an instruction count does not.
+This script runs itself under ``valgrind --tool=cachegrind`` twice per kind: once folding
+``--events`` events and once building the same events but folding none. The difference,
+divided by ``--events``, is the fold's cost per event: start-up, imports and building the
+events cancel.
+
+    .venv/bin/python bench/core_instructions.py [--events 16000] [--world 8]
+        [--kinds heartbeat,step,packed] [--tree DIR]
+
+Heartbeats: a started run of ``--world`` ranks (default 8), every rank one heartbeat per
+step, step times jittered 2 % (as bench/core.py folds them), so the periodic scans and
+straggler bucket closes are in the average. Steps: healthy StepCompleted events of a
+GPT-2-sized run with loss and grad norm (as bench/core.py). ``packed`` (only on a tree that
+has `processors.core.liveness.fold_heartbeats`): the same heartbeats folded one record of
+``--world`` heartbeats at a time; its figure is per heartbeat (per rank of a record).
+
+``--tree DIR`` measures another checkout (a git worktree of an older commit): the
+measured process gets ``PYTHONPATH=DIR`` and runs from DIR, so ``runwatch`` resolves to
+that tree (printed). ``PYTHONHASHSEED`` is fixed and numpy's BLAS runs no worker threads
+(their spin-waits would be counted), so reruns agree closely. Prints one line per kind,
+then one JSON line (``bench: core_instructions``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import math
+import os
+import random
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+S = 1_000_000_000
+_QUIET = {
+    "PYTHONHASHSEED": "0",
+    "OPENBLAS_NUM_THREADS": "1",
+    "OMP_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+}
+"""The measured process's environment: fixed hashing, and no BLAS worker threads (numpy
+is imported; its threads' spin-waits would be counted and vary from run to run)."""
+HERE = Path(__file__).resolve()
+
+
+def _heartbeats(world: int, events: int) -> tuple[Any, list[Any], list[Any]]:
+    """The run's state after its RunStarted, and ``events`` heartbeats with their positions."""
+    from runwatch.processors.core.config import DetectorConfig
+    from runwatch.processors.core.liveness import fold_liveness
+    from runwatch.schemas.events import Heartbeat, Provenance, RunStarted
+
+    rng = random.Random(0)
+    steps = max(1, math.ceil(events / world))
+    beats = [
+        Heartbeat(
+            run_id="r",
+            ts_ns=s * S // 4 + rng.randrange(50_000_000),
+            rank=r,
+            step=s,
+            step_time_s=0.25 * (1.0 + rng.gauss(0.0, 0.02)),
+        )
+        for s in range(1, steps + 1)
+        for r in range(world)
+    ][:events]
+    sources = [Provenance(topic="hb", partition=0, offset=i) for i in range(len(beats) + 1)]
+    started = RunStarted(run_id="r", ts_ns=0, world_size=world)
+    state0, _ = fold_liveness(None, started, sources[0], DetectorConfig())
+    return state0, beats, sources[1:]
+
+
+def _steps(events: int) -> tuple[Any, list[Any], list[Any]]:
+    """A started run's step state and ``events`` healthy steps (bench/core.py's)."""
+    from runwatch.processors.core.config import DetectorConfig
+    from runwatch.processors.core.steps import fold_step
+    from runwatch.schemas.events import ModelFlopConfig, Provenance, RunStarted, StepCompleted
+
+    rng = random.Random(0)
+    gpt2 = ModelFlopConfig(n_params=124_356_864, n_layer=12, n_head=12, d_model=768, seq_len=1024)
+    sources = [Provenance(topic="steps", partition=0, offset=i) for i in range(events + 1)]
+    steps = [
+        StepCompleted(
+            run_id="r",
+            ts_ns=s * S // 4,
+            step=s,
+            loss=2.5 + math.exp(-s / 5000) + rng.gauss(0.0, 0.02),
+            grad_norm=math.exp(rng.gauss(0.0, 0.08)),
+            step_time_s=0.25 * (1.0 + rng.gauss(0.0, 0.01)),
+            tokens=32768,
+        )
+        for s in range(1, events + 1)
+    ]
+    started = RunStarted(
+        run_id="r",
+        ts_ns=0,
+        world_size=8,
+        flop_config=gpt2,
+        peak_flops_per_s=312e12,
+        vocab_size=50257,
+    )
+    state0, _ = fold_step(None, started, sources[0], DetectorConfig())
+    return state0, steps, sources[1:]
+
+
+def _settle() -> None:
+    """Collect, then freeze what is alive (the prebuilt events) out of later collections."""
+    gc.collect()
+    gc.freeze()
+
+
+def inner(kind: str, events: int, world: int, fold: bool) -> None:
+    """Build ``events`` events of ``kind``; fold them when ``fold`` (the measured process).
+
+    The events are built, then moved out of the collector's reach (`gc.freeze`): a full
+    collection walks every live object, so without it a fold's count would depend on when
+    the collector happened to run over the prebuilt events, not on the fold.
+    """
+    from runwatch.processors.core.config import DetectorConfig
+
+    cfg = DetectorConfig()
+    verdicts = 0
+    if kind == "step":
+        from runwatch.processors.core.steps import fold_step
+
+        state, steps, sources = _steps(events)
+        _settle()
+        if fold:
+            for event, source in zip(steps, sources, strict=True):
+                state, out = fold_step(state, event, source, cfg)
+                verdicts += len(out)
+    elif kind == "heartbeat":
+        from runwatch.processors.core.liveness import fold_liveness
+
+        state, beats, sources = _heartbeats(world, events)
+        _settle()
+        if fold:
+            for event, source in zip(beats, sources, strict=True):
+                state, out = fold_liveness(state, event, source, cfg)
+                verdicts += len(out)
+    else:  # packed: one record of `world` heartbeats at a time, one offset per record
+        from runwatch.processors.core import liveness
+        from runwatch.schemas.events import Provenance
+
+        state, beats, _ = _heartbeats(world, events)
+        records = [
+            (beats[i : i + world], Provenance(topic="hb", partition=0, offset=1 + i // world))
+            for i in range(0, len(beats), world)
+        ]
+        _settle()
+        if fold:
+            fold_heartbeats = liveness.fold_heartbeats  # type: ignore[attr-defined]
+            for pack, source in records:
+                state, out = fold_heartbeats(state, pack, source, cfg)
+                verdicts += len(out)
+    print(f"folded={fold} verdicts={verdicts}", file=sys.stderr)
+
+
+def _count(tree: Path, kind: str, events: int, world: int, fold: bool) -> int:
+    """Instructions cachegrind counts for one inner run (after one run outside valgrind).
+
+    The run outside valgrind compiles and caches every module's bytecode first: otherwise
+    whichever counted run came first after an edit would also count the compilation.
+    """
+    env = dict(os.environ, PYTHONPATH=str(tree), **_QUIET)
+    warm = [sys.executable, str(HERE), "--inner", kind, "--events", "1", "--no-fold"]
+    subprocess.run(warm, cwd=tree, env=env, capture_output=True, check=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        out_file = Path(tmp) / "cg.out"
+        cmd = [
+            "valgrind",
+            "--tool=cachegrind",
+            "--cache-sim=no",
+            f"--cachegrind-out-file={out_file}",
+            sys.executable,
+            str(HERE),
+            "--inner",
+            kind,
+            "--events",
+            str(events),
+            "--world",
+            str(world),
+            "--fold" if fold else "--no-fold",
+        ]
+        run = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, check=False)
+        if run.returncode != 0:
+            raise SystemExit(f"{kind} under valgrind failed:\n{run.stderr[-3000:]}")
+        match = re.search(r"I\s+refs:\s+([\d,]+)", run.stderr)
+        if match is None:
+            raise SystemExit(f"no instruction count in valgrind's output:\n{run.stderr[-3000:]}")
+        return int(match.group(1).replace(",", ""))
+
+
+def _where(tree: Path) -> str:
+    """The ``runwatch`` package the measured process imports (proves ``--tree`` took)."""
+    env = dict(os.environ, PYTHONPATH=str(tree))
+    code = "import runwatch; print(runwatch.__file__)"
+    run = subprocess.run(
+        [sys.executable, "-c", code], cwd=tree, env=env, capture_output=True, text=True, check=True
+    )
+    return run.stdout.strip()
+
+
+def main() -> None:
+    """Parse the arguments; measure (or, with ``--inner``, be the measured process)."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--events", type=int, default=16_000)
+    parser.add_argument("--world", type=int, default=8)
+    parser.add_argument("--kinds", default="heartbeat,step")
+    parser.add_argument("--tree", type=Path, default=HERE.parents[1], help="checkout to measure")
+    parser.add_argument("--inner", choices=("heartbeat", "step", "packed"), help=argparse.SUPPRESS)
+    parser.add_argument("--fold", action=argparse.BooleanOptionalAction, default=True)
+    args = parser.parse_args()
+    if args.inner:
+        inner(args.inner, args.events, args.world, args.fold)
+        return
+    tree = args.tree.resolve()
+    package = _where(tree)
+    print(f"measuring {package} ({args.events:,} events, world {args.world})")
+    per_event: dict[str, float] = {}
+    for kind in args.kinds.split(","):
+        folded = _count(tree, kind, args.events, args.world, fold=True)
+        empty = _count(tree, kind, args.events, args.world, fold=False)
+        per_event[kind] = (folded - empty) / args.events
+        print(f"{kind:>9}: {per_event[kind]:>10,.0f} instructions per event")
+    commit = subprocess.run(
+        ["git", "-C", str(tree), "rev-parse", "--short", "HEAD"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.strip()
+    print(
+        json.dumps(
+            {
+                "bench": "core_instructions",
+                "tree": str(tree),
+                "commit": commit,
+                "runwatch": package,
+                "python": sys.version.split()[0],
+                "events": args.events,
+                "world": args.world,
+                "instructions_per_event": {k: round(v) for k, v in per_event.items()},
+            },
+            sort_keys=True,
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
