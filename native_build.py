@@ -25,20 +25,24 @@ def main() -> None:
     """Compile, then record what was compiled (only after the build succeeded)."""
     sys.path.insert(0, str(ROOT))
     from mypyc.build import mypycify
-    from setuptools import setup
+    from setuptools import Distribution
 
     from runwatch.processors.core.native import COMPILED_MODULES, MANIFEST, source_digest
 
     sources = [f"runwatch/processors/core/{stem}.py" for stem in COMPILED_MODULES]
     digests = {stem: source_digest(CORE / f"{stem}.py") for stem in COMPILED_MODULES}
     (CORE / MANIFEST).unlink(missing_ok=True)  # a failed build leaves no claim behind
-    setup(
-        name="runwatch-native",
-        ext_modules=mypycify(sources, opt_level="3"),
-        script_args=["build_ext", "--inplace", "--build-temp", "build/native"],
-        packages=[],
-        py_modules=[],
+    # A Distribution, not setup(): setup() would also read pyproject.toml's [project],
+    # which is the package's, not this build's (and which an older setuptools rejects).
+    build = Distribution(
+        {
+            "name": "runwatch-native",
+            "ext_modules": mypycify(sources, opt_level="3"),
+            "script_args": ["build_ext", "--inplace", "--build-temp", "build/native"],
+        }
     )
+    build.parse_command_line()
+    build.run_commands()
     (CORE / MANIFEST).write_text(json.dumps(digests, indent=1, sort_keys=True) + "\n")
     print(f"compiled: {', '.join(sorted(digests))}")
 
