@@ -68,4 +68,4 @@ bench: $(STAMP) kafka-jars  ## every benchmark in bench/ (prints figures and a J
 	for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
 clean:  ## remove the venv and caches (not ~/.runwatch)
-	rm -rf $(VENV) build/native processors/core/*.so processors/core/native_sources.json .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) build processors/core/*.so processors/core/native_sources.json .pytest_cache .mypy_cache .ruff_cache .hypothesis
