@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: help test test-deploy images demo lint typecheck bench kafka-jars tools venv clean
+.PHONY: help compiled test test-deploy images demo lint typecheck bench kafka-jars tools venv clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/'
@@ -14,9 +14,13 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[torch,sinks,dev,hf,lightning,rocksdb,ft]'
+	$(PY) native_build.py >/dev/null
 	touch $(STAMP)
 
-venv: $(STAMP)  ## create .venv and install runwatch with every extra
+venv: $(STAMP)  ## create .venv and install runwatch with every extra (and `make compiled`)
+
+compiled: $(STAMP)  ## compile the core's hot kernels with mypyc, in place (RUNWATCH_PURE_PYTHON=1 runs the pure source)
+	$(PY) native_build.py
 
 kafka-jars: $(STAMP)  ## fetch Apache Kafka's jars from Maven Central (once; cached in ~/.runwatch)
 	$(PY) -c "from runwatch.broker import ensure_jars; print('kafka jars:', ensure_jars())"
@@ -64,4 +68,4 @@ bench: $(STAMP) kafka-jars  ## every benchmark in bench/ (prints figures and a J
 	for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
 clean:  ## remove the venv and caches (not ~/.runwatch)
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) build processors/core/*.so processors/core/native_sources.json .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -29,6 +29,7 @@ ENV_REPLICATION_FACTOR = "RUNWATCH_REPLICATION_FACTOR"
 ENV_PARTITIONS = "RUNWATCH_PARTITIONS"
 ENV_CONNECT_TIMEOUT = "RUNWATCH_CONNECT_TIMEOUT_S"
 ENV_COMMAND_KEY = "RUNWATCH_COMMAND_KEY"
+ENV_PURE_PYTHON = "RUNWATCH_PURE_PYTHON"
 ENV_COMMAND_KEY_FILE = "RUNWATCH_COMMAND_KEY_FILE"
 
 ENV_SECURITY_PROTOCOL = "RUNWATCH_SECURITY_PROTOCOL"
@@ -161,6 +162,29 @@ class CommonSettings:
             partitions=env.get(ENV_PARTITIONS, "").strip() or None,
             connect_timeout_s=DEFAULT_CONNECT_TIMEOUT_S if timeout_s is None else timeout_s,
         )
+
+
+@dataclass(frozen=True)
+class CoreSettings:
+    """Which copy of the core's compiled modules runs (`processors.core.native`).
+
+    Attributes:
+        pure_python: Run the pure-Python source of every compiled module even when its
+            compiled copy is installed (``RUNWATCH_PURE_PYTHON=1``): verdicts are the same
+            bit for bit, only slower.
+    """
+
+    pure_python: bool = False
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> CoreSettings:
+        """Read the variable (`os.environ` when None); only ``1`` sets it, anything else not.
+
+        Never raises: the core reads it on import, where a bad value of another variable
+        must not stop the import.
+        """
+        env = os.environ if environ is None else environ
+        return cls(pure_python=env.get(ENV_PURE_PYTHON, "").strip() == "1")
 
 
 @dataclass(frozen=True, kw_only=True)

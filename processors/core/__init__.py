@@ -4,8 +4,15 @@ No kafka, faust or torch import lives here (a test enforces it): the stream proc
 the replay/audit runner and the in-process `TrainingHealthMonitor` all fold the same
 functions, so a verdict is the same live, in replay and in process. Design notes and every
 difference from the seeds: ``docs/core.md``.
+
+`COMPILED` says whether the mypyc-compiled copies of the hot kernels run (`native`).
 """
 
+# isort: off
+# First: chooses the compiled or the pure copy of each compiled module before any import.
+from runwatch.processors.core.native import COMPILED
+
+# isort: on
 from runwatch.processors.core.baseline import RollingBaseline
 from runwatch.processors.core.checkpoints import (
     CheckpointCatalogue,
@@ -24,6 +31,7 @@ from runwatch.processors.core.steps import StepHealthState, fold_step
 from runwatch.processors.core.verdicts import command_id, verdict_id
 
 __all__ = [
+    "COMPILED",
     "CheckpointCatalogue",
     "DetectorConfig",
     "LivenessState",

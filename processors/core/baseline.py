@@ -15,111 +15,27 @@ The window is kept twice, in arrival order (to know which value leaves next, and
 of each value, so a rollback to step S can drop every value after S) and sorted (so the
 median is an index and the MAD a binary search, without sorting on every step; for a
 window of 50 this is about twenty times faster than numpy's median on the same data).
+That arithmetic lives in `processors.core.window`, which the install compiles with mypyc
+(this module's Struct stays uncompiled; see that module and `processors.core.native`).
 """
 
 from __future__ import annotations
 
 import math
-from bisect import bisect_left, bisect_right, insort
-from collections.abc import Iterable, Sequence
-from typing import Any, Final, NoReturn
+from collections.abc import Iterable
+from typing import Any, NoReturn
 
 import msgspec
 
-MAD_TO_SIGMA: Final = 1.4826
-"""1.4826 * MAD estimates the standard deviation of normally distributed data."""
-MEAN_AD_TO_SIGMA: Final = 1.2533
-"""1.2533 * mean absolute deviation estimates it too (sqrt(pi / 2)); used when MAD is 0."""
-
-
-def median_of_sorted(xs: Sequence[float]) -> float:
-    """Median of a non-empty sorted sequence (the mean of the two middle values if even)."""
-    n = len(xs)
-    half = n // 2
-    if n % 2:
-        return xs[half]
-    return (xs[half - 1] + xs[half]) / 2
-
-
-def _kth_deviation(xs: Sequence[float], split: int, m: float, k: int) -> tuple[float, float]:
-    """The k-th and (k+1)-th smallest |x - m| of a sorted sequence, 0-based.
-
-    The deviations form two increasing runs: ``m - xs[split-1-i]`` to the left of the split
-    and ``xs[split+j] - m`` to the right; a binary search on how many of the k+1 smallest
-    come from the left run finds the k-th smallest of their merge in O(log n).
-    """
-    n_left = split
-    n_right = len(xs) - split
-    lo = max(0, k + 1 - n_right)
-    hi = min(k + 1, n_left)
-    while lo < hi:
-        i = (lo + hi) // 2
-        j = k + 1 - i
-        if j > 0 and m - xs[split - 1 - i] < xs[split + j - 1] - m:
-            lo = i + 1
-        else:
-            hi = i
-    i = lo
-    j = k + 1 - i
-    left_last = m - xs[split - i] if i > 0 else -math.inf
-    right_last = xs[split + j - 1] - m if j > 0 else -math.inf
-    kth = max(left_last, right_last)
-    left_next = m - xs[split - 1 - i] if i < n_left else math.inf
-    right_next = xs[split + j] - m if j < n_right else math.inf
-    return kth, min(left_next, right_next)
-
-
-def mad_of_sorted(xs: Sequence[float], m: float) -> float:
-    """Median absolute deviation from ``m`` of a non-empty sorted sequence (unscaled)."""
-    n = len(xs)
-    split = bisect_right(xs, m)
-    if n % 2:
-        kth, _ = _kth_deviation(xs, split, m, n // 2)
-        return kth
-    low, high = _kth_deviation(xs, split, m, n // 2 - 1)
-    return (low + high) / 2
-
-
-def mad_lower_bound(xs: Sequence[float], m: float) -> float:
-    """A cheap lower bound on the MAD of a sorted sequence (0 for fewer than 4 values).
-
-    At least (n+1)//2 values lie within MAD of the median, but the open interval between
-    ``xs[a]`` and ``xs[b]`` (b - a - 1 = (n-1)//2 positions around the middle) holds fewer,
-    so MAD >= min(m - xs[a], xs[b] - m). Lets a caller rule out a spike in O(1).
-    """
-    n = len(xs)
-    if n < 4:
-        return 0.0
-    k = (n - 1) // 2
-    a = k - (k + 1) // 2
-    b = a + k + 1
-    return min(m - xs[a], xs[b] - m)
-
-
-def robust_scale(xs: Sequence[float], m: float, min_scale_rel: float) -> float:
-    """A spread that is never zero: 1.4826·MAD, else 1.2533·mean |x - m|, else a floor.
-
-    MAD is zero when more than half the window equals the median (quantised or clipped
-    values); the mean absolute deviation still sees the rest. When every value is equal
-    the floor is ``min_scale_rel * |m|`` (``min_scale_rel`` when that is 0), so a new value
-    gets a finite z-score proportional to its relative change, never a division by zero.
-
-    Args:
-        xs: The window, sorted, non-empty.
-        m: Its median.
-        min_scale_rel: The relative floor.
-
-    Returns:
-        A positive spread.
-    """
-    mad = mad_of_sorted(xs, m)
-    if mad > 0.0:
-        return MAD_TO_SIGMA * mad
-    mean_ad = sum(abs(x - m) for x in xs) / len(xs)
-    if mean_ad > 0.0:
-        return MEAN_AD_TO_SIGMA * mean_ad
-    floor = min_scale_rel * abs(m)
-    return floor if floor > 0.0 else min_scale_rel
+from runwatch.processors.core.window import (
+    MAD_TO_SIGMA,
+    MEAN_AD_TO_SIGMA,
+    mad_lower_bound,
+    mad_of_sorted,
+    median_of_sorted,
+    robust_scale,
+    slide,
+)
 
 
 class RollingBaseline(msgspec.Struct, frozen=True, gc=False):
@@ -210,18 +126,11 @@ class RollingBaseline(msgspec.Struct, frozen=True, gc=False):
             raise ValueError(f"a baseline only takes finite values, got {value!r}")
         if step is None:
             step = self.steps[-1] + 1 if self.steps else 0
-        ordered = list(self.ordered)
-        insort(ordered, value)
-        # Hot path: tuple concatenation is ~25 % faster than unpacking here (bench/core.py).
-        if len(self.values) >= self.window:
-            del ordered[bisect_left(ordered, self.values[0])]
-            values = self.values[1:] + (value,)  # noqa: RUF005
-            steps = self.steps[1:] + (step,)  # noqa: RUF005
-        else:
-            values = self.values + (value,)  # noqa: RUF005
-            steps = self.steps + (step,)  # noqa: RUF005
+        steps, values, ordered = slide(
+            self.window, self.steps, self.values, self.ordered, value, step
+        )
         return RollingBaseline(
-            self.window, self.min_periods, self.min_scale_rel, steps, values, tuple(ordered)
+            self.window, self.min_periods, self.min_scale_rel, steps, values, ordered
         )
 
     def update(self, *args: object, **kwargs: object) -> NoReturn:

@@ -18,7 +18,7 @@ from typing import Any
 import msgspec
 
 from runwatch.common.launch_env import LaunchEnv
-from runwatch.common.settings import CommandKeySettings, CommonSettings, KafkaAuth
+from runwatch.common.settings import CommandKeySettings, CommonSettings, CoreSettings, KafkaAuth
 from runwatch.controller.settings import AgentEnv
 from runwatch.processors.settings import ProcessorEnv
 from runwatch.producers.settings import EmitterEnv, ReplicaEnv, ReplicaFloorEnv
@@ -31,6 +31,7 @@ END = "<!-- /env-table -->"
 
 OBJECTS: tuple[tuple[type, str], ...] = (
     (CommonSettings, "every command"),
+    (CoreSettings, "the pure core (compiled or pure copy)"),
     (KafkaAuth, "Kafka clients (auth)"),
     (CommandKeySettings, "processors, agent (command key)"),
     (ProcessorEnv, "processors"),
@@ -46,8 +47,8 @@ reader's."""
 
 BASE = {"REPLICA_GROUP_ID": "0", "NUM_REPLICA_GROUPS": "1", "TORCHFT_LIGHTHOUSE": "h:1"}
 """What `ReplicaEnv` needs to read anything; the others ignore it."""
-SAMPLES = ("3", "rocksdb")
-"""Values tried for a variable until its object takes one (a count, a store's name)."""
+SAMPLES = ("3", "rocksdb", "1")
+"""Values tried for a variable until its object takes one (a count, a store's name, a switch)."""
 
 
 def variables() -> list[str]:

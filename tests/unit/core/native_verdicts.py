@@ -1,0 +1,113 @@
+"""Print what the core decides on fixed inputs, for `test_native` to compare copy against copy.
+
+    RUNWATCH_PURE_PYTHON=1 python -m tests.unit.core.native_verdicts
+
+The first line is `processors.core.native.ACTIVE`; the rest must be byte-identical whichever
+copy of the compiled modules runs: the window kernel's floats (``float.hex``) on random,
+quantised, constant and even/odd windows, and the step fold's verdicts (msgpack, hex) and
+final state (`encode_state`) on noisy curves with spikes, flat stretches and quantised losses.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import random
+
+from runwatch.processors.core import native
+from runwatch.processors.core.baseline import RollingBaseline
+from runwatch.processors.core.config import DetectorConfig
+from runwatch.processors.core.state_codec import encode_state
+from runwatch.processors.core.steps import fold_step
+from runwatch.processors.core.window import (
+    mad_lower_bound,
+    mad_of_sorted,
+    median_of_sorted,
+    robust_scale,
+)
+from runwatch.schemas.codec import encode
+from runwatch.schemas.events import Provenance, RunStarted, StepCompleted
+
+S = 1_000_000_000
+
+
+def kernel_lines(rng: random.Random) -> list[str]:
+    """The kernel's outputs on windows of every shape it branches on."""
+    lines = []
+    for n in (1, 2, 3, 4, 5, 8, 49, 50, 51):
+        for shape in ("gauss", "quantised", "constant", "zero"):
+            if shape == "gauss":
+                xs = sorted(rng.gauss(0.0, 1.0) for _ in range(n))
+            elif shape == "quantised":
+                xs = sorted(float(rng.choice((1.0, 1.0, 1.0, 2.5))) for _ in range(n))
+            else:
+                xs = [3.25 if shape == "constant" else 0.0] * n
+            m = median_of_sorted(xs)
+            out = (m, mad_of_sorted(xs, m), mad_lower_bound(xs, m), robust_scale(xs, m, 1e-3))
+            lines.append(f"{n} {shape} " + " ".join(x.hex() for x in out))
+    base = RollingBaseline(50, 10)
+    for i in range(400):
+        value = rng.gauss(0.0, 1.0) if i % 7 else rng.choice((0.5, 0.5, 9.0))
+        z = base.z_score(value)
+        lines.append("z " + ("none" if z is None else z.hex()))
+        base = base.with_value(value, i)
+    lines.append("rollback " + repr(base.rollback(300).state()))
+    return lines
+
+
+def curve(rng: random.Random, n: int) -> list[tuple[float, float]]:
+    """(loss, grad norm) with spikes, a flat stretch and a quantised stretch."""
+    out = []
+    for i in range(n):
+        loss = 2.0 + math.exp(-i / 300) + rng.gauss(0.0, 0.03)
+        grad = math.exp(rng.gauss(0.0, 0.1))
+        if i % 97 == 50:
+            loss, grad = loss * 3.0, grad * 40.0
+        if 400 <= i < 480:
+            loss = 2.0
+        if 600 <= i < 700:
+            loss = round(loss, 1)
+        out.append((loss, grad))
+    return out
+
+
+def fold_lines(rng: random.Random) -> list[str]:
+    """The step fold's verdicts and final state on three curves."""
+    lines = []
+    cfg = DetectorConfig()
+    for run in range(3):
+        state = None
+        events: list[RunStarted | StepCompleted] = [
+            RunStarted(run_id=f"r{run}", ts_ns=0, world_size=1)
+        ]
+        events += [
+            StepCompleted(
+                run_id=f"r{run}",
+                ts_ns=(i + 1) * S,
+                step=i + 1,
+                loss=x,
+                grad_norm=g,
+                step_time_s=1.0,
+            )
+            for i, (x, g) in enumerate(curve(rng, 1200))
+        ]
+        for offset, event in enumerate(events):
+            source = Provenance(topic="t", partition=0, offset=offset)
+            state, verdicts = fold_step(state, event, source, cfg)
+            lines += [f"verdict {encode(v).hex()}" for v in verdicts]
+        assert state is not None
+        lines.append(f"state {hashlib.sha256(encode_state(state)).hexdigest()}")
+    return lines
+
+
+def main() -> None:
+    """Print the active copies, then the outputs."""
+    rng = random.Random(23)
+    print(json.dumps(native.ACTIVE, sort_keys=True))
+    for line in kernel_lines(rng) + fold_lines(rng):
+        print(line)
+
+
+if __name__ == "__main__":
+    main()

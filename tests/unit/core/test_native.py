@@ -1,0 +1,98 @@
+"""The compiled and the pure copies of the core's kernels: same outputs, and the switch.
+
+`processors.core.native` picks, per compiled module, the mypyc build or the pure source.
+These tests run `tests.unit.core.native_verdicts` in two fresh interpreters, one with
+``RUNWATCH_PURE_PYTHON=1``, and require the same bytes from both; where ``make compiled`` has
+built the kernels (``make venv`` does) the default run is the compiled one, so the comparison
+is compiled against pure. The selection rules are checked on a scratch folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from importlib.machinery import EXTENSION_SUFFIXES
+from pathlib import Path
+
+import pytest
+
+from runwatch.common.settings import CoreSettings
+from runwatch.processors.core import native
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def run_verdicts(pure: bool) -> tuple[dict[str, str], list[str]]:
+    env = {k: v for k, v in os.environ.items() if k != "RUNWATCH_PURE_PYTHON"}
+    env["PYTHONPATH"] = str(ROOT)
+    if pure:
+        env["RUNWATCH_PURE_PYTHON"] = "1"
+    out = subprocess.run(
+        [sys.executable, "-m", "tests.unit.core.native_verdicts"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=240,
+    ).stdout.splitlines()
+    return json.loads(out[0]), out[1:]
+
+
+def test_compiled_and_pure_copies_give_the_same_bytes() -> None:
+    default_active, default_lines = run_verdicts(pure=False)
+    pure_active, pure_lines = run_verdicts(pure=True)
+    assert set(pure_active) == set(native.COMPILED_MODULES)
+    assert all(state.startswith("pure (RUNWATCH_PURE_PYTHON=1") for state in pure_active.values())
+    expected = {
+        stem: "compiled" if native.pure_reason(stem, False) is None else "pure"
+        for stem in native.COMPILED_MODULES
+    }
+    assert {stem: state.split(" ")[0] for stem, state in default_active.items()} == expected
+    assert any(line.startswith("verdict ") for line in pure_lines)  # the curves do alarm
+    assert default_lines == pure_lines
+
+
+def make_folder(tmp_path: Path, source: str, compiled: bool, digest_of: str | None) -> Path:
+    (tmp_path / "window.py").write_text(source)
+    if compiled:
+        (tmp_path / f"window{EXTENSION_SUFFIXES[0]}").write_bytes(b"")
+    if digest_of is not None:
+        digest = native.source_digest(tmp_path / "window.py") if digest_of == source else "0" * 64
+        (tmp_path / native.MANIFEST).write_text(json.dumps({"window": digest}))
+    return tmp_path
+
+
+def test_rule_1_the_switch_forces_the_pure_source(tmp_path: Path) -> None:
+    folder = make_folder(tmp_path, "x = 1\n", compiled=True, digest_of="x = 1\n")
+    assert native.pure_reason("window", True, folder) == "RUNWATCH_PURE_PYTHON=1"
+    assert native.pure_reason("window", False, folder) is None  # rule 4
+
+
+def test_rule_2_no_compiled_copy_runs_pure(tmp_path: Path) -> None:
+    folder = make_folder(tmp_path, "x = 1\n", compiled=False, digest_of="x = 1\n")
+    assert native.pure_reason("window", False, folder) == "not compiled"
+
+
+@pytest.mark.parametrize("manifest", ["other source", None])
+def test_rule_3_a_source_edited_since_the_build_runs_pure(
+    tmp_path: Path, manifest: str | None
+) -> None:
+    folder = make_folder(tmp_path, "x = 2\n", compiled=True, digest_of=manifest)
+    reason = native.pure_reason("window", False, folder)
+    assert reason is not None and reason.startswith("stale: window.py changed")
+
+
+def test_the_switch_reads_only_1() -> None:
+    assert CoreSettings.from_env({"RUNWATCH_PURE_PYTHON": "1"}).pure_python
+    assert not CoreSettings.from_env({"RUNWATCH_PURE_PYTHON": "0"}).pure_python
+    assert not CoreSettings.from_env({}).pure_python
+
+
+def test_the_package_says_which_copy_runs() -> None:
+    import runwatch.processors.core as core
+
+    every = all(state == "compiled" for state in native.ACTIVE.values())
+    assert every == core.COMPILED
