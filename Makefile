@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[torch,sinks,dev,hf,lightning,rocksdb,ft]'
-	$(PY) native_build.py >/dev/null
+	$(PY) native_build.py >/dev/null || echo 'make venv: the mypyc build failed, the core runs its pure source (make compiled says why)'
 	touch $(STAMP)
 
 venv: $(STAMP)  ## create .venv and install runwatch with every extra (and `make compiled`)
