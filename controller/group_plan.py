@@ -27,15 +27,17 @@ The rules, in order (each a guard clause with its number):
    ``replica_lost`` seen before the exit evidence, or a dead-rank timeout shorter than a
    heal; a gang restart would throw away what the group restart saves, and nobody is
    paged for it). None and none healing (a hang): the gang path.
-6. Several nodes, and none of those groups is this node's: **ignore** the command (each
-   agent reads every command; the agent that owns the groups restarts them and answers
-   for it; no RestartFailed from this one). Some of them are: this node restarts its own.
-7. Every group would be down, or fewer groups than ``--min-replicas`` would go on stepping
+6. Every group would be down, or fewer groups than ``--min-replicas`` would go on stepping
    while the restarted ones heal: the run cannot commit a step meanwhile: escalate to the
    gang path. With ``--min-replicas-bound-s`` only every group down escalates here: the
    survivors may step below the floor for the bound, and the step reducer's
-   ``replicas_below_min`` (rule 2) escalates a heal that takes longer. (Every agent counts
-   the run's groups, so every agent takes the gang path together.)
+   ``replicas_below_min`` (rule 2) escalates a heal that takes longer. Every agent counts
+   the run's groups, and this rule comes before rule 7, so on several nodes every agent
+   takes the gang path together (one that ignored the command would leave the gang
+   restart waiting for it).
+7. Several nodes, and none of those groups is this node's: **ignore** the command (each
+   agent reads every command; the agent that owns the groups restarts them and answers
+   for it; no RestartFailed from this one). Some of them are: this node restarts its own.
 8. Otherwise: restart those groups alone.
 """
 
@@ -61,7 +63,7 @@ class ReplicaGroups:
         min_replicas: Fewest groups a step may commit with (``--min-replicas``).
         bounded: ``--min-replicas-bound-s`` was given: the survivors may step below
             ``min_replicas`` for that long (log time) before the gang restarts
-            (``replicas_below_min``), so rule 7 escalates only when no group would step.
+            (``replicas_below_min``), so rule 6 escalates only when no group would step.
         local: The groups this node's agent owns (several nodes); None: every group.
     """
 
@@ -151,18 +153,18 @@ def plan_group(
             return GroupPlan("refuse", reason=reason, rule=5, covered=True)
         if not chosen:
             return GroupPlan("gang", reason="no rank exited: the whole run is stuck", rule=5)
-    mine = tuple(g for g in chosen if replicas.owns(g))
-    if not mine:  # rule 6
-        reason = f"groups {list(chosen)} are another node's: its agent restarts them"
-        return GroupPlan("ignore", groups=chosen, reason=reason, rule=6)
     left = replicas.groups - len(chosen)
     floor = 1 if replicas.bounded else max(1, replicas.min_replicas)
-    if left < floor:  # rule 7
+    if left < floor:  # rule 6
         reason = (
             f"restarting groups {list(chosen)} leaves {left} of {replicas.groups} stepping, "
             f"below --min-replicas {replicas.min_replicas}: gang restart"
         )
-        return GroupPlan("gang", reason=reason, rule=7)
+        return GroupPlan("gang", reason=reason, rule=6)
+    mine = tuple(g for g in chosen if replicas.owns(g))
+    if not mine:  # rule 7
+        reason = f"groups {list(chosen)} are another node's: its agent restarts them"
+        return GroupPlan("ignore", groups=chosen, reason=reason, rule=7)
     return GroupPlan(  # rule 8
         "groups",
         groups=mine,

@@ -6,7 +6,7 @@ the processors and Kafka, all real; gloo on CPU, torchft 0.2.0, one rank of
 ``--master-port + 16``, its start barrier on the next port); node 1's agent joins it there
 and starts group 1. Group 1's rank is SIGKILLed on node 1: its agent's exit evidence makes
 the dead_rank verdict and the policy's ``respawn``; every agent reads the command, node
-0's ignores it (group plan rule 6: group 1 is node 1's), node 1's restarts group 1 alone
+0's ignores it (group plan rule 7: group 1 is node 1's), node 1's restarts group 1 alone
 (rule 8); group 0's process on node 0 keeps its pid and steps alone meanwhile; group 1
 heals from group 0 (torchft's checkpoint transport: no checkpoint directory at all); the
 run completes with both groups' weights equal; the audit agrees.

@@ -66,29 +66,39 @@ def test_rule_5_a_dead_rank_restarts_the_groups_of_the_abnormal_exits() -> None:
     assert (hang.verdict, hang.rule) == ("gang", 5)
 
 
-def test_rule_7_below_min_replicas_escalates_to_a_gang_restart() -> None:
+def test_rule_6_below_min_replicas_escalates_to_a_gang_restart() -> None:
     strict = ReplicaGroups(groups=3, nproc_per_group=2, min_replicas=2)
     plan = plan_group(command("respawn"), strict, FT, killed(0, 3))
-    assert (plan.verdict, plan.rule) == ("gang", 7)
+    assert (plan.verdict, plan.rule) == ("gang", 6)
     every = plan_group(command("respawn"), THREE, FT, killed(0, 2, 5))
-    assert (every.verdict, every.rule) == ("gang", 7)
+    assert (every.verdict, every.rule) == ("gang", 6)
+
+
+def test_rule_6_on_several_nodes_every_agent_escalates_not_only_the_owner() -> None:
+    """Group 1 lost on node 1 with --min-replicas 2: node 0 must take the gang path too,
+    not ignore the command as another node's (the gang restart needs every agent)."""
+    node0 = ReplicaGroups(groups=2, nproc_per_group=1, min_replicas=2, local=(0,))
+    node1 = ReplicaGroups(groups=2, nproc_per_group=1, min_replicas=2, local=(1,))
+    far = plan_group(command("respawn"), node0, FT, (), cause_rank=1)
+    near = plan_group(command("respawn"), node1, FT, killed(1), cause_rank=1)
+    assert (far.verdict, far.rule) == (near.verdict, near.rule) == ("gang", 6)
 
 
 NODE0 = ReplicaGroups(groups=2, nproc_per_group=1, min_replicas=1, local=(0,))
 NODE1 = ReplicaGroups(groups=2, nproc_per_group=1, min_replicas=1, local=(1,))
 
 
-def test_rule_6_another_nodes_group_is_ignored_by_this_agent_and_restarted_by_its_owner() -> None:
+def test_rule_7_another_nodes_group_is_ignored_by_this_agent_and_restarted_by_its_owner() -> None:
     """Two nodes, a group each: the command for group 1 is node 1's agent's alone."""
     asked = command("respawn_group", 1)
     ignored = plan_group(asked, NODE0, FT, ())
-    assert (ignored.verdict, ignored.groups, ignored.rule) == ("ignore", (1,), 6)
+    assert (ignored.verdict, ignored.groups, ignored.rule) == ("ignore", (1,), 7)
     assert plan_group(asked, NODE1, FT, ()) == GroupPlan(
         "groups", groups=(1,), reason="groups [1] restart alone; 1 of 2 go on", rule=8
     )
     # a dead rank on node 1: node 0 saw no exit, but the verdict names rank 1 (group 1)
     far = plan_group(command("respawn"), NODE0, FT, (), cause_rank=1)
-    assert (far.verdict, far.rule) == ("ignore", 6)
+    assert (far.verdict, far.rule) == ("ignore", 7)
     near = plan_group(command("respawn"), NODE1, FT, killed(1), cause_rank=1)
     assert (near.verdict, near.groups, near.rule) == ("groups", (1,), 8)
     # the named group is healing on its node (a silence verdict): covered there, ignored here

@@ -175,16 +175,16 @@ def test_group_plan_rule_2_below_min_too_long_is_a_gang_restart_even_while_group
     assert plan_group(command("hang"), groups, FT, (), healing=(1,)).verdict == "refuse"
 
 
-def test_group_plan_rule_7_with_a_bound_the_survivors_may_step_below_the_floor() -> None:
+def test_group_plan_rule_6_with_a_bound_the_survivors_may_step_below_the_floor() -> None:
     from runwatch.controller.elastic import RankExit
 
     bounded = ReplicaGroups(groups=2, nproc_per_group=1, min_replicas=2, bounded=True)
     plan = plan_group(command("dead_rank"), bounded, FT, [RankExit(1, -9, 1.0)])
     assert (plan.verdict, plan.groups, plan.rule) == ("groups", (1,), 8)
     strict = ReplicaGroups(groups=2, nproc_per_group=1, min_replicas=2)
-    assert plan_group(command("dead_rank"), strict, FT, [RankExit(1, -9, 1.0)]).rule == 7
+    assert plan_group(command("dead_rank"), strict, FT, [RankExit(1, -9, 1.0)]).rule == 6
     both = plan_group(command("dead_rank"), bounded, FT, [RankExit(0, -9, 1.0), RankExit(1, 1, 1)])
-    assert (both.verdict, both.rule) == ("gang", 7)
+    assert (both.verdict, both.rule) == ("gang", 6)
 
 
 # ---------------------------------------------------------------- the launch's plumbing
