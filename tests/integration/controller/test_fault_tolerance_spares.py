@@ -59,18 +59,13 @@ from runwatch.controller.torchft_launcher import (
     TorchFTLauncher,
     group_spares,
 )
+from tests.integration.controller.test_fault_tolerance import python_child, steps
 
 pytestmark = [pytest.mark.torch]
 
 REPO = Path(__file__).resolve().parents[3]
 SCRIPT = REPO / "examples" / "train_ft.py"
 WAIT_S = 150.0
-
-
-def _steps(log: Path) -> list[tuple[int, tuple[int, ...]]]:
-    from tests.integration.controller.test_fault_tolerance import steps
-
-    return steps(log)
 
 
 def _wait(
@@ -86,12 +81,6 @@ def _wait(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.05)  # polling the ranks' output and ready files, the event itself
-
-
-def _python_child(wrapper_pid: int) -> int:
-    children = Path(f"/proc/{wrapper_pid}/task/{wrapper_pid}/children").read_text().split()
-    assert children, f"wrapper {wrapper_pid} has no child"
-    return int(children[0])
 
 
 @dataclass(frozen=True)
@@ -143,25 +132,25 @@ def restart_group_1(root: Path, lighthouse: LighthouseProcess, *, warm: bool) ->
     try:
         launcher.start(Incarnation(0, topology), WHOLE_NODE)
         group0 = launcher.pids(0)
-        _wait("both groups stepping", lambda: any(p == (0, 1) for _, p in _steps(log1)))
+        _wait("both groups stepping", lambda: any(p == (0, 1) for _, p in steps(log1)))
         spare_pid = 0
         if isinstance(spares, SparePool):
             _wait("the spare preloaded", lambda: spares.ready == 1, tick=launcher.tick)
             spare_pid = spares.spares[0].proc.pid
         killed_at = time.monotonic()
-        os.kill(_python_child(launcher.pids(1)[0]), signal.SIGKILL)
+        os.kill(python_child(launcher.pids(1)[0]), signal.SIGKILL)
         _wait("group 1's exit", lambda: launcher.status(1) != RUNNING)
         launcher.stop(Scope(groups=(1,)), grace_s=1.0, kill_now=True)
         size = log1.stat().st_size
-        before = len(_steps(log1))
+        before = len(steps(log1))
         started = launcher.start(Incarnation(0, topology), Scope(groups=(1,)))
         _wait("group 1's first line", lambda: log1.stat().st_size > size)
         first_line_s = time.monotonic() - killed_at
-        _wait("group 1 back", lambda: any(p == (0, 1) for _, p in _steps(log1)[before:]))
+        _wait("group 1 back", lambda: any(p == (0, 1) for _, p in steps(log1)[before:]))
         rejoined_s = time.monotonic() - killed_at
         survivor_kept = launcher.pids(0) == group0
         rank_pid = launcher.pids(1)[0]
-        last = max(_steps(log0)[-1][0], _steps(log1)[-1][0]) + 5
+        last = max(steps(log0)[-1][0], steps(log1)[-1][0]) + 5
         (root / "stop.tmp").write_text(str(last))
         (root / "stop.tmp").rename(stop_file)
         _wait("the run to end", lambda: not launcher.running())
