@@ -41,7 +41,20 @@ from runwatch.schemas.topics import DEFAULT_PARTITIONS, names
 
 from ..processors.harness import Reader, Trainer, short
 
-pytestmark = [pytest.mark.integration, pytest.mark.deploy]
+UP_S = 600.0  # a cold 2-core machine: three JVMs, two faust workers, the sinks' replay
+TEST_S = 420.0
+"""Each test's own budget, every wait of it included (`Budget`). On this 2-core box the
+takeover test feeds for ~66 s and waits ~6 s after the stack came up in ~60 s; CI's box once
+spent more than the 300 s pytest-timeout allowed for both together."""
+
+# pytest-timeout counts a test's fixtures too: the first test of the module also pays for
+# the stack coming up (`UP_S`), so the outer guard is both budgets; every wait fails on the
+# test's own budget first, naming what it waited for and what it last saw.
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.deploy,
+    pytest.mark.timeout(UP_S + TEST_S + 60.0),
+]
 
 REPO = Path(__file__).resolve().parents[3]
 COMPOSE_FILE = REPO / "compose" / "docker-compose.yml"
@@ -53,8 +66,6 @@ KILL_AFTER = 20  # steps 1..20 with both workers, 21..40 with the survivor
 SPIKE_AT = 32
 USERS = users()
 """The Kafka users the stack's brokers create: one password file each."""
-UP_S = 600.0  # a cold 2-core machine: three JVMs, two faust workers, the sinks' replay
-WAIT_S = 180.0
 
 
 def _docker_answers() -> bool:
@@ -85,15 +96,34 @@ def _free_ports(n: int) -> list[int]:
             s.close()
 
 
-def _wait(what: str, probe: Callable[[], Any], done: Callable[[Any], bool]) -> Any:
-    deadline = time.monotonic() + WAIT_S
-    while True:
-        value = probe()
-        if done(value):
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}; last: {value!r}")
-        time.sleep(1.0)  # polling the stack's state, not synchronising on time
+class Budget:
+    """One test's time: every wait draws on it, and each says how long it took.
+
+    The phases are printed as they end (pytest shows them with a failure), so a run that
+    ran out of time says where the time went.
+    """
+
+    def __init__(self, total_s: float = TEST_S) -> None:
+        self.deadline = time.monotonic() + total_s
+
+    def left_s(self) -> float:
+        """Seconds left of the test's budget (0 when spent)."""
+        return max(0.0, self.deadline - time.monotonic())
+
+    def wait(self, what: str, probe: Callable[[], Any], done: Callable[[Any], bool]) -> Any:
+        """Probe until ``done(probe())``; an AssertionError naming ``what`` when out of time."""
+        start = time.monotonic()
+        while True:
+            value = probe()
+            if done(value):
+                print(f"{what}: {time.monotonic() - start:.1f} s")
+                return value
+            if time.monotonic() > self.deadline:
+                raise AssertionError(
+                    f"timed out waiting for {what} after {time.monotonic() - start:.0f} s; "
+                    f"last: {repr(value)[:4000]}"
+                )
+            time.sleep(1.0)  # polling the stack's state, not synchronising on time
 
 
 @dataclass
@@ -232,7 +262,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     saved = {k: os.environ.get(k) for k in host_login}
     os.environ.update(host_login)  # the host reads as the sinks' read-only user
     try:
+        start = time.monotonic()
         running.run("up", "-d", timeout_s=UP_S)
+        print(f"the stack up: {time.monotonic() - start:.1f} s")
         yield running
     except BaseException:
         print(running.logs())
@@ -310,7 +342,10 @@ def test_a_processor_killed_mid_stream_the_other_takes_over(stack: Stack) -> Non
     assert {len(p["replica_nodes"]) for p in steps["partitions"]} == {3}  # `topics` chose it
     processors = stack.containers("processors")
     assert len(processors) == 2, processors
-    _wait("both workers in the group", lambda: _group_members(stack.bootstrap), lambda n: n == 2)
+    budget = Budget()
+    budget.wait(
+        "both workers in the group", lambda: _group_members(stack.bootstrap), lambda n: n == 2
+    )
 
     runs = _runs_on_every_steps_partition()
     trainers = {
@@ -318,24 +353,30 @@ def test_a_processor_killed_mid_stream_the_other_takes_over(stack: Stack) -> Non
         for i, run in enumerate(runs)
     }
     try:
+        start = time.monotonic()
         for t in trainers.values():
             t.start(0)
         _feed(trainers, 1, KILL_AFTER)
         victim, survivor = processors
         subprocess.run(["docker", "kill", victim], check=True, capture_output=True, timeout=60)
         _feed(trainers, KILL_AFTER + 1, STEPS)  # the spike comes after the kill
-        _wait(
+        print(
+            f"{len(runs)} runs fed {STEPS} steps, one worker killed: {time.monotonic() - start:.1f} s"
+        )
+        budget.wait(
             "the survivor alone in the group",
             lambda: _group_members(stack.bootstrap),
             lambda n: n == 1,
         )
-        views = _wait(
+        views = budget.wait(
             "every step and heartbeat of every run applied once",
             lambda: latest_states(stack.bootstrap, APP_ID),
             lambda v: _applied(v, runs),
         )
         reader = Reader(stack.bootstrap, names(PREFIX).anomalies)
-        events = reader.wait_for(lambda ev: {e.run_id for e in ev} >= set(runs), timeout_s=WAIT_S)
+        events = reader.wait_for(
+            lambda ev: {e.run_id for e in ev} >= set(runs), timeout_s=budget.left_s()
+        )
         reader.close()
         assert not stack.running(victim) and stack.running(survivor)
     finally:
@@ -366,13 +407,14 @@ def _prometheus(stack: Stack, query: str) -> list[dict[str, Any]]:
 
 
 def test_prometheus_scraped_the_exporter(stack: Stack) -> None:
-    up = _wait(
+    budget = Budget()
+    up = budget.wait(
         "Prometheus to scrape the sinks' exporter",
         lambda: _prometheus(stack, 'up{job="runwatch-sinks"}'),
         lambda r: bool(r) and r[0]["value"][1] == "1",
     )
     assert up[0]["metric"]["job"] == "runwatch-sinks"
-    spikes = _wait(
+    spikes = budget.wait(
         "the loss spikes in Prometheus",
         lambda: _prometheus(stack, 'sum(runwatch_anomalies_total{kind="loss_spike"})'),
         lambda r: bool(r) and float(r[0]["value"][1]) >= len(_runs_on_every_steps_partition()),
@@ -388,14 +430,15 @@ def test_prometheus_loaded_the_rules_and_found_the_alertmanager(stack: Stack) ->
         except OSError:
             return {}
 
-    rules = _wait(
+    budget = Budget()
+    rules = budget.wait(
         "Prometheus to load compose/prometheus/rules",
         lambda: get("/api/v1/rules"),
         lambda d: bool(d.get("groups")),
     )
     names = {r["name"] for g in rules["groups"] for r in g["rules"]}
     assert {"RunwatchProcessorsDown", "RunwatchRunStoppedReporting"} <= names
-    managers = _wait(
+    managers = budget.wait(
         "Prometheus to find the compose Alertmanager",
         lambda: get("/api/v1/alertmanagers"),
         lambda d: bool(d.get("activeAlertmanagers")),
