@@ -43,9 +43,9 @@ from ..processors.harness import Reader, Trainer, short
 
 UP_S = 600.0  # a cold 2-core machine: three JVMs, two faust workers, the sinks' replay
 TEST_S = 420.0
-"""Each test's own budget, every wait of it included (`Budget`). On this 2-core box the
-takeover test feeds for ~66 s and waits ~6 s after the stack came up in ~60 s; CI's box once
-spent more than the 300 s pytest-timeout allowed for both together."""
+"""Each test's own budget, every wait of it included (`Budget`). On this 2-core box the stack
+comes up in ~60 s and the takeover test waits ~6 s in all; CI's box once spent more than the
+300 s pytest-timeout allowed for the stack and the takeover together."""
 
 # pytest-timeout counts a test's fixtures too: the first test of the module also pays for
 # the stack coming up (`UP_S`), so the outer guard is both budgets; every wait fails on the
@@ -326,9 +326,17 @@ def _applied(views: dict[str, RunView], runs: list[str]) -> bool:
 
 
 def _feed(trainers: dict[str, Trainer], first: int, last: int) -> None:
+    """Step every run through ``first..last``, every run's step delivered before the next.
+
+    The runs' deliveries of one step overlap (one flush round per step, not one per run:
+    a flush is a round trip to three brokers, ~50 ms here, so flushing run by run made the
+    feed most of the test's time).
+    """
     for s in range(first, last + 1):
         for t in trainers.values():
-            t.step(s, loss=9.0 if s == SPIKE_AT else None)
+            t.step(s, loss=9.0 if s == SPIKE_AT else None, flush=False)
+        for t in trainers.values():
+            t.flush()
 
 
 def test_a_processor_killed_mid_stream_the_other_takes_over(stack: Stack) -> None:

@@ -184,7 +184,20 @@ class Trainer:
         silent: Sequence[int] = (),
         restart_from: int | None = None,
         participants: tuple[int, ...] = (),
+        flush: bool = True,
     ) -> None:
+        """Emit one step: rank 0's step event and every rank's heartbeat.
+
+        Args:
+            step: The step.
+            loss: Its loss (None: a healthy one).
+            silent: Ranks that send no heartbeat.
+            restart_from: The step the run resumed from (a restart's first step).
+            participants: The replica groups in the step's quorum (torchft).
+            flush: Wait until every event of the step is delivered. A caller stepping
+                many gangs at once flushes them together after each step instead
+                (`flush`), so their deliveries overlap.
+        """
         e0 = self.emitters[0]
         e0.step(
             step,
@@ -203,7 +216,8 @@ class Trainer:
                 emitter.heartbeat(step, step_time_s=0.05)
         # Real ranks are a step time apart; a scripted gang that emitted everything at once
         # would let one rank's producer run many steps ahead of another's.
-        self.flush()
+        if flush:
+            self.flush()
 
     def checkpoint(self, step: int) -> None:
         self.emitters[0].checkpoint_committed(step, f"/ckpt/{self.run_id}/step_{step}")
