@@ -13,8 +13,9 @@ Heartbeats: a started run of ``--world`` ranks (default 8), every rank one heart
 step, step times jittered 2 % (as bench/core.py folds them), so the periodic scans and
 straggler bucket closes are in the average. Steps: healthy StepCompleted events of a
 GPT-2-sized run with loss and grad norm (as bench/core.py). ``packed`` (only on a tree that
-has `processors.core.liveness.fold_heartbeats`): the same heartbeats folded one record of
-``--world`` heartbeats at a time; its figure is per heartbeat (per rank of a record).
+has `processors.core.liveness_pack.fold_heartbeat_pack`): the same heartbeats folded one
+`EventPack` of ``--world`` heartbeats at a time by the pure pack fold alone (no Replayer);
+its figure is per heartbeat (per rank of a record).
 
 ``fed-off`` and ``fed-on`` (issue 23's pack path): the same heartbeats, one `EventPack`
 record per step of all ranks, through `processors.pipeline.fold_batch` (what the worker
@@ -190,19 +191,21 @@ def inner(kind: str, events: int, world: int, fold: bool, batch_records: int = 6
         _fed(world, events, fold, pack_path=kind == "fed-on", batch_records=batch_records)
         return
     else:  # packed: one record of `world` heartbeats at a time, one offset per record
-        from runwatch.processors.core import liveness
-        from runwatch.schemas.events import Provenance
+        from runwatch.processors.core.liveness_pack import fold_heartbeat_pack
+        from runwatch.schemas.events import EventPack, Provenance
 
         state, beats, _ = _heartbeats(world, events)
         records = [
-            (beats[i : i + world], Provenance(topic="hb", partition=0, offset=1 + i // world))
+            (
+                EventPack(run_id="r", ts_ns=beats[i].ts_ns, events=tuple(beats[i : i + world])),
+                Provenance(topic="hb", partition=0, offset=1 + i // world),
+            )
             for i in range(0, len(beats), world)
         ]
         _settle()
         if fold:
-            fold_heartbeats = liveness.fold_heartbeats  # type: ignore[attr-defined]
             for pack, source in records:
-                state, out = fold_heartbeats(state, pack, source, cfg)
+                state, out, _, _ = fold_heartbeat_pack(state, pack, source, cfg)
                 verdicts += len(out)
     print(f"folded={fold} verdicts={verdicts}", file=sys.stderr)
 

@@ -43,9 +43,9 @@ from runwatch.processors.core.detectors.rank_scans import fold_scans
 from runwatch.processors.core.detectors.straggler import fold_straggler
 from runwatch.processors.core.liveness import fold_heartbeat
 from runwatch.processors.core.liveness_state import LivenessState
-from runwatch.processors.core.rank_table import ABSENT, NEVER, RankTable
+from runwatch.processors.core.rank_table import ABSENT, NEVER, Journal, RankTable, TableData
 from runwatch.processors.core.retention import live_retention_ns
-from runwatch.processors.core.stragglers import StragglerState
+from runwatch.processors.core.stragglers import StragglerState, observe
 from runwatch.schemas.events import AnomalyDetected, EventPack, Heartbeat, Provenance
 
 PLAIN_FOLDS: Final = (fold_scans, fold_straggler)
@@ -105,118 +105,135 @@ def _fold_from(
     state: LivenessState, pack: EventPack, source: Provenance, cfg: DetectorConfig, first: int
 ) -> PackFold:
     """Rules 3-6 from event ``first`` on (the events before it were skipped)."""
-    events, offset = pack.events, source.offset
+    events = pack.events
     ecfg = effective_config(cfg, state.thresholds) if state.thresholds else cfg
-    threshold, timeout_s = ecfg.rank_heartbeat_threshold, ecfg.dead_rank_timeout_s * 1e9
+    threshold, timeout_ns = ecfg.rank_heartbeat_threshold, ecfg.dead_rank_timeout_s * 1e9
+    ratio, slow_steps = ecfg.straggler_ratio, ecfg.straggler_steps
     inline = liveness._HEARTBEAT_FOLDS == PLAIN_FOLDS
     retention_ns = live_retention_ns(announced=state.expected_ranks > 0)
-    expected, started_ns, exit_rank = state.expected_ranks, state.started_ns, state.exit_rank
-    hint = state.step_hint or -1
+    started_ns, quiet_scans = state.started_ns, state.exit_rank >= 0
     begun = state.table.begin()
-    table, data, journal = begun
+    data, journal = begun[1], begun[2]
     steps, stamps, dead, buckets = data.steps, data.ts, data.dead, data.buckets
     base, applied = state, -1  # the last state built, the last event applied since (-1: none)
     now_ns, known, first_step, first_ns, run_step, last_ns = _scalars(state)
     scan_at, scan_after, stragglers, beats = _detectors(state)
-    verdicts: list[AnomalyDetected] = []
-    failures: list[tuple[int, Exception]] = []
+    width, cap, live = _limits(state, steps, dead) if inline else (0, -1, 0)
+    out = _Out([], [])
     stop = len(events)
     for index in range(first, stop):
         event = events[index]
         if type(event) is not Heartbeat:  # rule 3
             stop = index
             break
-        ts, rank, step, step_time_s = event.ts_ns, event.rank, event.step, event.step_time_s
+        ts, rank, step = event.ts_ns, event.rank, event.step
         if ts - (last_ns if last_ns > started_ns else started_ns) > retention_ns:
             stop = index
             break
-        previous = steps[rank] if 0 <= rank < len(steps) else NEVER
-        new_run_step = step if step > run_step else run_step
         now = ts if ts > now_ns else now_ns
-        at = scan_at
-        if step < previous and previous != NEVER:  # fold_scans rule 1
-            at = min(at, step + threshold + 1)
-        newest = run_step if run_step >= 0 else hint
-        plain = (
-            inline
-            and rank >= 0
-            and step < MAX_STEP
-            and step - newest <= MAX_STEP_JUMP
-            and (
-                exit_rank >= 0
-                or not (
-                    (new_run_step > run_step and new_run_step >= at) or now - scan_after > timeout_s
-                )
-            )
-        )
-        bucket = None  # fold_straggler's quiet cases: time ignored, rank already in, added
-        if plain and step_time_s > 0.0 and step > stragglers.closed_upto:
-            if step != stragglers.b_step:
-                plain = False  # a bucket opens or closes: judged
-            else:
-                bucket = buckets[1]
-                if rank in bucket:
-                    bucket = None
-                elif len(bucket) + 1 >= (
-                    known + (previous == NEVER and rank >= expected) - len(dead) + (rank in dead)
+        # Rule 5: a reporting rank of the table, no bound, scan or verdict in reach (width
+        # and cap are 0 and -1 when the folds are not PLAIN_FOLDS: nothing is plain).
+        if 0 <= rank < width and step <= cap and not (dead and rank in dead):
+            previous, at = steps[rank], scan_at
+            if step < previous:  # fold_scans rule 1
+                at = min(at, step + threshold + 1)
+            if previous != NEVER and (
+                quiet_scans
+                or not ((step > run_step and step >= at) or now - scan_after > timeout_ns)
+            ):
+                mark, step_time_s, plain = len(journal), event.step_time_s, True
+                journal.append((steps, rank, previous))  # fold_heartbeat's writes, in order
+                steps[rank] = step
+                journal.append((stamps, rank, stamps[rank]))
+                stamps[rank] = ts
+                if not step_time_s > 0.0 or step <= stragglers.closed_upto:
+                    pass  # fold_straggler ignores it
+                elif step == stragglers.b_step and (
+                    rank in (bucket := buckets[1]) or len(bucket) + 1 < live
                 ):
-                    plain = False  # it fills the bucket: judged
-        if plain:  # rule 5: fold_heartbeat's writes, in its order
-            if rank >= len(steps):
-                for _ in range(rank + 1 - len(steps)):
-                    journal.push(steps, NEVER)
-                    journal.push(stamps, 0)
-            journal.append((steps, rank, previous))
-            steps[rank] = step
-            journal.append((stamps, rank, stamps[rank]))
-            stamps[rank] = ts
-            if previous == NEVER and rank >= expected:
-                known += 1
-            if first_step < 0:
-                first_step, first_ns = step, ts
-            if dead and rank in dead:
-                journal.discard(dead, rank)
-            if bucket is not None:
-                journal.append((bucket, rank, ABSENT))
-                bucket[rank] = step_time_s
-            last_ns = ts if ts > last_ns else last_ns
-            run_step, now_ns, scan_at, beats, applied = new_run_step, now, at, beats + 1, index
-            continue
+                    if rank not in bucket:  # fold_straggler's inline case
+                        journal.append((bucket, rank, ABSENT))
+                        bucket[rank] = step_time_s
+                else:  # a bucket opens or closes: fold_straggler's `observe`, if it flags none
+                    try:
+                        judged, slow = observe(
+                            stragglers, data, journal, rank, step, step_time_s, live, ratio,
+                            slow_steps,
+                        )  # fmt: skip
+                        plain = not slow
+                    except Exception:
+                        plain = False  # rule 6 folds it again and makes it its dead letter
+                    if plain:
+                        stragglers = judged
+                    else:  # a verdict (or a failure): rule 6 does this event
+                        journal.rollback(mark)
+                if plain:
+                    if ts > last_ns:
+                        last_ns = ts
+                    if step > run_step:
+                        run_step, cap = step, min(MAX_STEP - 1, step + MAX_STEP_JUMP)
+                    now_ns, scan_at, beats, applied = now, at, beats + 1, index
+                    continue
         if applied >= 0:  # rule 6: the state before this event, then the shared fold
-            base = _state(
-                base,
-                table,
-                offset,
-                applied,
-                (now_ns, known, first_step, first_ns, run_step, last_ns),
-                (scan_at, scan_after, stragglers, beats),
-                len(dead),
-            )
+            scalars = (now_ns, known, first_step, first_ns, run_step, last_ns)
+            detectors = (scan_at, scan_after, stragglers, beats)
+            base = _state(base, begun[0], source.offset, applied, scalars, detectors, len(dead))
             applied = -1
-        mark = len(journal)
-        at_event = Provenance(
-            topic=source.topic, partition=source.partition, offset=offset, index=index
-        )
-        try:
-            base, out = fold_heartbeat(base, event, at_event, cfg, begun)
-        except Exception as exc:
-            journal.rollback(mark)
-            failures.append((index, exc))
-            continue
-        verdicts.extend(out)
+        base = _judge(base, event, source, index, cfg, begun, out)
         now_ns, known, first_step, first_ns, run_step, last_ns = _scalars(base)
         scan_at, scan_after, stragglers, beats = _detectors(base)
+        width, cap, live = _limits(base, steps, dead) if inline else (0, -1, 0)
     if applied >= 0:
-        base = _state(
-            base,
-            table,
-            offset,
-            applied,
-            (now_ns, known, first_step, first_ns, run_step, last_ns),
-            (scan_at, scan_after, stragglers, beats),
-            len(dead),
-        )
-    return PackFold(base, verdicts, failures, stop)
+        scalars = (now_ns, known, first_step, first_ns, run_step, last_ns)
+        detectors = (scan_at, scan_after, stragglers, beats)
+        base = _state(base, begun[0], source.offset, applied, scalars, detectors, len(dead))
+    return PackFold(base, out.verdicts, out.failures, stop)
+
+
+class _Out(NamedTuple):
+    verdicts: list[AnomalyDetected]
+    failures: list[tuple[int, Exception]]
+
+
+def _judge(
+    state: LivenessState,
+    event: Heartbeat,
+    source: Provenance,
+    index: int,
+    cfg: DetectorConfig,
+    begun: tuple[RankTable, TableData, Journal],
+    out: _Out,
+) -> LivenessState:
+    """Rule 6: `fold_heartbeat` of the pack's event ``index`` over ``state``, in the journal.
+
+    Returns:
+        The state after the event; ``state`` when its fold raised (its writes taken back,
+        the failure in ``out``).
+    """
+    journal = begun[2]
+    mark = len(journal)
+    at = Provenance(
+        topic=source.topic, partition=source.partition, offset=source.offset, index=index
+    )
+    try:
+        after, verdicts = fold_heartbeat(state, event, at, cfg, begun)
+    except Exception as exc:
+        journal.rollback(mark)
+        out.failures.append((index, exc))
+        return state
+    out.verdicts.extend(verdicts)
+    return after
+
+
+def _limits(state: LivenessState, steps: list[int], dead: dict[int, None]) -> tuple[int, int, int]:
+    """The table's width, the highest step within the bounds, and the live ranks.
+
+    The bound is `liveness.fold_heartbeat`'s check: a step of ``MAX_STEP`` or more than
+    ``MAX_STEP_JUMP`` past the run's newest (its step hint before any) is refused. Live
+    ranks are `fold_straggler`'s: known ones not flagged dead.
+    """
+    newest = state.run_step if state.run_step >= 0 else state.step_hint or -1
+    return len(steps), min(MAX_STEP - 1, newest + MAX_STEP_JUMP), state.known_ranks - len(dead)
 
 
 Scalars = tuple[int, int, int, int, int, int]

@@ -273,3 +273,23 @@ def test_a_pack_whose_state_cannot_be_stored_is_refolded_event_by_event_both_way
     assert [(d.stage, d.source.offset, d.source.index) for d in on.dead_letters] == [
         ("encode", 1, 0), ("encode", 1, 1), ("encode", 2, 0), ("encode", 2, 1)
     ]  # fmt: skip
+
+
+def test_with_other_heartbeat_folds_every_heartbeat_of_a_pack_takes_the_shared_fold(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A registry the pack path does not know (here: the same folds, wrapped) is still
+    folded exactly: every heartbeat goes through `fold_heartbeat` (rule 6)."""
+    calls = [0]
+
+    def counted(fold: Any) -> Any:
+        def wrapped(facts: Any) -> None:
+            calls[0] += 1
+            fold(facts)
+
+        return wrapped
+
+    monkeypatch.setattr(liveness, "_HEARTBEAT_FOLDS", tuple(counted(f) for f in PLAIN_FOLDS))
+    for seed in range(5):
+        both_ways(batches(make_records(seed, 80), seed))
+    assert calls[0] > 0
