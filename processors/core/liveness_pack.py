@@ -15,11 +15,14 @@ gives the same states, verdicts (ids included) and failures, per record:
 4. One `RankTable.begin` for the whole pack: every write of every event goes through one
    journal, and the state keeps its scalars in locals between events; a `LivenessState`
    is built at the end, and before an event that is not plain (rule 6).
-5. A *plain* heartbeat (the registered heartbeat folds are `PLAIN_FOLDS`, its step within
-   `processors.core.bounds`, its rank not negative, no scan due (the rank scans'
-   ``fold_scans`` guards) and its step time ignored or added to the newest open
-   straggler bucket without filling it (``fold_straggler``'s inline case)) is written
-   inline: what `liveness.fold_heartbeat` would write, in its order.
+5. A *plain* heartbeat is written inline, as `liveness.fold_heartbeat` would write it and
+   in its order: the registered heartbeat folds are `PLAIN_FOLDS`; its rank is in the
+   table, not flagged dead and has reported in this incarnation; its step is within
+   `processors.core.bounds`; no dead-rank scan is due (``fold_scans``' guards: only its
+   rule 1 applies); and the straggler detector ignores its step time, adds it to the
+   newest open bucket without filling it (``fold_straggler``'s inline case), or opens or
+   closes buckets with `processors.core.stragglers.observe` flagging no straggler (its
+   writes are taken back when it flags one: rule 6 then does the event).
 6. Any other heartbeat goes through `liveness.fold_heartbeat` itself, over the state as it
    stands before it (built then) and the pack's journal, with its own provenance
    ``(offset, index)``. If that raises (a `processors.core.bounds.BoundError`, or
@@ -30,6 +33,8 @@ gives the same states, verdicts (ids included) and failures, per record:
 So the only detector logic repeated here is the quiet case of each of `PLAIN_FOLDS`; a
 registry with other heartbeat folds sends every heartbeat through rule 6 (still exact,
 only slower), and a test fails until this module is taught the new fold's quiet case.
+A state is built only at the pack's end and before a rule-6 event (a verdict, a scan, a
+bound, a new or returning rank, a wider table).
 """
 
 from __future__ import annotations
