@@ -293,3 +293,18 @@ def test_with_other_heartbeat_folds_every_heartbeat_of_a_pack_takes_the_shared_f
     for seed in range(5):
         both_ways(batches(make_records(seed, 80), seed))
     assert calls[0] > 0
+
+
+def test_a_pack_fold_leaves_its_input_state_reading_and_folding_as_before() -> None:
+    """One `begin` and rollbacks inside a pack keep the rank table's ownership rule."""
+    state, _ = liveness.fold_liveness(None, started(world_size=4), at(0), CFG)
+    beats: list[Event] = [hb(r, 1, S + r, dt=0.25) for r in range(4)]
+    state = fold_heartbeat_pack(state, pack(beats), at(1), CFG).state
+    before = encode_state(state)
+    later: list[Event] = [hb(r % 5, 2 + r // 5, 2 * S + r, dt=0.25) for r in range(12)]
+    later[3] = hb(1, MAX_STEP, 2 * S + 3)  # a failure: its writes rolled back
+    first = fold_heartbeat_pack(state, pack(later), at(2), CFG)
+    assert encode_state(state) == before
+    again = fold_heartbeat_pack(state, pack(later), at(2), CFG)
+    assert encode_state(again.state) == encode_state(first.state)
+    assert [i for i, _ in again.failures] == [3]
