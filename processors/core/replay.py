@@ -50,7 +50,7 @@ import msgspec
 from runwatch.processors.core.checkpoints import CheckpointCatalogue, fold_checkpoint
 from runwatch.processors.core.config import DetectorConfig, config_hash
 from runwatch.processors.core.liveness import LivenessState, fold_liveness
-from runwatch.processors.core.liveness_pack import fold_heartbeat_pack
+from runwatch.processors.core.liveness_pack import PackFold, fold_heartbeat_pack
 from runwatch.processors.core.policy import PolicyState, fold_policy
 from runwatch.processors.core.retention import (
     EXPIRED,
@@ -514,34 +514,41 @@ class Replayer:
         """
         run_id = pack.run_id
         state = self.liveness.get(run_id)
-        stop = 0
         touched = self._touched
+        stop = 0
         if state is not None and state.live and touched is not None:  # rule 1
             fold = fold_heartbeat_pack(state, pack, source, self.cfg)
             stop = fold.stop
-        if stop:  # rule 2
-            self.partition_runs.setdefault(source.partition, set()).add(run_id)
-            key = (StateKind.LIVENESS, run_id)
-            seen = touched.get(key)  # type: ignore[union-attr]
-            if seen is None:
-                touched[key] = seen = (state, [])  # type: ignore[index]
-            seen[1].append((source, PackSpan(pack, 0, stop)))
-            if fold.state is not state:
-                self.liveness[run_id] = fold.state
-            self._collect_pack(fold.verdicts)
-            for index, exc in fold.failures:
-                at = Provenance(
-                    topic=source.topic,
-                    partition=source.partition,
-                    offset=source.offset,
-                    index=index,
-                )
-                self.dead_letters.append(
-                    stage_dead_letter(at, pack.events[index], run_id, "fold", exc)
-                )
+            if stop:
+                self._applied_pack(touched, source, pack, state, fold)
         if stop < len(pack.events):  # rule 3
             for inner_source, inner in list(unpack(source, pack))[stop:]:
                 self._dispatch(TopicRole.HEARTBEATS, inner_source, inner)  # type: ignore[arg-type]
+
+    def _applied_pack(
+        self,
+        touched: Touched,
+        source: Provenance,
+        pack: EventPack,
+        before: LivenessState,
+        fold: PackFold,
+    ) -> None:
+        """Rule 2 of `_heartbeat_pack`: the bookkeeping of the events ``fold`` folded."""
+        run_id = pack.run_id
+        self.partition_runs.setdefault(source.partition, set()).add(run_id)
+        key = (StateKind.LIVENESS, run_id)
+        seen = touched.get(key)
+        if seen is None:
+            touched[key] = seen = (before, [])
+        seen[1].append((source, PackSpan(pack, 0, fold.stop)))
+        if fold.state is not before:
+            self.liveness[run_id] = fold.state
+        self._collect_pack(fold.verdicts)
+        for index, exc in fold.failures:
+            at = Provenance(
+                topic=source.topic, partition=source.partition, offset=source.offset, index=index
+            )
+            self.dead_letters.append(stage_dead_letter(at, pack.events[index], run_id, "fold", exc))
 
     def _collect_pack(self, verdicts: list[AnomalyDetected]) -> None:
         """`_collect` of a pack's verdicts, numbered within each event as `_collect` does."""
