@@ -6,7 +6,7 @@ machine only ever slows a run down. Also compares the sorted-tuple median/MAD wi
 on a 50-value window, and measures the state encoding that table writes pay.
 
     .venv/bin/python bench/core.py [--events 200000] [--repeat 5] [--worlds 8,64,1024,4096,16384]
-        [--pack-events 512] [--batch-records 5000] [--pipeline-events 2000]
+        [--pack-events 512] [--batch-records 5000] [--pipeline-events 2000] [--pipeline-only]
 
 Heartbeats are folded for each world size (at least 4 steps of every rank, so the
 per-step work, bucket closes and periodic scans, is in the average); the per-event cost
@@ -18,8 +18,12 @@ record per event) and packed (`schemas.events.EventPack` records of ``--pack-eve
 decode and intake (`schemas.records.split`), then `processors.pipeline.fold_batch` in
 batches of ``--batch-records`` records, each batch loading the run's stored state and
 leaving its new state as bytes (what the changelog gets: one value per run per batch).
-Printed per world: microseconds per event both ways, and the changelog bytes per run per
-batch with what that is per event. The unpacked path checks (encodes) the state after
+Packed records go through with the heartbeat pack path (`processors.core.liveness_pack`)
+and without it. ``--pack-events 0`` makes one record per step of all ranks (a world's
+heartbeats, as a node or a gang packs them). Printed per world: microseconds per event
+each way, and the changelog bytes per run per batch with what that is per event.
+``--pipeline-only`` measures this section alone (best of ``--repeat``), then prints one
+JSON line (``bench: core_pipeline``). The unpacked path checks (encodes) the state after
 every record, which dominates at large worlds, so it folds at most ``--pipeline-events``
 (default 2,000) events there.
 
@@ -158,6 +162,7 @@ class PipelineCost(NamedTuple):
 
     unpacked_us: float
     packed_us: float
+    packed_off_us: float
     unpacked_events: int
     packed_events: int
     changelog_bytes_per_batch: int
@@ -184,9 +189,12 @@ def _records(beats: list[Heartbeat], pack_events: int) -> list[RawRecord]:
 
 
 def _through_pipeline(
-    world: int, records: list[RawRecord], batch_records: int
+    world: int, records: list[RawRecord], batch_records: int, *, pack_path: bool = True
 ) -> tuple[float, list[int]]:
-    """Seconds to decode and fold ``records`` batch by batch, and each batch's state bytes."""
+    """Seconds to decode and fold ``records`` batch by batch, and each batch's state bytes.
+
+    ``pack_path``: `fold_batch`'s switch of the heartbeat pack path (issue 23).
+    """
     started = RawRecord(
         "hb", 0, 0, encode_key("r"), encode(RunStarted(run_id="r", ts_ns=0, world_size=world))
     )
@@ -203,7 +211,7 @@ def _through_pipeline(
     for i in range(0, len(records), batch_records):
         good, dead = split(records[i : i + batch_records], "heartbeats")
         assert not dead
-        result = fold_batch("heartbeats", good, load, lambda _: (), CFG)
+        result = fold_batch("heartbeats", good, load, lambda _: (), CFG, pack_path=pack_path)
         table.update(result.encoded)
         sizes.append(len(result.encoded["r"]))
     return time.perf_counter() - begin, sizes
@@ -218,13 +226,19 @@ def pipeline_costs(
     batch_records: int,
     plain_cap: int,
 ) -> dict[int, PipelineCost]:
-    """Per-event cost unpacked and packed through decode + fold_batch, per world size."""
+    """Per-event cost unpacked and packed through decode + fold_batch, per world size.
+
+    Packed records go through twice per repetition: with the heartbeat pack path
+    (`processors.core.liveness_pack`) and without it (every inner event on its own).
+    ``pack_events`` 0: one record per step of all ranks (``world`` heartbeats).
+    """
     out: dict[int, PipelineCost] = {}
     for world in worlds:
         beats = HeartbeatRun(world, events).beats
         plain = beats[: min(len(beats), plain_cap)] if world >= 1024 else beats
-        plain_records, packed_records = _records(plain, 1), _records(beats, pack_events)
-        best_plain = best_packed = math.inf
+        plain_records = _records(plain, 1)
+        packed_records = _records(beats, pack_events or world)
+        best_plain = best_packed = best_off = math.inf
         sizes: list[int] = []
         plain_batches = packed_batches = 0
         for _ in range(repeat):
@@ -232,9 +246,12 @@ def pipeline_costs(
             best_plain, plain_batches = min(best_plain, seconds), len(got)
             seconds, sizes = _through_pipeline(world, packed_records, batch_records)
             best_packed, packed_batches = min(best_packed, seconds), len(sizes)
+            seconds, _ = _through_pipeline(world, packed_records, batch_records, pack_path=False)
+            best_off = min(best_off, seconds)
         out[world] = PipelineCost(
             unpacked_us=best_plain / len(plain) * 1e6,
             packed_us=best_packed / len(beats) * 1e6,
+            packed_off_us=best_off / len(beats) * 1e6,
             unpacked_events=len(plain),
             packed_events=len(beats),
             changelog_bytes_per_batch=round(sum(sizes) / len(sizes)),
@@ -440,6 +457,54 @@ def baseline_rates(repeat: int) -> tuple[float, float]:
     )
 
 
+def print_pipeline(pipe: dict[int, PipelineCost], args: argparse.Namespace) -> None:
+    """One line per world: unpacked, packed, packed without the pack path; changelog bytes."""
+    for world, c in pipe.items():
+        per_batch_plain = c.unpacked_events / c.unpacked_batches
+        per_batch_packed = c.packed_events / c.packed_batches
+        print(
+            f"decode+fold_batch, world {world:>6,}: unpacked {c.unpacked_us:9.2f} us/event, "
+            f"packed ({args.pack_events or world}/record) {c.packed_us:7.2f} us/event "
+            f"({c.unpacked_us / c.packed_us:6.1f}x; pack path off {c.packed_off_us:7.2f} us, "
+            f"{c.packed_off_us / c.packed_us:4.2f}x); changelog {c.changelog_bytes_per_batch:,} "
+            f"bytes/run/batch = {c.changelog_bytes_per_batch / per_batch_plain:.2f} B/event "
+            f"unpacked, {c.changelog_bytes_per_batch / per_batch_packed:.3f} packed "
+            f"(batches of {args.batch_records:,} records)"
+        )
+
+
+def pipeline_main(args: argparse.Namespace) -> None:
+    """The ``--pipeline-only`` case: decode + fold_batch per world, then one JSON line."""
+    worlds = sorted(int(w) for w in args.worlds.split(","))
+    pipe = pipeline_costs(
+        worlds,
+        args.events,
+        args.repeat,
+        pack_events=args.pack_events,
+        batch_records=args.batch_records,
+        plain_cap=args.pipeline_events,
+    )
+    print_pipeline(pipe, args)
+    print(
+        json.dumps(
+            {
+                "bench": "core_pipeline",
+                "python": sys.version.split()[0],
+                "events": args.events,
+                "repeat": args.repeat,
+                "pack_events": args.pack_events,
+                "batch_records": args.batch_records,
+                "unpacked_us_per_event": {str(w): round(c.unpacked_us, 3) for w, c in pipe.items()},
+                "packed_us_per_event": {str(w): round(c.packed_us, 3) for w, c in pipe.items()},
+                "packed_pack_path_off_us_per_event": {
+                    str(w): round(c.packed_off_us, 3) for w, c in pipe.items()
+                },
+            },
+            sort_keys=True,
+        )
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=200_000)
@@ -451,9 +516,15 @@ def main() -> None:
     parser.add_argument("--huge-only", action="store_true", help="only world 8 vs --huge-world")
     parser.add_argument("--huge-world", type=int, default=131_072)
     parser.add_argument("--huge-events", type=int, default=5000, help="heartbeats per world")
+    parser.add_argument(
+        "--pipeline-only", action="store_true", help="only decode+fold_batch per world"
+    )
     args = parser.parse_args()
     if args.huge_only:
         huge_main(args)
+        return
+    if args.pipeline_only:
+        pipeline_main(args)
         return
     worlds = sorted({8, *(int(w) for w in args.worlds.split(","))})
     beats = heartbeat_rates(worlds, args.events, args.repeat)
@@ -473,18 +544,7 @@ def main() -> None:
         batch_records=args.batch_records,
         plain_cap=args.pipeline_events,
     )
-    for world in worlds:
-        c = pipe[world]
-        per_batch_plain = c.unpacked_events / c.unpacked_batches
-        per_batch_packed = c.packed_events / c.packed_batches
-        print(
-            f"decode+fold_batch, world {world:>6,}: unpacked {c.unpacked_us:9.2f} us/event, "
-            f"packed ({args.pack_events}/record) {c.packed_us:7.2f} us/event "
-            f"({c.unpacked_us / c.packed_us:6.1f}x); changelog {c.changelog_bytes_per_batch:,} "
-            f"bytes/run/batch = {c.changelog_bytes_per_batch / per_batch_plain:.2f} B/event "
-            f"unpacked, {c.changelog_bytes_per_batch / per_batch_packed:.3f} packed "
-            f"(batches of {args.batch_records:,} records)"
-        )
+    print_pipeline(pipe, args)
     steps, state_bytes, kept = step_rate(args.events // 2, args.repeat)
     long_cfg = with_overrides(CFG, {"history_steps": 4096})
     steps_long, long_bytes, _ = step_rate(args.events // 2, args.repeat, long_cfg)
@@ -532,6 +592,9 @@ def main() -> None:
                 },
                 "pipeline_packed_us_per_event": {
                     str(w): round(c.packed_us, 3) for w, c in pipe.items()
+                },
+                "pipeline_packed_pack_path_off_us_per_event": {
+                    str(w): round(c.packed_off_us, 3) for w, c in pipe.items()
                 },
                 "changelog_bytes_per_run_per_batch": {
                     str(w): c.changelog_bytes_per_batch for w, c in pipe.items()

@@ -7,14 +7,23 @@ divided by ``--events``, is the fold's cost per event: start-up, imports and bui
 events cancel.
 
     .venv/bin/python bench/core_instructions.py [--events 16000] [--world 8]
-        [--kinds heartbeat,step,packed] [--tree DIR]
+        [--kinds heartbeat,step,packed,fed-off,fed-on] [--pack-worlds 8,32] [--tree DIR]
 
 Heartbeats: a started run of ``--world`` ranks (default 8), every rank one heartbeat per
 step, step times jittered 2 % (as bench/core.py folds them), so the periodic scans and
 straggler bucket closes are in the average. Steps: healthy StepCompleted events of a
 GPT-2-sized run with loss and grad norm (as bench/core.py). ``packed`` (only on a tree that
-has `processors.core.liveness.fold_heartbeats`): the same heartbeats folded one record of
-``--world`` heartbeats at a time; its figure is per heartbeat (per rank of a record).
+has `processors.core.liveness_pack.fold_heartbeat_pack`): the same heartbeats folded one
+`EventPack` of ``--world`` heartbeats at a time by the pure pack fold alone (no Replayer);
+its figure is per heartbeat (per rank of a record).
+
+``fed-off`` and ``fed-on`` (issue 23's pack path): the same heartbeats, one `EventPack`
+record per step of all ranks, through `processors.pipeline.fold_batch` (what the worker
+runs: the `Replayer`, its bookkeeping, the state's encoding once per batch) in batches of
+``--batch-records`` records, with the heartbeat pack path off (every inner event folded
+on its own) and on (`processors.core.liveness_pack`), once per world of
+``--pack-worlds`` (packs of 8 at world 8, of 32 at world 32); figures per heartbeat, and
+off/on printed per world. A ``--tree`` without the switch cannot run these kinds.
 
 ``--tree DIR`` measures another checkout (a git worktree of an older commit): the
 measured process gets ``PYTHONPATH=DIR`` and runs from DIR, so ``runwatch`` resolves to
@@ -114,7 +123,42 @@ def _settle() -> None:
     gc.freeze()
 
 
-def inner(kind: str, events: int, world: int, fold: bool) -> None:
+def _fed(world: int, events: int, fold: bool, *, pack_path: bool, batch_records: int) -> None:
+    """Heartbeats in packs of ``world`` through ``fold_batch`` (``pack_path`` off or on)."""
+    from runwatch.processors.core.config import DetectorConfig
+    from runwatch.processors.pipeline import fold_batch
+    from runwatch.schemas.events import EventPack, Provenance
+    from runwatch.schemas.records import Decoded
+
+    cfg = DetectorConfig()
+    state, beats, _ = _heartbeats(world, events)
+    items = [
+        Decoded(
+            Provenance(topic="hb", partition=0, offset=1 + i // world),
+            EventPack(run_id="r", ts_ns=max(b.ts_ns for b in chunk), events=tuple(chunk)),
+        )
+        for i, chunk in ((i, beats[i : i + world]) for i in range(0, len(beats), world))
+    ]
+    batches = [items[i : i + batch_records] for i in range(0, len(items), batch_records)]
+    states = {"r": state}
+    _settle()
+    verdicts = 0
+    if fold:
+        for batch in batches:
+            result = fold_batch(
+                "heartbeats",  # type: ignore[arg-type]
+                batch,
+                states.get,
+                lambda _: ("r",),
+                cfg,
+                pack_path=pack_path,  # type: ignore[call-arg]
+            )
+            states["r"] = result.states["r"]
+            verdicts += len(result.outputs)
+    print(f"folded={fold} verdicts={verdicts}", file=sys.stderr)
+
+
+def inner(kind: str, events: int, world: int, fold: bool, batch_records: int = 64) -> None:
     """Build ``events`` events of ``kind``; fold them when ``fold`` (the measured process).
 
     The events are built, then moved out of the collector's reach (`gc.freeze`): a full
@@ -143,25 +187,32 @@ def inner(kind: str, events: int, world: int, fold: bool) -> None:
             for event, source in zip(beats, sources, strict=True):
                 state, out = fold_liveness(state, event, source, cfg)
                 verdicts += len(out)
+    elif kind in ("fed-off", "fed-on"):
+        _fed(world, events, fold, pack_path=kind == "fed-on", batch_records=batch_records)
+        return
     else:  # packed: one record of `world` heartbeats at a time, one offset per record
-        from runwatch.processors.core import liveness
-        from runwatch.schemas.events import Provenance
+        from runwatch.processors.core.liveness_pack import fold_heartbeat_pack
+        from runwatch.schemas.events import EventPack, Provenance
 
         state, beats, _ = _heartbeats(world, events)
         records = [
-            (beats[i : i + world], Provenance(topic="hb", partition=0, offset=1 + i // world))
+            (
+                EventPack(run_id="r", ts_ns=beats[i].ts_ns, events=tuple(beats[i : i + world])),
+                Provenance(topic="hb", partition=0, offset=1 + i // world),
+            )
             for i in range(0, len(beats), world)
         ]
         _settle()
         if fold:
-            fold_heartbeats = liveness.fold_heartbeats  # type: ignore[attr-defined]
             for pack, source in records:
-                state, out = fold_heartbeats(state, pack, source, cfg)
+                state, out, _, _ = fold_heartbeat_pack(state, pack, source, cfg)
                 verdicts += len(out)
     print(f"folded={fold} verdicts={verdicts}", file=sys.stderr)
 
 
-def _count(tree: Path, kind: str, events: int, world: int, fold: bool) -> int:
+def _count(
+    tree: Path, kind: str, events: int, world: int, fold: bool, batch_records: int = 64
+) -> int:
     """Instructions cachegrind counts for one inner run (after one run outside valgrind).
 
     The run outside valgrind compiles and caches every module's bytecode first: otherwise
@@ -185,6 +236,8 @@ def _count(tree: Path, kind: str, events: int, world: int, fold: bool) -> int:
             str(events),
             "--world",
             str(world),
+            "--batch-records",
+            str(batch_records),
             "--fold" if fold else "--no-fold",
         ]
         run = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, check=False)
@@ -212,22 +265,37 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=16_000)
     parser.add_argument("--world", type=int, default=8)
     parser.add_argument("--kinds", default="heartbeat,step")
+    parser.add_argument("--pack-worlds", default="8,32", help="worlds of fed-off / fed-on")
+    parser.add_argument("--batch-records", type=int, default=64, help="fed-*: records a batch")
     parser.add_argument("--tree", type=Path, default=HERE.parents[1], help="checkout to measure")
-    parser.add_argument("--inner", choices=("heartbeat", "step", "packed"), help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--inner",
+        choices=("heartbeat", "step", "packed", "fed-off", "fed-on"),
+        help=argparse.SUPPRESS,
+    )
     parser.add_argument("--fold", action=argparse.BooleanOptionalAction, default=True)
     args = parser.parse_args()
     if args.inner:
-        inner(args.inner, args.events, args.world, args.fold)
+        inner(args.inner, args.events, args.world, args.fold, args.batch_records)
         return
     tree = args.tree.resolve()
     package = _where(tree)
     print(f"measuring {package} ({args.events:,} events, world {args.world})")
     per_event: dict[str, float] = {}
-    for kind in args.kinds.split(","):
-        folded = _count(tree, kind, args.events, args.world, fold=True)
-        empty = _count(tree, kind, args.events, args.world, fold=False)
-        per_event[kind] = (folded - empty) / args.events
-        print(f"{kind:>9}: {per_event[kind]:>10,.0f} instructions per event")
+    kinds = args.kinds.split(",")
+    for kind in kinds:
+        fed = kind.startswith("fed-")
+        for world in [int(w) for w in args.pack_worlds.split(",")] if fed else [args.world]:
+            name = f"{kind}@{world}" if fed else kind
+            folded = _count(tree, kind, args.events, world, True, args.batch_records)
+            empty = _count(tree, kind, args.events, world, False, args.batch_records)
+            per_event[name] = (folded - empty) / args.events
+            print(f"{name:>12}: {per_event[name]:>10,.0f} instructions per event")
+    ratios: dict[str, float] = {}
+    if "fed-off" in kinds and "fed-on" in kinds:
+        for world in args.pack_worlds.split(","):
+            ratios[world] = per_event[f"fed-off@{world}"] / per_event[f"fed-on@{world}"]
+            print(f"packs of {world} (world {world}): pack path off/on {ratios[world]:.2f}x")
     commit = subprocess.run(
         ["git", "-C", str(tree), "rev-parse", "--short", "HEAD"],
         capture_output=True,
@@ -245,6 +313,8 @@ def main() -> None:
                 "events": args.events,
                 "world": args.world,
                 "instructions_per_event": {k: round(v) for k, v in per_event.items()},
+                "pack_path_off_over_on": {k: round(v, 3) for k, v in ratios.items()},
+                "batch_records": args.batch_records,
             },
             sort_keys=True,
         )

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 from runwatch.processors.core.config import DetectorConfig
-from runwatch.processors.core.replay import SWEPT_ROLES, Replayer
+from runwatch.processors.core.replay import PACK_PATH, SWEPT_ROLES, Replayer
 from runwatch.processors.core.retention import sweep_due
 from runwatch.schemas.events import TICK_RUN_ID, DeadLetter, Event, EventPack, Tick
 from runwatch.schemas.records import Decoded
@@ -49,6 +49,8 @@ def fold_batch(
     load: Callable[[str], Any],
     runs_in_partition: Callable[[int], Iterable[str]],
     cfg: DetectorConfig,
+    *,
+    pack_path: bool = PACK_PATH,
 ) -> BatchResult:
     """Fold ``items`` (one topic role, in partition order) into the states they touch.
 
@@ -58,12 +60,14 @@ def fold_batch(
         load: The stored state of a run, or None for a run not seen yet.
         runs_in_partition: Runs with a stored state in a partition (a Tick fans out to them).
         cfg: Detector configuration.
+        pack_path: Fold a pack of heartbeats per record (`Replayer`'s switch: the same
+            outcome either way).
 
     Returns:
         The states of every run the batch touched, the verdicts or commands to publish in
         the order the reducers emitted them, the dead letters, and the encoded states.
     """
-    replayer = Replayer(cfg)
+    replayer = Replayer(cfg, pack_path=pack_path)
     kind = folding(role).state
     store = replayer.states_of(role)
     replayer.stored_runs = lambda _, partition: runs_in_partition(partition)

@@ -61,7 +61,7 @@ from runwatch.processors.core.detectors.registry import LIVENESS_DETECTORS
 from runwatch.processors.core.liveness_facts import HeartbeatFacts
 from runwatch.processors.core.liveness_scans import Gang, Verdicts, step_scan
 from runwatch.processors.core.liveness_state import LivenessState
-from runwatch.processors.core.rank_table import NEVER
+from runwatch.processors.core.rank_table import NEVER, Journal, RankTable, TableData
 from runwatch.schemas.events import (
     AnomalyDetected,
     Heartbeat,
@@ -182,60 +182,14 @@ def fold_liveness(
         source.offset < state.last_offset or source.index <= state.last_index
     ):  # at or before the last applied (offset, index): a pack's events are (o, 0), (o, 1)...
         return state, []
-    if type(event) is Heartbeat:  # the hot path, inline: no call but the detectors' folds
-        ts_ns = event.ts_ns
-        now_ns = ts_ns if ts_ns > state.log_time_ns else state.log_time_ns
+    if type(event) is Heartbeat:  # the hot path
         if not state.live:
+            ts_ns = event.ts_ns
+            now_ns = ts_ns if ts_ns > state.log_time_ns else state.log_time_ns
             return msgspec.structs.replace(
                 state, last_offset=source.offset, last_index=source.index, log_time_ns=now_ns
             ), []
-        rank, step = event.rank, event.step
-        newest = state.run_step if state.run_step >= 0 else state.step_hint or -1
-        if step >= MAX_STEP or step - newest > MAX_STEP_JUMP:
-            check_step(step, newest if newest >= 0 else -1, "heartbeat step")
-        table, data, journal = state.table.begin()
-        steps, stamps = data.steps, data.ts
-        if rank >= len(steps):
-            for _ in range(rank + 1 - len(steps)):
-                journal.push(steps, NEVER)
-                journal.push(stamps, 0)
-        previous = steps[rank]
-        journal.append((steps, rank, previous))  # inline journal writes (Journal.set)
-        steps[rank] = step
-        journal.append((stamps, rank, stamps[rank]))
-        stamps[rank] = ts_ns
-        known = state.known_ranks
-        if previous == NEVER and rank >= state.expected_ranks:
-            known += 1
-        first_step, first_ns = state.first_step, state.first_heartbeat_ns
-        if first_step < 0:
-            first_step, first_ns = step, ts_ns
-        dead = data.dead
-        if dead and rank in dead:
-            journal.discard(dead, rank)
-        last_ns = ts_ns if ts_ns > state.last_heartbeat_ns else state.last_heartbeat_ns
-        run_step = step if step > state.run_step else state.run_step
-        if state.thresholds:
-            cfg = effective_config(cfg, state.thresholds)
-        f = HeartbeatFacts(
-            state, event, source, cfg, now_ns, rank, step, previous, data, journal, known,
-            first_step, first_ns, run_step, last_ns, state.step_scan_at,
-            state.time_scan_after_ns, state.stragglers,
-        )  # fmt: skip
-        for fold in _HEARTBEAT_FOLDS:
-            fold(f)
-        out = f.out
-        verdicts = out.out if out is not None else []
-        # Positional, in field order (a test pins the order): much cheaper than replace().
-        return LivenessState(
-            state.run_id, source.offset, state.incarnation, True, state.status, state.thresholds,
-            now_ns, state.started_ns, state.expected_ranks, known, first_step, first_ns, run_step,
-            state.step_hint, last_ns, table, len(dead), False, f.time_scan_after, f.step_scan_at,
-            f.stragglers, state.heartbeats + 1,
-            out.raised() if verdicts and out is not None else state.raised,
-            out.counts() if verdicts and out is not None else state.anomaly_counts,
-            state.exit_rank, source.index, state.launch_id,
-        ), verdicts  # fmt: skip
+        return fold_heartbeat(state, event, source, cfg, None)
     handler = _HANDLERS.get(type(event))
     if handler is None:
         return msgspec.structs.replace(
@@ -244,11 +198,90 @@ def fold_liveness(
     return handler(state, event, source, _config(state, cfg))
 
 
+def fold_heartbeat(
+    state: LivenessState,
+    event: Heartbeat,
+    source: Provenance,
+    cfg: DetectorConfig,
+    begun: tuple[RankTable, TableData, Journal] | None,
+) -> tuple[LivenessState, list[AnomalyDetected]]:
+    """Apply one heartbeat of a live run whose position is past the state's (rules 2-8).
+
+    `fold_liveness`'s heartbeat path, inline: no call but the detectors' folds.
+
+    Args:
+        state: The run's state (live; ``(source.offset, source.index)`` not applied yet).
+        event: The heartbeat.
+        source: Its log position.
+        cfg: The processor's configuration (the run's own thresholds apply on top).
+        begun: None: the fold begins its own version of ``state.table``. Otherwise the
+            output version, containers and journal of a fold already under way over the
+            same containers (`processors.core.liveness_pack`: many heartbeats, one
+            version); the new state then holds that output version.
+
+    Returns:
+        The new state and the verdicts.
+
+    Raises:
+        BoundError: The step is past a bound (before any write).
+    """
+    ts_ns = event.ts_ns
+    now_ns = ts_ns if ts_ns > state.log_time_ns else state.log_time_ns
+    rank, step = event.rank, event.step
+    newest = state.run_step if state.run_step >= 0 else state.step_hint or -1
+    if step >= MAX_STEP or step - newest > MAX_STEP_JUMP:
+        check_step(step, newest if newest >= 0 else -1, "heartbeat step")
+    table, data, journal = state.table.begin() if begun is None else begun
+    steps, stamps = data.steps, data.ts
+    if rank >= len(steps):
+        for _ in range(rank + 1 - len(steps)):
+            journal.push(steps, NEVER)
+            journal.push(stamps, 0)
+    previous = steps[rank]
+    journal.append((steps, rank, previous))  # inline journal writes (Journal.set)
+    steps[rank] = step
+    journal.append((stamps, rank, stamps[rank]))
+    stamps[rank] = ts_ns
+    known = state.known_ranks
+    if previous == NEVER and rank >= state.expected_ranks:
+        known += 1
+    first_step, first_ns = state.first_step, state.first_heartbeat_ns
+    if first_step < 0:
+        first_step, first_ns = step, ts_ns
+    dead = data.dead
+    if dead and rank in dead:
+        journal.discard(dead, rank)
+    last_ns = ts_ns if ts_ns > state.last_heartbeat_ns else state.last_heartbeat_ns
+    run_step = step if step > state.run_step else state.run_step
+    if state.thresholds:
+        cfg = effective_config(cfg, state.thresholds)
+    f = HeartbeatFacts(
+        state, event, source, cfg, now_ns, rank, step, previous, data, journal, known,
+        first_step, first_ns, run_step, last_ns, state.step_scan_at,
+        state.time_scan_after_ns, state.stragglers,
+    )  # fmt: skip
+    for fold in _HEARTBEAT_FOLDS:
+        fold(f)
+    out = f.out
+    verdicts = out.out if out is not None else []
+    # Positional, in field order (a test pins the order): much cheaper than replace().
+    return LivenessState(
+        state.run_id, source.offset, state.incarnation, True, state.status, state.thresholds,
+        now_ns, state.started_ns, state.expected_ranks, known, first_step, first_ns, run_step,
+        state.step_hint, last_ns, table, len(dead), False, f.time_scan_after, f.step_scan_at,
+        f.stragglers, state.heartbeats + 1,
+        out.raised() if verdicts and out is not None else state.raised,
+        out.counts() if verdicts and out is not None else state.anomaly_counts,
+        state.exit_rank, source.index, state.launch_id,
+    ), verdicts  # fmt: skip
+
+
 __all__ = [
     "SIGNAL_NAMES",
     "LivenessEvent",
     "LivenessState",
     "advance_step",
     "exit_status",
+    "fold_heartbeat",
     "fold_liveness",
 ]

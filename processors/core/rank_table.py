@@ -122,6 +122,16 @@ class Journal(list[Entry]):
         self.append((values, len(values), _ABSENT))
         values.append(value)
 
+    def rollback(self, mark: int) -> None:
+        """Undo every write recorded after the first ``mark`` entries, newest first.
+
+        A fold of many events through one journal (`processors.core.liveness_pack`) uses
+        it to take back the writes of one event that raised, keeping the others'.
+        """
+        while len(self) > mark:
+            container, key, old = self.pop()
+            _put(container, key, old)
+
 
 def _get(container: Container, key: Any) -> Any:
     if isinstance(container, list):

@@ -50,6 +50,7 @@ import msgspec
 from runwatch.processors.core.checkpoints import CheckpointCatalogue, fold_checkpoint
 from runwatch.processors.core.config import DetectorConfig, config_hash
 from runwatch.processors.core.liveness import LivenessState, fold_liveness
+from runwatch.processors.core.liveness_pack import PackFold, fold_heartbeat_pack
 from runwatch.processors.core.policy import PolicyState, fold_policy
 from runwatch.processors.core.retention import (
     EXPIRED,
@@ -84,7 +85,8 @@ Record: TypeAlias = tuple[TopicRole, Provenance, InputEvent | AnomalyDetected]
 """``(role, provenance, event)``: one record of the log, as read from its topic."""
 SortKey: TypeAlias = tuple[int, str, int, int, int, str, int]
 Touched: TypeAlias = dict[tuple[StateKind, str], tuple[Any, list[tuple[Provenance, Any]]]]
-"""(state kind, run) -> its state before the batch and the batch's events applied to it."""
+"""(state kind, run) -> its state before the batch and the batch's events applied to it
+(an event, or a `PackSpan` of a pack's events at the pack's record position)."""
 READ_ROLES: Final[frozenset[TopicRole]] = frozenset({*FOLD_ORDER, TopicRole.RUNS})
 """The roles a replay takes records of: the folded ones, and ``runs`` (read, not folded)."""
 REPLAY_ANOMALIES_TOPIC: Final = "replay.anomalies"
@@ -95,6 +97,11 @@ SWEPT_ROLES: Final[frozenset[TopicRole]] = frozenset(
 records (heartbeats are swept at their Ticks)."""
 REASON_MAX_CHARS: Final = 1000
 """Longest reason a fold or encode dead letter carries."""
+PACK_PATH: Final = True
+"""Whether a `Replayer` folds a heartbeats record that is a pack per record
+(`processors.core.liveness_pack`) unless told otherwise; off, every inner event goes
+through `Replayer._dispatch` on its own. Both give the same states, verdicts and dead
+letters (tests/unit/core/test_pack_path.py)."""
 S = TypeVar("S")
 Out = TypeVar("Out")
 
@@ -116,6 +123,17 @@ def unpack(source: Provenance, event: Event) -> Iterator[tuple[Provenance, Event
     topic, partition, offset = source.topic, source.partition, source.offset
     for index, inner in enumerate(event.events):
         yield Provenance(topic=topic, partition=partition, offset=offset, index=index), inner
+
+
+class PackSpan(msgspec.Struct, frozen=True, gc=False):
+    """Events ``start`` to ``stop`` (exclusive) of a pack, applied at once (`_touched`).
+
+    `Replayer._flush` refolds them one by one, each at its own position (`unpack`).
+    """
+
+    pack: EventPack
+    start: int
+    stop: int
 
 
 def stage_dead_letter(
@@ -186,13 +204,16 @@ def _key(anomaly: AnomalyDetected, index: int) -> SortKey:
 class Replayer:
     """An incremental replay: feed records in batches, read the result at any point."""
 
-    def __init__(self, cfg: DetectorConfig) -> None:
+    def __init__(self, cfg: DetectorConfig, *, pack_path: bool = PACK_PATH) -> None:
         """Start with no state.
 
         Args:
             cfg: The detector configuration.
+            pack_path: Fold a pack of heartbeats per record (`PACK_PATH`); False: event by
+                event (the same outcome, slower; for tests and benches).
         """
         self.cfg = cfg
+        self.pack_path = pack_path
         self.steps: dict[str, StepHealthState] = {}
         self.liveness: dict[str, LivenessState] = {}
         self.policy: dict[str, PolicyState] = {}
@@ -396,6 +417,9 @@ class Replayer:
         try:
             for role, source, event in records:
                 if type(event) is EventPack:
+                    if self.pack_path and role == TopicRole.HEARTBEATS:
+                        self._heartbeat_pack(source, event)
+                        continue
                     for inner_source, inner in unpack(source, event):
                         self._dispatch(role, inner_source, inner)  # type: ignore[arg-type]
                 else:
@@ -444,7 +468,12 @@ class Replayer:
             else:
                 store[run_id] = before
             for source, event in applied:
-                self._refold(kind, store, run_id, source, event)
+                if type(event) is PackSpan:
+                    spans = unpack(source, event.pack)
+                    for inner_source, inner in list(spans)[event.start : event.stop]:
+                        self._refold(kind, store, run_id, inner_source, inner)
+                else:
+                    self._refold(kind, store, run_id, source, event)
 
     def _drop_run_outputs(self, run_id: str, marks: tuple[int, int, int]) -> None:
         verdicts, dead, commands = marks
@@ -468,6 +497,67 @@ class Replayer:
             self.commands.extend(
                 self._apply(kind, store, run_id, source, event, self._fold_policy) or []
             )
+
+    def _heartbeat_pack(self, source: Provenance, pack: EventPack) -> None:
+        """Apply a pack of the heartbeats role: per record where it can, else per event.
+
+        Rules:
+            1. A run with no liveness state, or a suspended one, goes event by event
+               (`_dispatch`: admission, a new state, a suspended run's log time).
+            2. Otherwise `fold_heartbeat_pack` folds its events up to where it stops; the
+               bookkeeping `_heartbeats` and `_apply` do per event is done once for them:
+               the partition's runs, the batch's `_touched` entry (a `PackSpan`, which
+               `_flush` refolds event by event), the state's write (not when unchanged),
+               the verdicts, and a ``fold`` dead letter per failed event at its position.
+            3. The events from where it stopped on go event by event (`_dispatch`: an
+               expired state is evicted there, a non-heartbeat folds as ever).
+        """
+        run_id = pack.run_id
+        state = self.liveness.get(run_id)
+        touched = self._touched
+        stop = 0
+        if state is not None and state.live and touched is not None:  # rule 1
+            fold = fold_heartbeat_pack(state, pack, source, self.cfg)
+            stop = fold.stop
+            if stop:
+                self._applied_pack(touched, source, pack, state, fold)
+        if stop < len(pack.events):  # rule 3
+            for inner_source, inner in list(unpack(source, pack))[stop:]:
+                self._dispatch(TopicRole.HEARTBEATS, inner_source, inner)  # type: ignore[arg-type]
+
+    def _applied_pack(
+        self,
+        touched: Touched,
+        source: Provenance,
+        pack: EventPack,
+        before: LivenessState,
+        fold: PackFold,
+    ) -> None:
+        """Rule 2 of `_heartbeat_pack`: the bookkeeping of the events ``fold`` folded."""
+        run_id = pack.run_id
+        self.partition_runs.setdefault(source.partition, set()).add(run_id)
+        key = (StateKind.LIVENESS, run_id)
+        seen = touched.get(key)
+        if seen is None:
+            touched[key] = seen = (before, [])
+        seen[1].append((source, PackSpan(pack, 0, fold.stop)))
+        if fold.state is not before:
+            self.liveness[run_id] = fold.state
+        self._collect_pack(fold.verdicts)
+        for index, exc in fold.failures:
+            at = Provenance(
+                topic=source.topic, partition=source.partition, offset=source.offset, index=index
+            )
+            self.dead_letters.append(stage_dead_letter(at, pack.events[index], run_id, "fold", exc))
+
+    def _collect_pack(self, verdicts: list[AnomalyDetected]) -> None:
+        """`_collect` of a pack's verdicts, numbered within each event as `_collect` does."""
+        index, i = None, 0
+        for v in verdicts:
+            at = v.source.index if v.source is not None else -1
+            i = i + 1 if at == index else 0
+            index = at
+            self.recomputed.append((_key(v, i), v))
 
     def _dispatch(self, role: str, source: Provenance, event: InputEvent | AnomalyDetected) -> None:
         """Apply one event (a record, or one event of a pack) of ``role``."""

@@ -94,9 +94,17 @@ def run_expired(*, ended: bool, announced: bool, last_ns: int, now_ns: int) -> b
     silent_ns = now_ns - last_ns
     if ended:  # rule 1
         return silent_ns > ENDED_RETENTION_NS
-    if not announced:  # rule 2
-        return silent_ns > STRAY_RETENTION_NS
-    return silent_ns > SILENT_RETENTION_NS  # rules 3 and 4
+    return silent_ns > live_retention_ns(announced=announced)  # rules 2, 3 and 4
+
+
+def live_retention_ns(*, announced: bool) -> int:
+    """How long a running run's state is kept with nothing of it arriving (rules 2 and 3).
+
+    `liveness_expired` of a live state at ``now_ns`` is ``now_ns - max(last_heartbeat_ns,
+    started_ns)`` above this, ``announced`` being a RunStarted's world size (the heartbeat
+    pack path, `processors.core.liveness_pack`, checks it so per event).
+    """
+    return SILENT_RETENTION_NS if announced else STRAY_RETENTION_NS
 
 
 def liveness_expired(state: LivenessState, now_ns: int) -> bool:
@@ -175,6 +183,7 @@ __all__ = [
     "PartitionFull",
     "check_admission",
     "checkpoints_expired",
+    "live_retention_ns",
     "liveness_expired",
     "policy_expired",
     "run_expired",
