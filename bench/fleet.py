@@ -9,10 +9,11 @@ the small runs send one record per event, as a `RunEmitter` does by default.
 Three phases against one broker of its own and two `runwatch processors` workers:
 
 1. **Throughput**: a backlog of ``--steps`` steps of the whole fleet is produced first, then
-   the workers start and drain it. Events/s = events / (last commit - first commit), from
-   the group's committed offsets (durably processed), with the records -> events map of the
-   backlog. CPU per event: the two workers' user + system CPU over the drain. Changelog
-   bytes per event: the bytes of the records the workers wrote to their changelog topics.
+   the workers start and drain it. Events/s = events / (every record committed - the first
+   round of either worker began), from the group's committed offsets (durably processed)
+   and the workers' `RoundStats` lines, with the records -> events map of the backlog. CPU
+   per event: the two workers' user + system CPU over the drain. Changelog bytes per
+   event: the bytes of the records the workers wrote to their changelog topics.
 2. **Latency under load**: the fleet goes on stepping at ``--load`` (default 0.8) of the
    measured events/s while ``--probes`` small runs step every 50 ms beside it with a loss
    spike every 20th step (the fleet's own runs step too slowly at this size to build a
@@ -43,6 +44,7 @@ if sys.path and sys.path[0] == __import__("os").path.dirname(__file__):
     sys.path.pop(0)
 
 import argparse
+import itertools
 import json
 import os
 import random
@@ -132,8 +134,45 @@ def start_worker(bootstrap: str, prefix: str, root: Path, name: str) -> ManagedP
             f"{prefix}-app", "--session-timeout", "6"]  # fmt: skip
     for s in SETS:
         args += ["--set", s]
-    env = {**os.environ, "RUNWATCH_COMMAND_KEY": COMMAND_KEY}
+    env = {
+        **os.environ,
+        "RUNWATCH_COMMAND_KEY": COMMAND_KEY,
+        "RUNWATCH_BATCH_STATS_S": str(STATS_S),  # when its first round began: `first_round_s`
+    }
     return ManagedProcess.runwatch(name, args, root / f"{name}.log", env=env, cwd=root)
+
+
+STATS_S = 0.5
+"""The workers' `RoundStats` interval: each line stamps when its first round began."""
+
+
+def first_round_s(logs: list[Path], timeout_s: float = 30.0) -> float:
+    """When the first round of any of the workers began (epoch seconds, `RoundStats`).
+
+    Raises:
+        SystemExit: No worker wrote a stats line with rounds within ``timeout_s``.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        starts = [
+            float(json.loads(line.split("batch path stats: ", 1)[1])["first_start"])
+            for log in logs
+            for line in log.read_text(errors="replace").splitlines()
+            if "batch path stats: " in line and '"first_start"' in line
+        ]
+        if starts:
+            return min(starts)
+        if time.monotonic() > deadline:
+            raise SystemExit(f"no worker logged a round in {timeout_s:.0f} s: see {logs}")
+        time.sleep(STATS_S / 2)  # the next stats line comes at the next interval
+
+
+def cpu_at(samples: list[Sample], t: float) -> float:
+    """The sampled CPU seconds at time ``t``, interpolated (the first sample's before it)."""
+    for (t0, _, c0), (t1, _, c1) in itertools.pairwise(samples):
+        if t0 <= t <= t1:
+            return c0 + (c1 - c0) * (t - t0) / max(t1 - t0, 1e-9)
+    return samples[0][2] if t < samples[0][0] else samples[-1][2]
 
 
 def cpu_s(pid: int) -> float:
@@ -168,7 +207,7 @@ def topic_bytes(bootstrap: str, topics: list[str]) -> tuple[int, int]:
 
 
 Sample = tuple[float, int, float]
-"""(time, records committed, CPU seconds of the sampled processes so far)."""
+"""(epoch seconds, records committed, CPU seconds of the sampled processes so far)."""
 
 
 def wait_committed(bootstrap: str, group: str, target: dict[tuple[str, int], int],
@@ -183,7 +222,7 @@ def wait_committed(bootstrap: str, group: str, target: dict[tuple[str, int], int
     while True:
         done = committed_offsets(bootstrap, group)
         committed = sum(min(done.get(tp, 0), n) for tp, n in target.items())
-        samples.append((time.monotonic(), committed, sum(cpu_s(p) for p in pids)))
+        samples.append((time.time(), committed, sum(cpu_s(p) for p in pids)))
         if all(done.get(tp, 0) >= n for tp, n in target.items() if n):
             return samples
         if time.monotonic() > deadline:
@@ -369,13 +408,14 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         stack.callback(lambda: [w.stop() for w in workers])
         pids = tuple(w.proc.pid for w in workers)
         samples = wait_committed(bootstrap, group, target, timeout_s=1800, pids=pids)
-        first = next(i for i, (_, n, _) in enumerate(samples) if n > 0)
-        # From the last sample before the first commit (start-up and imports excluded).
-        t_first, _, cpu_first = samples[max(0, first - 1)]
+        # From the first round of either worker (start-up and imports excluded) to the look
+        # that found every record committed: the commits lag the rounds, and timing from the
+        # first commit left the first rounds' work out of a short drain.
+        t_first = first_round_s([w.log_path for w in workers])
         t_last, _, cpu_last = samples[-1]
         drain_s = t_last - t_first
         rate = events / max(drain_s, 1e-9)
-        cpu_per_event_us = 1e6 * (cpu_last - cpu_first) / events
+        cpu_per_event_us = 1e6 * (cpu_last - cpu_at(samples, t_first)) / events
         changelogs = [changelog_topic(group, t) for t in TABLES]
         cl_records, cl_bytes = topic_bytes(bootstrap, changelogs)
 

@@ -384,8 +384,10 @@ def capacity(bootstrap: str, group: str, inputs: list[str], events: int,
     else:
         raise SystemExit(f"the worker's stats lines count {done} of {records} records")
     span_s = max(end_s - start_s, 1e-9)
-    inside = [c for t, c in cpu if start_s <= t <= end_s]
-    cpu_us = 1e6 * (inside[-1] - inside[0]) / events if len(inside) > 1 else float("nan")
+    cpu.append((time.time(), cpu_s(worker.proc.pid)))
+    # The CPU of exactly the drain's span (interpolated between the looks): the looks
+    # inside it alone covered a shorter time than the events were divided over.
+    cpu_us = 1e6 * _bench_processors().cpu_between(cpu, start_s, end_s) / events
     return {
         "capacity_events_per_s": events / span_s,
         "capacity_records_per_s": records / span_s,

@@ -7,13 +7,15 @@ Phases, against one backlog produced once:
    consuming, decoding and folding cost on their own. It is measured again right before
    each worker, so a worker and its ceiling run under the same load of the box.
 1. Throughput: one `runwatch processors` worker (a subprocess) drains the backlog.
-   Sustained events/s is measured from the group's committed offsets (what the worker has
-   durably processed), from the first commit to the last, so worker start-up is not
-   counted. The ``ratio`` is the worker over the ceiling measured just before it. On a
-   shared box the load of other processes moves wall-clock figures between
-   two measurements, so CPU per event (the worker's process, every thread; the ceiling's
-   process) is printed too, with its ratio (``cpu_ratio``): the part of the comparison the
-   neighbours' load does not move.
+   Events/s is over the worker's own rounds, from the start of its first to the end of
+   the one that reached the backlog's end (its `RoundStats` lines), as the quixstreams
+   peer is timed from its first event to its last, so worker start-up is not counted;
+   the drain is over when the group's committed offsets reach the end. The ``ratio`` is
+   the worker over the ceiling measured just before it. On a shared box the load of other
+   processes moves wall-clock figures between two measurements, so CPU per event (the
+   worker's process, every thread, over the same window; the ceiling's process) is printed
+   too, with its ratio (``cpu_ratio``): the part of the comparison the neighbours' load
+   does not move.
 2. Peers (issue 23): on the same backlog, right after the worker, bench/peers.py's
    quixstreams app doing the same core job (robust z on a 50-step loss window per run,
    last-seen step per rank) and its confluent-kafka read+decode ceiling, each in a process
@@ -50,6 +52,7 @@ if sys.path and sys.path[0] == __import__("os").path.dirname(__file__):
 import argparse
 import asyncio
 import importlib.util
+import itertools
 import json
 import os
 import random
@@ -139,8 +142,63 @@ def start_worker(
         *(["--batch-max", str(batch_max)] if batch_max is not None else []),
         "--set", "hang_timeout_s=3600", "--set", "dead_rank_timeout_s=3600",
     ]  # fmt: skip
-    env = {**os.environ, "RUNWATCH_COMMAND_KEY": "bench-command-key-0123456789"}
+    env = {
+        **os.environ,
+        "RUNWATCH_COMMAND_KEY": "bench-command-key-0123456789",
+        "RUNWATCH_BATCH_STATS_S": str(STATS_S),  # its rounds' span: `drain_window`
+    }
     return ManagedProcess.runwatch("processors", args, log, env=env)
+
+
+STATS_S = 0.5
+"""The worker's `RoundStats` interval: its lines stamp when its rounds began and ended."""
+
+
+def stats_lines(log: Path) -> list[dict[str, Any]]:
+    """The worker's `RoundStats` lines (``batch path stats: {json}``), in order."""
+    out = []
+    for line in log.read_text(errors="replace").splitlines():
+        if "batch path stats: " in line:
+            out.append(json.loads(line.split("batch path stats: ", 1)[1]))
+    return out
+
+
+def drain_window(log: Path, records: int, timeout_s: float = 30.0) -> tuple[float, float]:
+    """When the worker's first round began and the round that reached ``records`` ended.
+
+    Epoch seconds, from its `RoundStats` lines (every input record is counted in one; the
+    line of the drain's last round comes at the next interval, so this waits for it).
+
+    Raises:
+        SystemExit: The lines do not reach ``records`` within ``timeout_s``.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        lines = [s for s in stats_lines(log) if "first_start" in s]
+        done = 0
+        for line in lines:
+            done += int(line.get("records", {}).get("sum", 0))
+            if done >= records:
+                return float(lines[0]["first_start"]), float(line["last_end"])
+        if time.monotonic() > deadline:
+            raise SystemExit(f"the worker's stats lines count {done} of {records} records")
+        time.sleep(STATS_S / 2)  # the next stats line is written at the next interval
+
+
+def cpu_between(samples: list[tuple[float, float]], start_s: float, end_s: float) -> float:
+    """CPU seconds used from ``start_s`` to ``end_s``, interpolated between ``(t, cpu)`` samples.
+
+    Raises:
+        ValueError: The samples do not cover the window.
+    """
+
+    def at(t: float) -> float:
+        for (t0, c0), (t1, c1) in itertools.pairwise(samples):
+            if t0 <= t <= t1:
+                return c0 + (c1 - c0) * (t - t0) / max(t1 - t0, 1e-9)
+        raise ValueError(f"no CPU samples around {t:.3f}")
+
+    return at(end_s) - at(start_s)
 
 
 def cpu_s(pid: int) -> float:
@@ -233,29 +291,34 @@ def throughput(
     app_id = app_id or f"{prefix}-app"
     worker = start_worker(bootstrap, prefix, partitions, worker_log, app_id, batch_max)
     stack.callback(worker.stop)  # also when the measurement fails
-    samples: list[tuple[float, int, float]] = []
+    samples: list[tuple[float, float]] = []  # (epoch s, the worker's CPU s)
     spy: subprocess.Popen[bytes] | None = None
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
+        samples.append((time.time(), cpu_s(worker.proc.pid)))
         done = committed_total(app_id, bootstrap, set(inputs))
-        samples.append((time.monotonic(), done, cpu_s(worker.proc.pid)))
         if done >= target:
             break
         if py_spy is not None and spy is None and done > 0:
             spy = start_py_spy(worker.proc.pid, py_spy)
-        time.sleep(0.25)  # sampling interval of a measurement, not synchronisation
+        time.sleep(0.1)  # sampling interval of a measurement, not synchronisation
     else:
         raise SystemExit(f"worker did not drain the backlog; see {worker_log}")
+    samples.append((time.time(), cpu_s(worker.proc.pid)))
     if spy is not None:
         spy.send_signal(signal.SIGINT)  # py-spy writes its file when interrupted
         spy.wait(timeout=60)
-    first = next(i for i, (_, n, _) in enumerate(samples) if n > 0)
-    t_first, n_first, cpu_first = samples[first - 1] if first > 0 else samples[first]
-    t_last, n_last, cpu_last = samples[-1]
-    rate = (n_last - n_first) / max(t_last - t_first, 1e-9)
-    cpu_us = 1e6 * (cpu_last - cpu_first) / max(n_last - n_first, 1)
     consumer.close()
-    return {"drain_s": t_last - t_first, "events_per_s": rate, "cpu_us_per_event": cpu_us}, worker
+    # From the start of its first round to the end of the round that reached the backlog's
+    # end: what the quixstreams peer is timed over too (its first event to its last). The
+    # commits lag the rounds (a checkpoint every 0.2 s, its offsets committed beside the
+    # next rounds), so timing from the first commit left out the first rounds' work and
+    # overstated a short drain's rate several-fold.
+    start_s, end_s = drain_window(worker_log, target)
+    drain_s = max(end_s - start_s, 1e-9)
+    cpu_us = 1e6 * cpu_between(samples, start_s, end_s) / target
+    figures = {"drain_s": drain_s, "events_per_s": target / drain_s, "cpu_us_per_event": cpu_us}
+    return figures, worker
 
 
 def start_py_spy(pid: int, out: Path) -> subprocess.Popen[bytes]:
