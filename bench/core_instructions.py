@@ -38,9 +38,10 @@ difference of two rungs is that layer's own cost): ``rung-fold`` (the reducer al
 `_heartbeats`), ``rung-feed`` (`Replayer.feed` per batch: a Replayer, the records' loop,
 `_flush` with the state's encoding), then `fold_batch` (``general``); for heartbeats and
 steps (``--ladder-of heartbeat,step``). ``--callgrind FILE`` runs one kind's measured
-process (``--kinds`` names one) under callgrind instead, for `callgrind_annotate
---inclusive=yes FILE` (CPython 3.11 shows its C functions, not the Python ones: the
-rungs split the Python layers).
+process (``--kinds`` names one) under callgrind instead, folding (into FILE) and not
+(FILE.no-fold), and prints the C functions' exclusive counts per event, the second run's
+subtracted; `callgrind_annotate --inclusive=yes FILE` reads the whole profile (CPython
+3.11 shows its C functions, not the Python ones: the rungs split the Python layers).
 
 ``--tree DIR`` measures another checkout (a git worktree of an older commit): the
 measured process gets ``PYTHONPATH=DIR`` and runs from DIR, so ``runwatch`` resolves to
@@ -383,6 +384,33 @@ def _count(
         return int(match.group(1).replace(",", ""))
 
 
+def _exclusive(profile: Path) -> dict[str, int]:
+    """C function -> the instructions callgrind counted in it (exclusive), summed by name."""
+    text = subprocess.run(
+        ["callgrind_annotate", "--threshold=100", str(profile)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    out: dict[str, int] = {}
+    for line in text.splitlines():
+        match = re.match(r"\s*([\d,]+) \([^)]*\)\s+(.*)", line)
+        if match and "PROGRAM TOTALS" not in line:
+            name = re.sub(r" \[.*\]$", "", match.group(2)).split(":")[-1]
+            out[name] = out.get(name, 0) + int(match.group(1).replace(",", ""))
+    return out
+
+
+def _c_functions(folded: Path, empty: Path, events: int, top: int = 25) -> None:
+    """Print the C functions of the fold: the folded run's counts less the empty run's."""
+    a, b = _exclusive(folded), _exclusive(empty)
+    diff = {name: a.get(name, 0) - b.get(name, 0) for name in a.keys() | b.keys()}
+    total = sum(diff.values())
+    print(f"{total / events:,.0f} instructions per event; C functions (exclusive):")
+    for name, count in sorted(diff.items(), key=lambda kv: -kv[1])[:top]:
+        print(f"  {count / events:>8,.0f} {count / total:6.1%}  {name}")
+
+
 def _expand(kinds: list[str], ladder_of: list[str]) -> list[str]:
     """The inner kinds ``--kinds`` names (``loose``, ``general`` and ``ladder`` expanded)."""
     out: list[str] = []
@@ -457,7 +485,10 @@ def main() -> None:
         if len(inner_kinds) != 1 or inner_kinds[0].startswith("fed-"):
             raise SystemExit("--callgrind profiles one kind (not fed-*): name it in --kinds")
         batch = args.loose_batch_records if "-" in inner_kinds[0] else args.batch_records
+        empty = args.callgrind.with_name(args.callgrind.name + ".no-fold")
         _count(tree, inner_kinds[0], args.events, args.world, True, batch, args.callgrind)
+        _count(tree, inner_kinds[0], args.events, args.world, False, batch, empty)
+        _c_functions(args.callgrind, empty, args.events)
         print(f"callgrind_annotate --inclusive=yes {args.callgrind}")
         return
     for kind in inner_kinds:
