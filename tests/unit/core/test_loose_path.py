@@ -238,3 +238,23 @@ def test_fold_batch_takes_the_switch_and_gives_the_same_batch() -> None:
         assert [encode(d) for d in on.dead] == [encode(d) for d in off.dead]
         assert on.encoded == off.encoded and on.evicted == off.evicted
         assert on.encoded  # states were made
+
+
+def test_a_healthy_gang_of_loose_heartbeats_folds_as_the_general_path() -> None:
+    """8 ranks, a record each per step, one rank going silent: the general path's outcome
+    (nearly every heartbeat takes the direct path: a known, live run, within retention)."""
+    world, rng = 8, random.Random(3)
+    records: list[Record] = [("heartbeats", at_hb(0), started(world_size=world))]
+    for n in range(1, 60):
+        for r in range(world):
+            if n < 40 or r != 5:  # rank 5 goes silent: dead_rank
+                dt = 0.25 + rng.random() / 100
+                beat = hb(r, n, n * S + rng.randrange(S // 10), dt=dt)
+                records.append(("heartbeats", at_hb(len(records)), beat))  # type: ignore[arg-type]
+    _, loose = both_ways(batches(records, 1))
+    assert [v.kind for _, v in loose.recomputed] == ["dead_rank"]
+    assert loose.liveness["r"].heartbeats == len(records) - 1
+
+
+def at_hb(offset: int) -> Provenance:
+    return Provenance(topic=ROLES["heartbeats"], partition=0, offset=offset)
