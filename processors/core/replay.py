@@ -38,6 +38,11 @@ position ``(offset, index)`` (`unpack`), so its verdicts and dead letters name i
 and the reducers' offset-in-state rule skips what was applied, inner event by inner
 event. A pack is one run's, and one run's state is one table value written once per
 batch, so after a crash a pack is redelivered to a state that holds all of it or none.
+
+Two direct paths give the general one's outcome at less bookkeeping per record (issue
+23): a heartbeats pack folded per record (`PACK_PATH`, `Replayer._heartbeat_pack`), and a
+loose Heartbeat or StepCompleted of a known run folded with `_dispatch` and `_apply`'s
+steps inline (`LOOSE_PATH`, `Replayer._loose_heartbeat`, `Replayer._loose_step`).
 """
 
 from __future__ import annotations
