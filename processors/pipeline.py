@@ -14,14 +14,19 @@ outputs and dead letters first, then writes exactly these bytes (ARCHITECTURE ru
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, NamedTuple
+from itertools import repeat
+from operator import itemgetter
+from typing import Any, Final, NamedTuple
 
 from runwatch.processors.core.config import DetectorConfig
-from runwatch.processors.core.replay import PACK_PATH, SWEPT_ROLES, Replayer
+from runwatch.processors.core.replay import LOOSE_PATH, PACK_PATH, SWEPT_ROLES, Replayer
 from runwatch.processors.core.retention import sweep_due
-from runwatch.schemas.events import TICK_RUN_ID, DeadLetter, Event, EventPack, Tick
+from runwatch.schemas.events import TICK_RUN_ID, DeadLetter, Event, EventPack, Provenance, Tick
 from runwatch.schemas.records import Decoded
 from runwatch.schemas.topics import TopicRole, folding
+
+_HEARTBEATS: Final = TopicRole.HEARTBEATS
+"""Read once (on Python 3.11 an enum member read off its class costs a Python-level lookup)."""
 
 
 class BatchResult(NamedTuple):
@@ -51,6 +56,7 @@ def fold_batch(
     cfg: DetectorConfig,
     *,
     pack_path: bool = PACK_PATH,
+    loose_path: bool = LOOSE_PATH,
 ) -> BatchResult:
     """Fold ``items`` (one topic role, in partition order) into the states they touch.
 
@@ -62,31 +68,43 @@ def fold_batch(
         cfg: Detector configuration.
         pack_path: Fold a pack of heartbeats per record (`Replayer`'s switch: the same
             outcome either way).
+        loose_path: Fold a loose heartbeat or step through the Replayer's direct path
+            (its switch: the same outcome either way).
 
     Returns:
         The states of every run the batch touched, the verdicts or commands to publish in
         the order the reducers emitted them, the dead letters, and the encoded states.
     """
-    replayer = Replayer(cfg, pack_path=pack_path)
+    replayer = Replayer(cfg, pack_path=pack_path, loose_path=loose_path)
     kind = folding(role).state
     store = replayer.states_of(role)
     replayer.stored_runs = lambda _, partition: runs_in_partition(partition)
     swept: set[int] = set()
-    for source, event in items:
-        if isinstance(event, Tick) and event.run_id == TICK_RUN_ID:
-            known = replayer.partition_runs.setdefault(source.partition, set())
+    sweeps, heartbeats = role in SWEPT_ROLES, role == _HEARTBEATS
+    partition_runs = replayer.partition_runs
+    for source, event in items:  # per record: the loop is inline (issue 23)
+        run_id = event.run_id
+        if run_id == TICK_RUN_ID and isinstance(event, Tick):
+            known = partition_runs.setdefault(source.partition, set())
             for run_id in runs_in_partition(source.partition):
                 known.add(run_id)
                 _preload(store, run_id, load)
             continue
-        if role in SWEPT_ROLES and sweep_due(source) and source.partition not in swept:
+        if sweeps and sweep_due(source) and source.partition not in swept:
             swept.add(source.partition)  # the sweep reads every state of the partition
-            for run_id in runs_in_partition(source.partition):
-                _preload(store, run_id, load)
-        _preload(store, event.run_id, load)
-        if role == TopicRole.HEARTBEATS:
-            replayer.partition_runs.setdefault(source.partition, set()).add(event.run_id)
-    replayer.feed((role, source, event) for source, event in items)  # type: ignore[misc]
+            for stored in runs_in_partition(source.partition):
+                _preload(store, stored, load)
+        if run_id not in store:  # `_preload`
+            state = load(run_id)
+            if state is not None:
+                store[run_id] = state
+        if heartbeats:
+            runs = partition_runs.get(source.partition)
+            if runs is None:
+                partition_runs[source.partition] = {run_id}
+            elif run_id not in runs:
+                runs.add(run_id)
+    replayer.feed(zip(repeat(role), *_columns(items)))  # type: ignore[arg-type]
     outputs: list[Event] = [verdict for _, verdict in replayer.recomputed]
     outputs.extend(replayer.commands)
     return BatchResult(
@@ -173,6 +191,11 @@ def _chunks(items: Sequence[Decoded], budget: int) -> Iterator[Sequence[Decoded]
             start, weight = i + 1, 0
     if start < len(items):
         yield items[start:]
+
+
+def _columns(items: Sequence[Decoded]) -> tuple[Iterable[Provenance], Iterable[Any]]:
+    """The records' positions and events, as two iterables (no tuple made per record)."""
+    return map(itemgetter(0), items), map(itemgetter(1), items)
 
 
 def _preload(store: dict[str, Any], run_id: str, load: Callable[[str], Any]) -> None:

@@ -38,6 +38,11 @@ position ``(offset, index)`` (`unpack`), so its verdicts and dead letters name i
 and the reducers' offset-in-state rule skips what was applied, inner event by inner
 event. A pack is one run's, and one run's state is one table value written once per
 batch, so after a crash a pack is redelivered to a state that holds all of it or none.
+
+Two direct paths give the general one's outcome at less bookkeeping per record (issue
+23): a heartbeats pack folded per record (`PACK_PATH`, `Replayer._heartbeat_pack`), and a
+loose Heartbeat or StepCompleted of a known run folded with `_dispatch` and `_apply`'s
+steps inline (`LOOSE_PATH`, `Replayer._loose_heartbeat`, `Replayer._loose_step`).
 """
 
 from __future__ import annotations
@@ -49,11 +54,13 @@ import msgspec
 
 from runwatch.processors.core.checkpoints import CheckpointCatalogue, fold_checkpoint
 from runwatch.processors.core.config import DetectorConfig, config_hash
-from runwatch.processors.core.liveness import LivenessState, fold_liveness
+from runwatch.processors.core.liveness import LivenessState, fold_heartbeat, fold_liveness
 from runwatch.processors.core.liveness_pack import PackFold, fold_heartbeat_pack
 from runwatch.processors.core.policy import PolicyState, fold_policy
 from runwatch.processors.core.retention import (
     EXPIRED,
+    STRAY_RETENTION_NS,
+    SWEEP_EVERY_RECORDS,
     check_admission,
     liveness_expired,
     sweep_due,
@@ -102,6 +109,23 @@ PACK_PATH: Final = True
 (`processors.core.liveness_pack`) unless told otherwise; off, every inner event goes
 through `Replayer._dispatch` on its own. Both give the same states, verdicts and dead
 letters (tests/unit/core/test_pack_path.py)."""
+LOOSE_PATH: Final = True
+"""Whether a `Replayer` folds a loose record (one event, not a pack) that is a Heartbeat of
+the heartbeats role or a StepCompleted of the steps role through its direct path
+(`Replayer._loose_heartbeat`, `Replayer._loose_step`: `_dispatch` and `_apply`'s
+bookkeeping inline) unless told otherwise; off, through `Replayer._dispatch`. Both give
+the same states, verdicts and dead letters (tests/unit/core/test_loose_path.py)."""
+_ROLE_STEPS: Final = TopicRole.STEPS
+_ROLE_HEARTBEATS: Final = TopicRole.HEARTBEATS
+_ROLE_CHECKPOINTS: Final = TopicRole.CHECKPOINTS
+_ROLE_ANOMALIES: Final = TopicRole.ANOMALIES
+_KIND_STEPS: Final = StateKind.STEPS
+_KIND_LIVENESS: Final = StateKind.LIVENESS
+_KIND_CHECKPOINTS: Final = StateKind.CHECKPOINTS
+_KIND_POLICY: Final = StateKind.POLICY
+"""The roles and state kinds, read once: on Python 3.11 reading an enum member off its
+class (``TopicRole.STEPS``) goes through the enum's Python-level lookup, about 60 ns, and
+the general path read several per record."""
 S = TypeVar("S")
 Out = TypeVar("Out")
 
@@ -204,16 +228,22 @@ def _key(anomaly: AnomalyDetected, index: int) -> SortKey:
 class Replayer:
     """An incremental replay: feed records in batches, read the result at any point."""
 
-    def __init__(self, cfg: DetectorConfig, *, pack_path: bool = PACK_PATH) -> None:
+    def __init__(
+        self, cfg: DetectorConfig, *, pack_path: bool = PACK_PATH, loose_path: bool = LOOSE_PATH
+    ) -> None:
         """Start with no state.
 
         Args:
             cfg: The detector configuration.
             pack_path: Fold a pack of heartbeats per record (`PACK_PATH`); False: event by
                 event (the same outcome, slower; for tests and benches).
+            loose_path: Fold a loose heartbeat or step through the direct path
+                (`LOOSE_PATH`); False: through `_dispatch` (the same outcome, slower; for
+                tests and benches).
         """
         self.cfg = cfg
         self.pack_path = pack_path
+        self.loose_path = loose_path
         self.steps: dict[str, StepHealthState] = {}
         self.liveness: dict[str, LivenessState] = {}
         self.policy: dict[str, PolicyState] = {}
@@ -236,10 +266,10 @@ class Replayer:
         (the live agents' tables); a whole replay keeps them all here: none."""
         self._touched: Touched | None = None
         self._stores: dict[StateKind, dict[str, Any]] = {
-            StateKind.STEPS: self.steps,
-            StateKind.LIVENESS: self.liveness,
-            StateKind.POLICY: self.policy,
-            StateKind.CHECKPOINTS: self.checkpoints,
+            _KIND_STEPS: self.steps,
+            _KIND_LIVENESS: self.liveness,
+            _KIND_POLICY: self.policy,
+            _KIND_CHECKPOINTS: self.checkpoints,
         }
 
     def states_of(self, role: TopicRole | str) -> dict[str, Any]:
@@ -350,7 +380,7 @@ class Replayer:
                 if run_id not in self.liveness:  # listed but never seen: nothing to age
                     continue
                 verdicts = self._apply(
-                    StateKind.LIVENESS,
+                    _KIND_LIVENESS,
                     self.liveness,
                     run_id,
                     source,
@@ -360,13 +390,13 @@ class Replayer:
                 self._collect(verdicts or [])
                 state = self.liveness.get(run_id)
                 if state is not None and liveness_expired(state, event.ts_ns):
-                    self._evict(StateKind.LIVENESS, self.liveness, run_id, source.partition)
+                    self._evict(_KIND_LIVENESS, self.liveness, run_id, source.partition)
             return
         if not isinstance(event, (Heartbeat, RunStarted, RunEnded, RankExited)):
             return
         self.partition_runs.setdefault(source.partition, set()).add(event.run_id)
         verdicts = self._apply(
-            StateKind.LIVENESS,
+            _KIND_LIVENESS,
             self.liveness,
             event.run_id,
             source,
@@ -381,13 +411,13 @@ class Replayer:
         self.encoded[kind].pop(run_id, None)
         self.evicted[kind].add(run_id)
         self._members(kind, partition).discard(run_id)
-        if kind is StateKind.LIVENESS:
+        if kind is _KIND_LIVENESS:
             self.partition_runs.get(partition, set()).discard(run_id)
 
     def _anomaly(self, source: Provenance, anomaly: AnomalyDetected) -> None:
         self.recorded_anomalies += 1
         commands = self._apply(
-            StateKind.POLICY,
+            _KIND_POLICY,
             self.policy,
             anomaly.run_id,
             source,
@@ -413,22 +443,112 @@ class Replayer:
             ValueError: An unknown role.
         """
         marks = len(self.recomputed), len(self.dead_letters), len(self.commands)
-        self._touched = {}
+        touched: Touched = {}
+        self._touched = touched
+        loose = self.loose_path
         try:
             for role, source, event in records:
-                if type(event) is EventPack:
-                    if self.pack_path and role == TopicRole.HEARTBEATS:
-                        self._heartbeat_pack(source, event)
+                kind = type(event)
+                if kind is Heartbeat and loose and role == _ROLE_HEARTBEATS:
+                    self._loose_heartbeat(touched, source, event)  # type: ignore[arg-type]
+                elif kind is StepCompleted and loose and role == _ROLE_STEPS:
+                    self._loose_step(touched, source, event)  # type: ignore[arg-type]
+                elif kind is EventPack:
+                    if self.pack_path and role == _ROLE_HEARTBEATS:
+                        self._heartbeat_pack(source, event)  # type: ignore[arg-type]
                         continue
                     for inner_source, inner in unpack(source, event):
                         self._dispatch(role, inner_source, inner)  # type: ignore[arg-type]
                 else:
                     self._dispatch(role, source, event)
-            touched = self._touched
         finally:
             self._touched = None
         self._flush(touched, marks)
         return self
+
+    def _loose_heartbeat(self, touched: Touched, source: Provenance, event: Heartbeat) -> None:
+        """A loose Heartbeat of the heartbeats role: `_dispatch`'s outcome, its steps inline.
+
+        Rules:
+            1. A run with no liveness state, a suspended one, a heartbeat at or before the
+               state's position, or one more than `STRAY_RETENTION_NS` after the run's last
+               heartbeat (its state may be past its retention: the shortest one a live
+               state has) goes through `_dispatch` (admission, a new state, log time only,
+               the skip, the eviction).
+            2. Otherwise what `_heartbeats` and `_apply` do for it, in their order: the
+               partition's runs, the batch's `_touched` entry, `liveness.fold_heartbeat`
+               (what `fold_liveness` calls for it), a ``fold`` dead letter if that raises
+               (the state kept), else the state's write and the verdicts (`_collect`).
+        """
+        run_id = event.run_id
+        before = self.liveness.get(run_id)
+        if (  # rule 1
+            before is None
+            or not before.live
+            or event.ts_ns - before.last_heartbeat_ns > STRAY_RETENTION_NS
+            or (
+                source.offset <= before.last_offset
+                and (source.offset < before.last_offset or source.index <= before.last_index)
+            )
+        ):
+            self._dispatch(_ROLE_HEARTBEATS, source, event)
+            return
+        partition = source.partition  # rule 2
+        runs = self.partition_runs.get(partition)
+        if runs is None:
+            self.partition_runs[partition] = {run_id}
+        elif run_id not in runs:
+            runs.add(run_id)
+        key = (_KIND_LIVENESS, run_id)
+        seen = touched.get(key)
+        if seen is None:
+            touched[key] = seen = (before, [])
+        seen[1].append((source, event))
+        try:
+            state, verdicts = fold_heartbeat(before, event, source, self.cfg, None)
+        except Exception as exc:
+            self.dead_letters.append(stage_dead_letter(source, event, run_id, "fold", exc))
+            return
+        self.liveness[run_id] = state
+        if verdicts:
+            self._collect(verdicts)
+
+    def _loose_step(self, touched: Touched, source: Provenance, event: StepCompleted) -> None:
+        """A loose StepCompleted of the steps role: `_dispatch`'s outcome, its steps inline.
+
+        Rules:
+            1. A run with no step state, a record at which the partition may be swept
+               (`retention.sweep_due`), a run not running, or a step more than
+               `STRAY_RETENTION_NS` after the state's newest record (it may be past its
+               retention) goes through `_dispatch` (admission, the sweep, the eviction).
+            2. Otherwise what `_apply` does for it: the batch's `_touched` entry,
+               `fold_step`, a ``fold`` dead letter if that raises (the state kept), else the
+               state's write when it changed, and the verdicts (`_collect`).
+        """
+        run_id = event.run_id
+        before = self.steps.get(run_id)
+        if (  # rule 1
+            before is None
+            or source.offset % SWEEP_EVERY_RECORDS == 0
+            or before.info.status != "running"
+            or event.ts_ns - before.last_ts_ns > STRAY_RETENTION_NS
+        ):
+            self._dispatch(_ROLE_STEPS, source, event)
+            return
+        key = (_KIND_STEPS, run_id)  # rule 2
+        seen = touched.get(key)
+        if seen is None:
+            touched[key] = seen = (before, [])
+        seen[1].append((source, event))
+        try:
+            state, verdicts = fold_step(before, event, source, self.cfg)
+        except Exception as exc:
+            self.dead_letters.append(stage_dead_letter(source, event, run_id, "fold", exc))
+            return
+        if state is not before:
+            self.steps[run_id] = state
+        if verdicts:
+            self._collect(verdicts)
 
     def _flush(self, touched: Touched, marks: tuple[int, int, int]) -> None:
         """Encode each state the batch changed; refold a run whose state cannot be stored.
@@ -445,10 +565,10 @@ class Replayer:
                fold so. The refolded run's verdicts come after the others of the batch.)
         """
         stores: dict[StateKind, dict[str, Any]] = {
-            StateKind.STEPS: self.steps,
-            StateKind.LIVENESS: self.liveness,
-            StateKind.CHECKPOINTS: self.checkpoints,
-            StateKind.POLICY: self.policy,
+            _KIND_STEPS: self.steps,
+            _KIND_LIVENESS: self.liveness,
+            _KIND_CHECKPOINTS: self.checkpoints,
+            _KIND_POLICY: self.policy,
         }
         for (kind, run_id), (before, applied) in touched.items():
             store = stores[kind]
@@ -486,12 +606,12 @@ class Replayer:
     def _refold(
         self, kind: StateKind, store: dict[str, Any], run_id: str, source: Provenance, event: Any
     ) -> None:
-        if kind is StateKind.STEPS:
+        if kind is _KIND_STEPS:
             self._collect(self._apply(kind, store, run_id, source, event, self._fold_step) or [])
-        elif kind is StateKind.LIVENESS:
+        elif kind is _KIND_LIVENESS:
             verdicts = self._apply(kind, store, run_id, source, event, self._fold_liveness)
             self._collect(verdicts or [])
-        elif kind is StateKind.CHECKPOINTS:
+        elif kind is _KIND_CHECKPOINTS:
             self._apply(kind, store, run_id, source, event, _fold_checkpoint)
         else:
             self.commands.extend(
@@ -523,7 +643,7 @@ class Replayer:
                 self._applied_pack(touched, source, pack, state, fold)
         if stop < len(pack.events):  # rule 3
             for inner_source, inner in list(unpack(source, pack))[stop:]:
-                self._dispatch(TopicRole.HEARTBEATS, inner_source, inner)  # type: ignore[arg-type]
+                self._dispatch(_ROLE_HEARTBEATS, inner_source, inner)  # type: ignore[arg-type]
 
     def _applied_pack(
         self,
@@ -536,7 +656,7 @@ class Replayer:
         """Rule 2 of `_heartbeat_pack`: the bookkeeping of the events ``fold`` folded."""
         run_id = pack.run_id
         self.partition_runs.setdefault(source.partition, set()).add(run_id)
-        key = (StateKind.LIVENESS, run_id)
+        key = (_KIND_LIVENESS, run_id)
         seen = touched.get(key)
         if seen is None:
             touched[key] = seen = (before, [])
@@ -564,26 +684,26 @@ class Replayer:
         if role in SWEPT_ROLES and sweep_due(source):  # retention: log time of this record
             kind = folding(role).state
             self._sweep(kind, self._stores[kind], source.partition, event.ts_ns)
-        if role == TopicRole.STEPS:
+        if role == _ROLE_STEPS:
             if isinstance(event, (StepCompleted, RunStarted, RunEnded)):
                 verdicts = self._apply(
-                    StateKind.STEPS, self.steps, event.run_id, source, event, self._fold_step
+                    _KIND_STEPS, self.steps, event.run_id, source, event, self._fold_step
                 )
                 self._collect(verdicts or [])
-        elif role == TopicRole.HEARTBEATS:
+        elif role == _ROLE_HEARTBEATS:
             if not isinstance(event, AnomalyDetected):
                 self._heartbeats(source, event)
-        elif role == TopicRole.CHECKPOINTS:
+        elif role == _ROLE_CHECKPOINTS:
             if isinstance(event, (CheckpointCommitted, CheckpointFailed, RunStarted, RunEnded)):
                 self._apply(
-                    StateKind.CHECKPOINTS,
+                    _KIND_CHECKPOINTS,
                     self.checkpoints,
                     event.run_id,
                     source,
                     event,
                     _fold_checkpoint,
                 )
-        elif role == TopicRole.ANOMALIES:
+        elif role == _ROLE_ANOMALIES:
             if isinstance(event, AnomalyDetected):
                 self._anomaly(source, event)
         elif role not in READ_ROLES:
@@ -673,6 +793,7 @@ def replay(records: Iterable[Record], cfg: DetectorConfig) -> ReplayResult:
 
 
 __all__ = [
+    "LOOSE_PATH",
     "READ_ROLES",
     "REPLAY_ANOMALIES_TOPIC",
     "Record",

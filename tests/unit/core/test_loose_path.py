@@ -1,0 +1,260 @@
+"""The loose-record path (`Replayer._loose_heartbeat`, `Replayer._loose_step`) against
+the general one (`Replayer._dispatch`).
+
+A `Replayer` with ``loose_path=True`` folds a loose Heartbeat of the heartbeats role and a
+loose StepCompleted of the steps role with `_dispatch` and `_apply`'s bookkeeping inline;
+with ``loose_path=False`` every record goes through `_dispatch`. These tests hold the two
+to the same states (`encode_state` bytes), verdicts (ids and order, and the Replayer's
+sort keys), dead letters and their order, evictions and bookkeeping, after every batch,
+on random logs of both roles fed in random batches: heartbeats, steps, Ticks, RunStarted
+and RunEnded, RankExited, redeliveries, steps and heartbeats past their bounds, records
+past a state's retention, and records at which a steps partition is swept.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from runwatch.processors.core.bounds import MAX_STEP, MAX_STEP_JUMP
+from runwatch.processors.core.config import DetectorConfig, with_overrides
+from runwatch.processors.core.replay import Record, Replayer
+from runwatch.processors.core.retention import HOUR_NS, SWEEP_EVERY_RECORDS
+from runwatch.processors.core.state_codec import encode_state
+from runwatch.processors.pipeline import fold_batch
+from runwatch.schemas.codec import encode
+from runwatch.schemas.events import Event, EventPack, Provenance, RankExited
+from runwatch.schemas.records import Decoded
+from tests.unit.core.factories import S, ended, hb, started, step, tick
+
+CFG = with_overrides(
+    DetectorConfig(),
+    {
+        "rank_heartbeat_threshold": 3,
+        "dead_rank_timeout_s": 5.0,
+        "hang_timeout_s": 8.0,
+        "startup_timeout_s": 20.0,
+        "straggler_ratio": 1.5,
+        "straggler_steps": 2,
+        "loss_window": 8,
+        "loss_min_periods": 4,
+        "grad_window": 8,
+        "grad_min_periods": 4,
+        "loss_z_thresh": 4.0,
+        "collapse_steps": 6,
+        "restart_check_steps": 4,
+        "history_steps": 16,
+    },
+)
+RUNS = ("a", "b", "c")
+ROLES = {"heartbeats": "runwatch.heartbeats", "steps": "runwatch.steps"}
+
+
+class Log:
+    """Where each run and partition stands, so random records are mostly plausible."""
+
+    def __init__(self, rng: random.Random) -> None:
+        self.rng = rng
+        self.ts = S
+        self.step = dict.fromkeys(RUNS, 1)
+        self.world = {run: rng.randint(1, 5) for run in RUNS}
+        self.offset = {(role, p): 0 for role in ROLES for p in (0, 1)}
+
+    def clock(self) -> int:
+        r = self.rng.random()
+        if r < 0.05:
+            self.ts -= self.rng.randint(1, 10) * S  # time going backwards
+        elif r < 0.09:
+            self.ts += self.rng.choice((2 * HOUR_NS, 8 * 24 * HOUR_NS, 26 * HOUR_NS))
+        else:
+            self.ts += self.rng.randint(0, S // 2)
+        return max(self.ts, 0)
+
+    def at(self, role: str, partition: int) -> Provenance:
+        """The next position of ``role``'s partition (now and then a multiple of the sweep)."""
+        offset = self.offset[role, partition]
+        if self.rng.random() < 0.04:
+            offset += SWEEP_EVERY_RECORDS - offset % SWEEP_EVERY_RECORDS
+        self.offset[role, partition] = offset + 1
+        return Provenance(topic=ROLES[role], partition=partition, offset=offset)
+
+    def next_step(self, run: str) -> int:
+        rng = self.rng
+        if rng.random() < 0.4:
+            self.step[run] += 1
+        n = self.step[run] - (rng.randint(0, 6) if rng.random() < 0.08 else 0)
+        r = rng.random()
+        if r < 0.02:
+            n = MAX_STEP + rng.randint(0, 3)  # past the bound
+        elif r < 0.04:
+            n = self.step[run] + MAX_STEP_JUMP + rng.randint(1, 3)  # a jump past it
+        return max(n, 0)
+
+    def heartbeat(self, run: str) -> Event:
+        rank = self.rng.randrange(self.world[run] + 2)  # ranks past the table's width too
+        dt = self.rng.choice((0.0, 0.25, 0.25, 0.26, 0.5, 1.0, float("nan")))
+        return hb(rank, self.next_step(run), self.clock(), run=run, dt=dt)
+
+    def step_completed(self, run: str) -> Event:
+        rng = self.rng
+        n = self.next_step(run)
+        loss = rng.choice((2.0 + rng.gauss(0.0, 0.05), 2.0 + rng.gauss(0.0, 0.05), 9.0))
+        if rng.random() < 0.03:
+            loss = rng.choice((math.nan, math.inf))
+        grad = rng.choice((None, 1.0 + rng.random() / 10, 40.0))
+        restart = max(0, n - rng.randint(1, 5)) if rng.random() < 0.04 else None
+        dt = rng.choice((0.25, 0.25, 0.26, 1.5))
+        return step(
+            n,
+            loss,
+            run=run,
+            grad=grad,
+            dt=dt,
+            tokens=4096,
+            restart_from=restart,
+            ts_ns=self.clock(),
+        )
+
+    def other(self, run: str, role: str) -> Event:
+        rng = self.rng
+        r = rng.random()
+        if r < 0.45:
+            self.world[run] = rng.randint(1, 5)
+            return started(run, self.clock(), world_size=self.world[run])
+        if r < 0.7 or role == "steps":
+            return ended(run, self.clock())
+        return RankExited(
+            run_id=run,
+            ts_ns=self.clock(),
+            rank=rng.randrange(self.world[run] + 1),
+            exit_code=rng.choice((0, 1, None)),
+            signal=rng.choice((None, 9)),
+        )
+
+
+def make_records(seed: int, length: int) -> list[Record]:
+    """Random loose records of both roles, with Ticks, redeliveries and a few packs."""
+    rng = random.Random(seed)
+    log = Log(rng)
+    records: list[Record] = []
+    for _ in range(length):
+        run = rng.choice(RUNS)
+        role = rng.choice(tuple(ROLES))
+        partition = RUNS.index(run) % 2  # one run, one partition
+        r = rng.random()
+        if r < 0.06 and records:  # a redelivery of an earlier record, at its offset
+            records.append(rng.choice(records))
+            continue
+        if r < 0.7:
+            event = log.heartbeat(run) if role == "heartbeats" else log.step_completed(run)
+        elif r < 0.78 and role == "heartbeats":
+            event = tick(log.clock(), partition)
+            partition = rng.choice((partition, partition, 1 - partition))
+        elif r < 0.82 and role == "heartbeats":
+            beats = [log.heartbeat(run) for _ in range(rng.randint(1, 4))]
+            event = EventPack(run_id=run, ts_ns=max(b.ts_ns for b in beats), events=tuple(beats))  # type: ignore[arg-type]
+        else:
+            event = log.other(run, role)
+        records.append((role, log.at(role, partition), event))  # type: ignore[arg-type]
+    return records
+
+
+def batches(records: list[Record], seed: int) -> list[list[Record]]:
+    rng = random.Random(seed)
+    out, i = [], 0
+    while i < len(records):
+        n = rng.randint(1, 16)
+        out.append(records[i : i + n])
+        i += n
+    return out
+
+
+def fingerprint(replayer: Replayer) -> dict[str, Any]:
+    """Everything a Replayer holds that a caller reads, as comparable bytes and values."""
+    return {
+        "recomputed": [(key, encode(v)) for key, v in replayer.recomputed],
+        "dead": [encode(d) for d in replayer.dead_letters],
+        "liveness": {run: encode_state(s) for run, s in sorted(replayer.liveness.items())},
+        "steps": {run: encode_state(s) for run, s in sorted(replayer.steps.items())},
+        "encoded": {k: dict(sorted(v.items())) for k, v in replayer.encoded.items()},
+        "evicted": {k: sorted(v) for k, v in replayer.evicted.items()},
+        "members": {k: {p: sorted(r) for p, r in v.items()} for k, v in replayer.members.items()},
+        "partition_runs": {p: sorted(r) for p, r in replayer.partition_runs.items()},
+    }
+
+
+def both_ways(
+    feeds: list[list[Record]], evicted: set[str] | None = None
+) -> tuple[Replayer, Replayer]:
+    """Feed both ways, comparing after every batch (``evicted``: gets the kinds evicted)."""
+    general, loose = Replayer(CFG, loose_path=False), Replayer(CFG, loose_path=True)
+    for batch in feeds:
+        general.feed(batch)
+        loose.feed(batch)
+        assert fingerprint(loose) == fingerprint(general)
+        if evicted is not None:
+            evicted |= {str(kind) for kind, runs in loose.evicted.items() if runs}
+    return general, loose
+
+
+@settings(max_examples=150, deadline=None)
+@given(seed=st.integers(0, 2**32), length=st.integers(1, 160), split=st.integers(0, 1000))
+def test_the_loose_path_folds_exactly_as_the_general_one(
+    seed: int, length: int, split: int
+) -> None:
+    records = make_records(seed, length)
+    general, loose = both_ways(batches(records, split))
+    assert loose.result() == general.result()
+
+
+def test_the_random_logs_reach_every_case_of_the_loose_path() -> None:
+    """Verdicts of both reducers, fold dead letters of loose records of both roles,
+    evictions of both kinds and sweeps: the comparison above is not vacuous."""
+    kinds: set[str] = set()
+    dead: set[str] = set()
+    evicted: set[str] = set()
+    for seed in range(40):
+        _, loose = both_ways(batches(make_records(seed, 160), seed), evicted)
+        kinds |= {v.kind for _, v in loose.recomputed}
+        dead |= {d.source.topic for d in loose.dead_letters if d.source.index < 0}
+    assert {"dead_rank", "hang", "straggler", "loss_spike"} <= kinds
+    assert set(ROLES.values()) <= dead
+    assert {"liveness", "steps"} <= evicted
+
+
+def test_fold_batch_takes_the_switch_and_gives_the_same_batch() -> None:
+    for role in ROLES:
+        records = [r for r in make_records(11, 200) if r[0] == role]
+        items = [Decoded(source, event) for _, source, event in records]  # type: ignore[arg-type]
+        off, on = (
+            fold_batch(role, items, lambda _: None, lambda _: (), CFG, loose_path=path)  # type: ignore[arg-type]
+            for path in (False, True)
+        )
+        assert [encode(e) for e in on.outputs] == [encode(e) for e in off.outputs]
+        assert [encode(d) for d in on.dead] == [encode(d) for d in off.dead]
+        assert on.encoded == off.encoded and on.evicted == off.evicted
+        assert on.encoded  # states were made
+
+
+def test_a_healthy_gang_of_loose_heartbeats_folds_as_the_general_path() -> None:
+    """8 ranks, a record each per step, one rank going silent: the general path's outcome
+    (nearly every heartbeat takes the direct path: a known, live run, within retention)."""
+    world, rng = 8, random.Random(3)
+    records: list[Record] = [("heartbeats", at_hb(0), started(world_size=world))]
+    for n in range(1, 60):
+        for r in range(world):
+            if n < 40 or r != 5:  # rank 5 goes silent: dead_rank
+                dt = 0.25 + rng.random() / 100
+                beat = hb(r, n, n * S + rng.randrange(S // 10), dt=dt)
+                records.append(("heartbeats", at_hb(len(records)), beat))  # type: ignore[arg-type]
+    _, loose = both_ways(batches(records, 1))
+    assert [v.kind for _, v in loose.recomputed] == ["dead_rank"]
+    assert loose.liveness["r"].heartbeats == len(records) - 1
+
+
+def at_hb(offset: int) -> Provenance:
+    return Provenance(topic=ROLES["heartbeats"], partition=0, offset=offset)
