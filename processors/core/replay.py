@@ -47,6 +47,7 @@ steps inline (`LOOSE_PATH`, `Replayer._loose_heartbeat`, `Replayer._loose_step`)
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Final, Literal, TypeAlias, TypeVar
 
@@ -631,18 +632,25 @@ class Replayer:
                the verdicts, and a ``fold`` dead letter per failed event at its position.
             3. The events from where it stopped on go event by event (`_dispatch`: an
                expired state is evicted there, a non-heartbeat folds as ever).
+            4. A pack fold that raises (it catches what each event's fold raises: this is
+               for what it did not foresee) is as if it stopped at once: the whole pack
+               goes event by event from the state as it was (the rank table's versions
+               keep it readable), so one record never stops the partition.
         """
         run_id = pack.run_id
         state = self.liveness.get(run_id)
         touched = self._touched
         stop = 0
         if state is not None and state.live and touched is not None:  # rule 1
-            fold = fold_heartbeat_pack(state, pack, source, self.cfg)
-            stop = fold.stop
-            if stop:
+            try:
+                fold: PackFold | None = fold_heartbeat_pack(state, pack, source, self.cfg)
+            except Exception:  # rule 4
+                fold = None
+            if fold is not None and fold.stop:
+                stop = fold.stop
                 self._applied_pack(touched, source, pack, state, fold)
         if stop < len(pack.events):  # rule 3
-            for inner_source, inner in list(unpack(source, pack))[stop:]:
+            for inner_source, inner in itertools.islice(unpack(source, pack), stop, None):
                 self._dispatch(_ROLE_HEARTBEATS, inner_source, inner)  # type: ignore[arg-type]
 
     def _applied_pack(

@@ -9,6 +9,7 @@ logs of packs and loose events, fed in random batches.
 
 from __future__ import annotations
 
+import importlib
 import random
 from typing import Any
 
@@ -308,3 +309,23 @@ def test_a_pack_fold_leaves_its_input_state_reading_and_folding_as_before() -> N
     again = fold_heartbeat_pack(state, pack(later), at(2), CFG)
     assert encode_state(again.state) == encode_state(first.state)
     assert [i for i, _ in again.failures] == [3]
+
+
+def test_a_pack_fold_that_raises_unforeseen_leaves_the_pack_to_the_per_event_path(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Rule 4 of `Replayer._heartbeat_pack`: a pack fold that raises after writing to the
+    rank table (a bug it did not foresee, not a bad event) costs the pack its fast path,
+    never the partition: the events go one by one from the state as it was."""
+    # The module (the package's `replay` attribute is the function of that name).
+    replay = importlib.import_module("runwatch.processors.core.replay")
+
+    def fails_after_writing(*args: Any) -> Any:
+        replay_fold(*args)  # its writes go into the table's new version, then it fails
+        raise RuntimeError("unforeseen")
+
+    replay_fold = replay.fold_heartbeat_pack
+    monkeypatch.setattr(replay, "fold_heartbeat_pack", fails_after_writing)
+    records = make_records(11, 100)
+    assert any(type(event) is EventPack for _, _, event in records)
+    both_ways(batches(records, 3))
