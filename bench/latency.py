@@ -51,6 +51,7 @@ if sys.path and sys.path[0] == __import__("os").path.dirname(__file__):
 
 import argparse
 import asyncio
+import functools
 import importlib.util
 import json
 import multiprocessing as mp
@@ -346,12 +347,9 @@ def behind(bootstrap: str, group: str, target: dict[tuple[str, int], int]) -> in
 
 
 def stats_lines(log: Path) -> list[dict[str, Any]]:
-    """The worker's `RoundStats` lines, in order."""
-    out = []
-    for line in log.read_text(errors="replace").splitlines():
-        if "batch path stats: " in line:
-            out.append(json.loads(line.split("batch path stats: ", 1)[1]))
-    return out
+    """The worker's `RoundStats` lines, in order (bench/processors.py reads them)."""
+    lines: list[dict[str, Any]] = _bench_processors().stats_lines(log)
+    return lines
 
 
 def capacity(bootstrap: str, group: str, inputs: list[str], events: int,
@@ -495,8 +493,9 @@ def _per_run(path: Path, repeat: int, run_index: int) -> Path:
     return path if repeat <= 1 else path.with_name(f"{path.stem}.{run_index}{path.suffix}")
 
 
+@functools.cache
 def _bench_processors() -> Any:
-    """bench/processors.py as a module: its py-spy sampling and profile split, used once."""
+    """bench/processors.py as a module (loaded once): its stats lines, CPU window, py-spy."""
     spec = importlib.util.spec_from_file_location(
         "bench_processors", Path(__file__).with_name("processors.py")
     )

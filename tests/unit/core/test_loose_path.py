@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import math
 import random
-from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -24,12 +23,12 @@ from runwatch.processors.core.bounds import MAX_STEP, MAX_STEP_JUMP
 from runwatch.processors.core.config import DetectorConfig, with_overrides
 from runwatch.processors.core.replay import Record, Replayer
 from runwatch.processors.core.retention import HOUR_NS, SWEEP_EVERY_RECORDS
-from runwatch.processors.core.state_codec import encode_state
 from runwatch.processors.pipeline import fold_batch
 from runwatch.schemas.codec import encode
 from runwatch.schemas.events import Event, EventPack, Provenance, RankExited
 from runwatch.schemas.records import Decoded
 from tests.unit.core.factories import S, ended, hb, started, step, tick
+from tests.unit.core.replay_compare import batches, fingerprint
 
 CFG = with_overrides(
     DetectorConfig(),
@@ -52,6 +51,9 @@ CFG = with_overrides(
 )
 RUNS = ("a", "b", "c")
 ROLES = {"heartbeats": "runwatch.heartbeats", "steps": "runwatch.steps"}
+
+MOST = 16
+"""The most records of a random batch."""
 
 
 class Log:
@@ -163,30 +165,6 @@ def make_records(seed: int, length: int) -> list[Record]:
     return records
 
 
-def batches(records: list[Record], seed: int) -> list[list[Record]]:
-    rng = random.Random(seed)
-    out, i = [], 0
-    while i < len(records):
-        n = rng.randint(1, 16)
-        out.append(records[i : i + n])
-        i += n
-    return out
-
-
-def fingerprint(replayer: Replayer) -> dict[str, Any]:
-    """Everything a Replayer holds that a caller reads, as comparable bytes and values."""
-    return {
-        "recomputed": [(key, encode(v)) for key, v in replayer.recomputed],
-        "dead": [encode(d) for d in replayer.dead_letters],
-        "liveness": {run: encode_state(s) for run, s in sorted(replayer.liveness.items())},
-        "steps": {run: encode_state(s) for run, s in sorted(replayer.steps.items())},
-        "encoded": {k: dict(sorted(v.items())) for k, v in replayer.encoded.items()},
-        "evicted": {k: sorted(v) for k, v in replayer.evicted.items()},
-        "members": {k: {p: sorted(r) for p, r in v.items()} for k, v in replayer.members.items()},
-        "partition_runs": {p: sorted(r) for p, r in replayer.partition_runs.items()},
-    }
-
-
 def both_ways(
     feeds: list[list[Record]], evicted: set[str] | None = None
 ) -> tuple[Replayer, Replayer]:
@@ -207,7 +185,7 @@ def test_the_loose_path_folds_exactly_as_the_general_one(
     seed: int, length: int, split: int
 ) -> None:
     records = make_records(seed, length)
-    general, loose = both_ways(batches(records, split))
+    general, loose = both_ways(batches(records, split, MOST))
     assert loose.result() == general.result()
 
 
@@ -218,7 +196,7 @@ def test_the_random_logs_reach_every_case_of_the_loose_path() -> None:
     dead: set[str] = set()
     evicted: set[str] = set()
     for seed in range(40):
-        _, loose = both_ways(batches(make_records(seed, 160), seed), evicted)
+        _, loose = both_ways(batches(make_records(seed, 160), seed, MOST), evicted)
         kinds |= {v.kind for _, v in loose.recomputed}
         dead |= {d.source.topic for d in loose.dead_letters if d.source.index < 0}
     assert {"dead_rank", "hang", "straggler", "loss_spike"} <= kinds
@@ -251,7 +229,7 @@ def test_a_healthy_gang_of_loose_heartbeats_folds_as_the_general_path() -> None:
                 dt = 0.25 + rng.random() / 100
                 beat = hb(r, n, n * S + rng.randrange(S // 10), dt=dt)
                 records.append(("heartbeats", at_hb(len(records)), beat))  # type: ignore[arg-type]
-    _, loose = both_ways(batches(records, 1))
+    _, loose = both_ways(batches(records, 1, MOST))
     assert [v.kind for _, v in loose.recomputed] == ["dead_rank"]
     assert loose.liveness["r"].heartbeats == len(records) - 1
 

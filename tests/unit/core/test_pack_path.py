@@ -30,6 +30,7 @@ from runwatch.schemas.codec import encode
 from runwatch.schemas.events import Event, EventPack, Heartbeat, Provenance, RankExited
 from runwatch.schemas.records import Decoded
 from tests.unit.core.factories import S, ended, hb, started, tick
+from tests.unit.core.replay_compare import batches, fingerprint
 
 TOPIC = "runwatch.heartbeats"
 CFG = with_overrides(
@@ -44,6 +45,9 @@ CFG = with_overrides(
     },
 )
 RUNS = ("a", "b")
+
+MOST = 12
+"""The most records of a random batch."""
 
 
 def at(offset: int, partition: int = 0) -> Provenance:
@@ -139,29 +143,6 @@ def make_records(seed: int, length: int) -> list[Record]:
     return records
 
 
-def batches(records: list[Record], seed: int) -> list[list[Record]]:
-    rng = random.Random(seed)
-    out, i = [], 0
-    while i < len(records):
-        n = rng.randint(1, 12)
-        out.append(records[i : i + n])
-        i += n
-    return out
-
-
-def fingerprint(replayer: Replayer) -> dict[str, Any]:
-    """Everything a Replayer holds that a caller reads, as comparable bytes and values."""
-    return {
-        "recomputed": [(key, encode(v)) for key, v in replayer.recomputed],
-        "dead": [encode(d) for d in replayer.dead_letters],
-        "liveness": {run: encode_state(s) for run, s in sorted(replayer.liveness.items())},
-        "encoded": {k: dict(sorted(v.items())) for k, v in replayer.encoded.items()},
-        "evicted": {k: sorted(v) for k, v in replayer.evicted.items()},
-        "members": {k: {p: sorted(r) for p, r in v.items()} for k, v in replayer.members.items()},
-        "partition_runs": {p: sorted(r) for p, r in replayer.partition_runs.items()},
-    }
-
-
 def both_ways(feeds: list[list[Record]], cfg: DetectorConfig = CFG) -> tuple[Replayer, Replayer]:
     off, on = Replayer(cfg, pack_path=False), Replayer(cfg, pack_path=True)
     for batch in feeds:
@@ -175,7 +156,7 @@ def both_ways(feeds: list[list[Record]], cfg: DetectorConfig = CFG) -> tuple[Rep
 @given(seed=st.integers(0, 2**32), length=st.integers(1, 120), split=st.integers(0, 1000))
 def test_the_pack_path_folds_exactly_as_event_by_event(seed: int, length: int, split: int) -> None:
     records = make_records(seed, length)
-    off, on = both_ways(batches(records, split))
+    off, on = both_ways(batches(records, split, MOST))
     assert on.result() == off.result()
 
 
@@ -185,7 +166,7 @@ def test_the_random_logs_reach_every_case_of_the_pack_path() -> None:
     stages: set[str] = set()
     evicted = 0
     for seed in range(40):
-        _, on = both_ways(batches(make_records(seed, 120), seed))
+        _, on = both_ways(batches(make_records(seed, 120), seed, MOST))
         kinds |= {v.kind for _, v in on.recomputed}
         stages |= {d.stage for d in on.dead_letters if d.source.index >= 0}
         evicted += sum(len(v) for v in on.evicted.values())
@@ -292,7 +273,7 @@ def test_with_other_heartbeat_folds_every_heartbeat_of_a_pack_takes_the_shared_f
 
     monkeypatch.setattr(liveness, "_HEARTBEAT_FOLDS", tuple(counted(f) for f in PLAIN_FOLDS))
     for seed in range(5):
-        both_ways(batches(make_records(seed, 80), seed))
+        both_ways(batches(make_records(seed, 80), seed, MOST))
     assert calls[0] > 0
 
 
@@ -328,4 +309,4 @@ def test_a_pack_fold_that_raises_unforeseen_leaves_the_pack_to_the_per_event_pat
     monkeypatch.setattr(replay, "fold_heartbeat_pack", fails_after_writing)
     records = make_records(11, 100)
     assert any(type(event) is EventPack for _, _, event in records)
-    both_ways(batches(records, 3))
+    both_ways(batches(records, 3, MOST))
