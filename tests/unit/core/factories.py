@@ -14,6 +14,7 @@ from runwatch.schemas.events import (
     Heartbeat,
     ModelFlopConfig,
     Provenance,
+    RankExited,
     RestartRequested,
     RunEnded,
     RunStarted,
@@ -70,6 +71,17 @@ def tick(ts_ns: int, partition: int = 0) -> Tick:
 
 def ended(run: str = "r", ts_ns: int = 0, status: str = "stopped") -> RunEnded:
     return RunEnded(run_id=run, ts_ns=ts_ns, status=status)  # type: ignore[arg-type]
+
+
+def random_exit(rng: random.Random, run: str, ts_ns: int, world: int) -> RankExited:
+    """A RankExited of a rank up to one past ``world``: clean, failed, unknown or killed."""
+    return RankExited(
+        run_id=run,
+        ts_ns=ts_ns,
+        rank=rng.randrange(world + 1),
+        exit_code=rng.choice((0, 1, None)),
+        signal=rng.choice((None, 9)),
+    )
 
 
 def healthy_losses(n: int, seed: int = 0, noise: float = 0.02) -> list[float]:

@@ -25,9 +25,9 @@ from runwatch.processors.core.replay import Record, Replayer
 from runwatch.processors.core.retention import HOUR_NS, SWEEP_EVERY_RECORDS
 from runwatch.processors.pipeline import fold_batch
 from runwatch.schemas.codec import encode
-from runwatch.schemas.events import Event, EventPack, Provenance, RankExited
+from runwatch.schemas.events import Event, EventPack, Provenance
 from runwatch.schemas.records import Decoded
-from tests.unit.core.factories import S, ended, hb, started, step, tick
+from tests.unit.core.factories import S, ended, hb, random_exit, started, step, tick
 from tests.unit.core.replay_compare import batches, fingerprint
 
 CFG = with_overrides(
@@ -129,13 +129,7 @@ class Log:
             return started(run, self.clock(), world_size=self.world[run])
         if r < 0.7 or role == "steps":
             return ended(run, self.clock())
-        return RankExited(
-            run_id=run,
-            ts_ns=self.clock(),
-            rank=rng.randrange(self.world[run] + 1),
-            exit_code=rng.choice((0, 1, None)),
-            signal=rng.choice((None, 9)),
-        )
+        return random_exit(rng, run, self.clock(), self.world[run])
 
 
 def make_records(seed: int, length: int) -> list[Record]:

@@ -27,9 +27,9 @@ from runwatch.processors.core.retention import HOUR_NS
 from runwatch.processors.core.state_codec import encode_state
 from runwatch.processors.pipeline import fold_batch
 from runwatch.schemas.codec import encode
-from runwatch.schemas.events import Event, EventPack, Heartbeat, Provenance, RankExited
+from runwatch.schemas.events import Event, EventPack, Heartbeat, Provenance
 from runwatch.schemas.records import Decoded
-from tests.unit.core.factories import S, ended, hb, started, tick
+from tests.unit.core.factories import S, ended, hb, random_exit, started, tick
 from tests.unit.core.replay_compare import batches, fingerprint
 
 TOPIC = "runwatch.heartbeats"
@@ -104,13 +104,7 @@ class World:
             return started(run, self.clock(), world_size=self.world[run], thresholds=thresholds)
         if r < 0.6:
             return ended(run, self.clock())
-        return RankExited(
-            run_id=run,
-            ts_ns=self.clock(),
-            rank=rng.randrange(self.world[run] + 1),
-            exit_code=rng.choice((0, 1, None)),
-            signal=rng.choice((None, 9)),
-        )
+        return random_exit(rng, run, self.clock(), self.world[run])
 
 
 def make_records(seed: int, length: int) -> list[Record]:
