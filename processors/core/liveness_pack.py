@@ -160,18 +160,13 @@ def _fold_from(
                         journal.append((bucket, rank, ABSENT))
                         bucket[rank] = step_time_s
                 else:  # a bucket opens or closes: fold_straggler's `observe`, if it flags none
-                    try:
-                        judged, slow = observe(
-                            stragglers, data, journal, rank, step, step_time_s, live, ratio,
-                            slow_steps,
-                        )  # fmt: skip
-                        plain = not slow
-                    except Exception:
-                        plain = False  # rule 6 folds it again and makes it its dead letter
-                    if plain:
-                        stragglers = judged
-                    else:  # a verdict (or a failure): rule 6 does this event
-                        journal.rollback(mark)
+                    turned = _quiet_turn(
+                        stragglers, data, journal, mark, rank, step, step_time_s,
+                        (live, ratio, slow_steps),
+                    )  # fmt: skip
+                    plain = turned is not None
+                    if turned is not None:
+                        stragglers = turned
                 if plain:
                     if ts > last_ns:
                         last_ns = ts
@@ -193,6 +188,46 @@ def _fold_from(
         detectors = (scan_at, scan_after, stragglers, beats)
         base = _state(base, begun[0], source.offset, applied, scalars, detectors, len(dead))
     return PackFold(base, out.verdicts, out.failures, stop)
+
+
+def _quiet_turn(
+    stragglers: StragglerState,
+    data: TableData,
+    journal: Journal,
+    mark: int,
+    rank: int,
+    step: int,
+    step_time_s: float,
+    judging: tuple[int, float, int],
+) -> StragglerState | None:
+    """Rule 5's bucket open or close: `observe` in the pack's journal, if it flags no one.
+
+    Args:
+        stragglers: The straggler detector's state before the heartbeat.
+        data: The rank table's containers (written through ``journal`` only).
+        journal: The pack's journal.
+        mark: The journal's length before this heartbeat's writes.
+        rank: The heartbeat's rank.
+        step: Its step.
+        step_time_s: Its step time.
+        judging: ``(live ranks, straggler_ratio, straggler_steps)``.
+
+    Returns:
+        The detector's new state; None when it flagged a straggler or raised: every write
+        of the heartbeat since ``mark`` is taken back, and rule 6 folds it (a verdict, or
+        its dead letter).
+    """
+    live, ratio, slow_steps = judging
+    try:
+        judged, slow = observe(
+            stragglers, data, journal, rank, step, step_time_s, live, ratio, slow_steps
+        )
+    except Exception:
+        judged, slow = None, ()  # rule 6 folds it again and makes it its dead letter
+    if judged is None or slow:
+        journal.rollback(mark)
+        return None
+    return judged
 
 
 class _Out(NamedTuple):
