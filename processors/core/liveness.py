@@ -72,7 +72,7 @@ from runwatch.schemas.events import (
     Tick,
 )
 
-_HEARTBEAT_FOLDS: Final = tuple(d.heartbeat for d in LIVENESS_DETECTORS if d.heartbeat)
+HEARTBEAT_FOLDS: Final = tuple(d.heartbeat for d in LIVENESS_DETECTORS if d.heartbeat)
 """Each registered detector's heartbeat fold, in judging order."""
 
 
@@ -260,7 +260,7 @@ def fold_heartbeat(
         first_step, first_ns, run_step, last_ns, state.step_scan_at,
         state.time_scan_after_ns, state.stragglers,
     )  # fmt: skip
-    for fold in _HEARTBEAT_FOLDS:
+    for fold in HEARTBEAT_FOLDS:
         fold(f)
     out = f.out
     verdicts = out.out if out is not None else []
@@ -277,6 +277,7 @@ def fold_heartbeat(
 
 
 __all__ = [
+    "HEARTBEAT_FOLDS",
     "SIGNAL_NAMES",
     "LivenessEvent",
     "LivenessState",

@@ -114,7 +114,7 @@ def _fold_from(
     ecfg = effective_config(cfg, state.thresholds) if state.thresholds else cfg
     threshold, timeout_ns = ecfg.rank_heartbeat_threshold, ecfg.dead_rank_timeout_s * 1e9
     ratio, slow_steps = ecfg.straggler_ratio, ecfg.straggler_steps
-    inline = liveness._HEARTBEAT_FOLDS == PLAIN_FOLDS
+    inline = liveness.HEARTBEAT_FOLDS == PLAIN_FOLDS
     retention_ns = live_retention_ns(announced=state.expected_ranks > 0)
     started_ns, quiet_scans = state.started_ns, state.exit_rank >= 0
     begun = state.table.begin()

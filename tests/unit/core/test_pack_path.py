@@ -214,7 +214,7 @@ def test_fold_batch_takes_the_switch_and_gives_the_same_batch() -> None:
 def test_the_registered_heartbeat_folds_are_the_ones_the_pack_path_knows() -> None:
     """A new heartbeat fold would send every heartbeat of a pack the slow way (still exact):
     teach `liveness_pack` its quiet case, then add it to `PLAIN_FOLDS`."""
-    assert liveness._HEARTBEAT_FOLDS == PLAIN_FOLDS
+    assert liveness.HEARTBEAT_FOLDS == PLAIN_FOLDS
 
 
 def test_a_suspended_run_is_left_to_the_caller() -> None:
@@ -265,7 +265,7 @@ def test_with_other_heartbeat_folds_every_heartbeat_of_a_pack_takes_the_shared_f
 
         return wrapped
 
-    monkeypatch.setattr(liveness, "_HEARTBEAT_FOLDS", tuple(counted(f) for f in PLAIN_FOLDS))
+    monkeypatch.setattr(liveness, "HEARTBEAT_FOLDS", tuple(counted(f) for f in PLAIN_FOLDS))
     for seed in range(5):
         both_ways(batches(make_records(seed, 80), seed, MOST))
     assert calls[0] > 0
