@@ -56,6 +56,7 @@ from aiokafka.structs import ConsumerRecord
 from faust.transport.drivers import aiokafka as driver
 from faust.types import TP
 
+from runwatch.common.gc_tuning import collect_between_rounds
 from runwatch.processors import compat
 from runwatch.processors.settings import DEFAULT_STATE_FLUSH_S, ENV_BATCH_STATS, ProcessorEnv
 
@@ -290,6 +291,9 @@ class Consumer(driver.Consumer):
             await _to_the_end(ingest.round(self, batch))
         elif ingest.unflushed_since is not None:  # a quiet fetch: the last rounds may be due
             await _to_the_end(ingest.maybe_flush(self))
+        t_gc = time.perf_counter()
+        if collect_between_rounds() is not None:  # `runwatch processors`: only between rounds
+            ingest.stats.note("gc_ms", 1000 * (time.perf_counter() - t_gc))
 
     def _linger(self, ingest: BatchIngest, batch: Mapping[Any, Sequence[Any]], other: bool) -> None:
         """Set the next fetch's ``min_bytes`` from this one (`fetch_linger`)."""

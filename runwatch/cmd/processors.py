@@ -230,7 +230,7 @@ def _store(given: str | None) -> str:
 def run(args: argparse.Namespace) -> int:
     """Create the topics if needed, then run a faust worker until stopped."""
     from runwatch.admin import cluster_replication, create_catalogue, warn_if_no_authorizer
-    from runwatch.common.gc_tuning import tune_for_throughput
+    from runwatch.common.gc_tuning import tune_for_rounds
     from runwatch.common.settings import faust_broker_settings, replication_factor, topic_prefix
     from runwatch.processors.app import create_app
     from runwatch.processors.fleet import default_app_id
@@ -298,7 +298,7 @@ def run(args: argparse.Namespace) -> int:
     watch = watch_broker(bootstrap)
     try:
         app = create_app(settings, cfg, key)  # type: ignore[arg-type]
-        tune_for_throughput()  # after start-up: faust and the app frozen out of the GC's walks
+        tune_for_rounds()  # after start-up: faust and the app frozen; collections between rounds
         make_worker(app, args.shutdown_timeout).execute_from_commandline()
     finally:
         logging.getLogger("aiokafka").removeHandler(watch)
