@@ -129,16 +129,21 @@ class Lent:
 class StateWrite:
     """A run's state handed to the producer, and Kafka's answer to its changelog record.
 
+    It holds the state's bytes, not the state: it lives until Kafka answers (hundreds of
+    milliseconds under load, beside the next rounds), and a liveness state held that long
+    pins every `RankTable` version the next rounds fold from it, with their undo entries
+    (`DecodedStates`): tens of thousands of tuples that each young collection walked.
+
     Attributes:
         key: The run's table key.
         run_id: The run.
-        kept: What was written (`Unwritten.data`), written again if Kafka refuses it.
+        data: What was written (`Unwritten.data`), written again if Kafka refuses it.
         ack: The future of its changelog record (`RunTable.last_sent`).
     """
 
     key: bytes
     run_id: str
-    kept: Unwritten
+    data: bytes
     ack: Any
 
 
@@ -383,7 +388,7 @@ class _Agent:
                     failed.append((key, run_id, kept))
                     error = exc
                 else:
-                    writes.append(StateWrite(key, run_id, kept, self.table.last_sent))
+                    writes.append(StateWrite(key, run_id, kept.data, self.table.last_sent))
                     del self.unwritten[run_id]
                     self.decoded.put(key, kept.data, kept.state)
             if not failed:
@@ -435,10 +440,10 @@ class _Agent:
         """``write`` handed to the producer again; as it was (its failed answer) if that raises."""
         try:
             self.faults.check(self.changelog)
-            self.table[write.key] = write.kept.data
+            self.table[write.key] = write.data
         except Exception:
             return write
-        return StateWrite(write.key, write.run_id, write.kept, self.table.last_sent)
+        return StateWrite(write.key, write.run_id, write.data, self.table.last_sent)
 
     def _warn_failed(self, failed: int, of: int, attempt: int, error: BaseException | None) -> None:
         log.warning(
