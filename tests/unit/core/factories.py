@@ -165,3 +165,14 @@ def restart(
         cause_kind=cause_kind,  # type: ignore[arg-type]
         incarnation=incarnation,
     )
+
+
+def same(a: object, b: object) -> bool:
+    """``a == b``, a NaN equal to a NaN: what "the same verdicts, bit for bit" means here.
+
+    ``==`` holds a NaN equal to itself only when both sides hold one float object, which
+    the pure fold happens to reuse and a compiled one (`processors.core.native`) boxes
+    anew. ``repr`` round-trips every float (``-0.0`` and ``0.0`` differ), so this is as
+    strict as ``==`` otherwise, and stricter about order.
+    """
+    return repr(a) == repr(b)

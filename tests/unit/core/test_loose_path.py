@@ -27,7 +27,7 @@ from runwatch.processors.pipeline import fold_batch
 from runwatch.schemas.codec import encode
 from runwatch.schemas.events import Event, EventPack, Provenance
 from runwatch.schemas.records import Decoded
-from tests.unit.core.factories import S, ended, hb, random_exit, started, step, tick
+from tests.unit.core.factories import S, ended, hb, random_exit, same, started, step, tick
 from tests.unit.core.replay_compare import batches, fingerprint
 
 CFG = with_overrides(
@@ -180,7 +180,7 @@ def test_the_loose_path_folds_exactly_as_the_general_one(
 ) -> None:
     records = make_records(seed, length)
     general, loose = both_ways(batches(records, split, MOST))
-    assert loose.result() == general.result()
+    assert same(loose.result(), general.result())
 
 
 def test_the_random_logs_reach_every_case_of_the_loose_path() -> None:

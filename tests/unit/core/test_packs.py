@@ -34,7 +34,7 @@ from runwatch.schemas.events import (
     StepCompleted,
 )
 from runwatch.schemas.records import Decoded, RawRecord, check, split
-from tests.unit.core.factories import S, hb, lockstep, started, step, tick
+from tests.unit.core.factories import S, hb, lockstep, same, started, step, tick
 from tests.unit.core.scenario import Log, make_log
 from tests.unit.core.test_properties import CFG, fingerprint
 
@@ -126,7 +126,7 @@ def test_a_packed_gang_folds_to_the_states_and_verdicts_of_the_unpacked_one() ->
     plain = replay(one_per_record(events, "heartbeats"), LIVE_CFG)
     packed = replay(packed_records(events, "heartbeats", [4, 4, 7, 1, 30]), LIVE_CFG)
     assert [v.kind for v in plain.anomalies] == ["dead_rank"]
-    assert about(packed.anomalies) == about(plain.anomalies)
+    assert same(about(packed.anomalies), about(plain.anomalies))
     assert without_position(packed.liveness["r"]) == without_position(plain.liveness["r"])
     assert packed.liveness["r"].heartbeats == len(events) - 1
 
@@ -217,7 +217,7 @@ def test_step_verdicts_from_a_pack_carry_their_index_and_stay_distinct() -> None
     events: list[Event] = [started()] + [step(i, loss) for i, loss in enumerate(losses, 1)]
     plain = replay(one_per_record(events, "steps", STEPS_TOPIC), CFG)
     packed = replay(packed_records(events, "steps", [13, 13, 13], STEPS_TOPIC), CFG)
-    assert about(packed.anomalies) == about(plain.anomalies)
+    assert same(about(packed.anomalies), about(plain.anomalies))
     kinds = {(v.kind, v.step) for v in packed.anomalies}
     assert {("nonfinite_loss", 30), ("loss_spike", 35)} <= kinds
     for verdict in packed.anomalies:
@@ -286,7 +286,7 @@ def packed_log(log: Log, seed: int, max_pack: int) -> Log:
 
 
 def same_outcome(packed: ReplayResult, plain: ReplayResult) -> None:
-    assert about(packed.anomalies) == about(plain.anomalies)
+    assert same(about(packed.anomalies), about(plain.anomalies))
     assert [c.command_id for c in packed.commands] == [c.command_id for c in plain.commands]
     assert len(packed.dead_letters) == len(plain.dead_letters)
     for table in ("steps", "liveness"):

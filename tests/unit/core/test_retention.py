@@ -25,7 +25,7 @@ from runwatch.schemas.events import AnomalyDetected, CheckpointCommitted, Event,
 from runwatch.schemas.records import Decoded
 from runwatch.schemas.signing import CommandKey, sign
 from runwatch.schemas.topics import StateKind, TopicRole
-from tests.unit.core.factories import S, ended, hb, started, step, tick
+from tests.unit.core.factories import S, ended, hb, same, started, step, tick
 
 
 def ckpt(run: str, n: int, ts_ns: int) -> CheckpointCommitted:
@@ -284,6 +284,6 @@ def test_a_run_audited_alone_is_evicted_where_the_partitions_sweep_evicted_it() 
         _on(TopicRole.STEPS, [*own, other, late], [1, 2, 3, SWEEP_EVERY_RECORDS, 1100])
     )
     alone = Replayer(CFG).feed(_on(TopicRole.STEPS, [*own, late], [1, 2, 3, 1100]))
-    assert whole.steps["r"] == alone.steps["r"]
+    assert same(whole.steps["r"], alone.steps["r"])
     assert alone.steps["r"].steps_observed == 1 and alone.steps["r"].info.world_size == 0
     assert whole.canonical_anomalies() == alone.canonical_anomalies()
