@@ -20,6 +20,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
 CORE = ROOT / "runwatch" / "processors" / "core"
+GROUP = "runwatch.processors.core.kernels"
+"""mypyc's group: the modules share one library, ``kernels__mypyc`` beside them (without a
+name, a group of several modules gets a hashed one at the top of the tree)."""
 
 
 def main() -> None:
@@ -38,7 +41,7 @@ def main() -> None:
     build = Distribution(
         {
             "name": "runwatch-native",
-            "ext_modules": mypycify(sources, opt_level="3"),
+            "ext_modules": mypycify(sources, opt_level="3", group_name=GROUP),
             "script_args": ["build_ext", "--inplace", "--build-temp", "build/native"],
         }
     )

@@ -1,4 +1,7 @@
-"""The compiled kernel against the pure source: CPU per baseline update and per folded event.
+"""The compiled kernels against their pure sources: CPU per baseline update and per event.
+
+The window kernel under a baseline update and the step fold, and the heartbeat pack fold
+(`processors.core.liveness_pack`: packs of 32 and of 128, one a step) per heartbeat.
 
     .venv/bin/python bench/native.py [--repeat 3] [--values 20000] [--steps 20000]
     RUNWATCH_PURE_PYTHON=1 .venv/bin/python bench/native.py      # the pure copy
@@ -13,6 +16,7 @@ repetition's instructions without the start-up (docs/processors.md has both copi
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import random
 import sys
@@ -25,6 +29,32 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.core import CFG, HeartbeatRun, _step_events, fold_step
 from runwatch.processors.core import native
 from runwatch.processors.core.baseline import RollingBaseline
+from runwatch.processors.core.liveness_pack import fold_heartbeat_pack
+from runwatch.processors.core.state_codec import decode_state
+from runwatch.schemas.events import EventPack, Provenance
+
+
+class PackRun:
+    """A run's heartbeats in packs of its world, one a step, folded a record at a time."""
+
+    def __init__(self, world: int, events: int) -> None:
+        run = HeartbeatRun(world, events)
+        self.stored = run.stored
+        self.events = len(run.beats)
+        chunks = [run.beats[i : i + world] for i in range(0, len(run.beats), world)]
+        self.records = [
+            (
+                EventPack(run_id="r", ts_ns=max(b.ts_ns for b in chunk), events=tuple(chunk)),
+                Provenance(topic="hb", partition=0, offset=1 + n),
+            )
+            for n, chunk in enumerate(chunks)
+        ]
+
+    def once(self) -> None:
+        """Fold every pack, from the state as a processor loads it."""
+        state = decode_state("liveness", self.stored)
+        for pack, source in self.records:
+            state = fold_heartbeat_pack(state, pack, source, CFG).state  # type: ignore[arg-type]
 
 
 def spread_us(repeat: int, n: int, body: Callable[[], object]) -> tuple[float, float]:
@@ -60,10 +90,17 @@ def main() -> None:
             state, _ = fold_step(state, event, source, CFG)
 
     beats = HeartbeatRun(8, 2 * args.steps)
+    packs = {world: PackRun(world, 8 * args.steps) for world in (32, 128)}
+    gc.collect()
+    gc.freeze()  # the inputs: a collection walks them otherwise, as the worker's never does
     figures = {
         "baseline_z_with_value_us": spread_us(args.repeat, len(values), baseline),
         "step_fold_us": spread_us(args.repeat, len(steps), step_fold),
         "heartbeat_fold_world8_us": spread_us(args.repeat, len(beats.beats), beats.once),
+        **{
+            f"pack_fold_world{world}_us": spread_us(args.repeat, run.events, run.once)
+            for world, run in packs.items()
+        },
     }
     print(f"active: {native.ACTIVE}")
     for name, (best, worst) in figures.items():

@@ -2,16 +2,21 @@
 
 `COMPILED_MODULES` are compiled in place by ``make compiled`` (``native_build.py``, which
 ``make venv`` runs): the extension lands next to its source, where Python's import would
-prefer it. The package's ``__init__`` imports this module before anything else, so that
-for each of them `select` decides, by numbered rules:
+prefer it. They are compiled as one group (one library, ``kernels__mypyc``) whose modules
+call each other's compiled copies directly, so they run compiled or pure together: a
+compiled module imported beside a pure one of its group would crash the interpreter. The
+package's ``__init__`` imports this module before anything else, so that `select` decides
+for the group, by numbered rules applied to each module (the first that sends one module
+to its source sends them all; `SourceFinder` then serves every import of them):
 
 1. ``RUNWATCH_PURE_PYTHON=1`` (`common.settings.CoreSettings`): the pure source.
 2. No compiled copy next to the source (a plain install, a machine without a compiler):
    the pure source.
 3. A compiled copy built from other source than the file now beside it (its SHA-256 in
-   ``native_sources.json``, which the build writes, differs or is missing): the pure
-   source, with a `RuntimeWarning` naming the module and ``make compiled``; an edit
-   without a rebuild never runs stale compiled code, and never goes unnoticed.
+   ``native_sources.json``, which the build writes, differs or is missing), or from other
+   source than any other module of the group beside it: the pure source, with a
+   `RuntimeWarning` naming the module and ``make compiled``; an edit without a rebuild
+   never runs stale compiled code, and never goes unnoticed.
 4. Otherwise the compiled copy.
 
 Both copies give the same verdicts bit for bit (``tests/unit/core/test_native.py`` runs
@@ -24,19 +29,24 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import importlib.abc
 import importlib.util
 import json
 import sys
 import warnings
-from importlib.machinery import EXTENSION_SUFFIXES
+from collections.abc import Sequence
+from importlib.machinery import EXTENSION_SUFFIXES, ModuleSpec
 from pathlib import Path
 from types import ModuleType
 from typing import Final
 
 from runwatch.common.settings import CoreSettings
 
-COMPILED_MODULES: Final = ("window",)
-"""Modules of this package that ``make compiled`` compiles (file stems)."""
+COMPILED_MODULES: Final = ("window", "liveness_pack")
+"""Modules of this package that ``make compiled`` compiles (file stems), as one group.
+
+None may define a class with class keywords (a msgspec Struct's ``frozen=True``, ``tag``):
+mypyc drops them without a word (``tests/unit/core/test_native.py`` holds each to it)."""
 MANIFEST: Final = "native_sources.json"
 """Written by the build beside the extensions: ``{stem: SHA-256 of the source compiled}``."""
 HERE: Final = Path(__file__).resolve().parent
@@ -84,29 +94,53 @@ def pure_reason(stem: str, pure_python: bool, folder: Path = HERE) -> str | None
         return "RUNWATCH_PURE_PYTHON=1"
     if compiled_copy(stem, folder) is None:  # rule 2
         return "not compiled"
-    if built_digests(folder).get(stem) != source_digest(folder / f"{stem}.py"):  # rule 3
+    built = built_digests(folder)
+    if built.get(stem) != source_digest(folder / f"{stem}.py"):  # rule 3
         return f"stale: {stem}.py changed since it was compiled (run `make compiled`)"
+    for other in COMPILED_MODULES:
+        source = folder / f"{other}.py"
+        if other != stem and source.is_file() and built.get(other) != source_digest(source):
+            return f"stale: {other}.py, compiled with it, changed since (run `make compiled`)"
     return None
 
 
-def _load_source(name: str, path: Path) -> ModuleType:
-    """Import ``path`` as module ``name`` from its source, bypassing a compiled copy."""
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot load {name} from {path}")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    try:
-        spec.loader.exec_module(module)
-    except BaseException:
-        del sys.modules[name]
-        raise
-    setattr(sys.modules[PACKAGE], name.rpartition(".")[2], module)
-    return module
+class SourceFinder(importlib.abc.MetaPathFinder):
+    """Finds the group's modules as their ``.py`` sources, ahead of their compiled copies.
+
+    Installed first on `sys.meta_path` when the group runs pure, so that whichever module
+    imports one of them first, and in whatever order, gets the source: a compiled module
+    of the group imported beside a pure one would reach into the pure one's internals as
+    if it were compiled (a crash, not an error).
+    """
+
+    def __init__(self, sources: dict[str, Path]) -> None:
+        """Serve ``sources``: ``{full module name: path of its source}``."""
+        self.sources = sources
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> ModuleSpec | None:
+        """The source's spec for a module of the group; None (the next finder) otherwise."""
+        source = self.sources.get(fullname)
+        return None if source is None else importlib.util.spec_from_file_location(fullname, source)
+
+
+def group_reason(pure_python: bool, folder: Path = HERE) -> str | None:
+    """Why the group runs its sources: the first module's reason, None: all compiled.
+
+    The group is compiled into one library whose modules call each other directly, so it
+    runs compiled or pure as a whole: one module not built or stale sends every one of
+    them to its source.
+    """
+    for stem in COMPILED_MODULES:
+        reason = pure_reason(stem, pure_python, folder)
+        if reason is not None:
+            return reason if reason.startswith(("RUNWATCH", "stale")) else f"{stem}: {reason}"
+    return None
 
 
 def select(settings: CoreSettings | None = None, folder: Path = HERE) -> dict[str, str]:
-    """Import each of `COMPILED_MODULES` from the copy the rules choose.
+    """Import each of `COMPILED_MODULES` from the copy the rules choose, the group as one.
 
     Args:
         settings: The switch; read from the environment when None.
@@ -117,18 +151,15 @@ def select(settings: CoreSettings | None = None, folder: Path = HERE) -> dict[st
         module imported before this ran keeps the copy it was imported from).
     """
     pure_python = (settings or CoreSettings.from_env()).pure_python
+    reason = group_reason(pure_python, folder)
+    if reason is not None:
+        if reason.startswith("stale"):
+            warnings.warn(f"{PACKAGE}: {reason}; running the pure source", RuntimeWarning, 2)
+        sources = {f"{PACKAGE}.{stem}": folder / f"{stem}.py" for stem in COMPILED_MODULES}
+        sys.meta_path.insert(0, SourceFinder(sources))
     active: dict[str, str] = {}
     for stem in COMPILED_MODULES:
-        name = f"{PACKAGE}.{stem}"
-        reason = pure_reason(stem, pure_python, folder)
-        if name in sys.modules:
-            module = sys.modules[name]
-        elif reason is None:
-            module = importlib.import_module(name)
-        else:
-            if reason.startswith("stale"):
-                warnings.warn(f"{name}: {reason}; running its pure source", RuntimeWarning, 2)
-            module = _load_source(name, folder / f"{stem}.py")
+        module = importlib.import_module(f"{PACKAGE}.{stem}")
         is_compiled = not str(getattr(module, "__file__", "")).endswith(".py")
         active[stem] = COMPILED_LABEL if is_compiled else f"pure ({reason or 'imported before'})"
     return active
@@ -144,8 +175,10 @@ __all__ = [
     "COMPILED",
     "COMPILED_MODULES",
     "MANIFEST",
+    "SourceFinder",
     "built_digests",
     "compiled_copy",
+    "group_reason",
     "pure_reason",
     "select",
     "source_digest",

@@ -4,8 +4,11 @@
 
 The first line is `processors.core.native.ACTIVE`; the rest must be byte-identical whichever
 copy of the compiled modules runs: the window kernel's floats (``float.hex``) on random,
-quantised, constant and even/odd windows, and the step fold's verdicts (msgpack, hex) and
-final state (`encode_state`) on noisy curves with spikes, flat stretches and quantised losses.
+quantised, constant and even/odd windows, the step fold's verdicts (msgpack, hex) and
+final state (`encode_state`) on noisy curves with spikes, flat stretches and quantised
+losses, and everything a `Replayer` on the heartbeat pack path holds (verdicts, dead
+letters, states, evictions: `replay_compare.fingerprint`) after random heartbeats logs
+(`pack_logs`) and a healthy 32-rank gang with a straggler and a rank that goes silent.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import random
 from runwatch.processors.core import native
 from runwatch.processors.core.baseline import RollingBaseline
 from runwatch.processors.core.config import DetectorConfig
+from runwatch.processors.core.replay import Record, Replayer
 from runwatch.processors.core.state_codec import encode_state
 from runwatch.processors.core.steps import fold_step
 from runwatch.processors.core.window import (
@@ -28,6 +32,9 @@ from runwatch.processors.core.window import (
 )
 from runwatch.schemas.codec import encode
 from runwatch.schemas.events import Provenance, RunStarted, StepCompleted
+from tests.unit.core.factories import hb, started
+from tests.unit.core.pack_logs import CFG, MOST, at, make_records, pack
+from tests.unit.core.replay_compare import batches, fingerprint
 
 S = 1_000_000_000
 
@@ -101,11 +108,37 @@ def fold_lines(rng: random.Random) -> list[str]:
     return lines
 
 
+def pack_lines() -> list[str]:
+    """The pack path's outcome on random logs and on a healthy gang (module docstring)."""
+    logs = [batches(make_records(seed, 120), seed, MOST) for seed in range(30)]
+    rng = random.Random(5)
+    gang: list[Record] = [("heartbeats", at(0), started(world_size=32))]  # type: ignore[list-item]
+    for n in range(1, 60):
+        beats = [
+            hb(r, n, n * S + rng.randrange(S // 10), dt=(0.9 if r == 3 else 0.25) + rng.random() / 100)
+            for r in range(32)
+            if n < 45 or r != 7  # rank 3 is slow throughout, rank 7 goes silent
+        ]  # fmt: skip
+        gang.append(("heartbeats", at(n), pack(beats)))  # type: ignore[arg-type]
+    logs.append([gang[:20], gang[20:]])
+    lines = []
+    for feeds in logs:
+        replayer = Replayer(CFG, pack_path=True)
+        for batch in feeds:
+            replayer.feed(batch)
+        kinds = ",".join(sorted({v.kind for _, v in replayer.recomputed}))
+        digest = hashlib.sha256(repr(fingerprint(replayer)).encode()).hexdigest()
+        lines.append(
+            f"pack {len(replayer.recomputed)} [{kinds}] {len(replayer.dead_letters)} {digest}"
+        )
+    return lines
+
+
 def main() -> None:
     """Print the active copies, then the outputs."""
     rng = random.Random(23)
     print(json.dumps(native.ACTIVE, sort_keys=True))
-    for line in kernel_lines(rng) + fold_lines(rng):
+    for line in kernel_lines(rng) + fold_lines(rng) + pack_lines():
         print(line)
 
 

@@ -9,6 +9,7 @@ is compiled against pure. The selection rules are checked on a scratch folder.
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import subprocess
@@ -85,6 +86,22 @@ def test_rule_3_a_source_edited_since_the_build_runs_pure(
     assert reason is not None and reason.startswith("stale: window.py changed")
 
 
+def test_rule_3_an_edit_to_another_module_of_the_group_sends_it_to_its_source_too(
+    tmp_path: Path,
+) -> None:
+    """The group's modules call each other's compiled copies: one stale, all pure."""
+    folder = make_folder(tmp_path, "x = 1\n", compiled=True, digest_of="x = 1\n")
+    other = native.COMPILED_MODULES[1]
+    (folder / f"{other}.py").write_text("y = 1\n")
+    digests = json.loads((folder / native.MANIFEST).read_text())
+    (folder / native.MANIFEST).write_text(json.dumps(digests | {other: "0" * 64}))
+    reason = native.pure_reason("window", False, folder)
+    assert reason == f"stale: {other}.py, compiled with it, changed since (run `make compiled`)"
+    digests[other] = native.source_digest(folder / f"{other}.py")
+    (folder / native.MANIFEST).write_text(json.dumps(digests))
+    assert native.pure_reason("window", False, folder) is None
+
+
 def test_the_switch_reads_only_1() -> None:
     assert CoreSettings.from_env({"RUNWATCH_PURE_PYTHON": "1"}).pure_python
     assert not CoreSettings.from_env({"RUNWATCH_PURE_PYTHON": "0"}).pure_python
@@ -96,3 +113,16 @@ def test_the_package_says_which_copy_runs() -> None:
 
     every = all(state == "compiled" for state in native.ACTIVE.values())
     assert every == core.COMPILED
+
+
+@pytest.mark.parametrize("stem", native.COMPILED_MODULES)
+def test_no_compiled_module_defines_a_class_with_class_keywords(stem: str) -> None:
+    """mypyc drops a class's keywords (a Struct's ``frozen=True``, ``tag``, ``gc=False``)
+    without a word, so a compiled module must define none: its structs live elsewhere."""
+    tree = ast.parse((ROOT / "runwatch/processors/core" / f"{stem}.py").read_text())
+    keyworded = [
+        f"{node.name} (line {node.lineno})"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ClassDef) and node.keywords
+    ]
+    assert keyworded == []
