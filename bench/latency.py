@@ -293,8 +293,14 @@ async def _load(bootstrap: str, prefix: str, runs: list[str], world: int, first_
 
 def load_process(bootstrap: str, prefix: str, runs: list[str], world: int, first_step: int,
                  rate: float, duration_s: float, ready: Any, go: Any,
-                 conn: Any) -> None:  # fmt: skip
-    """The load generator (a process of its own): paced steps of ``runs``, then its report."""
+                 conn: Any, nice: int = 0) -> None:  # fmt: skip
+    """The load generator (a process of its own): paced steps of ``runs``, then its report.
+
+    ``nice`` (``--generator-nice``) lowers its scheduling priority: the trainers it stands
+    for run on other machines, and their CPU is not the worker's.
+    """
+    if nice:
+        os.nice(nice)
     conn.send(
         asyncio.run(_load(bootstrap, prefix, runs, world, first_step, rate, duration_s, ready, go))
     )
@@ -548,6 +554,13 @@ def parse_args() -> argparse.Namespace:
         default=5.0,
         help="also report the loaded spikes sent this long after the load began",
     )
+    parser.add_argument(
+        "--generator-nice",
+        type=int,
+        default=0,
+        help="the load generator's niceness (0: as the worker's; its GENERATOR SHORT check "
+        "still says when it fell short of the pace)",
+    )
     parser.add_argument("--probes", type=int, default=20)
     parser.add_argument("--probe-period-s", type=float, default=0.05)
     parser.add_argument("--batch-max", type=int, default=None, help="the worker's --batch-max")
@@ -642,7 +655,7 @@ def measure(args: argparse.Namespace, bootstrap: str, run_index: int) -> dict[st
         load_rx, load_tx = ctx.Pipe(duplex=False)
         gen_ready, go = ctx.Event(), ctx.Event()
         gen_args = (bootstrap, prefix, runs, args.world, args.backlog_steps + 1, rate,
-                    args.load_s, gen_ready, go, load_tx)  # fmt: skip
+                    args.load_s, gen_ready, go, load_tx, args.generator_nice)  # fmt: skip
         gen = ctx.Process(target=load_process, args=gen_args)
         gen.start()  # now: its interpreter's start-up falls in the idle window, not the load
         stack.callback(gen.kill)
@@ -719,6 +732,7 @@ def measure(args: argparse.Namespace, bootstrap: str, run_index: int) -> dict[st
         "backlog_events": backlog_events,
         **{k: round(v, 2) for k, v in cap.items()},
         "load": args.load,
+        "generator_nice": args.generator_nice,
         "load_target_events_per_s": round(rate),
         "load_offered_events_per_s": round(offered),
         "probe_events_per_s": round(probe_events_per_s),

@@ -27,8 +27,9 @@ the main thread, and every pause a backlog the next rounds worked off. Between t
 that round's objects are already freed by reference counting, so a collection there walks
 only what outlives it (the next fetch, new states). Alternated on the same box
 (`bench/latency.py`, docs/processors.md): collections over 2 ms took 1.5-2.3 % of the load
-window against 7 %, the longest 10-20 ms against 22-36 ms, and the loaded p99 went from 268
-and 504 ms to 158 and 158 ms.
+window against 7 %, the longest 10-20 ms against 22-36 ms. (The loaded p99 of that one pair
+of runs each, 158 / 158 ms against 268 / 504 ms, did not hold in later ten-run series,
+where the box's own variation was larger: docs/processors.md.)
 """
 
 from __future__ import annotations
