@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import random
 
-from runwatch.processors.core.bounds import MAX_STEP, MAX_STEP_JUMP
 from runwatch.processors.core.config import DetectorConfig, with_overrides
 from runwatch.processors.core.replay import Record
 from runwatch.processors.core.retention import HOUR_NS
 from runwatch.schemas.events import Event, EventPack, Heartbeat, Provenance
 from tests.unit.core.factories import S, ended, hb, random_exit, started, tick
+from tests.unit.core.replay_compare import drift_clock, drift_step
 
 TOPIC = "runwatch.heartbeats"
 CFG = with_overrides(
@@ -57,28 +57,15 @@ class World:
         self.world = {run: rng.randint(1, 6) for run in RUNS}
 
     def clock(self) -> int:
-        r = self.rng.random()
-        if r < 0.05:
-            self.ts -= self.rng.randint(1, 10) * S  # time going backwards
-        elif r < 0.08:
-            self.ts += self.rng.choice((2 * HOUR_NS, 8 * 24 * HOUR_NS))  # past retention
-        else:
-            self.ts += self.rng.randint(0, S // 2)
+        self.ts = drift_clock(self.rng, self.ts, 0.08, (2 * HOUR_NS, 8 * 24 * HOUR_NS))
         return max(self.ts, 0)
 
     def heartbeat(self, run: str) -> Heartbeat:
         rng = self.rng
-        if rng.random() < 0.3:
-            self.step[run] += 1
-        step = self.step[run] - (rng.randint(0, 6) if rng.random() < 0.1 else 0)
-        r = rng.random()
-        if r < 0.02:
-            step = MAX_STEP + rng.randint(0, 3)  # past the bound
-        elif r < 0.04:
-            step = self.step[run] + MAX_STEP_JUMP + rng.randint(1, 3)  # a jump past it
+        self.step[run], step = drift_step(rng, self.step[run], 0.3, 0.1)
         rank = rng.randrange(self.world[run] + 3)  # ranks past the table's width too
         dt = rng.choice((0.0, 0.25, 0.25, 0.26, 0.5, 1.0, float("nan")))
-        return hb(rank, max(step, 0), self.clock(), run=run, dt=dt)
+        return hb(rank, step, self.clock(), run=run, dt=dt)
 
     def other(self, run: str) -> Event:
         rng = self.rng

@@ -19,26 +19,20 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runwatch.processors.core.bounds import MAX_STEP, MAX_STEP_JUMP
-from runwatch.processors.core.config import DetectorConfig, with_overrides
+from runwatch.processors.core.config import with_overrides
 from runwatch.processors.core.replay import Record, Replayer
 from runwatch.processors.core.retention import HOUR_NS, SWEEP_EVERY_RECORDS
 from runwatch.processors.pipeline import fold_batch
 from runwatch.schemas.codec import encode
 from runwatch.schemas.events import Event, EventPack, Provenance
 from runwatch.schemas.records import Decoded
+from tests.unit.core import pack_logs
 from tests.unit.core.factories import S, ended, hb, random_exit, same, started, step, tick
-from tests.unit.core.replay_compare import batches, fingerprint
+from tests.unit.core.replay_compare import batches, drift_clock, drift_step, fingerprint
 
 CFG = with_overrides(
-    DetectorConfig(),
+    pack_logs.CFG,  # the liveness thresholds of the pack path's tests, and short step windows
     {
-        "rank_heartbeat_threshold": 3,
-        "dead_rank_timeout_s": 5.0,
-        "hang_timeout_s": 8.0,
-        "startup_timeout_s": 20.0,
-        "straggler_ratio": 1.5,
-        "straggler_steps": 2,
         "loss_window": 8,
         "loss_min_periods": 4,
         "grad_window": 8,
@@ -67,13 +61,8 @@ class Log:
         self.offset = {(role, p): 0 for role in ROLES for p in (0, 1)}
 
     def clock(self) -> int:
-        r = self.rng.random()
-        if r < 0.05:
-            self.ts -= self.rng.randint(1, 10) * S  # time going backwards
-        elif r < 0.09:
-            self.ts += self.rng.choice((2 * HOUR_NS, 8 * 24 * HOUR_NS, 26 * HOUR_NS))
-        else:
-            self.ts += self.rng.randint(0, S // 2)
+        jumps_ns = (2 * HOUR_NS, 8 * 24 * HOUR_NS, 26 * HOUR_NS)
+        self.ts = drift_clock(self.rng, self.ts, 0.09, jumps_ns)
         return max(self.ts, 0)
 
     def at(self, role: str, partition: int) -> Provenance:
@@ -85,16 +74,8 @@ class Log:
         return Provenance(topic=ROLES[role], partition=partition, offset=offset)
 
     def next_step(self, run: str) -> int:
-        rng = self.rng
-        if rng.random() < 0.4:
-            self.step[run] += 1
-        n = self.step[run] - (rng.randint(0, 6) if rng.random() < 0.08 else 0)
-        r = rng.random()
-        if r < 0.02:
-            n = MAX_STEP + rng.randint(0, 3)  # past the bound
-        elif r < 0.04:
-            n = self.step[run] + MAX_STEP_JUMP + rng.randint(1, 3)  # a jump past it
-        return max(n, 0)
+        self.step[run], reported = drift_step(self.rng, self.step[run], 0.4, 0.08)
+        return reported
 
     def heartbeat(self, run: str) -> Event:
         rank = self.rng.randrange(self.world[run] + 2)  # ranks past the table's width too
