@@ -163,26 +163,20 @@ def stats_lines(log: Path) -> list[dict[str, Any]]:
     return out
 
 
-def drain_window(log: Path, records: int, timeout_s: float = 30.0) -> tuple[float, float]:
+def drain_window(log: Path, records: int) -> tuple[float, float] | None:
     """When the worker's first round began and the round that reached ``records`` ended.
 
-    Epoch seconds, from its `RoundStats` lines (every input record is counted in one; the
-    line of the drain's last round comes at the next interval, so this waits for it).
-
-    Raises:
-        SystemExit: The lines do not reach ``records`` within ``timeout_s``.
+    Epoch seconds, from its `RoundStats` lines (every input record is counted in one); None
+    while they do not count ``records`` yet: the line of the drain's last round comes at the
+    next interval, after the offsets it committed may already have been seen.
     """
-    deadline = time.monotonic() + timeout_s
-    while True:
-        lines = [s for s in stats_lines(log) if "first_start" in s]
-        done = 0
-        for line in lines:
-            done += int(line.get("records", {}).get("sum", 0))
-            if done >= records:
-                return float(lines[0]["first_start"]), float(line["last_end"])
-        if time.monotonic() > deadline:
-            raise SystemExit(f"the worker's stats lines count {done} of {records} records")
-        time.sleep(STATS_S / 2)  # the next stats line is written at the next interval
+    done = 0
+    lines = [s for s in stats_lines(log) if "first_start" in s]
+    for line in lines:
+        done += int(line.get("records", {}).get("sum", 0))
+        if done >= records:
+            return float(lines[0]["first_start"]), float(line["last_end"])
+    return None
 
 
 def cpu_between(samples: list[tuple[float, float]], start_s: float, end_s: float) -> float:
@@ -304,6 +298,14 @@ def throughput(
         time.sleep(0.1)  # sampling interval of a measurement, not synchronisation
     else:
         raise SystemExit(f"worker did not drain the backlog; see {worker_log}")
+    # The drain's last round may end after its commit was seen, and its stats line comes at
+    # the next interval: sample on until the line is there, so the samples cover the window.
+    deadline = time.monotonic() + 30
+    while (window := drain_window(worker_log, target)) is None:
+        samples.append((time.time(), cpu_s(worker.proc.pid)))
+        if time.monotonic() > deadline:
+            raise SystemExit(f"the worker's stats lines do not count {target} records")
+        time.sleep(0.1)  # the next stats line is written at the next interval
     samples.append((time.time(), cpu_s(worker.proc.pid)))
     if spy is not None:
         spy.send_signal(signal.SIGINT)  # py-spy writes its file when interrupted
@@ -314,7 +316,7 @@ def throughput(
     # commits lag the rounds (a checkpoint every 0.2 s, its offsets committed beside the
     # next rounds), so timing from the first commit left out the first rounds' work and
     # overstated a short drain's rate several-fold.
-    start_s, end_s = drain_window(worker_log, target)
+    start_s, end_s = window
     drain_s = max(end_s - start_s, 1e-9)
     cpu_us = 1e6 * cpu_between(samples, start_s, end_s) / target
     figures = {"drain_s": drain_s, "events_per_s": target / drain_s, "cpu_us_per_event": cpu_us}
