@@ -27,6 +27,7 @@ at the offset the dead letter names). `check` never raises, whatever the record 
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterable
 from typing import Final, NamedTuple
 
@@ -56,6 +57,13 @@ future time could trip (`processors.core.config.DetectorConfig.dead_rank_timeout
 300 s by default, `hang_timeout_s` 600 s)."""
 FUTURE_TS: Final = "future_ts"
 """The reason a dead letter for an event dated past its broker time starts with."""
+_CARRIED: Final = {role: frozenset(spec.carries) for role, spec in ROLES.items()}
+"""Per role, the exact types its records may decode to: `decode` returns the struct a tag
+names, never a subclass, and no event type subclasses another (a test holds both), so a
+set lookup of ``type(event)`` says what ``isinstance`` would, a fraction of its cost."""
+_PACKED: Final = {role: frozenset(spec.packs) for role, spec in ROLES.items()}
+"""Per role, the exact types a pack on it may hold (as `_CARRIED`)."""
+_TS_NS: Final = operator.attrgetter("ts_ns")
 
 
 class RawRecord(NamedTuple):
@@ -119,23 +127,21 @@ def _check(record: RawRecord, role: TopicRole) -> Decoded | DeadLetter:
     except DecodeError as exc:
         return dead_letter(record, exc.reason)
     spec = ROLES[role]
-    allowed = spec.carries
-    if not isinstance(event, allowed):
-        names = ", ".join(t.__name__ for t in allowed)
-        return dead_letter(
-            record, f"{type(event).__name__} does not belong on a {role} topic ({names})"
-        )
-    if isinstance(event, EventPack):
+    kind = type(event)
+    if kind not in _CARRIED[role]:  # decode gives exact types (`_CARRIED`)
+        names = ", ".join(t.__name__ for t in spec.carries)
+        return dead_letter(record, f"{kind.__name__} does not belong on a {role} topic ({names})")
+    if type(event) is EventPack and not _PACKED[role].issuperset(map(type, event.events)):
         packable = spec.packs
         for index, inner in enumerate(event.events):
-            if not isinstance(inner, packable):
+            if type(inner) not in packable:
                 names = ", ".join(t.__name__ for t in packable)
                 return dead_letter(
                     record,
                     f"event {index} of a pack is a {type(inner).__name__}, which does not "
                     f"belong on a {role} topic (packs there hold {names})",
                 )
-    expected_key = TICK_RUN_ID if isinstance(event, Tick) else event.run_id
+    expected_key = TICK_RUN_ID if type(event) is Tick else event.run_id
     if record.key is None or record.key != expected_key.encode():
         key = record.key if record.key is None else record.key[:MAX_ID_CHARS]
         return dead_letter(record, f"record key {key!r} is not the run id {expected_key!r}")
@@ -160,13 +166,13 @@ def _bound_time(record: RawRecord, event: AnyEvent) -> AnyEvent | DeadLetter:
         3. Anything else is kept as it is.
     """
     broker_ns = record.timestamp_ms * 1_000_000
-    if isinstance(event, Tick):
+    if type(event) is Tick:  # exact types (`_CARRIED`); isinstance is 3x slower on a Struct
         if event.ts_ns > broker_ns:
             return msgspec.structs.replace(event, ts_ns=broker_ns)
         return event
     latest = event.ts_ns
-    if isinstance(event, EventPack):
-        latest = max(latest, max(inner.ts_ns for inner in event.events))
+    if type(event) is EventPack:
+        latest = max(latest, max(map(_TS_NS, event.events)))
     if latest > broker_ns + MAX_FUTURE_SKEW_NS:
         ahead_s = (latest - broker_ns) / 1e9
         return dead_letter(

@@ -127,6 +127,13 @@ def test_round_trip(event):
 
 
 @pytest.mark.parametrize("event", ONE_OF_EACH, ids=lambda e: type(e).__name__)
+def test_decode_gives_the_exact_type_and_no_type_subclasses_another(event):
+    """What `schemas.records` checks a record's type with: ``type(event)`` in a set."""
+    assert type(codec.decode(codec.encode(event))) is type(event)
+    assert [t for t in ALL_TYPES if t is not type(event) and issubclass(type(event), t)] == []
+
+
+@pytest.mark.parametrize("event", ONE_OF_EACH, ids=lambda e: type(e).__name__)
 def test_tag_is_versioned_not_class_name(event):
     tag = msgspec.json.decode(codec.encode(event))["type"]
     assert tag.rsplit(".", 1)[1].startswith("v")
