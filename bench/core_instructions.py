@@ -7,7 +7,7 @@ divided by ``--events``, is the fold's cost per event: start-up, imports and bui
 events cancel.
 
     .venv/bin/python bench/core_instructions.py [--events 16000] [--world 8]
-        [--kinds heartbeat,step,packed,fed-off,fed-on,loose,general,ladder]
+        [--kinds heartbeat,step,packed,fed-off,fed-on,loose,general,ladder,check-loose,check-pack]
         [--pack-worlds 8,32] [--loose-batch-records 512] [--tree DIR] [--callgrind FILE]
 
 Heartbeats: a started run of ``--world`` ranks (default 8), every rank one heartbeat per
@@ -42,6 +42,10 @@ process (``--kinds`` names one) under callgrind instead, folding (into FILE) and
 (FILE.no-fold), and prints the C functions' exclusive counts per event, the second run's
 subtracted; `callgrind_annotate --inclusive=yes FILE` reads the whole profile (CPython
 3.11 shows its C functions, not the Python ones: the rungs split the Python layers).
+
+``check-loose`` and ``check-pack``: the same heartbeats as records read from Kafka, through
+the topic's check (`schemas.records.check`: decode, type, key, broker time), one
+heartbeat a record or one pack of ``--world`` a record; figures per heartbeat.
 
 ``--tree DIR`` measures another checkout (a git worktree of an older commit): the
 measured process gets ``PYTHONPATH=DIR`` and runs from DIR, so ``runwatch`` resolves to
@@ -176,6 +180,32 @@ def _fed(world: int, events: int, fold: bool, *, pack_path: bool, batch_records:
     print(f"folded={fold} verdicts={verdicts}", file=sys.stderr)
 
 
+def _checks(kind: str, world: int, events: int, fold: bool) -> None:
+    """The heartbeats as raw records of the heartbeats topic through ``records.check``."""
+    from runwatch.schemas.codec import encode
+    from runwatch.schemas.events import EventPack
+    from runwatch.schemas.records import RawRecord, check
+    from runwatch.schemas.topics import TopicRole
+
+    _, beats, _ = _heartbeats(world, events)
+    size = 1 if kind == "check-loose" else world
+    groups = [beats[i : i + size] for i in range(0, len(beats), size)]
+    values = [
+        encode(g[0] if size == 1 else EventPack(run_id="r", ts_ns=g[-1].ts_ns, events=tuple(g)))
+        for g in groups
+    ]
+    stamp_ms = max(b.ts_ns for b in beats) // 1_000_000 + 1
+    records = [
+        RawRecord("hb", 0, offset, b"r", value, stamp_ms) for offset, value in enumerate(values)
+    ]
+    _settle()
+    good = 0
+    if fold:
+        for record in records:
+            good += type(check(record, TopicRole.HEARTBEATS)).__name__ == "Decoded"
+    print(f"folded={fold} decoded={good}", file=sys.stderr)
+
+
 LOOSE_KINDS = ("heartbeat", "step")
 """What a loose record of ``loose-*``, ``general-*`` and ``rung-*-*`` is."""
 RUNGS = ("rung-fold", "rung-apply", "rung-dispatch", "rung-feed", "general")
@@ -306,6 +336,9 @@ def inner(kind: str, events: int, world: int, fold: bool, batch_records: int = 6
                 verdicts += len(out)
     elif kind in ("fed-off", "fed-on"):
         _fed(world, events, fold, pack_path=kind == "fed-on", batch_records=batch_records)
+        return
+    elif kind in ("check-loose", "check-pack"):
+        _checks(kind, world, events, fold)
         return
     elif kind.startswith(("loose-", "general-")):
         path = None if kind.startswith("loose-") else False
