@@ -127,10 +127,11 @@ def _check(record: RawRecord, role: TopicRole) -> Decoded | DeadLetter:
     except DecodeError as exc:
         return dead_letter(record, exc.reason)
     spec = ROLES[role]
-    kind = type(event)
-    if kind not in _CARRIED[role]:  # decode gives exact types (`_CARRIED`)
+    if type(event) not in _CARRIED[role]:  # decode gives exact types (`_CARRIED`)
         names = ", ".join(t.__name__ for t in spec.carries)
-        return dead_letter(record, f"{kind.__name__} does not belong on a {role} topic ({names})")
+        return dead_letter(
+            record, f"{type(event).__name__} does not belong on a {role} topic ({names})"
+        )
     if type(event) is EventPack and not _PACKED[role].issuperset(map(type, event.events)):
         packable = spec.packs
         for index, inner in enumerate(event.events):

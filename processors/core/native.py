@@ -107,10 +107,11 @@ def pure_reason(stem: str, pure_python: bool, folder: Path = HERE) -> str | None
 class SourceFinder(importlib.abc.MetaPathFinder):
     """Finds the group's modules as their ``.py`` sources, ahead of their compiled copies.
 
-    Installed first on `sys.meta_path` when the group runs pure, so that whichever module
-    imports one of them first, and in whatever order, gets the source: a compiled module
-    of the group imported beside a pure one would reach into the pure one's internals as
-    if it were compiled (a crash, not an error).
+    Installed first on `sys.meta_path` when the group runs pure with a compiled copy beside
+    it (a plain install has none to shadow), so that whichever module imports one of them
+    first, and in whatever order, gets the source: a compiled module of the group imported
+    beside a pure one would reach into the pure one's internals as if it were compiled (a
+    crash, not an error).
     """
 
     def __init__(self, sources: dict[str, Path]) -> None:
@@ -155,8 +156,9 @@ def select(settings: CoreSettings | None = None, folder: Path = HERE) -> dict[st
     if reason is not None:
         if reason.startswith("stale"):
             warnings.warn(f"{PACKAGE}: {reason}; running the pure source", RuntimeWarning, 2)
-        sources = {f"{PACKAGE}.{stem}": folder / f"{stem}.py" for stem in COMPILED_MODULES}
-        sys.meta_path.insert(0, SourceFinder(sources))
+        if any(compiled_copy(stem, folder) for stem in COMPILED_MODULES):  # else: nothing to shadow
+            sources = {f"{PACKAGE}.{stem}": folder / f"{stem}.py" for stem in COMPILED_MODULES}
+            sys.meta_path.insert(0, SourceFinder(sources))
     active: dict[str, str] = {}
     for stem in COMPILED_MODULES:
         module = importlib.import_module(f"{PACKAGE}.{stem}")
