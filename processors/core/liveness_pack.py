@@ -1,4 +1,4 @@
-"""A packed record of heartbeats folded per record, not per event (issue 23).
+"""Many heartbeats of a run folded at once, not per event: a pack's, or a batch's loose ones.
 
 Trainer nodes send their ranks' heartbeats as one `schemas.events.EventPack` per node and
 interval, so most events a worker folds are heartbeats inside packs. `fold_liveness`
@@ -30,6 +30,12 @@ gives the same states, verdicts (ids included) and failures, per record:
    was before the event, and the failure is returned with its index (the caller makes it
    the event's dead letter); the rest of the pack goes on.
 
+Loose heartbeats, each a record of its own, fold the same way (`fold_heartbeat_run`): the
+`processors.core.replay.Replayer` queues a batch's loose heartbeats per run and folds each
+run's at once, every event at its own position (rule 2 is then the caller's: each position
+is past the state's and they increase). Most records of a deployment without packs are
+such heartbeats, and a run's ranks write them side by side with other runs'.
+
 So the only detector logic repeated here is the quiet case of each of `PLAIN_FOLDS`; a
 registry with other heartbeat folds sends every heartbeat through rule 6 (still exact,
 only slower), and a test fails until this module is taught the new fold's quiet case.
@@ -51,7 +57,13 @@ from runwatch.processors.core.liveness_state import LivenessState
 from runwatch.processors.core.rank_table import ABSENT, NEVER, Journal, RankTable, TableData
 from runwatch.processors.core.retention import live_retention_ns
 from runwatch.processors.core.stragglers import StragglerState, observe
-from runwatch.schemas.events import AnomalyDetected, EventPack, Heartbeat, Provenance
+from runwatch.schemas.events import (
+    AnomalyDetected,
+    EventPack,
+    Heartbeat,
+    PackableEvent,
+    Provenance,
+)
 
 PLAIN_FOLDS: Final = (fold_scans, fold_straggler)
 """The registered heartbeat folds whose quiet case rule 5 writes inline."""
@@ -103,14 +115,48 @@ def fold_heartbeat_pack(
             return PackFold(state, [], [], index)
     if first == len(events):
         return PackFold(state, [], [], first)
-    return _fold_from(state, pack, source, cfg, first)
+    return _fold_from(state, events, source, None, cfg, first)
+
+
+def fold_heartbeat_run(
+    state: LivenessState,
+    events: tuple[Heartbeat, ...],
+    sources: tuple[Provenance, ...],
+    cfg: DetectorConfig,
+) -> PackFold:
+    """Fold loose heartbeats of one run, each a record of its own, at once (rules 1, 3-6).
+
+    A batch's loose heartbeats of a run are folded as a pack's are, each at its own
+    position (``sources``): what `liveness.fold_heartbeat` gives them one by one. Rule 2
+    is the caller's: every position is past the state's, and they increase.
+
+    Args:
+        state: The run's liveness state (the caller handles a run with none).
+        events: The heartbeats, in log order.
+        sources: Their positions, one per event, increasing.
+        cfg: The processor's configuration (the run's own thresholds apply on top).
+
+    Returns:
+        As `fold_heartbeat_pack`, with indexes into ``events``.
+    """
+    if not state.live:  # rule 1
+        return PackFold(state, [], [], 0)
+    return _fold_from(state, events, sources[0], sources, cfg, 0)
 
 
 def _fold_from(
-    state: LivenessState, pack: EventPack, source: Provenance, cfg: DetectorConfig, first: int
+    state: LivenessState,
+    events: tuple[PackableEvent, ...],
+    source: Provenance,
+    sources: tuple[Provenance, ...] | None,
+    cfg: DetectorConfig,
+    first: int,
 ) -> PackFold:
-    """Rules 3-6 from event ``first`` on (the events before it were skipped)."""
-    events = pack.events
+    """Rules 3-6 from event ``first`` on (the events before it were skipped).
+
+    ``sources`` None: the events are a pack's, each at ``source`` plus its index;
+    otherwise each event's own position.
+    """
     ecfg = effective_config(cfg, state.thresholds) if state.thresholds else cfg
     threshold, timeout_ns = ecfg.rank_heartbeat_threshold, ecfg.dead_rank_timeout_s * 1e9
     ratio, slow_steps = ecfg.straggler_ratio, ecfg.straggler_steps
@@ -177,16 +223,18 @@ def _fold_from(
         if applied >= 0:  # rule 6: the state before this event, then the shared fold
             scalars = (now_ns, known, first_step, first_ns, run_step, last_ns)
             detectors = (scan_at, scan_after, stragglers, beats)
-            base = _state(base, begun[0], source.offset, applied, scalars, detectors, len(dead))
+            here = _position(source, sources, applied)
+            base = _state(base, begun[0], here, scalars, detectors, len(dead))
             applied = -1
-        base = _judge(base, event, source, index, cfg, begun, out)
+        base = _judge(base, event, _position(source, sources, index), index, cfg, begun, out)
         now_ns, known, first_step, first_ns, run_step, last_ns = _scalars(base)
         scan_at, scan_after, stragglers, beats = _detectors(base)
         width, cap, live = _limits(base, steps, dead) if inline else (0, -1, 0)
     if applied >= 0:
         scalars = (now_ns, known, first_step, first_ns, run_step, last_ns)
         detectors = (scan_at, scan_after, stragglers, beats)
-        base = _state(base, begun[0], source.offset, applied, scalars, detectors, len(dead))
+        here = _position(source, sources, applied)
+        base = _state(base, begun[0], here, scalars, detectors, len(dead))
     return PackFold(base, out.verdicts, out.failures, stop)
 
 
@@ -238,13 +286,13 @@ class _Out(NamedTuple):
 def _judge(
     state: LivenessState,
     event: Heartbeat,
-    source: Provenance,
+    at: Provenance,
     index: int,
     cfg: DetectorConfig,
     begun: tuple[RankTable, TableData, Journal],
     out: _Out,
 ) -> LivenessState:
-    """Rule 6: `fold_heartbeat` of the pack's event ``index`` over ``state``, in the journal.
+    """Rule 6: `fold_heartbeat` of event ``index`` at ``at`` over ``state``, in the journal.
 
     Returns:
         The state after the event; ``state`` when its fold raised (its writes taken back,
@@ -252,9 +300,6 @@ def _judge(
     """
     journal = begun[2]
     mark = len(journal)
-    at = Provenance(
-        topic=source.topic, partition=source.partition, offset=source.offset, index=index
-    )
     try:
         after, verdicts = fold_heartbeat(state, event, at, cfg, begun)
     except Exception as exc:
@@ -297,16 +342,24 @@ def _detectors(state: LivenessState) -> DetectorScalars:
     return state.step_scan_at, state.time_scan_after_ns, state.stragglers, state.heartbeats
 
 
+def _position(source: Provenance, sources: tuple[Provenance, ...] | None, index: int) -> Provenance:
+    """Event ``index``'s position: its own (loose records), or the pack's plus its index."""
+    if sources is not None:
+        return sources[index]
+    return Provenance(
+        topic=source.topic, partition=source.partition, offset=source.offset, index=index
+    )
+
+
 def _state(
     base: LivenessState,
     table: RankTable,
-    offset: int,
-    index: int,
+    at: Provenance,
     scalars: Scalars,
     detectors: DetectorScalars,
     dead_count: int,
 ) -> LivenessState:
-    """``base`` after plain heartbeats up to ``(offset, index)``: what `fold_heartbeat` builds.
+    """``base`` after plain heartbeats up to position ``at``: what `fold_heartbeat` builds.
 
     Positional, in field order, as `liveness.fold_heartbeat` builds it (a test pins the
     order); the fields a heartbeat does not change are ``base``'s.
@@ -314,12 +367,12 @@ def _state(
     now_ns, known, first_step, first_ns, run_step, last_ns = scalars
     scan_at, scan_after, stragglers, beats = detectors
     return LivenessState(
-        base.run_id, offset, base.incarnation, True, base.status, base.thresholds,
+        base.run_id, at.offset, base.incarnation, True, base.status, base.thresholds,
         now_ns, base.started_ns, base.expected_ranks, known, first_step, first_ns, run_step,
         base.step_hint, last_ns, table, dead_count, False, scan_after, scan_at,
         stragglers, beats, base.raised, base.anomaly_counts,
-        base.exit_rank, index, base.launch_id,
+        base.exit_rank, at.index, base.launch_id,
     )  # fmt: skip
 
 
-__all__ = ["PLAIN_FOLDS", "PackFold", "fold_heartbeat_pack"]
+__all__ = ["PLAIN_FOLDS", "PackFold", "fold_heartbeat_pack", "fold_heartbeat_run"]

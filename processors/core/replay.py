@@ -41,13 +41,16 @@ batch, so after a crash a pack is redelivered to a state that holds all of it or
 
 Two direct paths give the general one's outcome at less bookkeeping per record (issue
 23): a heartbeats pack folded per record (`PACK_PATH`, `Replayer._heartbeat_pack`), and a
-loose Heartbeat or StepCompleted of a known run folded with `_dispatch` and `_apply`'s
-steps inline (`LOOSE_PATH`, `Replayer._loose_heartbeat`, `Replayer._loose_step`).
+loose StepCompleted of a known run folded with `_dispatch` and `_apply`'s steps inline,
+and a batch's loose Heartbeats of a known run queued and folded per run at once, their
+outputs put back in the records' order (`LOOSE_PATH`, `Replayer._loose_heartbeat`,
+`Replayer._fold_queued`, `Replayer._loose_step`).
 """
 
 from __future__ import annotations
 
 import itertools
+import operator
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Final, Literal, TypeAlias, TypeVar
 
@@ -55,8 +58,12 @@ import msgspec
 
 from runwatch.processors.core.checkpoints import CheckpointCatalogue, fold_checkpoint
 from runwatch.processors.core.config import DetectorConfig, config_hash
-from runwatch.processors.core.liveness import LivenessState, fold_heartbeat, fold_liveness
-from runwatch.processors.core.liveness_pack import PackFold, fold_heartbeat_pack
+from runwatch.processors.core.liveness import LivenessState, fold_liveness
+from runwatch.processors.core.liveness_pack import (
+    PackFold,
+    fold_heartbeat_pack,
+    fold_heartbeat_run,
+)
 from runwatch.processors.core.policy import PolicyState, fold_policy
 from runwatch.processors.core.retention import (
     EXPIRED,
@@ -112,10 +119,11 @@ through `Replayer._dispatch` on its own. Both give the same states, verdicts and
 letters (tests/unit/core/test_pack_path.py)."""
 LOOSE_PATH: Final = True
 """Whether a `Replayer` folds a loose record (one event, not a pack) that is a Heartbeat of
-the heartbeats role or a StepCompleted of the steps role through its direct path
-(`Replayer._loose_heartbeat`, `Replayer._loose_step`: `_dispatch` and `_apply`'s
-bookkeeping inline) unless told otherwise; off, through `Replayer._dispatch`. Both give
-the same states, verdicts and dead letters (tests/unit/core/test_loose_path.py)."""
+the heartbeats role or a StepCompleted of the steps role through its direct path (a run's
+heartbeats queued and folded at once, `Replayer._loose_heartbeat`; a step with `_dispatch`
+and `_apply`'s bookkeeping inline, `Replayer._loose_step`) unless told otherwise; off,
+through `Replayer._dispatch`. Both give the same states, verdicts and dead letters, in the
+same order (tests/unit/core/test_loose_path.py)."""
 _ROLE_STEPS: Final = TopicRole.STEPS
 _ROLE_HEARTBEATS: Final = TopicRole.HEARTBEATS
 _ROLE_CHECKPOINTS: Final = TopicRole.CHECKPOINTS
@@ -148,6 +156,44 @@ def unpack(source: Provenance, event: Event) -> Iterator[tuple[Provenance, Event
     topic, partition, offset = source.topic, source.partition, source.offset
     for index, inner in enumerate(event.events):
         yield Provenance(topic=topic, partition=partition, offset=offset, index=index), inner
+
+
+class LooseRun:
+    """A run's loose heartbeats queued in a batch (`Replayer._loose_heartbeat`).
+
+    Attributes:
+        before: The run's state when the first was queued (nothing else touches it while
+            they are queued).
+        sources: Their positions, increasing, in one partition.
+        events: The heartbeats.
+        seqs: Each one's place in the batch fed (`Replayer._fold_queued` orders by it).
+    """
+
+    __slots__ = ("before", "events", "seqs", "sources")
+
+    def __init__(self, before: LivenessState, source: Provenance, event: Heartbeat, seq: int):
+        """Start the queue with one heartbeat."""
+        self.before = before
+        self.sources = [source]
+        self.events = [event]
+        self.seqs = [seq]
+
+
+def _in_record_order(items: list[Any], mark: int, seqs: list[int]) -> None:
+    """Put ``items[mark:]``, made for records at batch places ``seqs``, in record order.
+
+    A stable sort: one record's items keep the order they were made in.
+    """
+    if all(map(operator.le, seqs, seqs[1:])):
+        return
+    made = items[mark:]
+    keyed = sorted(range(len(made)), key=seqs.__getitem__)
+    items[mark:] = [made[i] for i in keyed]
+
+
+_FIRST: Final = operator.itemgetter(0)
+_NOWHERE: Final = object()
+"""A position no verdict has (`Replayer._collect_pack`'s start)."""
 
 
 class PackSpan(msgspec.Struct, frozen=True, gc=False):
@@ -447,12 +493,16 @@ class Replayer:
         touched: Touched = {}
         self._touched = touched
         loose = self.loose_path
+        queued: dict[str, LooseRun] = {}
         try:
-            for role, source, event in records:
+            for seq, (role, source, event) in enumerate(records):
                 kind = type(event)
                 if kind is Heartbeat and loose and role == _ROLE_HEARTBEATS:
-                    self._loose_heartbeat(touched, source, event)  # type: ignore[arg-type]
-                elif kind is StepCompleted and loose and role == _ROLE_STEPS:
+                    self._loose_heartbeat(queued, seq, source, event)  # type: ignore[arg-type]
+                    continue
+                if queued:
+                    self._fold_queued(queued)
+                if kind is StepCompleted and loose and role == _ROLE_STEPS:
                     self._loose_step(touched, source, event)  # type: ignore[arg-type]
                 elif kind is EventPack:
                     if self.pack_path and role == _ROLE_HEARTBEATS:
@@ -462,28 +512,48 @@ class Replayer:
                         self._dispatch(role, inner_source, inner)  # type: ignore[arg-type]
                 else:
                     self._dispatch(role, source, event)
+            if queued:
+                self._fold_queued(queued)
         finally:
             self._touched = None
         self._flush(touched, marks)
         return self
 
-    def _loose_heartbeat(self, touched: Touched, source: Provenance, event: Heartbeat) -> None:
-        """A loose Heartbeat of the heartbeats role: `_dispatch`'s outcome, its steps inline.
+    def _loose_heartbeat(
+        self, queued: dict[str, LooseRun], seq: int, source: Provenance, event: Heartbeat
+    ) -> None:
+        """A loose Heartbeat of the heartbeats role: queued with its run's, or dispatched.
+
+        A batch's loose heartbeats of a run are folded at once (`_fold_queued`) unless
+        something else of the batch comes between them; the outcome is `_dispatch`'s for
+        each, in the same order.
 
         Rules:
-            1. A run with no liveness state, a suspended one, a heartbeat at or before the
+            1. A run with heartbeats queued takes this one after them when its position
+               is past the last one's in the same partition. Otherwise every queued run
+               is folded first (`_fold_queued`), and rule 2 applies.
+            2. A run with no liveness state, a suspended one, a heartbeat at or before the
                state's position, or one more than `STRAY_RETENTION_NS` after the run's last
                heartbeat (its state may be past its retention: the shortest one a live
                state has) goes through `_dispatch` (admission, a new state, log time only,
-               the skip, the eviction).
-            2. Otherwise what `_heartbeats` and `_apply` do for it, in their order: the
-               partition's runs, the batch's `_touched` entry, `liveness.fold_heartbeat`
-               (what `fold_liveness` calls for it), a ``fold`` dead letter if that raises
-               (the state kept), else the state's write and the verdicts (`_collect`).
+               the skip, the eviction), after every queued run is folded.
+            3. Otherwise the heartbeat starts its run's queue.
         """
         run_id = event.run_id
+        run = queued.get(run_id)
+        if run is not None:  # rule 1
+            last = run.sources[-1]
+            if source.partition == last.partition and (
+                source.offset > last.offset
+                or (source.offset == last.offset and source.index > last.index)
+            ):
+                run.sources.append(source)
+                run.events.append(event)
+                run.seqs.append(seq)
+                return
+            self._fold_queued(queued)
         before = self.liveness.get(run_id)
-        if (  # rule 1
+        if (  # rule 2
             before is None
             or not before.live
             or event.ts_ns - before.last_heartbeat_ns > STRAY_RETENTION_NS
@@ -492,27 +562,88 @@ class Replayer:
                 and (source.offset < before.last_offset or source.index <= before.last_index)
             )
         ):
+            if queued:
+                self._fold_queued(queued)
             self._dispatch(_ROLE_HEARTBEATS, source, event)
             return
-        partition = source.partition  # rule 2
-        runs = self.partition_runs.get(partition)
-        if runs is None:
-            self.partition_runs[partition] = {run_id}
-        elif run_id not in runs:
-            runs.add(run_id)
-        key = (_KIND_LIVENESS, run_id)
-        seen = touched.get(key)
-        if seen is None:
-            touched[key] = seen = (before, [])
-        seen[1].append((source, event))
+        queued[run_id] = LooseRun(before, source, event, seq)  # rule 3
+
+    def _fold_queued(self, queued: dict[str, LooseRun]) -> None:
+        """Fold every queued run at once: `_dispatch`'s outcome for each heartbeat, in order.
+
+        Steps, numbered as they keep the outcome of one-by-one folds:
+            1. Each run gets its `_touched` entry (its state before the batch) in the order
+               of its first queued heartbeat, where `_apply` would have made it.
+            2. Each run's heartbeats are folded at once (`_fold_loose_run`); a fold touches
+               its run's state only, so runs may go one after the other.
+            3. The heartbeats left over (past where a run's fold stopped: an eviction, a new
+               state, an admission, which count a partition's runs) go through `_dispatch`
+               in the records' order.
+            4. The verdicts and dead letters made are put in the order of the records that
+               made them (a stable sort by place in the batch).
+        """
+        touched = self._touched
+        assert touched is not None  # inside `feed`
+        recomputed, dead = self.recomputed, self.dead_letters
+        marks = len(recomputed), len(dead)
+        for run_id, run in queued.items():  # step 1
+            touched.setdefault((_KIND_LIVENESS, run_id), (run.before, []))
+        order: tuple[list[int], list[int]] = ([], [])
+        rest: list[tuple[int, Provenance, Heartbeat]] = []
+        for run_id, run in queued.items():  # step 2
+            stop = self._fold_loose_run(touched, run_id, run, order)
+            rest.extend(zip(run.seqs[stop:], run.sources[stop:], run.events[stop:], strict=True))
+        queued.clear()
+        rest.sort(key=_FIRST)
+        for seq, source, event in rest:  # step 3
+            made = len(recomputed), len(dead)
+            self._dispatch(_ROLE_HEARTBEATS, source, event)
+            order[0].extend(itertools.repeat(seq, len(recomputed) - made[0]))
+            order[1].extend(itertools.repeat(seq, len(dead) - made[1]))
+        _in_record_order(recomputed, marks[0], order[0])  # step 4
+        _in_record_order(dead, marks[1], order[1])
+
+    def _fold_loose_run(
+        self, touched: Touched, run_id: str, run: LooseRun, order: tuple[list[int], list[int]]
+    ) -> int:
+        """Fold a run's queued heartbeats at once, up to where `fold_heartbeat_run` stops.
+
+        Rules:
+            1. The bookkeeping `_heartbeats` and `_apply` do per event is done once for the
+               heartbeats folded: the partition's runs, the batch's `_touched` entries (one
+               per heartbeat, which `_flush` refolds one by one), the state's write (not
+               when unchanged), the verdicts, and a ``fold`` dead letter per failed one.
+            2. A run fold that raises (it catches what each heartbeat's fold raises: this
+               is for what it did not foresee) is as if it stopped at once.
+
+        ``order`` gets the batch place of the record behind each verdict and dead letter.
+
+        Returns:
+            How many heartbeats were folded (the caller dispatches the rest).
+        """
+        events, sources, seqs = tuple(run.events), tuple(run.sources), run.seqs
+        before = run.before
         try:
-            state, verdicts = fold_heartbeat(before, event, source, self.cfg, None)
-        except Exception as exc:
-            self.dead_letters.append(stage_dead_letter(source, event, run_id, "fold", exc))
-            return
-        self.liveness[run_id] = state
-        if verdicts:
-            self._collect(verdicts)
+            fold: PackFold | None = fold_heartbeat_run(before, events, sources, self.cfg)
+        except Exception:  # rule 2
+            fold = None
+        if fold is None or not fold.stop:
+            return 0
+        stop = fold.stop  # rule 1
+        self.partition_runs.setdefault(sources[0].partition, set()).add(run_id)
+        touched[_KIND_LIVENESS, run_id][1].extend(zip(sources[:stop], events[:stop], strict=True))
+        if fold.state is not before:
+            self.liveness[run_id] = fold.state
+        if fold.verdicts:
+            self._collect_pack(fold.verdicts)
+            at, last = dict(zip(sources, seqs, strict=True)), seqs[stop - 1]
+            order[0].extend(at.get(v.source, last) for v in fold.verdicts)  # type: ignore[arg-type]
+        for index, exc in fold.failures:
+            self.dead_letters.append(
+                stage_dead_letter(sources[index], events[index], run_id, "fold", exc)
+            )
+            order[1].append(seqs[index])
+        return stop
 
     def _loose_step(self, touched: Touched, source: Provenance, event: StepCompleted) -> None:
         """A loose StepCompleted of the steps role: `_dispatch`'s outcome, its steps inline.
@@ -679,12 +810,16 @@ class Replayer:
             self.dead_letters.append(stage_dead_letter(at, pack.events[index], run_id, "fold", exc))
 
     def _collect_pack(self, verdicts: list[AnomalyDetected]) -> None:
-        """`_collect` of a pack's verdicts, numbered within each event as `_collect` does."""
-        index, i = None, 0
+        """`_collect` of many events' verdicts, numbered within each event as `_collect` does.
+
+        A pack's or a run's queued heartbeats': an event's verdicts name its position.
+        """
+        previous: object = _NOWHERE
+        i = 0
         for v in verdicts:
-            at = v.source.index if v.source is not None else -1
-            i = i + 1 if at == index else 0
-            index = at
+            at = v.source
+            i = i + 1 if at == previous else 0
+            previous = at
             self.recomputed.append((_key(v, i), v))
 
     def _dispatch(self, role: str, source: Provenance, event: InputEvent | AnomalyDetected) -> None:

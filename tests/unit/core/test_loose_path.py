@@ -53,11 +53,11 @@ MOST = 16
 class Log:
     """Where each run and partition stands, so random records are mostly plausible."""
 
-    def __init__(self, rng: random.Random) -> None:
+    def __init__(self, rng: random.Random, runs: tuple[str, ...] = RUNS) -> None:
         self.rng = rng
         self.ts = S
-        self.step = dict.fromkeys(RUNS, 1)
-        self.world = {run: rng.randint(1, 5) for run in RUNS}
+        self.step = dict.fromkeys(runs, 1)
+        self.world = {run: rng.randint(1, 5) for run in runs}
         self.offset = {(role, p): 0 for role in ROLES for p in (0, 1)}
 
     def clock(self) -> int:
@@ -140,6 +140,39 @@ def make_records(seed: int, length: int) -> list[Record]:
     return records
 
 
+GANG = ("g0", "g1", "g2", "g3", "g4")
+"""Runs of the interleaved logs: many in one partition, so that a batch queues several."""
+
+
+def interleaved_records(seed: int, length: int) -> list[Record]:
+    """Loose heartbeats of `GANG`'s runs in one partition, interleaved record by record.
+
+    Each run starts announced; then mostly heartbeats (some past their bounds, some after
+    a silence or a jump past a retention), now and then a Tick, a RunStarted, a RunEnded or
+    a RankExited, and redeliveries: the loose path queues runs' heartbeats side by side and
+    their verdicts and dead letters must come out in the records' order.
+    """
+    rng = random.Random(seed)
+    log = Log(rng, GANG)
+    records: list[Record] = []
+    for run in GANG:
+        event = started(run, log.clock(), world_size=log.world[run])
+        records.append(("heartbeats", at_hb(len(records)), event))  # type: ignore[arg-type]
+    for _ in range(length):
+        run, r = rng.choice(GANG), rng.random()
+        if r < 0.04:
+            records.append(rng.choice(records))  # a redelivery, at its offset
+            continue
+        if r < 0.9:
+            event = log.heartbeat(run)
+        elif r < 0.95:
+            event = tick(log.clock(), 0)
+        else:
+            event = log.other(run, "heartbeats")
+        records.append(("heartbeats", at_hb(len(records)), event))  # type: ignore[arg-type]
+    return records
+
+
 def both_ways(
     feeds: list[list[Record]], evicted: set[str] | None = None
 ) -> tuple[Replayer, Replayer]:
@@ -177,6 +210,31 @@ def test_the_random_logs_reach_every_case_of_the_loose_path() -> None:
     assert {"dead_rank", "hang", "straggler", "loss_spike"} <= kinds
     assert set(ROLES.values()) <= dead
     assert {"liveness", "steps"} <= evicted
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**32), length=st.integers(1, 300), split=st.integers(0, 1000))
+def test_runs_queued_side_by_side_fold_exactly_as_the_general_path(
+    seed: int, length: int, split: int
+) -> None:
+    general, loose = both_ways(batches(interleaved_records(seed, length), split, 4 * MOST))
+    assert same(loose.result(), general.result())
+
+
+def test_the_interleaved_logs_make_outputs_of_several_runs_in_one_batch() -> None:
+    """Some batch's verdicts or dead letters come from runs whose records interleave
+    (a run's, another's, the first's again): the order the queue must restore."""
+    interleaved = 0
+    for seed in range(20):
+        replayer = Replayer(CFG)
+        for batch in batches(interleaved_records(seed, 300), seed, 4 * MOST):
+            marks = len(replayer.recomputed), len(replayer.dead_letters)
+            replayer.feed(batch)
+            made = [v.run_id for _, v in replayer.recomputed[marks[0] :]]
+            made += [d.run_id for d in replayer.dead_letters[marks[1] :]]
+            runs = [run for i, run in enumerate(made) if i == 0 or made[i - 1] != run]
+            interleaved += len(runs) > len(set(runs))
+    assert interleaved >= 3
 
 
 def test_fold_batch_takes_the_switch_and_gives_the_same_batch() -> None:
