@@ -8,7 +8,9 @@ quantised, constant and even/odd windows, the step fold's verdicts (msgpack, hex
 final state (`encode_state`) on noisy curves with spikes, flat stretches and quantised
 losses, and everything a `Replayer` on the heartbeat pack path holds (verdicts, dead
 letters, states, evictions: `replay_compare.fingerprint`) after random heartbeats logs
-(`pack_logs`) and a healthy 32-rank gang with a straggler and a rank that goes silent.
+(`pack_logs`) and a healthy 32-rank gang with a straggler and a rank that goes silent,
+and after loose heartbeats of five runs interleaved in one partition (a batch's queued
+per run and folded at once: `test_loose_path.interleaved_records`).
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ from runwatch.schemas.events import Provenance, RunStarted, StepCompleted
 from tests.unit.core.factories import hb, started
 from tests.unit.core.pack_logs import CFG, MOST, at, make_records, pack
 from tests.unit.core.replay_compare import batches, fingerprint
+from tests.unit.core.test_loose_path import CFG as LOOSE_CFG
+from tests.unit.core.test_loose_path import interleaved_records
 
 S = 1_000_000_000
 
@@ -134,11 +138,26 @@ def pack_lines() -> list[str]:
     return lines
 
 
+def loose_lines() -> list[str]:
+    """The loose path's outcome on interleaved runs' heartbeats (module docstring)."""
+    lines = []
+    for seed in range(20):
+        replayer = Replayer(LOOSE_CFG, loose_path=True)
+        for batch in batches(interleaved_records(seed, 300), seed, 4 * MOST):
+            replayer.feed(batch)
+        kinds = ",".join(sorted({v.kind for _, v in replayer.recomputed}))
+        digest = hashlib.sha256(repr(fingerprint(replayer)).encode()).hexdigest()
+        lines.append(
+            f"loose {len(replayer.recomputed)} [{kinds}] {len(replayer.dead_letters)} {digest}"
+        )
+    return lines
+
+
 def main() -> None:
     """Print the active copies, then the outputs."""
     rng = random.Random(23)
     print(json.dumps(native.ACTIVE, sort_keys=True))
-    for line in kernel_lines(rng) + fold_lines(rng) + pack_lines():
+    for line in kernel_lines(rng) + fold_lines(rng) + pack_lines() + loose_lines():
         print(line)
 
 

@@ -53,6 +53,7 @@ def test_compiled_and_pure_copies_give_the_same_bytes() -> None:
     }
     assert {stem: state.split(" ")[0] for stem, state in default_active.items()} == expected
     assert any(line.startswith("verdict ") for line in pure_lines)  # the curves do alarm
+    assert any(line.startswith("loose ") and " [] " not in line for line in pure_lines)
     assert default_lines == pure_lines
 
 
