@@ -125,32 +125,28 @@ def pack_lines() -> list[str]:
         ]  # fmt: skip
         gang.append(("heartbeats", at(n), pack(beats)))  # type: ignore[arg-type]
     logs.append([gang[:20], gang[20:]])
-    lines = []
-    for feeds in logs:
-        replayer = Replayer(CFG, pack_path=True)
-        for batch in feeds:
-            replayer.feed(batch)
-        kinds = ",".join(sorted({v.kind for _, v in replayer.recomputed}))
-        digest = hashlib.sha256(repr(fingerprint(replayer)).encode()).hexdigest()
-        lines.append(
-            f"pack {len(replayer.recomputed)} [{kinds}] {len(replayer.dead_letters)} {digest}"
-        )
-    return lines
+    return [replayed("pack", Replayer(CFG, pack_path=True), feeds) for feeds in logs]
 
 
 def loose_lines() -> list[str]:
     """The loose path's outcome on interleaved runs' heartbeats (module docstring)."""
-    lines = []
-    for seed in range(20):
-        replayer = Replayer(LOOSE_CFG, loose_path=True)
-        for batch in batches(interleaved_records(seed, 300), seed, 4 * MOST):
-            replayer.feed(batch)
-        kinds = ",".join(sorted({v.kind for _, v in replayer.recomputed}))
-        digest = hashlib.sha256(repr(fingerprint(replayer)).encode()).hexdigest()
-        lines.append(
-            f"loose {len(replayer.recomputed)} [{kinds}] {len(replayer.dead_letters)} {digest}"
+    return [
+        replayed(
+            "loose",
+            Replayer(LOOSE_CFG, loose_path=True),
+            batches(interleaved_records(seed, 300), seed, 4 * MOST),
         )
-    return lines
+        for seed in range(20)
+    ]
+
+
+def replayed(label: str, replayer: Replayer, feeds: list[list[Record]]) -> str:
+    """One line for ``replayer`` after ``feeds``: counts, verdict kinds, a digest of all."""
+    for batch in feeds:
+        replayer.feed(batch)
+    kinds = ",".join(sorted({v.kind for _, v in replayer.recomputed}))
+    digest = hashlib.sha256(repr(fingerprint(replayer)).encode()).hexdigest()
+    return f"{label} {len(replayer.recomputed)} [{kinds}] {len(replayer.dead_letters)} {digest}"
 
 
 def main() -> None:
