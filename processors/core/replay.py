@@ -572,39 +572,43 @@ class Replayer:
         """Fold every queued run at once: `_dispatch`'s outcome for each heartbeat, in order.
 
         Steps, numbered as they keep the outcome of one-by-one folds:
-            1. Each run gets its `_touched` entry (its state before the batch) in the order
-               of its first queued heartbeat, where `_apply` would have made it.
-            2. Each run's heartbeats are folded at once (`_fold_loose_run`); a fold touches
-               its run's state only, so runs may go one after the other.
-            3. The heartbeats left over (past where a run's fold stopped: an eviction, a new
+            1. Each run, in the order of its first queued heartbeat, gets its `_touched`
+               entry (its state before the batch: where `_apply` would have made it), and
+               its heartbeats are folded at once (`_fold_loose_run`); a fold touches its
+               run's state only, so runs may go one after the other.
+            2. The heartbeats left over (past where a run's fold stopped: an eviction, a new
                state, an admission, which count a partition's runs) go through `_dispatch`
                in the records' order.
-            4. The verdicts and dead letters made are put in the order of the records that
+            3. The verdicts and dead letters made are put in the order of the records that
                made them (a stable sort by place in the batch).
         """
         touched = self._touched
         assert touched is not None  # inside `feed`
         recomputed, dead = self.recomputed, self.dead_letters
         marks = len(recomputed), len(dead)
-        for run_id, run in queued.items():  # step 1
-            touched.setdefault((_KIND_LIVENESS, run_id), (run.before, []))
         order: tuple[list[int], list[int]] = ([], [])
         rest: list[tuple[int, Provenance, Heartbeat]] = []
-        for run_id, run in queued.items():  # step 2
-            stop = self._fold_loose_run(touched, run_id, run, order)
-            rest.extend(zip(run.seqs[stop:], run.sources[stop:], run.events[stop:], strict=True))
+        for run_id, run in queued.items():  # step 1
+            seen = touched.setdefault((_KIND_LIVENESS, run_id), (run.before, []))
+            stop = self._fold_loose_run(seen[1], run_id, run, order)
+            if stop < len(run.events):
+                rest += zip(run.seqs[stop:], run.sources[stop:], run.events[stop:], strict=True)
         queued.clear()
         rest.sort(key=_FIRST)
-        for seq, source, event in rest:  # step 3
+        for seq, source, event in rest:  # step 2
             made = len(recomputed), len(dead)
             self._dispatch(_ROLE_HEARTBEATS, source, event)
             order[0].extend(itertools.repeat(seq, len(recomputed) - made[0]))
             order[1].extend(itertools.repeat(seq, len(dead) - made[1]))
-        _in_record_order(recomputed, marks[0], order[0])  # step 4
+        _in_record_order(recomputed, marks[0], order[0])  # step 3
         _in_record_order(dead, marks[1], order[1])
 
     def _fold_loose_run(
-        self, touched: Touched, run_id: str, run: LooseRun, order: tuple[list[int], list[int]]
+        self,
+        applied: list[tuple[Provenance, Any]],
+        run_id: str,
+        run: LooseRun,
+        order: tuple[list[int], list[int]],
     ) -> int:
         """Fold a run's queued heartbeats at once, up to where `fold_heartbeat_run` stops.
 
@@ -616,7 +620,8 @@ class Replayer:
             2. A run fold that raises (it catches what each heartbeat's fold raises: this
                is for what it did not foresee) is as if it stopped at once.
 
-        ``order`` gets the batch place of the record behind each verdict and dead letter.
+        ``applied`` is the run's `_touched` list; ``order`` gets the batch place of the
+        record behind each verdict and dead letter.
 
         Returns:
             How many heartbeats were folded (the caller dispatches the rest).
@@ -631,7 +636,7 @@ class Replayer:
             return 0
         stop = fold.stop  # rule 1
         self.partition_runs.setdefault(sources[0].partition, set()).add(run_id)
-        touched[_KIND_LIVENESS, run_id][1].extend(zip(sources[:stop], events[:stop], strict=True))
+        applied += zip(sources[:stop], events[:stop], strict=True)
         if fold.state is not before:
             self.liveness[run_id] = fold.state
         if fold.verdicts:
