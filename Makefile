@@ -38,8 +38,13 @@ tools:  ## best effort: kcat (wire-format test), chromium + chromedriver (web vi
 	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus-alertmanager prometheus) >/dev/null 2>&1; } || \
 	  echo "prometheus-alertmanager/amtool/promtool not installed: the Alertmanager and promtool tests will be skipped"
 
-test: $(STAMP) kafka-jars tools  ## run the whole test suite against a real broker
-	$(PY) -m pytest -q --durations=25
+# Two pytest-xdist workers, whole files each (module fixtures stay together), each with a
+# broker of its own: most integration tests wait on real timeouts, rebalances and rank
+# processes, so a second worker fills the idle core (16.8 -> 11.3 min here).
+TEST_WORKERS ?= 2
+
+test: $(STAMP) kafka-jars tools  ## run the whole test suite against a real broker (TEST_WORKERS=0: one process)
+	$(PY) -m pytest -q --durations=25 $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
 
 images: $(STAMP) kafka-jars  ## build the compose images locally from Debian's mirror (runwatch/kafka:local, runwatch:local, runwatch/prometheus:local); cached
 	PYTHON=$(PY) compose/images/build.sh
