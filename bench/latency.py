@@ -451,9 +451,10 @@ def capacity(bootstrap: str, group: str, inputs: list[str], events: int,
              worker: ManagedProcess, stats_s: float) -> dict[str, float]:  # fmt: skip
     """Events/s of the backlog's drain: from its first round's start to its last round's end.
 
-    The rounds come from the worker's `RoundStats` lines (every record is counted, so the
-    line in which the rounds' records reach the backlog's holds the drain's last round);
-    the drain is over when the group's committed offsets reach the end of the backlog.
+    The rounds come from the worker's `RoundStats` lines (every record is counted in one
+    round; the drain ends with the round that reached the backlog's records,
+    `bench/processors.py`'s ``drain_window``); the drain is over when the group's committed
+    offsets reach the end of the backlog.
     """
     target = end_offsets(bootstrap, inputs)
     records = sum(target.values())
@@ -465,17 +466,10 @@ def capacity(bootstrap: str, group: str, inputs: list[str], events: int,
         cpu.append((time.time(), cpu_s(worker.proc.pid)))
         time.sleep(0.2)  # the sampling interval of a measurement
     time.sleep(stats_s + 1.5)  # the last drain round's stats line (a tick round writes it)
-    lines = [s for s in stats_lines(worker.log_path) if "first_start" in s]
-    done = 0
-    start_s = lines[0]["first_start"]
-    end_s = start_s
-    for line in lines:
-        done += int(line["records"]["sum"])
-        end_s = line["last_end"]
-        if done >= records:
-            break
-    else:
-        raise SystemExit(f"the worker's stats lines count {done} of {records} records")
+    window = _bench_processors().drain_window(worker.log_path, records)
+    if window is None:
+        raise SystemExit(f"the worker's stats lines count fewer than {records} records")
+    start_s, end_s = window
     span_s = max(end_s - start_s, 1e-9)
     cpu.append((time.time(), cpu_s(worker.proc.pid)))
     # The CPU of exactly the drain's span (interpolated between the looks): the looks

@@ -626,7 +626,10 @@ class RoundStats:
     (the flush on the round's path: steps 1-3 of `Checkpoint`), ``ack_ms`` (beside the
     next rounds: waiting for the changelog acknowledgements, step 4);
     ``first_start`` / ``last_end``: when the interval's first round began and its last
-    ended (epoch seconds).
+    ended (epoch seconds); ``rounds``: ``[end, records]`` of each of its rounds (epoch
+    seconds), so a bench can find the round that reached a backlog's end: the interval's
+    ``last_end`` may be a later round's, after an idle wait (`bench/processors.py`'s
+    ``drain_window``).
     """
 
     ENV = ENV_BATCH_STATS
@@ -637,6 +640,7 @@ class RoundStats:
         self.samples: dict[str, list[float]] = {}
         self.since = time.monotonic()
         self.span: tuple[float, float] | None = None  # (first start, last end) of rounds, epoch s
+        self.rounds: list[tuple[float, int]] = []  # (end, records) of each round, epoch s
 
     @classmethod
     def from_env(cls) -> RoundStats:
@@ -648,10 +652,11 @@ class RoundStats:
         if self.interval_s:
             self.samples.setdefault(name, []).append(value)
 
-    def round_span(self, start_s: float, end_s: float) -> None:
-        """Record that a round ran from ``start_s`` to ``end_s`` (epoch seconds)."""
+    def round_span(self, start_s: float, end_s: float, records: int) -> None:
+        """Record that a round of ``records`` ran from ``start_s`` to ``end_s`` (epoch seconds)."""
         if self.interval_s:
             self.span = (start_s if self.span is None else self.span[0], end_s)
+            self.rounds.append((round(end_s, 4), records))
 
     def maybe_report(self) -> None:
         """Log the summary line when an interval has passed, and start the next."""
@@ -661,6 +666,7 @@ class RoundStats:
         summary: dict[str, Any] = {"t": round(time.time(), 3), "interval_s": now - self.since}
         if self.span is not None:
             summary["first_start"], summary["last_end"] = self.span
+            summary["rounds"] = self.rounds
         for name, values in self.samples.items():
             values.sort()
             summary[name] = {
@@ -671,7 +677,7 @@ class RoundStats:
                 "sum": round(sum(values), 1),
             }
         log.info("batch path stats: %s", json.dumps(summary))
-        self.samples, self.since, self.span = {}, now, None
+        self.samples, self.since, self.span, self.rounds = {}, now, None, []
 
 
 class _Cursor:
@@ -907,8 +913,10 @@ class BatchIngest:
         if not take or not consumer.flow_active or app.consumer_generation_id != generation:
             return
         stats = self.stats
+        taken = 0
         if stats.interval_s:
-            stats.note("records", sum(len(recs) for _, recs in take.values()))
+            taken = sum(len(recs) for _, recs in take.values())
+            stats.note("records", taken)
             oldest_ms = min(recs[0].timestamp or 0 for _, recs in take.values())
             stats.note("age_ms", time.time() * 1000 - oldest_ms)
         t_sink = time.perf_counter()
@@ -932,7 +940,7 @@ class BatchIngest:
             now_s = time.perf_counter()
             stats.note("round_ms", 1000 * (now_s - t_sink))
             wall_s = time.time()
-            stats.round_span(wall_s - (now_s - t_sink), wall_s)
+            stats.round_span(wall_s - (now_s - t_sink), wall_s, taken)
             stats.maybe_report()
 
     async def _cursor(self, consumer: Consumer, tp: TP) -> _Cursor:
