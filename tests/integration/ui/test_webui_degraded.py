@@ -57,6 +57,26 @@ def _attrs(driver, css: str, *names: str) -> list[tuple[str, ...]]:
         return []
 
 
+def _rows(driver, css: str) -> list[tuple[str, str, str]]:
+    """Each match's ``data-from``, ``data-to`` and text, read in one pass; [] mid-render.
+
+    The page re-renders its table as it polls: two reads (the spans, then the texts) can
+    straddle a render, and the second then sees nothing. One pass inside a wait cannot.
+    """
+    try:
+        return [
+            (e.get_attribute("data-from") or "", e.get_attribute("data-to") or "", e.text)
+            for e in driver.find_elements(By.CSS_SELECTOR, css)
+        ]
+    except StaleElementReferenceException:
+        return []
+
+
+def _newest_first_with_the_quorum(rows: list[tuple[str, str, str]]) -> bool:
+    """The two degraded spans, newest first, the older one saying its quorum (2 of 3)."""
+    return [row[:2] for row in rows] == [("18", "18"), ("11", "15")] and "2 of 3" in rows[1][2]
+
+
 def d_text(driver) -> str:
     """What the page shows (for a failed wait's message)."""
     return f"{driver.current_url}: {' | '.join(_texts(driver, 'body'))[:2000]}"
@@ -86,22 +106,26 @@ def test_the_run_page_shows_the_degraded_steps_of_a_replica_group_run(
         args = ["--bootstrap", kafka_bootstrap, "--prefix", topic_prefix]
         args += ["--app-id", f"{topic_prefix}-app"]
         with ui_process(args, tmp_path / "ui.log") as url:
-            wait = WebDriverWait(browser, WAIT_S)
+            wait = WebDriverWait(
+                browser, WAIT_S, ignored_exceptions=(StaleElementReferenceException,)
+            )
             browser.get(f"{url.rstrip('/')}/run/{run}")
             try:
                 wait.until(lambda d: _texts(d, "#kpi-step") == ["20"])
             except TimeoutException:
                 raise AssertionError(f"no step 20 on {d_text(browser)}") from None
             wait.until(lambda d: _texts(d, "#kpi-degraded") == ["6"])
-            assert _texts(browser, "#kpi-groups") == ["3/3"]
+            wait.until(lambda d: _texts(d, "#kpi-groups") == ["3/3"])
             shaded = "#chart-loss .degraded"
             wait.until(
                 lambda d: _attrs(d, shaded, "data-from", "data-to") == [("11", "15"), ("18", "18")]
             )
-            rows = _attrs(browser, "#degraded tr[data-from]", "data-from", "data-to")
-            assert rows == [("18", "18"), ("11", "15")]  # newest first
-            assert "2 of 3" in _texts(browser, "#degraded tr[data-from]")[1]
-            assert browser.find_element(By.CSS_SELECTOR, "#degraded-card").is_displayed()
+            table = "#degraded tr[data-from]"
+            try:
+                wait.until(lambda d: _newest_first_with_the_quorum(_rows(d, table)))
+            except TimeoutException:
+                raise AssertionError(f"degraded rows: {_rows(browser, table)}") from None
+            wait.until(lambda d: d.find_element(By.CSS_SELECTOR, "#degraded-card").is_displayed())
             # a new degraded step arrives: the page follows without a reload
             browser.execute_script("document.body.dataset.probe = 'run page'")
             trainer.step(21, participants=(0,))
