@@ -40,7 +40,7 @@ tools:  ## best effort: kcat (wire-format test), chromium + chromedriver (web vi
 
 # Two pytest-xdist workers, whole files each (module fixtures stay together), each with a
 # broker of its own: most integration tests wait on real timeouts, rebalances and rank
-# processes, so a second worker fills the idle core (16.8 -> 11.3 min here).
+# processes, so a second worker fills the idle core (16.8 -> 11.3 min on the 2-core box).
 TEST_WORKERS ?= 2
 
 test: $(STAMP) kafka-jars tools  ## run the whole test suite against a real broker (TEST_WORKERS=0: one process)

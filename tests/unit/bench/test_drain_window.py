@@ -1,0 +1,39 @@
+"""`bench/processors.py`'s ``drain_window``: a drain ends with the round that reached its records."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+from .conftest import BENCH
+
+_spec = importlib.util.spec_from_file_location("bench_processors", BENCH / "processors.py")
+assert _spec is not None and _spec.loader is not None
+bench_processors = importlib.util.module_from_spec(_spec)  # not `processors`: the package's name
+_spec.loader.exec_module(bench_processors)
+
+
+def _log(tmp_path: Path, *lines: dict[str, object]) -> Path:
+    path = tmp_path / "worker.log"
+    path.write_text(
+        "".join(
+            f"2026-12-03 14:23:05,431 INFO x: batch path stats: {json.dumps(line)}\n"
+            for line in lines
+        )
+    )
+    return path
+
+
+def test_the_drain_ends_with_its_last_round_not_with_the_line_that_holds_it(tmp_path: Path) -> None:
+    first = {"first_start": 100.0, "last_end": 100.9, "rounds": [[100.5, 20_000], [100.9, 20_000]]}
+    # the backlog's last 8,000 records end at 101.1; the line also holds a round of Ticks
+    # that came after an idle fetch wait of almost a second
+    second = {"first_start": 101.0, "last_end": 102.05, "rounds": [[101.1, 8_000], [102.05, 4]]}
+    log = _log(tmp_path, first, {"t": 101.5}, second)  # a line without rounds (idle) too
+    assert bench_processors.drain_window(log, 48_000) == (100.0, 101.1)
+
+
+def test_no_window_while_the_rounds_do_not_count_the_backlog_yet(tmp_path: Path) -> None:
+    log = _log(tmp_path, {"first_start": 100.0, "last_end": 100.5, "rounds": [[100.5, 20_000]]})
+    assert bench_processors.drain_window(log, 48_000) is None
