@@ -15,6 +15,7 @@ Where the broker comes from, in order:
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import uuid
 from collections.abc import Callable, Iterator
@@ -132,3 +133,21 @@ def make_topics(kafka_bootstrap: str) -> Callable[..., list[TopicSpec]]:
         return specs
 
     return make
+
+
+@pytest.fixture(autouse=True)
+def _runwatch_log_handlers_removed() -> Iterator[None]:
+    """Each test leaves no runwatch handler on the root logger.
+
+    A CLI test that runs ``runwatch.cli.main`` in-process gets `runwatch.cli.setup_logging`,
+    which puts a stderr handler bound to that test's captured stderr on the root logger.
+    Left there, a later test's record (a background thread's too) reaches a closed stream
+    and prints ``--- Logging error ---``, which depends on which tests ran before it in
+    the process (it showed under two xdist workers).
+    """
+    root = logging.getLogger()
+    before = set(root.handlers)
+    yield
+    for handler in [h for h in root.handlers if h not in before]:
+        if type(handler).__module__.startswith("runwatch."):
+            root.removeHandler(handler)
