@@ -5,8 +5,10 @@ One run, one broker, one `runwatch processors` worker (batch path), in this orde
 1. **Capacity**: a backlog of ``--runs`` runs x ``--backlog-steps`` steps is produced, then
    the worker starts and drains it. Every step of a run is one `StepCompleted` record and
    one packed record (`EventPack`) with every rank's heartbeat (``--world`` ranks), the mix
-   the load of phase 3 repeats. Capacity = events / (last commit - the look before the
-   first commit), from the group's committed offsets (durably processed).
+   the load of phase 3 repeats. Capacity = events / (the end of the round that reached the
+   backlog's end - the first round's start), from the worker's `RoundStats` lines
+   (`bench/processors.py`'s ``drain_window``); the drain is over once the group's
+   committed offsets reach the backlog's end (durably processed).
 2. **Idle latency**: ``--probes`` probe runs (one rank, steps only) step every
    ``--probe-period-s``, a loss spike every 20th step from step 40, for ``--idle-s``.
 3. **Loaded latency**: the probes go on while a load generator (its own process, packed
