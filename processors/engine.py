@@ -44,6 +44,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import operator
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -52,13 +53,13 @@ from typing import Any, Final, Protocol
 import aiokafka
 import faust
 from aiokafka.client import AIOKafkaClient
-from aiokafka.structs import ConsumerRecord
 from faust.transport.drivers import aiokafka as driver
 from faust.types import TP
 
 from runwatch.common.gc_tuning import collect_between_rounds
 from runwatch.processors import compat
 from runwatch.processors.settings import DEFAULT_STATE_FLUSH_S, ENV_BATCH_STATS, ProcessorEnv
+from runwatch.schemas.records import RawRecord
 
 FAUST_LOGGER: Final = logging.getLogger("faust.transport.runwatch")
 """The logger of these faust services: under ``faust``, so faust's levels apply (mode names
@@ -66,6 +67,8 @@ a service's logger after its class's module, which would put faust's chatter und
 ``processors``)."""
 
 log = logging.getLogger(__name__)
+_VALUE: Final = operator.itemgetter(RawRecord._fields.index("value"))
+"""A `RawRecord`'s value, read in C (the fetch linger sums the values' bytes)."""
 """The batch path's own lines (gaps, rebalances): runwatch's, shown without ``-v``."""
 
 RETRY_BACKOFF_MS: Final = 500
@@ -226,6 +229,13 @@ def fetch_linger(
 
 
 class _ConsumerThread(driver.AIOKafkaConsumerThread):
+    """faust's consumer thread; the batch path's records come out of it as `RawRecord`s.
+
+    For the topics of the app's `BatchIngest`, the fetched records are made as
+    `schemas.records.RawRecord`s straight from aiokafka's record batches
+    (`compat.fetched_records`), not as aiokafka `ConsumerRecord`s to be copied again.
+    """
+
     logger = FAUST_LOGGER
 
     def _create_consumer(self, loop: asyncio.AbstractEventLoop) -> aiokafka.AIOKafkaConsumer:
@@ -234,6 +244,22 @@ class _ConsumerThread(driver.AIOKafkaConsumerThread):
         _with_metadata_backoff(compat.client_of(consumer))
         compat.set_fetch_max_wait(consumer, FETCH_MAX_WAIT_MS)
         return consumer
+
+    async def _fetch_records(
+        self,
+        consumer: aiokafka.AIOKafkaConsumer,
+        active_partitions: set[TP],
+        timeout: float | None = None,
+        max_records: int | None = None,
+    ) -> Mapping[TP, list[Any]]:
+        ingest = self.consumer.batch_ingest if isinstance(self.consumer, Consumer) else None
+        if ingest is None:
+            return await super()._fetch_records(consumer, active_partitions, timeout, max_records)
+        if not self.consumer.flow_active:
+            return {}
+        return await compat.fetched_records(
+            consumer, active_partitions, timeout, max_records, ingest.topics
+        )
 
 
 class Consumer(driver.Consumer):
@@ -297,7 +323,7 @@ class Consumer(driver.Consumer):
 
     def _linger(self, ingest: BatchIngest, batch: Mapping[Any, Sequence[Any]], other: bool) -> None:
         """Set the next fetch's ``min_bytes`` from this one (`fetch_linger`)."""
-        size = sum(r.serialized_value_size for recs in batch.values() for r in recs)
+        size = sum(sum(map(len, filter(None, map(_VALUE, recs)))) for recs in batch.values())
         fetched = Fetched(time.monotonic(), size, other)
         ingest.pace, min_bytes = fetch_linger(ingest.pace, fetched, ingest.linger_s)
         self._set_min_bytes(ingest, min_bytes)
@@ -428,7 +454,7 @@ class BatchSink(Protocol):
     or never returning, leaves every round since the last checkpoint unacknowledged.
     """
 
-    async def __call__(self, batches: Mapping[TP, Sequence[ConsumerRecord]]) -> None:
+    async def __call__(self, batches: Mapping[TP, Sequence[RawRecord]]) -> None:
         """Fold one round and hand its outputs to the producer; keep its states."""
 
     async def outputs_acknowledged(self) -> None:
@@ -917,7 +943,7 @@ class BatchIngest:
         if stats.interval_s:
             taken = sum(len(recs) for _, recs in take.values())
             stats.note("records", taken)
-            oldest_ms = min(recs[0].timestamp or 0 for _, recs in take.values())
+            oldest_ms = min(recs[0].timestamp_ms for _, recs in take.values())
             stats.note("age_ms", time.time() * 1000 - oldest_ms)
         t_sink = time.perf_counter()
         await self.sink({tp: recs for tp, (_, recs) in take.items()})

@@ -1,0 +1,209 @@
+"""The raw record path (`compat._unpack_raw`, `compat._drain_raw`) against aiokafka's own.
+
+Record batches are built with aiokafka's own batch builder and read back both ways: by
+aiokafka 0.14.0's `PartitionRecords` and `FetchResult.getall` (the code the raw path
+ports), and by the raw path. Every case must give the same records, in the same order,
+and leave the same position behind: plain batches, a fetch offset inside a batch,
+control batches, an aborted transaction under both isolation levels, a corrupt batch,
+and drains cut at every ``max_records``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from aiokafka.consumer.fetcher import (
+    READ_COMMITTED,
+    READ_UNCOMMITTED,
+    FetchResult,
+    PartitionRecords,
+)
+from aiokafka.consumer.subscription_state import SubscriptionState
+from aiokafka.errors import CorruptRecordException
+from aiokafka.record.default_records import DefaultRecordBatchBuilder
+from aiokafka.record.memory_records import MemoryRecords
+from aiokafka.record.util import calc_crc32c
+from aiokafka.structs import TopicPartition
+
+from runwatch.processors import compat
+from runwatch.schemas.records import RawRecord
+
+TP = TopicPartition("runwatch.heartbeats", 3)
+TS_MS = 1_767_000_000_000
+_CRC_AT = 17  # v2 batch: the CRC (4 bytes) sits after offset, length, leader epoch, magic
+_ATTRIBUTES_AT = 21  # and covers everything from the attributes (2 bytes) on
+_CONTROL_BIT = 0x20
+_ABORT_KEY = struct.pack(">hh", 0, 0)  # a control record: version 0, type 0 (abort)
+
+
+def batch(
+    base_offset: int,
+    count: int,
+    *,
+    producer_id: int = -1,
+    transactional: bool = False,
+    control: bool = False,
+) -> bytes:
+    """One v2 record batch of ``count`` records from ``base_offset``, as the broker sends it."""
+    builder = DefaultRecordBatchBuilder(
+        magic=2,
+        compression_type=0,
+        is_transactional=int(transactional),
+        producer_id=producer_id,
+        producer_epoch=0 if producer_id >= 0 else -1,
+        base_sequence=0 if producer_id >= 0 else -1,
+        batch_size=1 << 20,
+    )
+    for i in range(count):
+        if control:
+            builder.append(i, timestamp=TS_MS + i, key=_ABORT_KEY, value=b"", headers=[])
+        else:
+            key = b"run-%d" % (base_offset + i)
+            value = b'{"offset": %d}' % (base_offset + i)
+            builder.append(i, timestamp=TS_MS + i, key=key, value=value, headers=[])
+    data = bytearray(builder.build())
+    data[0:8] = struct.pack(">q", base_offset)
+    if control:
+        attributes = struct.unpack_from(">h", data, _ATTRIBUTES_AT)[0] | _CONTROL_BIT
+        struct.pack_into(">h", data, _ATTRIBUTES_AT, attributes)
+        struct.pack_into(">I", data, _CRC_AT, calc_crc32c(bytes(data[_ATTRIBUTES_AT:])))
+    return bytes(data)
+
+
+def partition_records(
+    data: bytes,
+    fetch_offset: int = 0,
+    *,
+    aborted: list[tuple[int, int]] | None = None,
+    isolation: int = READ_UNCOMMITTED,
+) -> PartitionRecords:
+    return PartitionRecords(
+        TP, MemoryRecords(data), aborted, fetch_offset, None, None, True, isolation
+    )
+
+
+def as_tuples(records: list[Any]) -> list[tuple[Any, ...]]:
+    """aiokafka's records and raw ones in one shape: (topic, partition, offset, key, value, ts)."""
+    out = []
+    for r in records:
+        if type(r) is RawRecord:
+            out.append(tuple(r))
+        else:
+            out.append((r.topic, r.partition, r.offset, r.key, r.value, r.timestamp or 0))
+    return out
+
+
+def unpacked_both_ways(data: bytes, fetch_offset: int = 0, **kwargs: Any) -> tuple[Any, Any]:
+    ours = partition_records(data, fetch_offset, **kwargs)
+    theirs = partition_records(data, fetch_offset, **kwargs)
+    raw = list(compat._unpack_raw(ours, TP.topic, TP.partition))
+    return (as_tuples(raw), ours.next_fetch_offset), (as_tuples(list(theirs)), theirs.next_fetch_offset)
+
+
+PLAIN = batch(0, 5) + batch(5, 3) + batch(8, 7)
+TRANSACTIONS = (
+    batch(0, 3, producer_id=7, transactional=True)
+    + batch(3, 1, producer_id=7, transactional=True, control=True)
+    + batch(4, 3)
+    + batch(7, 2, producer_id=9, transactional=True)
+)
+
+
+@pytest.mark.parametrize(
+    ("data", "fetch_offset", "kwargs"),
+    [
+        pytest.param(PLAIN, 0, {}, id="plain-batches"),
+        pytest.param(PLAIN, 6, {}, id="fetch-offset-inside-a-batch"),
+        pytest.param(PLAIN, 15, {}, id="fetch-offset-past-the-end"),
+        pytest.param(batch(0, 2) + batch(2, 1, control=True) + batch(3, 2), 0, {}, id="control"),
+        pytest.param(TRANSACTIONS, 0, {}, id="aborted-read-uncommitted"),
+        pytest.param(
+            TRANSACTIONS,
+            0,
+            {"aborted": [(7, 0)], "isolation": READ_COMMITTED},
+            id="aborted-read-committed",
+        ),
+        pytest.param(
+            TRANSACTIONS, 0, {"isolation": READ_COMMITTED}, id="committed-read-committed"
+        ),
+    ],
+)
+def test_unpack_gives_aiokafkas_records_and_position(
+    data: bytes, fetch_offset: int, kwargs: dict[str, Any]
+) -> None:
+    (raw, raw_next), (theirs, their_next) = unpacked_both_ways(data, fetch_offset, **kwargs)
+    assert raw == theirs
+    assert raw_next == their_next
+
+
+def test_read_committed_skips_the_aborted_transaction() -> None:
+    (raw, _), _ = unpacked_both_ways(TRANSACTIONS, aborted=[(7, 0)], isolation=READ_COMMITTED)
+    assert [r[2] for r in raw] == [4, 5, 6, 7, 8]  # producer 7's 0..2 aborted, 3 a marker
+
+
+def test_every_record_is_a_raw_record_with_the_broker_timestamp() -> None:
+    records = partition_records(batch(40, 3))
+    raw = list(compat._unpack_raw(records, TP.topic, TP.partition))
+    assert all(type(r) is RawRecord for r in raw)
+    assert raw[0] == RawRecord(TP.topic, TP.partition, 40, b"run-40", b'{"offset": 40}', TS_MS)
+
+
+def test_a_corrupt_batch_raises_as_aiokafka_does() -> None:
+    data = bytearray(PLAIN)
+    data[-1] ^= 0xFF  # the last batch's last byte: its CRC no longer holds
+    ours = compat._unpack_raw(partition_records(bytes(data)), TP.topic, TP.partition)
+    with pytest.raises(CorruptRecordException):
+        list(ours)
+    with pytest.raises(CorruptRecordException):
+        list(partition_records(bytes(data)))
+
+
+def drains(data: bytes, max_records: int | None, raw: bool) -> Iterator[tuple[Any, int]]:
+    """Each call's records and the position after it, until the fetch result is spent."""
+
+    async def run() -> list[tuple[Any, int]]:
+        subscription = SubscriptionState()
+        subscription.assign_from_user({TP})
+        assignment = subscription.subscription.assignment
+        state = assignment.state_value(TP)
+        state.seek(0)
+        result = FetchResult(
+            TP, assignment=assignment, partition_records=partition_records(data), backoff=0
+        )
+        calls = []
+        while result.has_more():
+            if raw:
+                got = compat._drain_raw(result, TP, max_records)
+            else:
+                got = result.getall(max_records)
+            calls.append((as_tuples(got), state.position))
+        return calls
+
+    yield from asyncio.run(run())
+
+
+@pytest.mark.parametrize("max_records", [None, 1, 4, 5, 8, 15, 16, 100])
+def test_drains_cut_at_max_records_as_getall(max_records: int | None) -> None:
+    assert list(drains(PLAIN, max_records, raw=True)) == list(
+        drains(PLAIN, max_records, raw=False)
+    )
+
+
+def test_a_started_aiokafka_generator_is_read_by_aiokafka() -> None:
+    async def run() -> list[Any]:
+        subscription = SubscriptionState()
+        subscription.assign_from_user({TP})
+        assignment = subscription.subscription.assignment
+        assignment.state_value(TP).seek(0)
+        result = FetchResult(
+            TP, assignment=assignment, partition_records=partition_records(PLAIN), backoff=0
+        )
+        first = result.getall(2)  # aiokafka's generator started: the raw path must not replace it
+        return as_tuples(first) + as_tuples(compat._drain_raw(result, TP, None))
+
+    records = asyncio.run(run())
+    assert [r[2] for r in records] == list(range(15))
