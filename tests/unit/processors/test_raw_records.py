@@ -101,7 +101,10 @@ def unpacked_both_ways(data: bytes, fetch_offset: int = 0, **kwargs: Any) -> tup
     ours = partition_records(data, fetch_offset, **kwargs)
     theirs = partition_records(data, fetch_offset, **kwargs)
     raw = list(compat._unpack_raw(ours, TP.topic, TP.partition))
-    return (as_tuples(raw), ours.next_fetch_offset), (as_tuples(list(theirs)), theirs.next_fetch_offset)
+    return (as_tuples(raw), ours.next_fetch_offset), (
+        as_tuples(list(theirs)),
+        theirs.next_fetch_offset,
+    )
 
 
 PLAIN = batch(0, 5) + batch(5, 3) + batch(8, 7)
@@ -127,9 +130,7 @@ TRANSACTIONS = (
             {"aborted": [(7, 0)], "isolation": READ_COMMITTED},
             id="aborted-read-committed",
         ),
-        pytest.param(
-            TRANSACTIONS, 0, {"isolation": READ_COMMITTED}, id="committed-read-committed"
-        ),
+        pytest.param(TRANSACTIONS, 0, {"isolation": READ_COMMITTED}, id="committed-read-committed"),
     ],
 )
 def test_unpack_gives_aiokafkas_records_and_position(
@@ -176,10 +177,8 @@ def drains(data: bytes, max_records: int | None, raw: bool) -> Iterator[tuple[An
         )
         calls = []
         while result.has_more():
-            if raw:
-                got = compat._drain_raw(result, TP, max_records)
-            else:
-                got = result.getall(max_records)
+            drain = compat._drain_raw if raw else lambda r, _tp, n: r.getall(n)
+            got = drain(result, TP, max_records)
             calls.append((as_tuples(got), state.position))
         return calls
 
@@ -188,9 +187,7 @@ def drains(data: bytes, max_records: int | None, raw: bool) -> Iterator[tuple[An
 
 @pytest.mark.parametrize("max_records", [None, 1, 4, 5, 8, 15, 16, 100])
 def test_drains_cut_at_max_records_as_getall(max_records: int | None) -> None:
-    assert list(drains(PLAIN, max_records, raw=True)) == list(
-        drains(PLAIN, max_records, raw=False)
-    )
+    assert list(drains(PLAIN, max_records, raw=True)) == list(drains(PLAIN, max_records, raw=False))
 
 
 def test_a_started_aiokafka_generator_is_read_by_aiokafka() -> None:
