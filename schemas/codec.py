@@ -310,6 +310,18 @@ def decode(data: bytes) -> AnyEvent:
         MalformedEvent: Anything else that is wrong, with the reason (too large or too
             deeply nested, not JSON, a field missing, of the wrong type or out of bounds).
     """
+    try:  # the common record, in one call: small, shallow, finite (`_check_bounds`)
+        if len(data) <= _COUNT_BRACKETS_BYTES and (
+            data.count(b"[") + data.count(b"{") <= MAX_NESTING
+        ):
+            return _DECODER.decode(data)
+    except Exception:
+        pass  # the full path below decodes it again and names what is wrong
+    return _decode_checked(data)
+
+
+def _decode_checked(data: bytes) -> AnyEvent:
+    """`decode`'s full path: bounds first, then strict, then lenient (non-finite floats)."""
     try:
         _check_bounds(data)
         try:

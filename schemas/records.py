@@ -119,7 +119,12 @@ def check(record: RawRecord, role: TopicRole) -> Decoded | DeadLetter:
     try:
         return _check(record, role)
     except Exception as exc:
-        return dead_letter(record, f"decode: {type(exc).__name__}: {exc}")
+        return _unforeseen(record, exc)
+
+
+def _unforeseen(record: RawRecord, exc: Exception) -> DeadLetter:
+    """The dead letter of a record whose check raised (`check` never does)."""
+    return dead_letter(record, f"decode: {type(exc).__name__}: {exc}")
 
 
 def _check(record: RawRecord, role: TopicRole) -> Decoded | DeadLetter:
@@ -210,7 +215,10 @@ def split(records: Iterable[RawRecord], role: TopicRole) -> tuple[list[Decoded],
     good: list[Decoded] = []
     dead: list[DeadLetter] = []
     for record in records:
-        out = check(record, role)
+        try:  # `check`, inline: one call a record fewer
+            out = _check(record, role)
+        except Exception as exc:
+            out = _unforeseen(record, exc)
         if type(out) is DeadLetter:  # exact: `dead_letter` makes them; isinstance is ~3x
             dead.append(out)
         else:
