@@ -26,9 +26,9 @@ from __future__ import annotations
 import math
 import operator
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from functools import cache
-from itertools import accumulate, count
+from itertools import accumulate, count, repeat
 from typing import Any, Final
 
 import msgspec
@@ -320,6 +320,49 @@ def decode(data: bytes) -> AnyEvent:
     return _decode_checked(data)
 
 
+def decode_many(values: Sequence[bytes]) -> list[AnyEvent] | None:
+    """Decode small records at once, in one msgspec call; None when one needs `decode`.
+
+    The records are joined into one buffer of lines and decoded with msgspec's
+    ``decode_lines``, by the same typed decoder as `decode`'s first try, so each event is
+    the one `decode` gives for its record. None (decode them one by one) unless every
+    record is a small, shallow JSON object on a line of its own that decodes strictly:
+
+    1. each starts with ``{`` (so none is a blank line, which ``decode_lines`` skips),
+       holds no newline (so lines and records are one to one), is at most
+       `_COUNT_BRACKETS_BYTES` long and has at most `MAX_NESTING` brackets (so the depth
+       bound holds, as `_check_bounds` would find; counted over the whole buffer first:
+       as many brackets as records means one each, the flat events of the hot topics);
+    2. the lines decode with no error (a non-finite float's token, an unknown tag, a bad
+       field: `decode`'s full path names each);
+    3. they give one event per record: a line holding two values (``{...} {...}``) would
+       otherwise shift every event after it onto the next record.
+
+    Args:
+        values: The records' values.
+
+    Returns:
+        The events, one per record in order, or None.
+    """
+    try:
+        if not all(map(bytes.startswith, values, repeat(b"{"))):
+            return None
+        if max(map(len, values), default=0) > _COUNT_BRACKETS_BYTES:
+            return None
+        joined = b"\n".join(values)
+        if joined.count(b"\n") != len(values) - 1:
+            return None
+        if joined.count(b"[") + joined.count(b"{") > len(values):  # one is nested: bound each
+            opens = map(bytes.count, values, repeat(b"{"))
+            brackets = map(operator.add, map(bytes.count, values, repeat(b"[")), opens)
+            if max(brackets) > MAX_NESTING:
+                return None
+        events = _DECODER.decode_lines(joined)
+    except Exception:
+        return None
+    return events if len(events) == len(values) else None
+
+
 def _decode_checked(data: bytes) -> AnyEvent:
     """`decode`'s full path: bounds first, then strict, then lenient (non-finite floats)."""
     try:
@@ -345,6 +388,7 @@ __all__ = [
     "MalformedEvent",
     "UnknownEventType",
     "decode",
+    "decode_many",
     "encode",
     "encode_key",
     "encode_pack",

@@ -1,0 +1,230 @@
+"""`split`'s chunks decide exactly what `check` decides, record by record.
+
+`split` decodes a chunk of small records in one msgspec call (`codec.decode_many`) and
+admits a chunk of plain events at once (`records._admit_plain`). Whatever the records, its
+result must be `check` of each record in order: the same `Decoded` (source and event) and
+the same dead letters with the same reasons. Held here on the hostile corpus mixed into
+good records, on records written to shift the chunk's lines onto other records, at chunk
+boundaries, and on hypothesis-drawn batches.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from runwatch.schemas.codec import decode_many, encode
+from runwatch.schemas.events import DeadLetter, Heartbeat, StepCompleted, Tick
+from runwatch.schemas.records import (
+    MAX_FUTURE_SKEW_NS,
+    SPLIT_CHUNK,
+    Decoded,
+    RawRecord,
+    check,
+    split,
+)
+from runwatch.schemas.topics import TopicRole
+from tests.unit.schemas.test_hostile_records import CORPUS
+
+STAMP_MS = 1_767_000_000_000
+TS_NS = STAMP_MS * 1_000_000
+
+
+def heartbeat(run: str = "r", rank: int = 0, ts_ns: int = TS_NS) -> bytes:
+    return encode(Heartbeat(run_id=run, ts_ns=ts_ns, rank=rank, step=1, step_time_s=0.05))
+
+
+def step(run: str = "r", loss: float = 1.0, ts_ns: int = TS_NS) -> bytes:
+    return encode(StepCompleted(run_id=run, ts_ns=ts_ns, step=1, loss=loss, step_time_s=0.1))
+
+
+def records(
+    values: Sequence[tuple[bytes | None, bytes | None]], stamp_ms: int = STAMP_MS
+) -> list[RawRecord]:
+    """(key, value) pairs as one partition's records from offset 100."""
+    return [
+        RawRecord("runwatch.t", 2, 100 + i, key, value, stamp_ms)
+        for i, (key, value) in enumerate(values)
+    ]
+
+
+def one_by_one(batch: list[RawRecord], role: TopicRole) -> tuple[list[str], list[str]]:
+    good: list[str] = []
+    dead: list[str] = []
+    for record in batch:
+        out = check(record, role)
+        (dead if type(out) is DeadLetter else good).append(repr(out))
+    return good, dead
+
+
+def assert_as_check(
+    batch: list[RawRecord], role: TopicRole
+) -> tuple[list[Decoded], list[DeadLetter]]:
+    good, dead = split(batch, role)
+    assert ([repr(g) for g in good], [repr(d) for d in dead]) == one_by_one(batch, role)
+    return good, dead
+
+
+@pytest.mark.parametrize(
+    "index", range(len(CORPUS)), ids=[f"{c[0]}-{c[3] or 'bad'}"[:40] for c in CORPUS]
+)
+def test_a_hostile_record_among_good_ones(index: int) -> None:
+    role, key, value, _ = CORPUS[index]
+    good_value = heartbeat() if role == "heartbeats" else step()
+    batch = records([(b"r", good_value)] * 5 + [(key, value)] + [(b"r", good_value)] * 5)
+    _good, dead = assert_as_check(batch, TopicRole(role))
+    assert len(dead) >= 1
+
+
+@pytest.mark.parametrize(
+    ("values", "dead_at"),
+    [
+        pytest.param(
+            [
+                (b"r", heartbeat(rank=1) + b" " + heartbeat(rank=2)),
+                (b"r", b" "),
+                (b"r", heartbeat()),
+            ],
+            [100, 101],
+            id="two-values-then-a-blank",
+        ),
+        pytest.param(
+            [(b"r", heartbeat(rank=1) + b"\n" + heartbeat(rank=2)), (b"r", heartbeat())],
+            [100],
+            id="a-newline-inside",
+        ),
+        pytest.param(
+            [(b"r", heartbeat()[:-1] + b',"x":'), (b"r", heartbeat() + b"}"), (b"r", heartbeat())],
+            [100, 101],
+            id="one-event-across-two-records",
+        ),
+        pytest.param([(b"r", b"\n" + heartbeat()), (b"r", heartbeat())], [], id="leading-newline"),
+        pytest.param([(b"r", heartbeat() + b"\r\n"), (b"r", heartbeat())], [], id="crlf"),
+        pytest.param([(b"r", b""), (b"r", heartbeat())], [100], id="empty"),
+    ],
+)
+def test_records_that_would_shift_lines(
+    values: list[tuple[bytes, bytes]], dead_at: list[int]
+) -> None:
+    good, dead = assert_as_check(records(values), TopicRole.HEARTBEATS)
+    assert [d.source.offset for d in dead if d.source is not None] == dead_at
+    assert [g.source.offset for g in good] == [
+        r.offset for r in records(values) if r.offset not in dead_at
+    ]
+
+
+def test_decode_many_refuses_a_line_of_two_values() -> None:
+    assert decode_many([heartbeat(rank=1) + b" " + heartbeat(rank=2), b" ", heartbeat()]) is None
+    assert decode_many([heartbeat(), heartbeat()]) is not None
+
+
+@pytest.mark.parametrize("bad_at", [0, SPLIT_CHUNK - 1, SPLIT_CHUNK, 2 * SPLIT_CHUNK + 7])
+def test_a_bad_record_at_a_chunk_boundary(bad_at: int) -> None:
+    values: list[tuple[bytes | None, bytes | None]] = [
+        (b"r", heartbeat(rank=i % 8)) for i in range(3 * SPLIT_CHUNK)
+    ]
+    values[bad_at] = (b"intruder", heartbeat())
+    good, dead = assert_as_check(records(values), TopicRole.HEARTBEATS)
+    assert len(good) == 3 * SPLIT_CHUNK - 1
+    assert [d.source.offset for d in dead if d.source is not None] == [100 + bad_at]
+
+
+def test_ticks_and_the_broker_time() -> None:
+    tick = encode(Tick(run_id="*", ts_ns=TS_NS + 10**12, partition=2))  # later than the stamp
+    future = heartbeat(ts_ns=TS_NS + MAX_FUTURE_SKEW_NS + 1)
+    batch = records([(b"r", heartbeat()), (b"*", tick), (b"r", future), (b"r", heartbeat())])
+    good, dead = assert_as_check(batch, TopicRole.HEARTBEATS)
+    assert [type(g.event).__name__ for g in good] == ["Heartbeat", "Tick", "Heartbeat"]
+    assert good[1].event.ts_ns == TS_NS  # clamped to the stamp
+    assert [d.reason.split(":")[0] for d in dead] == ["future_ts"]
+
+
+def test_a_future_event_among_plain_ones() -> None:
+    future = heartbeat(ts_ns=TS_NS + MAX_FUTURE_SKEW_NS + 1)
+    batch = records([(b"r", heartbeat())] * 3 + [(b"r", future)] + [(b"r", heartbeat())] * 3)
+    good, dead = assert_as_check(batch, TopicRole.HEARTBEATS)
+    assert len(good) == 6
+    assert [d.source.offset for d in dead if d.source is not None] == [103]
+
+
+def test_unstamped_records_are_not_bounded() -> None:
+    batch = records([(b"r", heartbeat(ts_ns=2**62))] * 3, stamp_ms=0)
+    good, _ = assert_as_check(batch, TopicRole.HEARTBEATS)
+    assert len(good) == 3
+
+
+def test_non_finite_losses_take_the_full_path() -> None:
+    batch = records(
+        [(b"r", step(loss=float("nan"))), (b"r", step(loss=float("inf"))), (b"r", step())]
+    )
+    good, _ = assert_as_check(batch, TopicRole.STEPS)
+    assert [repr(g.event.loss) for g in good] == ["nan", "inf", "1.0"]
+
+
+_VALUES = st.sampled_from(
+    [
+        heartbeat(),
+        heartbeat(run="s", rank=3),
+        heartbeat(ts_ns=TS_NS + MAX_FUTURE_SKEW_NS + 1),
+        step(),
+        step(loss=float("nan")),
+        encode(Tick(run_id="*", ts_ns=TS_NS, partition=0)),
+        json.dumps(
+            {"type": "heartbeat.v1", "run_id": "r", "ts_ns": 1, "rank": 0, "step": 1, "x": [[[]]]}
+        ).encode(),
+        json.dumps(
+            {"type": "heartbeat.v1", "run_id": "r", "ts_ns": 1, "rank": 0, "step": 1, "x": "{[{"}
+        ).encode(),
+        b'{"type":"heartbeat.v1","run_id":"r","ts_ns":1,"rank":0,"step":1,"x":'
+        + b"[" * 40
+        + b"]" * 40
+        + b"}",
+        heartbeat() + b" " + heartbeat(),
+        heartbeat()[:-1] + b',"x":',
+        b"}",
+        b" ",
+        b"",
+        b"{",
+    ]
+    + [v for role, _, v, _ in CORPUS if v is not None and len(v) < 5000]
+)
+
+
+_GOOD = st.sampled_from([heartbeat(), heartbeat(rank=5), step(), step(loss=2.0)])
+"""Plain events of run "r": a batch of them (with its key) takes the chunk path."""
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    role=st.sampled_from([TopicRole.HEARTBEATS, TopicRole.STEPS]),
+    stamp_ms=st.sampled_from([STAMP_MS, 0, -1, 1]),
+    batch=st.lists(
+        st.tuples(
+            st.sampled_from([b"r"] * 6 + [b"s", b"*", b"", None]),
+            st.one_of(_GOOD, _VALUES, st.none()),
+        ),
+        max_size=40,
+    ),
+)
+def test_split_is_check_of_each_record(
+    role: TopicRole, stamp_ms: int, batch: list[tuple[bytes | None, bytes | None]]
+) -> None:
+    assert_as_check(records(batch, stamp_ms), role)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    bad=st.lists(st.integers(0, 3 * SPLIT_CHUNK - 1), max_size=4),
+    value=_VALUES,
+)
+def test_split_is_check_of_each_record_across_chunks(bad: list[int], value: bytes) -> None:
+    values: list[tuple[bytes | None, bytes | None]] = [
+        (b"r", heartbeat(rank=i % 8)) for i in range(3 * SPLIT_CHUNK)
+    ]
+    for i in bad:
+        values[i] = (b"r", value)
+    assert_as_check(records(values), TopicRole.HEARTBEATS)
