@@ -3,7 +3,7 @@
 The engine is written against the exact versions in `PINS` (pyproject pins them too). It
 uses their internals two ways, both listed here:
 
-* **calls and attributes**: the accessors below (`ack_range`, `set_retry_backoff`, ...)
+* **calls and attributes**: the accessors below (`note_acks`, `set_retry_backoff`, ...)
   are the only code that reads or writes a private attribute or calls a private method
   of those packages; each fails loudly (`InternalsMoved`) when what it touches is gone;
 * **overrides**: runwatch's subclasses (`processors.engine`, `processors.stores`,
@@ -183,10 +183,23 @@ INTERNALS: Final[tuple[Internal, ...]] = (
     Internal(_DRIVER, "ensure_aiokafka_TP", "function", "committed_offset", ("tp",)),
     Internal(f"{_DRIVER}.Consumer", "_thread", "attribute", "committed_offset"),
     Internal(f"{_DRIVER}.AIOKafkaConsumerThread", "_consumer", "attribute", "set_fetch_min_bytes"),
-    Internal(_FAUST_CONSUMER, "_acked", "attribute", "ack_range"),
-    Internal(_FAUST_CONSUMER, "_acked_index", "attribute", "ack_range"),
-    Internal(_FAUST_CONSUMER, "_committed_offset", "attribute", "ack_range"),
-    Internal(_FAUST_CONSUMER, "_n_acked", "attribute", "ack_range, reset_ack_count"),
+    Internal(_FAUST_CONSUMER, "_acked", "attribute", "note_acks"),
+    Internal(_FAUST_CONSUMER, "_committed_offset", "attribute", "faust_committed"),
+    Internal(_FAUST_CONSUMER, "_n_acked", "attribute", "note_acks, reset_ack_count"),
+    Internal(
+        _FAUST_CONSUMER,
+        "_new_offset",
+        "method",
+        "override: the batch path's next commit from its ranges (engine.Consumer)",
+        ("self", "tp"),
+    ),
+    Internal(
+        _FAUST_CONSUMER,
+        "_filter_tps_with_pending_acks",
+        "method",
+        "note_acks: faust commits the partitions that are keys of _acked",
+        ("self", "topics"),
+    ),
     Internal(_FAUST_CONSUMER, "_buffered_partitions", "attribute", "buffered_partitions"),
     Internal(
         "faust.app.base.App",
@@ -435,21 +448,21 @@ def active_partitions(consumer: Any) -> set[Any]:
     return consumer._get_active_partitions()  # type: ignore[no-any-return]
 
 
-def ack_range(consumer: Any, tp: Any, first: int, last: int) -> None:
-    """Acknowledge offsets ``first..last`` of ``tp`` in faust's offset tracking.
+def faust_committed(consumer: Any, tp: Any) -> int | None:
+    """The offset faust's consumer holds as committed for ``tp`` (None: none yet)."""
+    return consumer._committed_offset[tp]  # type: ignore[no-any-return]
 
-    faust's ``Consumer.ack`` does this one `Message` at a time; its commit then commits,
-    per partition, the end of the first run of consecutive acknowledged offsets.
+
+def note_acks(consumer: Any, tp: Any, count: int) -> None:
+    """Tell faust's consumer that ``count`` offsets of ``tp`` were acknowledged.
+
+    The offsets themselves are the engine's (`processors.acked.AckedRanges`, which its
+    consumer's ``_new_offset`` reads); faust needs the partition among those with
+    pending acknowledgements (its commit looks only at those: the keys of ``_acked``)
+    and the count towards ``broker_commit_every``.
     """
-    committed = consumer._committed_offset[tp]
-    if committed is not None:
-        first = max(first, committed)  # as faust's ack: nothing below the committed offset
-    if first > last:
-        return
-    offsets = range(first, last + 1)
-    consumer._acked[tp].extend(offsets)
-    consumer._acked_index[tp].update(offsets)
-    consumer._n_acked += len(offsets)
+    consumer._acked.setdefault(tp, [])  # the partition is one with acknowledgements to commit
+    consumer._n_acked += count
 
 
 def reset_ack_count(consumer: Any) -> None:

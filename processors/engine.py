@@ -58,6 +58,7 @@ from faust.types import TP
 
 from runwatch.common.gc_tuning import collect_between_rounds
 from runwatch.processors import compat
+from runwatch.processors.acked import AckedRanges
 from runwatch.processors.settings import DEFAULT_STATE_FLUSH_S, ENV_BATCH_STATS, ProcessorEnv
 from runwatch.schemas.records import RawRecord
 
@@ -333,9 +334,28 @@ class Consumer(driver.Consumer):
             ingest.min_bytes = min_bytes
         ingest.stats.note("min_kb", ingest.min_bytes / 1024)
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.acked = AckedRanges()  # the batch path's acknowledged offsets (`ack_range`)
+
     def ack_range(self, tp: TP, first: int, last: int) -> None:
-        """Acknowledge offsets ``first..last`` of ``tp`` (applied whole) for faust's commits."""
-        compat.ack_range(self, tp, first, last)
+        """Acknowledge offsets ``first..last`` of ``tp`` (applied whole) for faust's commits.
+
+        As faust's ``ack``, nothing below the committed offset is noted.
+        """
+        committed = compat.faust_committed(self, tp)
+        if committed is not None:
+            first = max(first, committed)
+        if first > last:
+            return
+        self.acked.add(tp, first, last)
+        compat.note_acks(self, tp, last - first + 1)
+
+    def _new_offset(self, tp: TP) -> int | None:
+        """Faust's next offset to commit for ``tp``; the batch path's from its ranges."""
+        if self.acked.holds(tp):
+            return self.acked.next_commit(tp, compat.faust_committed(self, tp))
+        return super()._new_offset(tp)
 
     async def committed_offset(self, tp: TP) -> int | None:
         """The group's committed offset of ``tp`` as the broker has it (None: no commit)."""
@@ -358,6 +378,7 @@ class Consumer(driver.Consumer):
         if ingest is not None:
             self._reset_linger(ingest)
         await super().on_partitions_revoked(revoked)
+        self.acked.forget(revoked)  # as faust drops its own acknowledgements of them
 
     def _reset_linger(self, ingest: BatchIngest) -> None:
         """Forget the input's pace: the next fetches are answered as soon as a byte is there."""
