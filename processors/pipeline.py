@@ -15,18 +15,23 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import repeat
-from operator import itemgetter
+from operator import attrgetter, itemgetter, mod
 from typing import Any, Final, NamedTuple
 
 from runwatch.processors.core.config import DetectorConfig
 from runwatch.processors.core.replay import LOOSE_PATH, PACK_PATH, SWEPT_ROLES, Replayer
-from runwatch.processors.core.retention import sweep_due
+from runwatch.processors.core.retention import SWEEP_EVERY_RECORDS, sweep_due
 from runwatch.schemas.events import TICK_RUN_ID, DeadLetter, Event, EventPack, Provenance, Tick
 from runwatch.schemas.records import Decoded
 from runwatch.schemas.topics import TopicRole, folding
 
 _HEARTBEATS: Final = TopicRole.HEARTBEATS
 """Read once (on Python 3.11 an enum member read off its class costs a Python-level lookup)."""
+_SOURCE: Final = itemgetter(0)
+_EVENT: Final = itemgetter(1)
+_RUN_ID: Final = attrgetter("run_id")
+_PARTITION: Final = attrgetter("partition")
+_OFFSET: Final = attrgetter("offset")
 
 
 class BatchResult(NamedTuple):
@@ -79,9 +84,74 @@ def fold_batch(
     kind = folding(role).state
     store = replayer.states_of(role)
     replayer.stored_runs = lambda _, partition: runs_in_partition(partition)
+    sources, events = list(map(_SOURCE, items)), list(map(_EVENT, items))
+    if not _preload_plain(store, sources, events, load, replayer.partition_runs, role):
+        _preload_each(store, items, load, runs_in_partition, replayer.partition_runs, role)
+    replayer.feed(zip(repeat(role), sources, events))  # type: ignore[arg-type]
+    outputs: list[Event] = [verdict for _, verdict in replayer.recomputed]
+    outputs.extend(replayer.commands)
+    return BatchResult(
+        store,
+        outputs,
+        list(replayer.dead_letters),
+        replayer.encoded[kind],
+        frozenset(replayer.evicted[kind]),
+    )
+
+
+def _preload_plain(
+    store: dict[str, Any],
+    sources: list[Provenance],
+    events: list[Any],
+    load: Callable[[str], Any],
+    partition_runs: dict[int, set[str]],
+    role: TopicRole,
+) -> bool:
+    """`_preload_each` of a batch with no Tick and no sweep due, per run instead of per record.
+
+    The runs are preloaded, and (heartbeats) noted in their partitions, in the order of
+    their first record, as `_preload_each` does them: the store's order and each set's
+    insertion order are the same (``load`` is asked once a run, where `_preload_each`
+    asks again at each record of a run it has no state of). Returns False, doing
+    nothing, when a record's run id is a Tick's (``*``) or a record of a swept role is at
+    a sweep's offset: those take `_preload_each`, record by record.
+    """
+    run_ids = list(map(_RUN_ID, events))
+    if TICK_RUN_ID in run_ids:
+        return False
+    if role in SWEPT_ROLES and 0 in map(mod, map(_OFFSET, sources), repeat(SWEEP_EVERY_RECORDS)):
+        return False
+    for run_id in dict.fromkeys(run_ids):
+        if run_id not in store:
+            state = load(run_id)
+            if state is not None:
+                store[run_id] = state
+    if role == _HEARTBEATS:
+        for partition, run_id in dict.fromkeys(zip(map(_PARTITION, sources), run_ids, strict=True)):
+            runs = partition_runs.get(partition)
+            if runs is None:
+                partition_runs[partition] = {run_id}
+            else:
+                runs.add(run_id)
+    return True
+
+
+def _preload_each(
+    store: dict[str, Any],
+    items: Sequence[Decoded],
+    load: Callable[[str], Any],
+    runs_in_partition: Callable[[int], Iterable[str]],
+    partition_runs: dict[int, set[str]],
+    role: TopicRole,
+) -> None:
+    """Preload the states a batch's records need, record by record (`fold_batch`).
+
+    A Tick preloads every run of its partition; the first record of a partition at a
+    sweep's offset preloads every stored run of it (the sweep reads them all); any other
+    record its own run. Heartbeats also note each run in its partition's runs.
+    """
     swept: set[int] = set()
     sweeps, heartbeats = role in SWEPT_ROLES, role == _HEARTBEATS
-    partition_runs = replayer.partition_runs
     for source, event in items:  # per record: the loop is inline (issue 23)
         run_id = event.run_id
         if run_id == TICK_RUN_ID and isinstance(event, Tick):
@@ -104,16 +174,6 @@ def fold_batch(
                 partition_runs[source.partition] = {run_id}
             elif run_id not in runs:
                 runs.add(run_id)
-    replayer.feed(zip(repeat(role), *_columns(items)))  # type: ignore[arg-type]
-    outputs: list[Event] = [verdict for _, verdict in replayer.recomputed]
-    outputs.extend(replayer.commands)
-    return BatchResult(
-        store,
-        outputs,
-        list(replayer.dead_letters),
-        replayer.encoded[kind],
-        frozenset(replayer.evicted[kind]),
-    )
 
 
 def fold_chunks(
@@ -175,14 +235,23 @@ def fold_chunks(
             evicted.add(run_id)
             for runs in seen.values():
                 runs.discard(run_id)
-        for source, event in chunk:  # runs whose states this chunk made or kept
-            if event.run_id in states and event.run_id != TICK_RUN_ID:
-                seen.setdefault(source.partition, set()).add(event.run_id)
+        # Runs whose states this chunk made or kept, each (partition, run) once, in the
+        # order of its first record (the sets' insertion order, as one record at a time).
+        partitions = map(_PARTITION, map(_SOURCE, chunk))
+        pairs = zip(partitions, map(_RUN_ID, map(_EVENT, chunk)), strict=True)
+        for partition, run_id in dict.fromkeys(pairs):
+            if run_id in states and run_id != TICK_RUN_ID:
+                seen.setdefault(partition, set()).add(run_id)
         yield BatchResult(states, result.outputs, result.dead, encoded, frozenset(evicted))
 
 
 def _chunks(items: Sequence[Decoded], budget: int) -> Iterator[Sequence[Decoded]]:
     """``items`` in consecutive slices of about ``budget`` events (a pack weighs its events)."""
+    if EventPack not in set(map(type, map(_EVENT, items))):  # one event a record
+        step = max(budget, 1)
+        for start in range(0, len(items), step):
+            yield items[start : start + step]
+        return
     start = weight = 0
     for i, (_, event) in enumerate(items):
         weight += len(event.events) if type(event) is EventPack else 1  # exact types: 3x faster
@@ -191,11 +260,6 @@ def _chunks(items: Sequence[Decoded], budget: int) -> Iterator[Sequence[Decoded]
             start, weight = i + 1, 0
     if start < len(items):
         yield items[start:]
-
-
-def _columns(items: Sequence[Decoded]) -> tuple[Iterable[Provenance], Iterable[Any]]:
-    """The records' positions and events, as two iterables (no tuple made per record)."""
-    return map(itemgetter(0), items), map(itemgetter(1), items)
 
 
 def _preload(store: dict[str, Any], run_id: str, load: Callable[[str], Any]) -> None:
