@@ -68,9 +68,9 @@ a service's logger after its class's module, which would put faust's chatter und
 ``processors``)."""
 
 log = logging.getLogger(__name__)
+"""The batch path's own lines (gaps, rebalances): runwatch's, shown without ``-v``."""
 _VALUE: Final = operator.itemgetter(RawRecord._fields.index("value"))
 """A `RawRecord`'s value, read in C (the fetch linger sums the values' bytes)."""
-"""The batch path's own lines (gaps, rebalances): runwatch's, shown without ``-v``."""
 
 RETRY_BACKOFF_MS: Final = 500
 """aiokafka's ``retry_backoff_ms`` for the worker's consumer and producer (default 100)."""
@@ -274,6 +274,10 @@ class Consumer(driver.Consumer):
 
     logger = FAUST_LOGGER
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.acked = AckedRanges()  # the batch path's acknowledged offsets (`ack_range`)
+
     def _new_consumer_thread(self) -> driver.AIOKafkaConsumerThread:
         return _ConsumerThread(self, loop=self.loop, beacon=self.beacon)
 
@@ -333,10 +337,6 @@ class Consumer(driver.Consumer):
         if min_bytes != ingest.min_bytes and compat.set_fetch_min_bytes(self, min_bytes):
             ingest.min_bytes = min_bytes
         ingest.stats.note("min_kb", ingest.min_bytes / 1024)
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.acked = AckedRanges()  # the batch path's acknowledged offsets (`ack_range`)
 
     def ack_range(self, tp: TP, first: int, last: int) -> None:
         """Acknowledge offsets ``first..last`` of ``tp`` (applied whole) for faust's commits.
