@@ -1,9 +1,10 @@
 """Turn raw Kafka records into events, or into dead letters with the reason.
 
 One decode per record (`split` decodes a chunk of small records in one msgspec call, and
-decides for each exactly what `check` would). A record is rejected when its bytes are not a runwatch event, when
-its tag is unknown, when the event does not belong on the topic it was read from, or when
-its key is not its run id (it would sit in another run's partition and escape detection).
+decides for each exactly what `check` would). A record is rejected when its bytes are not
+a runwatch event, when its tag is unknown, when the event does not belong on the topic it
+was read from, or when its key is not its run id (it would sit in another run's partition
+and escape detection).
 A packed record (`schemas.events.EventPack`) is rejected whole when any event in it does
 not belong on the topic (`schemas.topics.RoleSpec.packs`), or belongs to another run (the codec
 refuses that pack); it is not unpacked here: the shared fold does that
