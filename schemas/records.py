@@ -272,23 +272,37 @@ def _admit_plain(
     record's key is its run id, the run id is not empty, and, on a role the broker's
     clock bounds, every record has a stamp and the latest event is within
     `MAX_FUTURE_SKEW_NS` of the earliest stamp (which implies it of each record). False
-    (nothing appended) when any of it fails: `_admit` then decides record by record.
+    (nothing appended) when any of it fails, or raises (a record of fields of the wrong
+    types, which `check` makes a dead letter): `_admit` then decides record by record.
     """
-    if not _PLAIN[role].issuperset(map(type, events)):
+    try:
+        admitted = _plain_chunk(chunk, events, role)
+    except Exception:
         return False
+    if admitted is None:
+        return False
+    good.extend(admitted)
+    return True
+
+
+def _plain_chunk(
+    chunk: list[RawRecord], events: list[AnyEvent], role: TopicRole
+) -> list[Decoded] | None:
+    """`_admit_plain`'s rules: the chunk's `Decoded`s, or None."""
+    if not _PLAIN[role].issuperset(map(type, events)):
+        return None
     topics, partitions, offsets, keys, _, stamps = zip(*chunk, strict=True)
     run_ids = list(map(_RUN_ID, events))
     if "" in run_ids or not all(map(operator.eq, keys, map(str.encode, run_ids))):
-        return False
+        return None
     if role in _BROKER_TIME:
         earliest_ms = min(stamps)
         if earliest_ms <= 0:
-            return False
+            return None
         if max(map(_TS_NS, events)) > earliest_ms * 1_000_000 + MAX_FUTURE_SKEW_NS:
-            return False
+            return None
     sources = [
         Provenance(topic=t, partition=p, offset=o)
         for t, p, o in zip(topics, partitions, offsets, strict=True)
     ]
-    good.extend(map(_NEW_TUPLE, repeat(Decoded), zip(sources, events, strict=True)))
-    return True
+    return list(map(_NEW_TUPLE, repeat(Decoded), zip(sources, events, strict=True)))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -149,6 +150,30 @@ def test_a_future_event_among_plain_ones() -> None:
     good, dead = assert_as_check(batch, TopicRole.HEARTBEATS)
     assert len(good) == 6
     assert [d.source.offset for d in dead if d.source is not None] == [103]
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        pytest.param({"timestamp_ms": None}, id="no-stamp"),
+        pytest.param({"timestamp_ms": "soon"}, id="a-text-stamp"),
+        pytest.param({"key": "r"}, id="a-text-key"),
+        pytest.param({"offset": None}, id="no-offset"),
+    ],
+)
+def test_a_record_of_wrong_field_types_fails_as_check_fails(bad: dict[str, Any]) -> None:
+    """Not what Kafka gives (the consumer makes bytes keys and int stamps), but the chunk's
+    rules must not turn into a different outcome: the same result, or the same error."""
+    batch = records([(b"r", heartbeat())] * 4)
+    batch[2] = batch[2]._replace(**bad)
+    try:
+        expected: Any = one_by_one(batch, TopicRole.HEARTBEATS)
+    except Exception as exc:
+        with pytest.raises(type(exc)):
+            split(batch, TopicRole.HEARTBEATS)
+        return
+    assert_as_check(batch, TopicRole.HEARTBEATS)
+    assert len(expected[0]) + len(expected[1]) == 4
 
 
 def test_unstamped_records_are_not_bounded() -> None:
