@@ -122,10 +122,7 @@ def _preload_plain(
     if role in SWEPT_ROLES and 0 in map(mod, map(_OFFSET, sources), repeat(SWEEP_EVERY_RECORDS)):
         return False
     for run_id in dict.fromkeys(run_ids):
-        if run_id not in store:
-            state = load(run_id)
-            if state is not None:
-                store[run_id] = state
+        _preload(store, run_id, load)
     if role == _HEARTBEATS:
         for partition, run_id in dict.fromkeys(zip(map(_PARTITION, sources), run_ids, strict=True)):
             runs = partition_runs.get(partition)
