@@ -309,6 +309,36 @@ def load_process(bootstrap: str, prefix: str, runs: list[Run], first_step: int, 
     conn.send(asyncio.run(_load(bootstrap, prefix, runs, first_step, rate, pack, ready, go, stop)))
 
 
+@dataclass
+class LoadSplit:
+    """Where the box's CPU went in the load's window: the workers, the generator, the broker."""
+
+    pids: tuple[int, ...]
+    broker: int | None
+    t0: float
+    cpu0: list[float]
+    box0: tuple[float, float]
+
+    @classmethod
+    def start(cls, bootstrap: str, pids: tuple[int, ...]) -> LoadSplit:
+        """Begins the window; ``pids`` are the two workers', then the generator's."""
+        broker = _loadgen().broker_pid(bootstrap)
+        every = (*pids, broker) if broker else pids
+        return cls(pids, broker, time.monotonic(), [cpu_s(p) for p in every],
+                   _loadgen().box_busy())  # fmt: skip
+
+    def cores(self) -> dict[str, float]:
+        """Cores each took since `start` (``workers``, ``generator``, ``broker``, ``busy``)."""
+        span_s = max(time.monotonic() - self.t0, 1e-9)
+        every = (*self.pids, self.broker) if self.broker else self.pids
+        used = [(cpu_s(p) - c0) / span_s for p, c0 in zip(every, self.cpu0, strict=True)]
+        busy = (_loadgen().box_busy()[0] - self.box0[0]) / span_s
+        out = {"workers": sum(used[:2]), "generator": used[2], "busy": busy}
+        if self.broker:
+            out["broker"] = used[3]
+        return {k: round(v, 2) for k, v in out.items()}
+
+
 class Probe(threading.Thread):
     """Probe runs stepping fast beside the fleet, a loss spike every 20th step from step 40.
 
@@ -482,9 +512,11 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         if not ready.wait(60):
             raise SystemExit("the load generator did not start")
         probe = Probe(bootstrap, topics, args.probes)
+        split = LoadSplit.start(bootstrap, (*pids, gen.pid))
         go.set()
         probe.start()
         time.sleep(args.load_s)  # the measured window of sustained load
+        cores = split.cores()
 
         # Phase 3: SIGKILL one worker under the same load.
         before = end_offsets(bootstrap, inputs)
@@ -533,6 +565,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "generator_short": offered < (1 - SHORT_TOLERANCE) * args.load * rate,
         "generator_behind_max_s": round(report["behind_max_s"], 3),
         "generator_cpu_share": round(report["cpu_s"] / report["elapsed_s"], 3),
+        "load_cores": cores,
         "latency_under_load_p50_ms": pct(loaded, 0.5),
         "latency_under_load_p99_ms": pct(loaded, 0.99),
         "latency_under_load_spikes": len(loaded),
@@ -552,7 +585,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         f"{result['load_offered_share']:.0%} of the drain's, target "
         f"{result['load_target_events_per_s']:,}"
         f"{'; GENERATOR SHORT of the pace' if result['generator_short'] else ''}; generator "
-        f"{result['generator_cpu_share']:.0%} of a core): spike -> verdict p50 "
+        f"{result['generator_cpu_share']:.0%} of a core; cores: "
+        f"{', '.join(f'{k} {v}' for k, v in result['load_cores'].items())} of {os.cpu_count()}): "
+        f"spike -> verdict p50 "
         f"{result['latency_under_load_p50_ms']} ms, p99 {result['latency_under_load_p99_ms']} "
         f"ms; SIGKILL of a worker -> caught up in {result['recovery_after_sigkill_s']} s"
     )

@@ -349,31 +349,6 @@ def thread_cpu(pid: int) -> dict[str, tuple[float, float]]:
     return out
 
 
-def box_busy() -> tuple[float, float]:
-    """(busy CPU seconds of the whole machine, elapsed CPU seconds) so far, from /proc/stat."""
-    fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
-    idle = fields[3] + fields[4]
-    total = sum(fields[:8])
-    tick = os.sysconf("SC_CLK_TCK")
-    return (total - idle) / tick, total / tick
-
-
-def broker_pid(bootstrap: str) -> int | None:
-    """The pid listening on the bootstrap port (``ss``), if this machine runs the broker."""
-    import re
-    import subprocess
-
-    port = bootstrap.rsplit(":", 1)[-1]
-    try:
-        out = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True, timeout=5).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-    for line in out.splitlines():
-        if f":{port} " in line and (m := re.search(r"pid=(\d+)", line)):
-            return int(m.group(1))
-    return None
-
-
 def end_offsets(bootstrap: str, topics: list[str]) -> dict[tuple[str, int], int]:
     consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False)
     tps = [TopicPartition(t, p) for t in topics for p in consumer.partitions_for_topic(t) or ()]
@@ -616,9 +591,9 @@ def measure(args: argparse.Namespace, bootstrap: str, run_index: int) -> dict[st
             raise SystemExit("the load generator did not start")
         cpu_w0 = cpu_s(worker.proc.pid)
         threads0 = thread_cpu(worker.proc.pid)
-        bpid = broker_pid(bootstrap)
+        bpid = _loadgen().broker_pid(bootstrap)
         cpu_b0 = cpu_s(bpid) if bpid else 0.0
-        box0 = box_busy()
+        box0 = _loadgen().box_busy()
         me0 = time.process_time() + cpu_s(watcher.pid)
         load0 = os.getloadavg()[0]
         spy = None
@@ -640,7 +615,7 @@ def measure(args: argparse.Namespace, bootstrap: str, run_index: int) -> dict[st
         cpu_w1 = cpu_s(worker.proc.pid)
         threads1 = thread_cpu(worker.proc.pid)
         cpu_b1 = cpu_s(bpid) if bpid else 0.0
-        box1 = box_busy()
+        box1 = _loadgen().box_busy()
         me1 = time.process_time() + cpu_s(watcher.pid)
         load1 = os.getloadavg()[0]
         gen.join(10)

@@ -1,15 +1,22 @@
-"""What a bench's load generator shares: aiokafka's C batches, one per partition, paced.
+"""What the benches under a paced load share: the generator's batches, the box's CPU split.
 
 A load generator in Python shares the box with the worker it measures, so what it spends
 is CPU the worker then waits for, and what it cannot offer is a load that was never
 measured. `bench/latency.py` and `bench/fleet.py` load this file by path: a bench is run
 as a script, and takes its own directory off ``sys.path`` so that its name does not shadow
 the package it measures.
+
+Where the CPU went under the load, beside the worker's own: `box_busy` (the whole machine)
+and `broker_pid` (the broker's process, to read its CPU).
 """
 
 from __future__ import annotations
 
+import os
+import re
+import subprocess
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import aiokafka
@@ -84,3 +91,25 @@ class Batches:
             await self.out.send_batch(batch, topic, partition=partition)
         self._open.clear()
         self._steps = 0
+
+
+def box_busy() -> tuple[float, float]:
+    """(busy CPU seconds of the whole machine, elapsed CPU seconds) so far, from /proc/stat."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    idle = fields[3] + fields[4]
+    total = sum(fields[:8])
+    tick = os.sysconf("SC_CLK_TCK")
+    return (total - idle) / tick, total / tick
+
+
+def broker_pid(bootstrap: str) -> int | None:
+    """The pid listening on the bootstrap port (``ss``), if this machine runs the broker."""
+    port = bootstrap.rsplit(":", 1)[-1]
+    try:
+        out = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True, timeout=5).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    for line in out.splitlines():
+        if f":{port} " in line and (m := re.search(r"pid=(\d+)", line)):
+            return int(m.group(1))
+    return None
