@@ -15,10 +15,12 @@ Three phases against one broker of its own and two `runwatch processors` workers
    per event: the two workers' user + system CPU over the drain. Changelog bytes per
    event: the bytes of the records the workers wrote to their changelog topics.
 2. **Latency under load**: the fleet goes on stepping at ``--load`` (default 0.8) of the
-   measured events/s while ``--probes`` small runs step every 50 ms beside it with a loss
-   spike every 20th step (the fleet's own runs step too slowly at this size to build a
-   baseline in the window); p50 / p99 from just before `send` to the verdict readable on
-   the anomalies topic.
+   measured events/s, from a generator process of its own (`load_process`; it says
+   ``GENERATOR SHORT`` when it could not keep the pace), while ``--probes`` small runs step
+   every 50 ms beside it with a loss spike every 20th step (the fleet's own runs step too
+   slowly at this size to build a baseline in the window); p50 / p99 from just before
+   `send` to the verdict readable on the anomalies topic, and the cores the workers, the
+   generator and the broker took in the window (`LoadSplit`).
 3. **Recovery**: under the same load one worker is SIGKILLed (and not restarted); the
    figure is the time from the kill until every record produced before it is committed
    (the survivor took the partitions over, restored their states and caught up).
