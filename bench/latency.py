@@ -150,7 +150,7 @@ def load_runs(count: int) -> list[str]:
 async def _produce_backlog(bootstrap: str, prefix: str, runs: list[str], world: int,
                            steps: int, probes: list[str]) -> int:  # fmt: skip
     topics = names(prefix)
-    out = await _loadgen().aio_producer(bootstrap, 20)
+    out = await _sibling("loadgen").aio_producer(bootstrap, 20)
     rng = random.Random(0)
     events = 0
     try:
@@ -185,7 +185,7 @@ async def _load(bootstrap: str, prefix: str, runs: list[str], world: int, first_
                 rate: float, duration_s: float, ready: Any, go: Any,
                 ) -> dict[str, float]:  # fmt: skip
     topics = names(prefix)
-    out = await _loadgen().aio_producer(bootstrap, 5)
+    out = await _sibling("loadgen").aio_producer(bootstrap, 5)
     ready.set()  # started, imported and connected: its start-up is not part of the load
     while not go.is_set():
         await asyncio.sleep(0.002)  # waiting for the go of the measurement
@@ -195,7 +195,8 @@ async def _load(bootstrap: str, prefix: str, runs: list[str], world: int, first_
     for template in templates.values():
         template.check(time.time_ns(), first_step)
     inputs = (topics.steps, topics.heartbeats)
-    batches = _loadgen().Batches(out, {t: len(await out.partitions_for(t)) for t in inputs})
+    partitions = {topic: len(await out.partitions_for(topic)) for topic in inputs}
+    batches = _sibling("loadgen").Batches(out, partitions)
     events = 0
     behind_max_s = 0.0
     step = first_step
@@ -364,7 +365,7 @@ def behind(bootstrap: str, group: str, target: dict[tuple[str, int], int]) -> in
 
 def stats_lines(log: Path) -> list[dict[str, Any]]:
     """The worker's `RoundStats` lines, in order (bench/processors.py reads them)."""
-    lines: list[dict[str, Any]] = _bench_processors().stats_lines(log)
+    lines: list[dict[str, Any]] = _sibling("processors").stats_lines(log)
     return lines
 
 
@@ -387,7 +388,7 @@ def capacity(bootstrap: str, group: str, inputs: list[str], events: int,
         cpu.append((time.time(), cpu_s(worker.proc.pid)))
         time.sleep(0.2)  # the sampling interval of a measurement
     time.sleep(stats_s + 1.5)  # the last drain round's stats line (a tick round writes it)
-    window = _bench_processors().drain_window(worker.log_path, records)
+    window = _sibling("processors").drain_window(worker.log_path, records)
     if window is None:
         raise SystemExit(f"the worker's stats lines count fewer than {records} records")
     start_s, end_s = window
@@ -395,7 +396,7 @@ def capacity(bootstrap: str, group: str, inputs: list[str], events: int,
     cpu.append((time.time(), cpu_s(worker.proc.pid)))
     # The CPU of exactly the drain's span (interpolated between the looks): the looks
     # inside it alone covered a shorter time than the events were divided over.
-    cpu_us = 1e6 * _bench_processors().cpu_between(cpu, start_s, end_s) / events
+    cpu_us = 1e6 * _sibling("processors").cpu_between(cpu, start_s, end_s) / events
     return {
         "capacity_events_per_s": events / span_s,
         "capacity_records_per_s": records / span_s,
@@ -512,22 +513,14 @@ def _per_run(path: Path, repeat: int, run_index: int) -> Path:
 
 
 @functools.cache
-def _loadgen() -> Any:
-    """bench/loadgen.py as a module (loaded once): the generator's producer and batches."""
-    spec = importlib.util.spec_from_file_location(
-        "bench_loadgen", Path(__file__).with_name("loadgen.py")
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def _sibling(stem: str) -> Any:
+    """``bench/<stem>.py`` as a module, loaded once by path.
 
-
-@functools.cache
-def _bench_processors() -> Any:
-    """bench/processors.py as a module (loaded once): its stats lines, CPU window, py-spy."""
+    ``loadgen``: the generator's producer and batches, the box's CPU; ``processors``: its
+    stats lines, CPU window and py-spy.
+    """
     spec = importlib.util.spec_from_file_location(
-        "bench_processors", Path(__file__).with_name("processors.py")
+        f"bench_{stem}", Path(__file__).with_name(f"{stem}.py")
     )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -559,7 +552,7 @@ def measure(args: argparse.Namespace, bootstrap: str, run_index: int) -> dict[st
         drain_spy = None
         if args.py_spy is not None:
             drain_out = _per_run(args.py_spy, args.repeat, run_index).with_suffix(".drain")
-            drain_spy = _bench_processors().start_py_spy(worker.proc.pid, drain_out)
+            drain_spy = _sibling("processors").start_py_spy(worker.proc.pid, drain_out)
         cap = capacity(bootstrap, group, inputs, backlog_events, worker, args.stats_s)
         if drain_spy is not None:
             drain_spy.send_signal(signal.SIGINT)  # py-spy writes its file when interrupted
@@ -591,15 +584,15 @@ def measure(args: argparse.Namespace, bootstrap: str, run_index: int) -> dict[st
             raise SystemExit("the load generator did not start")
         cpu_w0 = cpu_s(worker.proc.pid)
         threads0 = thread_cpu(worker.proc.pid)
-        bpid = _loadgen().broker_pid(bootstrap)
+        bpid = _sibling("loadgen").broker_pid(bootstrap)
         cpu_b0 = cpu_s(bpid) if bpid else 0.0
-        box0 = _loadgen().box_busy()
+        box0 = _sibling("loadgen").box_busy()
         me0 = time.process_time() + cpu_s(watcher.pid)
         load0 = os.getloadavg()[0]
         spy = None
         if args.py_spy is not None:
             spy_out = _per_run(args.py_spy, args.repeat, run_index)
-            spy = _bench_processors().start_py_spy(worker.proc.pid, spy_out)
+            spy = _sibling("processors").start_py_spy(worker.proc.pid, spy_out)
         t_load = time.time()
         go.set()
         commit_lag: list[tuple[float, int]] = []  # (s into the load, records not committed)
@@ -615,7 +608,7 @@ def measure(args: argparse.Namespace, bootstrap: str, run_index: int) -> dict[st
         cpu_w1 = cpu_s(worker.proc.pid)
         threads1 = thread_cpu(worker.proc.pid)
         cpu_b1 = cpu_s(bpid) if bpid else 0.0
-        box1 = _loadgen().box_busy()
+        box1 = _sibling("loadgen").box_busy()
         me1 = time.process_time() + cpu_s(watcher.pid)
         load1 = os.getloadavg()[0]
         gen.join(10)
@@ -698,10 +691,10 @@ def measure(args: argparse.Namespace, bootstrap: str, run_index: int) -> dict[st
     }
     if args.py_spy is not None:
         raw = _per_run(args.py_spy, args.repeat, run_index)
-        result["profile_loaded"] = _bench_processors().profile_split(raw) if raw.exists() else {}
+        result["profile_loaded"] = _sibling("processors").profile_split(raw) if raw.exists() else {}
         drain_raw = raw.with_suffix(".drain")
         result["profile_drain"] = (
-            _bench_processors().profile_split(drain_raw) if drain_raw.exists() else {}
+            _sibling("processors").profile_split(drain_raw) if drain_raw.exists() else {}
         )
     result["others_cpu_share"] = round(
         result["box_busy_cores"]
