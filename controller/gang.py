@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -24,7 +25,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Final
 
 from runwatch.common.launch_env import LaunchEnv
 from runwatch.common.settings import ranks_environ
@@ -82,9 +83,52 @@ def start_wrapped(
     )
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago (the rendezvous port)."""
-    with socket.socket() as s:
+EPHEMERAL_PORTS_FILE: Final = Path("/proc/sys/net/ipv4/ip_local_port_range")
+"""Where Linux keeps the range it gives outgoing connections their local ports from."""
+
+RENDEZVOUS_PORT_FLOOR: Final = 10_000
+"""The lowest port `free_port` picks: above the well-known and most registered services."""
+
+
+def ephemeral_ports(path: Path = EPHEMERAL_PORTS_FILE) -> range:
+    """The kernel's ephemeral port range (Linux's default, 32768-60999, when unreadable)."""
+    try:
+        low, high = (int(field) for field in path.read_text().split())
+    except (OSError, ValueError):
+        return range(32768, 61000)
+    return range(low, high + 1)
+
+
+def free_port(ephemeral: range | None = None, tries: int = 64) -> int:
+    """A TCP port that was free a moment ago (a rendezvous port), outside the ephemeral range.
+
+    A port from ``bind(0)`` is an ephemeral one: until the rank's TCPStore binds it, the
+    kernel may give it to any process's outgoing connection (a Kafka client, another
+    gang's ranks), and the store then fails with EADDRINUSE. That was seen: a torchft
+    group's restart in a busy test run lost its port and the gang never met again. A port
+    below the ephemeral range is only ever taken by an explicit bind.
+
+    Rules:
+        1. A random port in [`RENDEZVOUS_PORT_FLOOR`, the range's start) that binds on every
+           address now, in up to ``tries`` draws.
+        2. Otherwise (the range leaves less than 1,024 ports below it, or none bound), a
+           port the kernel picks, as before.
+
+    Args:
+        ephemeral: The ephemeral range (default: the kernel's, `ephemeral_ports`).
+        tries: Draws before rule 2.
+    """
+    below = (ephemeral_ports() if ephemeral is None else ephemeral).start
+    if below - RENDEZVOUS_PORT_FLOOR >= 1024:  # rule 1
+        for _ in range(tries):
+            port = random.randrange(RENDEZVOUS_PORT_FLOOR, below)
+            with socket.socket() as s:
+                try:
+                    s.bind(("", port))
+                except OSError:
+                    continue
+                return port
+    with socket.socket() as s:  # rule 2
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
