@@ -262,41 +262,20 @@ async def _load(bootstrap: str, prefix: str, runs: list[Run], first_step: int, r
     while not go.is_set():
         await asyncio.sleep(0.002)  # waiting for the go of the measurement
     rng = random.Random(1)
-    events = adds = 0
-    behind_max_s = 0.0
     step = first_step
-    cpu0 = time.process_time()
-    t0 = time.monotonic()
+    pace = _loadgen().Pace(batches, rate)
     try:
         while not stop.is_set():
             for run in runs:
                 records = list(step_records(run, step, topics, pack, rng, False))
-                await batches.add([(topic, value) for topic, _, value, _ in records],
-                                  records[0][1])  # fmt: skip
-                events += sum(n for *_, n in records)
-                adds += 1
-                ahead_s = t0 + events / rate - time.monotonic()
-                if ahead_s > 0.002:
-                    await batches.flush()
-                    await asyncio.sleep(ahead_s)  # pacing the load, not synchronisation
-                else:
-                    behind_max_s = max(behind_max_s, -ahead_s)
-                    if adds % 64 == 0:
-                        await asyncio.sleep(0)  # let the sender run now and then
+                await pace.add([(topic, value) for topic, _, value, _ in records],
+                               records[0][1], sum(n for *_, n in records))  # fmt: skip
                 if stop.is_set():
                     break
             step += 1
-        elapsed_s = time.monotonic() - t0
-        await batches.flush()
-        await out.flush()
+        return await pace.finish()
     finally:
         await out.stop()
-    return {
-        "events": events,
-        "elapsed_s": elapsed_s,
-        "behind_max_s": behind_max_s,
-        "cpu_s": time.process_time() - cpu0,
-    }
 
 
 def load_process(bootstrap: str, prefix: str, runs: list[Run], first_step: int, rate: float,

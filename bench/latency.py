@@ -197,45 +197,20 @@ async def _load(bootstrap: str, prefix: str, runs: list[str], world: int, first_
     inputs = (topics.steps, topics.heartbeats)
     partitions = {topic: len(await out.partitions_for(topic)) for topic in inputs}
     batches = _sibling("loadgen").Batches(out, partitions)
-    events = 0
-    behind_max_s = 0.0
     step = first_step
-    cpu0 = time.process_time()
-    t0 = time.monotonic()
-    end = t0 + duration_s
-    done = False
+    pace = _sibling("loadgen").Pace(batches, rate)
+    end = pace.t0 + duration_s
     try:
-        while not done:
+        while time.monotonic() < end:
             for run in runs:
                 records = [(topics.of(role), v) for role, v in templates[run].records(step, rng)]
-                await batches.add(records, keys[run])
-                events += 1 + world
-                now = time.monotonic()
-                ahead_s = t0 + events / rate - now
-                if ahead_s > 0.002:
-                    await batches.flush()
-                    await asyncio.sleep(ahead_s)  # pacing the load, not synchronisation
-                else:
-                    behind_max_s = max(behind_max_s, -ahead_s)
-                    if events % 1024 < world + 1:
-                        await asyncio.sleep(0)  # let the sender run now and then
-                if now >= end:
-                    done = True
+                await pace.add(records, keys[run], 1 + world)
+                if time.monotonic() >= end:
                     break
             step += 1
-        elapsed_s = time.monotonic() - t0
-        await batches.flush()
-        await out.flush()
+        return {**await pace.finish(), "last_step": step}
     finally:
         await out.stop()
-    return {
-        "events": events,
-        "elapsed_s": elapsed_s,
-        "offered_events_per_s": events / elapsed_s,
-        "behind_max_s": behind_max_s,
-        "cpu_s": time.process_time() - cpu0,
-        "last_step": step,
-    }
 
 
 def load_process(bootstrap: str, prefix: str, runs: list[str], world: int, first_step: int,

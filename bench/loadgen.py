@@ -12,9 +12,11 @@ and `broker_pid` (the broker's process, to read its CPU).
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import subprocess
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -91,6 +93,49 @@ class Batches:
             await self.out.send_batch(batch, topic, partition=partition)
         self._open.clear()
         self._steps = 0
+
+
+class Pace:
+    """A generator's run steps appended to `Batches` at ``rate`` events/s, and its report.
+
+    After each run step: when the pace is ahead of the clock, the open batches are sent and
+    the generator sleeps until the step is due; when behind, it notes by how much and lets
+    the producer's sender run every 32 steps. Time and CPU count from construction.
+    """
+
+    def __init__(self, batches: Batches, rate: float) -> None:
+        self.batches, self.rate = batches, rate
+        self.events = self.steps = 0
+        self.behind_max_s = 0.0
+        self.cpu0 = time.process_time()
+        self.t0 = time.monotonic()
+
+    async def add(self, records: list[tuple[str, bytes]], key: bytes, events: int) -> None:
+        """Appends one run step's records (carrying ``events`` events) and keeps the pace."""
+        await self.batches.add(records, key)
+        self.events += events
+        self.steps += 1
+        ahead_s = self.t0 + self.events / self.rate - time.monotonic()
+        if ahead_s > 0.002:
+            await self.batches.flush()
+            await asyncio.sleep(ahead_s)  # pacing the load, not synchronisation
+        else:
+            self.behind_max_s = max(self.behind_max_s, -ahead_s)
+            if self.steps % 32 == 0:
+                await asyncio.sleep(0)  # let the sender run now and then
+
+    async def finish(self) -> dict[str, float]:
+        """Sends what is held; the report: events, elapsed_s, offered_events_per_s, ..."""
+        elapsed_s = time.monotonic() - self.t0
+        await self.batches.flush()
+        await self.batches.out.flush()
+        return {
+            "events": self.events,
+            "elapsed_s": elapsed_s,
+            "offered_events_per_s": self.events / elapsed_s,
+            "behind_max_s": self.behind_max_s,
+            "cpu_s": time.process_time() - self.cpu0,
+        }
 
 
 def box_busy() -> tuple[float, float]:
