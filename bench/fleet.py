@@ -294,29 +294,30 @@ def load_process(bootstrap: str, prefix: str, runs: list[Run], first_step: int, 
 class LoadSplit:
     """Where the box's CPU went in the load's window: the workers, the generator, the broker."""
 
-    pids: tuple[int, ...]
-    broker: int | None
+    parts: dict[str, tuple[int, ...]]
+    """Each part's processes by name (``workers``, ``generator``, ``broker`` when found)."""
+    cpu0: dict[str, float]
     t0: float
-    cpu0: list[float]
     box0: tuple[float, float]
 
     @classmethod
-    def start(cls, bootstrap: str, pids: tuple[int, ...]) -> LoadSplit:
-        """Begins the window; ``pids`` are the two workers', then the generator's."""
+    def start(cls, bootstrap: str, workers: tuple[int, ...], generator: int) -> LoadSplit:
+        """Begins the window."""
         broker = _loadgen().broker_pid(bootstrap)
-        every = (*pids, broker) if broker else pids
-        return cls(pids, broker, time.monotonic(), [cpu_s(p) for p in every],
-                   _loadgen().box_busy())  # fmt: skip
+        parts = {"workers": workers, "generator": (generator,)}
+        if broker:
+            parts["broker"] = (broker,)
+        cpu0 = {name: sum(map(cpu_s, pids)) for name, pids in parts.items()}
+        return cls(parts, cpu0, time.monotonic(), _loadgen().box_busy())
 
     def cores(self) -> dict[str, float]:
-        """Cores each took since `start` (``workers``, ``generator``, ``broker``, ``busy``)."""
+        """Cores each part took since `start`, then the whole box's (``busy``)."""
         span_s = max(time.monotonic() - self.t0, 1e-9)
-        every = (*self.pids, self.broker) if self.broker else self.pids
-        used = [(cpu_s(p) - c0) / span_s for p, c0 in zip(every, self.cpu0, strict=True)]
-        busy = (_loadgen().box_busy()[0] - self.box0[0]) / span_s
-        out = {"workers": sum(used[:2]), "generator": used[2], "busy": busy}
-        if self.broker:
-            out["broker"] = used[3]
+        out = {
+            name: (sum(map(cpu_s, pids)) - self.cpu0[name]) / span_s
+            for name, pids in self.parts.items()
+        }
+        out["busy"] = (_loadgen().box_busy()[0] - self.box0[0]) / span_s
         return {k: round(v, 2) for k, v in out.items()}
 
 
@@ -493,7 +494,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         if not ready.wait(60):
             raise SystemExit("the load generator did not start")
         probe = Probe(bootstrap, topics, args.probes)
-        split = LoadSplit.start(bootstrap, (*pids, gen.pid))
+        split = LoadSplit.start(bootstrap, pids, gen.pid)
         go.set()
         probe.start()
         time.sleep(args.load_s)  # the measured window of sustained load
