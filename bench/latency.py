@@ -350,33 +350,28 @@ def capacity(bootstrap: str, group: str, inputs: list[str], events: int,
 
     The rounds come from the worker's `RoundStats` lines (every record is counted in one
     round; the drain ends with the round that reached the backlog's records,
-    `bench/processors.py`'s ``drain_window``); the drain is over when the group's committed
-    offsets reach the end of the backlog.
+    `bench/processors.py`'s ``drain_window``), and so does the CPU between those two edges,
+    by the worker's own clocks; the drain is over when the group's committed offsets reach
+    the end of the backlog.
     """
     target = end_offsets(bootstrap, inputs)
     records = sum(target.values())
     deadline = time.monotonic() + 900
-    cpu = [(time.time(), cpu_s(worker.proc.pid))]
     while behind(bootstrap, group, target):
         if time.monotonic() > deadline or worker.returncode is not None:
             raise SystemExit(f"the worker did not drain the backlog; see {worker.log_path}")
-        cpu.append((time.time(), cpu_s(worker.proc.pid)))
-        time.sleep(0.2)  # the sampling interval of a measurement
+        time.sleep(0.2)  # the polling interval of a measurement
     time.sleep(stats_s + 1.5)  # the last drain round's stats line (a tick round writes it)
     window = _sibling("processors").drain_window(worker.log_path, records)
     if window is None:
         raise SystemExit(f"the worker's stats lines count fewer than {records} records")
-    start_s, end_s = window
-    span_s = max(end_s - start_s, 1e-9)
-    cpu.append((time.time(), cpu_s(worker.proc.pid)))
-    # The CPU of exactly the drain's span (interpolated between the looks): the looks
-    # inside it alone covered a shorter time than the events were divided over.
-    cpu_us = 1e6 * _sibling("processors").cpu_between(cpu, start_s, end_s) / events
+    span_s = max(window.end_s - window.start_s, 1e-9)
     return {
         "capacity_events_per_s": events / span_s,
         "capacity_records_per_s": records / span_s,
         "drain_s": span_s,
-        "drain_cpu_us_per_event": cpu_us,
+        "drain_cpu_us_per_event": 1e6 * window.cpu_s / events,
+        "drain_main_thread_us_per_event": 1e6 * window.main_cpu_s / events,
     }
 
 
@@ -694,6 +689,8 @@ def measure(args: argparse.Namespace, bootstrap: str, run_index: int) -> dict[st
     result["paced_over_drain_cpu"] = round(
         result["paced_cpu_us_per_event"] / cap["drain_cpu_us_per_event"], 2
     )
+    main_s = threads1["main"][0] - threads0["main"][0]
+    result["paced_main_thread_us_per_event"] = round(1e6 * main_s / max(paced_events, 1), 2)
     return result
 
 
@@ -722,7 +719,9 @@ def print_run(result: dict[str, Any], args: argparse.Namespace) -> None:
     )
     print(
         f"CPU per event: paced {r['paced_cpu_us_per_event']:.2f} us, drain "
-        f"{r['drain_cpu_us_per_event']:.2f} us (paced / drain {r['paced_over_drain_cpu']:.2f})"
+        f"{r['drain_cpu_us_per_event']:.2f} us (paced / drain {r['paced_over_drain_cpu']:.2f}); "
+        f"the main thread's alone: paced {r['paced_main_thread_us_per_event']:.2f} us, drain "
+        f"{r['drain_main_thread_us_per_event']:.2f} us"
     )
     print(
         f"CPU under load (cores): worker {r['worker_cpu_share']:.2f} of the "
@@ -789,6 +788,8 @@ def summary(results: list[dict[str, Any]]) -> dict[str, Any]:
         "drain_cpu_us_per_event": spread("drain_cpu_us_per_event"),
         "paced_cpu_us_per_event": spread("paced_cpu_us_per_event"),
         "paced_over_drain_cpu": [r["paced_over_drain_cpu"] for r in results],
+        "drain_main_thread_us_per_event": spread("drain_main_thread_us_per_event"),
+        "paced_main_thread_us_per_event": spread("paced_main_thread_us_per_event"),
         "main_thread_runqueue_wait_share": [
             r["worker_main_thread_runqueue_wait_share"] for r in results
         ],

@@ -52,7 +52,6 @@ if sys.path and sys.path[0] == __import__("os").path.dirname(__file__):
 import argparse
 import asyncio
 import importlib.util
-import itertools
 import json
 import os
 import random
@@ -65,7 +64,7 @@ import time
 import uuid
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import aiokafka
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
@@ -163,47 +162,44 @@ def stats_lines(log: Path) -> list[dict[str, Any]]:
     return out
 
 
-def drain_window(log: Path, records: int) -> tuple[float, float] | None:
+class DrainWindow(NamedTuple):
+    """A drain by the worker's own clocks: when it ran and the CPU it took meanwhile."""
+
+    start_s: float
+    """When its first round began (epoch seconds)."""
+    end_s: float
+    """When the round that reached the backlog's last record ended (epoch seconds)."""
+    cpu_s: float
+    """The worker's CPU seconds from ``start_s`` to ``end_s``, every thread."""
+    main_cpu_s: float
+    """Of which its main thread's (the event loop, the decode and the fold)."""
+
+
+def drain_window(log: Path, records: int) -> DrainWindow | None:
     """When the worker's first round began and the round that reached ``records`` ended.
 
-    Epoch seconds, from its `RoundStats` lines (every input record is counted in one
-    round, each round's end and records listed in its line's ``rounds``); None while they
-    do not count ``records`` yet: the line of the drain's last round comes at the next
-    interval, after the offsets it committed may already have been seen. The end is that
-    round's own, not its line's ``last_end``: a line also holds the rounds after the
-    backlog's end, the first of them after an idle fetch wait of up to a second (a drain
-    of the default backlog once read 2.0 s that way; measured round by round, 0.9-1.0 s).
+    From its `RoundStats` lines (every input record is counted in one round, each round's
+    end, records and CPU clocks listed in its line's ``rounds``); None while they do not
+    count ``records`` yet: the line of the drain's last round comes at the next interval,
+    after the offsets it committed may already have been seen. The end is that round's own,
+    not its line's ``last_end``: a line also holds the rounds after the backlog's end, the
+    first of them after an idle fetch wait of up to a second (a drain of the default
+    backlog once read 2.0 s that way; measured round by round, 0.9-1.0 s). The CPU is the
+    worker's own clocks at those two edges: a drain of 1-2 s spans only a few looks at
+    ``/proc`` from outside, and interpolating between them misplaced CPU at both edges.
     """
     done = 0
     lines = [s for s in stats_lines(log) if "first_start" in s]
     for line in lines:
-        for end_s, count in line["rounds"]:
+        for end_s, count, cpu_s, main_s in line["rounds"]:
             done += int(count)
             if done >= records:
-                return float(lines[0]["first_start"]), float(end_s)
+                first = lines[0]
+                cpu0, main0 = first["first_start_cpu_s"]
+                return DrainWindow(
+                    float(first["first_start"]), float(end_s), cpu_s - cpu0, main_s - main0
+                )
     return None
-
-
-def cpu_between(samples: list[tuple[float, float]], start_s: float, end_s: float) -> float:
-    """CPU seconds used from ``start_s`` to ``end_s``, interpolated between ``(t, cpu)`` samples.
-
-    Raises:
-        ValueError: The samples do not cover the window.
-    """
-
-    def at(t: float) -> float:
-        for (t0, c0), (t1, c1) in itertools.pairwise(samples):
-            if t0 <= t <= t1:
-                return c0 + (c1 - c0) * (t - t0) / max(t1 - t0, 1e-9)
-        raise ValueError(f"no CPU samples around {t:.3f}")
-
-    return at(end_s) - at(start_s)
-
-
-def cpu_s(pid: int) -> float:
-    """CPU seconds (user + system, all threads) a process has used so far (Linux)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def committed_total(group: str, bootstrap: str, topics: set[str]) -> int:
@@ -290,11 +286,9 @@ def throughput(
     app_id = app_id or f"{prefix}-app"
     worker = start_worker(bootstrap, prefix, partitions, worker_log, app_id, batch_max)
     stack.callback(worker.stop)  # also when the measurement fails
-    samples: list[tuple[float, float]] = []  # (epoch s, the worker's CPU s)
     spy: subprocess.Popen[bytes] | None = None
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
-        samples.append((time.time(), cpu_s(worker.proc.pid)))
         done = committed_total(app_id, bootstrap, set(inputs))
         if done >= target:
             break
@@ -304,14 +298,12 @@ def throughput(
     else:
         raise SystemExit(f"worker did not drain the backlog; see {worker_log}")
     # The drain's last round may end after its commit was seen, and its stats line comes at
-    # the next interval: sample on until the line is there, so the samples cover the window.
+    # the next interval: wait for the line.
     deadline = time.monotonic() + 30
     while (window := drain_window(worker_log, target)) is None:
-        samples.append((time.time(), cpu_s(worker.proc.pid)))
         if time.monotonic() > deadline:
             raise SystemExit(f"the worker's stats lines do not count {target} records")
         time.sleep(0.1)  # the next stats line is written at the next interval
-    samples.append((time.time(), cpu_s(worker.proc.pid)))
     if spy is not None:
         spy.send_signal(signal.SIGINT)  # py-spy writes its file when interrupted
         spy.wait(timeout=60)
@@ -321,9 +313,8 @@ def throughput(
     # commits lag the rounds (a checkpoint every 0.2 s, its offsets committed beside the
     # next rounds), so timing from the first commit left out the first rounds' work and
     # overstated a short drain's rate several-fold.
-    start_s, end_s = window
-    drain_s = max(end_s - start_s, 1e-9)
-    cpu_us = 1e6 * cpu_between(samples, start_s, end_s) / target
+    drain_s = max(window.end_s - window.start_s, 1e-9)
+    cpu_us = 1e6 * window.cpu_s / target
     figures = {"drain_s": drain_s, "events_per_s": target / drain_s, "cpu_us_per_event": cpu_us}
     return figures, worker
 

@@ -673,10 +673,14 @@ class RoundStats:
     (the flush on the round's path: steps 1-3 of `Checkpoint`), ``ack_ms`` (beside the
     next rounds: waiting for the changelog acknowledgements, step 4);
     ``first_start`` / ``last_end``: when the interval's first round began and its last
-    ended (epoch seconds); ``rounds``: ``[end, records]`` of each of its rounds (epoch
-    seconds), so a bench can find the round that reached a backlog's end: the interval's
-    ``last_end`` may be a later round's, after an idle wait (`bench/processors.py`'s
-    ``drain_window``).
+    ended (epoch seconds); ``rounds``: ``[end, records, cpu_s, main_cpu_s]`` of each of its
+    rounds (epoch seconds; the process's CPU seconds, every thread, and the main thread's,
+    at the round's end), so a bench can find the round that reached a backlog's end (the
+    interval's ``last_end`` may be a later round's, after an idle wait: `bench/processors.py`'s
+    ``drain_window``) and the CPU up to it; ``first_start_cpu_s``: ``[cpu_s, main_cpu_s]``
+    when the interval's first round began. A drain of a second or two spans a few looks at
+    ``/proc`` from outside, and interpolating between them misplaced up to a look's worth
+    of CPU; the worker's own clocks at its rounds' edges do not.
     """
 
     ENV = ENV_BATCH_STATS
@@ -687,7 +691,8 @@ class RoundStats:
         self.samples: dict[str, list[float]] = {}
         self.since = time.monotonic()
         self.span: tuple[float, float] | None = None  # (first start, last end) of rounds, epoch s
-        self.rounds: list[tuple[float, int]] = []  # (end, records) of each round, epoch s
+        self.first_cpu: tuple[float, float] = (0.0, 0.0)  # CPU s when the first round began
+        self.rounds: list[tuple[float, int, float, float]] = []  # (end, records, CPU s at end)
 
     @classmethod
     def from_env(cls) -> RoundStats:
@@ -699,11 +704,29 @@ class RoundStats:
         if self.interval_s:
             self.samples.setdefault(name, []).append(value)
 
-    def round_span(self, start_s: float, end_s: float, records: int) -> None:
-        """Record that a round of ``records`` ran from ``start_s`` to ``end_s`` (epoch seconds)."""
+    @staticmethod
+    def cpu_now() -> tuple[float, float]:
+        """The process's CPU seconds (every thread) and the calling thread's, now."""
+        return time.process_time(), time.thread_time()
+
+    def round_span(
+        self,
+        start_s: float,
+        end_s: float,
+        records: int,
+        start_cpu: tuple[float, float],
+        end_cpu: tuple[float, float],
+    ) -> None:
+        """Record that a round of ``records`` ran from ``start_s`` to ``end_s`` (epoch seconds).
+
+        ``start_cpu`` and ``end_cpu``: `cpu_now` when it began and ended.
+        """
         if self.interval_s:
+            if self.span is None:
+                self.first_cpu = (round(start_cpu[0], 4), round(start_cpu[1], 4))
             self.span = (start_s if self.span is None else self.span[0], end_s)
-            self.rounds.append((round(end_s, 4), records))
+            cpu_s, main_s = end_cpu
+            self.rounds.append((round(end_s, 4), records, round(cpu_s, 4), round(main_s, 4)))
 
     def maybe_report(self) -> None:
         """Log the summary line when an interval has passed, and start the next."""
@@ -713,6 +736,7 @@ class RoundStats:
         summary: dict[str, Any] = {"t": round(time.time(), 3), "interval_s": now - self.since}
         if self.span is not None:
             summary["first_start"], summary["last_end"] = self.span
+            summary["first_start_cpu_s"] = self.first_cpu
             summary["rounds"] = self.rounds
         for name, values in self.samples.items():
             values.sort()
@@ -960,8 +984,9 @@ class BatchIngest:
         if not take or not consumer.flow_active or app.consumer_generation_id != generation:
             return
         stats = self.stats
-        taken = 0
+        taken, cpu0 = 0, (0.0, 0.0)
         if stats.interval_s:
+            cpu0 = stats.cpu_now()
             taken = sum(len(recs) for _, recs in take.values())
             stats.note("records", taken)
             oldest_ms = min(recs[0].timestamp_ms for _, recs in take.values())
@@ -987,7 +1012,7 @@ class BatchIngest:
             now_s = time.perf_counter()
             stats.note("round_ms", 1000 * (now_s - t_sink))
             wall_s = time.time()
-            stats.round_span(wall_s - (now_s - t_sink), wall_s, taken)
+            stats.round_span(wall_s - (now_s - t_sink), wall_s, taken, cpu0, stats.cpu_now())
             stats.maybe_report()
 
     async def _cursor(self, consumer: Consumer, tp: TP) -> _Cursor:

@@ -6,6 +6,8 @@ import importlib.util
 import json
 from pathlib import Path
 
+import pytest
+
 from .conftest import BENCH
 
 _spec = importlib.util.spec_from_file_location("bench_processors", BENCH / "processors.py")
@@ -26,14 +28,33 @@ def _log(tmp_path: Path, *lines: dict[str, object]) -> Path:
 
 
 def test_the_drain_ends_with_its_last_round_not_with_the_line_that_holds_it(tmp_path: Path) -> None:
-    first = {"first_start": 100.0, "last_end": 100.9, "rounds": [[100.5, 20_000], [100.9, 20_000]]}
+    first = {
+        "first_start": 100.0,
+        "last_end": 100.9,
+        "first_start_cpu_s": [3.0, 2.0],
+        "rounds": [[100.5, 20_000, 3.4, 2.3], [100.9, 20_000, 3.8, 2.6]],
+    }
     # the backlog's last 8,000 records end at 101.1; the line also holds a round of Ticks
     # that came after an idle fetch wait of almost a second
-    second = {"first_start": 101.0, "last_end": 102.05, "rounds": [[101.1, 8_000], [102.05, 4]]}
+    second = {
+        "first_start": 101.0,
+        "last_end": 102.05,
+        "first_start_cpu_s": [3.85, 2.65],
+        "rounds": [[101.1, 8_000, 4.0, 2.75], [102.05, 4, 4.3, 2.8]],
+    }
     log = _log(tmp_path, first, {"t": 101.5}, second)  # a line without rounds (idle) too
-    assert bench_processors.drain_window(log, 48_000) == (100.0, 101.1)
+    window = bench_processors.drain_window(log, 48_000)
+    assert window is not None
+    assert (window.start_s, window.end_s) == (100.0, 101.1)
+    # the CPU from the first round's start to that round's end, not to the later Ticks'
+    assert window.cpu_s == pytest.approx(1.0) and window.main_cpu_s == pytest.approx(0.75)
 
 
 def test_no_window_while_the_rounds_do_not_count_the_backlog_yet(tmp_path: Path) -> None:
-    log = _log(tmp_path, {"first_start": 100.0, "last_end": 100.5, "rounds": [[100.5, 20_000]]})
-    assert bench_processors.drain_window(log, 48_000) is None
+    line = {
+        "first_start": 100.0,
+        "last_end": 100.5,
+        "first_start_cpu_s": [3.0, 2.0],
+        "rounds": [[100.5, 20_000, 3.4, 2.3]],
+    }
+    assert bench_processors.drain_window(_log(tmp_path, line), 48_000) is None

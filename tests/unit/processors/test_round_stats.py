@@ -24,18 +24,30 @@ def test_a_line_lists_each_rounds_end_and_records_and_the_next_starts_empty(
 ) -> None:
     stats = RoundStats(interval_s=1e-9)  # every report is due
     caplog.set_level(logging.INFO, logger="runwatch.processors.engine")
-    stats.round_span(100.0, 101.5, 20_000)
-    stats.round_span(101.6, 101.9, 7)
+    stats.round_span(100.0, 101.5, 20_000, (7.0, 5.0), (8.2, 6.1))
+    stats.round_span(101.6, 101.9, 7, (8.3, 6.15), (8.31, 6.16))
     stats.maybe_report()
-    stats.round_span(103.0, 103.1, 1)
+    stats.round_span(103.0, 103.1, 1, (9.0, 7.0), (9.01, 7.005))
     stats.maybe_report()
     first, second = _lines(caplog)
     assert first["first_start"] == 100.0 and first["last_end"] == 101.9
-    assert first["rounds"] == [[101.5, 20_000], [101.9, 7]]
-    assert second["rounds"] == [[103.1, 1]]
+    # each round's end, records and the CPU clocks (process, main thread) at its end; the
+    # clocks when the line's first round began
+    assert first["rounds"] == [[101.5, 20_000, 8.2, 6.1], [101.9, 7, 8.31, 6.16]]
+    assert first["first_start_cpu_s"] == [7.0, 5.0]
+    assert second["rounds"] == [[103.1, 1, 9.01, 7.005]]
+    assert second["first_start_cpu_s"] == [9.0, 7.0]
+
+
+def test_its_cpu_clocks_are_the_process_and_the_calling_thread() -> None:
+    process_s, thread_s = RoundStats.cpu_now()
+    sum(i * i for i in range(200_000))  # some CPU on this thread
+    later_process_s, later_thread_s = RoundStats.cpu_now()
+    assert later_thread_s > thread_s and later_process_s > process_s
+    assert later_process_s >= later_thread_s  # every thread's, this one's included
 
 
 def test_off_it_keeps_no_round() -> None:
     stats = RoundStats()
-    stats.round_span(100.0, 101.5, 20_000)
+    stats.round_span(100.0, 101.5, 20_000, (7.0, 5.0), (8.2, 6.1))
     assert stats.rounds == [] and stats.span is None
