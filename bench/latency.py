@@ -447,6 +447,12 @@ def parse_args() -> argparse.Namespace:
         help="the load generator's niceness (0: as the worker's; its GENERATOR SHORT check "
         "still says when it fell short of the pace)",
     )
+    parser.add_argument(
+        "--worker-cpus",
+        default=None,
+        help='CPUs of the worker\'s own ("1", "2,3"); the broker, the generator and the probes '
+        "get the rest (loadgen.Cores). Default: every process on every CPU",
+    )
     parser.add_argument("--probes", type=int, default=20)
     parser.add_argument("--probe-period-s", type=float, default=0.05)
     parser.add_argument("--batch-max", type=int, default=None, help="the worker's --batch-max")
@@ -498,8 +504,13 @@ def _sibling(stem: str) -> Any:
     return module
 
 
-def measure(args: argparse.Namespace, bootstrap: str, run_index: int) -> dict[str, Any]:
-    """One whole run against ``bootstrap`` (topics of a prefix of its own): the result dict."""
+def measure(args: argparse.Namespace, cores: Any, bootstrap: str,
+            run_index: int) -> dict[str, Any]:  # fmt: skip
+    """One whole run against ``bootstrap`` (topics of a prefix of its own): the result dict.
+
+    ``cores`` (`loadgen.Cores`) is where the worker runs; this process already keeps to
+    its ``others``.
+    """
     ctx = mp.get_context("spawn")
     with ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
@@ -516,8 +527,9 @@ def measure(args: argparse.Namespace, bootstrap: str, run_index: int) -> dict[st
 
         # 1. Capacity.
         log = tmp / "worker.log"
-        worker = start_worker(bootstrap, prefix, args.partitions, log, args.batch_max,
-                              args.stats_s, args.state_flush_interval)  # fmt: skip
+        with cores.for_worker():
+            worker = start_worker(bootstrap, prefix, args.partitions, log, args.batch_max,
+                                  args.stats_s, args.state_flush_interval)  # fmt: skip
         stack.callback(worker.stop)
         drain_spy = None
         if args.py_spy is not None:
@@ -528,7 +540,10 @@ def measure(args: argparse.Namespace, bootstrap: str, run_index: int) -> dict[st
             drain_spy.send_signal(signal.SIGINT)  # py-spy writes its file when interrupted
             drain_spy.wait(30)
 
-        # 2. Idle, then 3. loaded, with the probes and the watcher throughout.
+        # 2. Idle, then 3. loaded, with the probes and the watcher throughout. The watcher
+        # and the generator start first, together, and the idle window opens once both are
+        # ready: an interpreter's start-up (a second of imports) inside the window delayed
+        # the watcher's reads of idle verdicts by up to 200 ms (their CreateTime: 4-14 ms).
         ready, stop = ctx.Event(), ctx.Event()
         watch_rx, watch_tx = ctx.Pipe(duplex=False)
         watcher = ctx.Process(
@@ -536,22 +551,22 @@ def measure(args: argparse.Namespace, bootstrap: str, run_index: int) -> dict[st
         )
         watcher.start()
         stack.callback(watcher.kill)
-        if not ready.wait(60):
-            raise SystemExit("the anomalies watcher did not start")
-        probe = Probes(bootstrap, prefix, probes, args.probe_period_s)
-        t_idle = time.time()
-        probe.start()
         rate = args.load * cap["capacity_events_per_s"]
         load_rx, load_tx = ctx.Pipe(duplex=False)
         gen_ready, go = ctx.Event(), ctx.Event()
         gen_args = (bootstrap, prefix, runs, args.world, args.backlog_steps + 1, rate,
                     args.load_s, gen_ready, go, load_tx, args.generator_nice)  # fmt: skip
         gen = ctx.Process(target=load_process, args=gen_args)
-        gen.start()  # now: its interpreter's start-up falls in the idle window, not the load
+        gen.start()
         stack.callback(gen.kill)
-        time.sleep(args.idle_s)  # the measured idle window
+        if not ready.wait(60):
+            raise SystemExit("the anomalies watcher did not start")
         if not gen_ready.wait(60):
             raise SystemExit("the load generator did not start")
+        probe = Probes(bootstrap, prefix, probes, args.probe_period_s)
+        t_idle = time.time()
+        probe.start()
+        time.sleep(args.idle_s)  # the measured idle window
         cpu_w0 = cpu_s(worker.proc.pid)
         threads0 = thread_cpu(worker.proc.pid)
         bpid = _sibling("loadgen").broker_pid(bootstrap)
@@ -623,6 +638,8 @@ def measure(args: argparse.Namespace, bootstrap: str, run_index: int) -> dict[st
         **{k: round(v, 2) for k, v in cap.items()},
         "load": args.load,
         "generator_nice": args.generator_nice,
+        "worker_cpus": sorted(cores.worker),
+        "others_cpus": sorted(cores.others),
         "load_target_events_per_s": round(rate),
         "load_offered_events_per_s": round(offered),
         "probe_events_per_s": round(probe_events_per_s),
@@ -702,6 +719,9 @@ def print_run(result: dict[str, Any], args: argparse.Namespace) -> None:
         f"{r['world']} ranks (a step = 1 step record + 1 pack of {r['world']} heartbeats), "
         f"{args.probes} probe runs"
     )
+    if r["worker_cpus"] != r["others_cpus"]:
+        print(f"cores: worker on {r['worker_cpus']}, the broker, generator and probes on "
+              f"{r['others_cpus']}")  # fmt: skip
     print(
         f"capacity (backlog drain): {r['capacity_events_per_s']:,.0f} events/s "
         f"({r['backlog_events']:,} events, {r['capacity_records_per_s']:,.0f} records/s, drained "
@@ -800,6 +820,8 @@ def summary(results: list[dict[str, Any]]) -> dict[str, Any]:
 def main() -> int:
     args = parse_args()
     exit_on_sigterm()  # stop the children it started when it is stopped itself
+    cores = _sibling("loadgen").Cores.split(args.worker_cpus)
+    cores.keep_others()  # before the broker starts: it inherits them
     results: list[dict[str, Any]] = []
     with ExitStack() as stack:
         bootstrap = args.bootstrap
@@ -809,7 +831,7 @@ def main() -> int:
             tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
             bootstrap = stack.enter_context(ephemeral_broker(tmp / "kafka")).bootstrap
         for i in range(args.repeat):
-            result = measure(args, bootstrap, i)
+            result = measure(args, cores, bootstrap, i)
             results.append(result)
             print_run(result, args)
             print(json.dumps(result), flush=True)

@@ -7,19 +7,21 @@ as a script, and takes its own directory off ``sys.path`` so that its name does 
 the package it measures.
 
 Where the CPU went under the load, beside the worker's own: `box_busy` (the whole machine)
-and `broker_pid` (the broker's process, to read its CPU).
+and `broker_pid` (the broker's process, to read its CPU). Where it may go: `Cores` gives the
+worker CPUs of its own (``--worker-cpus``), as a deployment that reserves cores does.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import subprocess
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import aiokafka
 
@@ -158,3 +160,66 @@ def broker_pid(bootstrap: str) -> int | None:
         if f":{port} " in line and (m := re.search(r"pid=(\d+)", line)):
             return int(m.group(1))
     return None
+
+
+class Cores(NamedTuple):
+    """The CPUs the worker may run on, and those everything else the bench starts may.
+
+    A bench puts the broker, the load generator and the probes beside the worker on one
+    box. Left to the scheduler, they share every CPU with the worker's main thread, which
+    then waits for a CPU while one of them runs and finds its caches cold after. A
+    deployment that cares reserves cores instead (Kubernetes' static CPU manager policy,
+    systemd's ``CPUAffinity=``, ``taskset``): `split` does that on one box. The bench's
+    own process takes ``others`` before it starts anything (the broker, the generator and
+    the watcher inherit it) and starts the worker inside `for_worker`. The default,
+    `everywhere`, sets each to every CPU: the scheduler's choice, as before.
+
+    Attributes:
+        worker: CPUs the worker's process (every thread) may run on.
+        others: CPUs the bench, the broker and the generator may run on.
+    """
+
+    worker: frozenset[int]
+    others: frozenset[int]
+
+    @classmethod
+    def everywhere(cls) -> Cores:
+        """No reservation: every CPU this process may use, for everyone."""
+        cpus = frozenset(os.sched_getaffinity(0))
+        return cls(cpus, cpus)
+
+    @classmethod
+    def split(cls, worker_cpus: str | None) -> Cores:
+        """``worker_cpus`` ("1", "2,3") for the worker, the rest of this process's for others.
+
+        Raises:
+            SystemExit: A CPU this process may not use, or none left for the others.
+        """
+        if worker_cpus is None:
+            return cls.everywhere()
+        box = frozenset(os.sched_getaffinity(0))
+        try:
+            worker = frozenset(int(c) for c in worker_cpus.split(","))
+        except ValueError:
+            raise SystemExit(
+                f"--worker-cpus {worker_cpus!r}: CPU numbers, comma-separated"
+            ) from None
+        if not worker or not worker <= box or not box - worker:
+            raise SystemExit(
+                f"--worker-cpus {worker_cpus!r}: name some of CPUs {sorted(box)}, leaving "
+                "at least one for the broker and the generator"
+            )
+        return cls(worker, box - worker)
+
+    def keep_others(self) -> None:
+        """This thread, and every process or thread it starts after, runs on ``others``."""
+        os.sched_setaffinity(0, self.others)
+
+    @contextlib.contextmanager
+    def for_worker(self) -> Iterator[None]:
+        """Within it, processes this thread starts run on ``worker`` (a child inherits)."""
+        os.sched_setaffinity(0, self.worker)
+        try:
+            yield
+        finally:
+            os.sched_setaffinity(0, self.others)
