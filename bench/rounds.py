@@ -16,7 +16,14 @@ drain: a process on the same CPU (both pinned) that touches a 64 MB array at ran
 bursts (as the broker and the load generator do between the worker's slices), so every
 slice of the fold starts with caches another process filled.
 
+``--gap-ms`` adds the other thing a paced worker does and a draining one does not: it
+waits for its next fetch between rounds (4-5 ms at p50 at 80 % load), and its CPU idles
+meanwhile. Each round of every size then sleeps that long after it (sleep is not CPU
+time): whatever the idle costs the next round (caches another tenant of the host filled,
+a clock that slowed) shows in the rounds' CPU per event, most in the small rounds'.
+
     .venv/bin/python bench/rounds.py [--rounds 500,20000] [--repeat 3] [--neighbour]
+                                     [--gap-ms 5]
 
 Prints CPU microseconds per event per round size (worst and best of the repeats), the
 small rounds' worst over the large rounds' best, then one JSON line (``bench: rounds``).
@@ -123,9 +130,15 @@ def build_log(runs: int, world: int, steps: int) -> tuple[list[tuple[TopicRole, 
 
 
 def fold_in_rounds(
-    log: list[tuple[TopicRole, RawRecord]], round_records: int, cfg: DetectorConfig
+    log: list[tuple[TopicRole, RawRecord]],
+    round_records: int,
+    cfg: DetectorConfig,
+    gap_s: float = 0.0,
 ) -> float:
-    """CPU seconds to fold ``log`` in rounds of ``round_records`` records, as the worker does."""
+    """CPU seconds to fold ``log`` in rounds of ``round_records`` records, as the worker does.
+
+    ``gap_s``: an idle wait after each round, as a paced worker's wait for its next fetch.
+    """
     stores: dict[TopicRole, dict[str, Any]] = {role: {} for role in ROLES}
     members: dict[TopicRole, dict[int, set[str]]] = {role: {} for role in ROLES}
     start = time.process_time()
@@ -151,6 +164,8 @@ def fold_in_rounds(
                 for run_id in last[0].encoded:
                     known.setdefault(int(run_id[4:]) % PARTITIONS, set()).add(run_id)
         collect_between_rounds()
+        if gap_s:
+            time.sleep(gap_s)  # the measured idle between rounds, not synchronisation
     return time.process_time() - start
 
 
@@ -183,6 +198,9 @@ def main() -> None:
     parser.add_argument(
         "--neighbour", action="store_true", help="a cache-filling process on the same CPU"
     )
+    parser.add_argument(
+        "--gap-ms", type=float, default=0.0, help="idle wait after every round (a fetch's wait)"
+    )
     args = parser.parse_args()
     sizes = [int(s) for s in args.rounds.split(",")]
     log, events = build_log(args.runs, args.world, args.steps)
@@ -192,8 +210,12 @@ def main() -> None:
     with neighbour(args.neighbour):
         for _ in range(args.repeat):
             for size in sizes:
-                us[size].append(1e6 * fold_in_rounds(log, size, cfg) / events)
-    print(f"{len(log):,} records, {events:,} events; neighbour on the same CPU: {args.neighbour}")
+                cpu_s = fold_in_rounds(log, size, cfg, args.gap_ms / 1000)
+                us[size].append(1e6 * cpu_s / events)
+    print(
+        f"{len(log):,} records, {events:,} events; neighbour on the same CPU: "
+        f"{args.neighbour}; idle after each round: {args.gap_ms:g} ms"
+    )
     for size, values in us.items():
         worst, best = max(values), min(values)
         print(f"rounds of {size:>6,} records: {worst:.3f} us CPU per event (best {best:.3f})")
@@ -204,6 +226,7 @@ def main() -> None:
         "bench": "rounds",
         "events": events,
         "neighbour": args.neighbour,
+        "gap_ms": args.gap_ms,
         "us_per_event": {str(size): [round(v, 3) for v in values] for size, values in us.items()},
         "small_worst_over_large_best": round(ratio, 3),
     }
