@@ -12,6 +12,7 @@ import pytest
 from runwatch.processors.engine import (
     FETCH_LINGER_FLOOR_BYTES,
     FETCH_MIN_BYTES_MAX,
+    FETCH_PARTITION_BYTES,
     FETCH_RATE_WEIGHT,
     Fetched,
     FetchPace,
@@ -79,10 +80,33 @@ def test_rule_5_a_trickle_is_fetched_at_once() -> None:
     assert min_bytes == 1
 
 
-def test_rule_5_a_backlog_asks_for_at_most_the_cap() -> None:
+@pytest.mark.parametrize(
+    ("partitions", "cap"),
+    [
+        (0, FETCH_PARTITION_BYTES),  # before the first assignment: as one partition
+        (1, FETCH_PARTITION_BYTES),
+        (4, 4 * FETCH_PARTITION_BYTES),
+        (64, FETCH_MIN_BYTES_MAX),
+    ],
+    ids=["none-yet", "one-partition", "four-partitions", "sixty-four-partitions"],
+)
+def test_rule_5_a_backlog_asks_for_at_most_what_its_partitions_can_bring(
+    partitions: int, cap: int
+) -> None:
     pace = FetchPace(bytes_per_s=500 * MB, last_s=1.0)
-    _, min_bytes = fetch_linger(pace, Fetched(1.1, 50 * MB), linger_s=0.02)
-    assert min_bytes == FETCH_MIN_BYTES_MAX
+    fetched = Fetched(1.1, 50 * MB, partitions=partitions)  # 500 MB/s: 25 MB in 50 ms
+    _, min_bytes = fetch_linger(pace, fetched, linger_s=0.05)
+    assert min_bytes == cap
+
+
+def test_rule_5_under_the_cap_a_worker_of_four_partitions_lingers_its_whole_time() -> None:
+    # 45 MB/s (this box's 80 % load): 40 ms of it is 1.8 MB, more than one partition's
+    # 1 MiB but within four partitions' 4 MiB
+    pace = FetchPace(bytes_per_s=45 * MB, last_s=1.0)
+    fetched = Fetched(1.04, int(1.8 * MB), partitions=4)
+    _, min_bytes = fetch_linger(pace, fetched, linger_s=0.04)
+    assert FETCH_PARTITION_BYTES < min_bytes < 4 * FETCH_PARTITION_BYTES
+    assert min_bytes == pytest.approx(1.8 * MB, rel=1e-6)
 
 
 def test_rule_5_two_fetches_at_the_same_instant_do_not_divide_by_zero() -> None:
