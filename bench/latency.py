@@ -542,8 +542,8 @@ def measure(args: argparse.Namespace, cores: Any, bootstrap: str,
 
         # 2. Idle, then 3. loaded, with the probes and the watcher throughout. The watcher
         # and the generator start first, together, and the idle window opens once both are
-        # ready: an interpreter's start-up (a second of imports) inside the window delayed
-        # the watcher's reads of idle verdicts by up to 200 ms (their CreateTime: 4-14 ms).
+        # ready, so no interpreter's start-up (a second of imports) falls in it. (The idle
+        # reads' tail of 66-182 ms, against CreateTimes of 4-13 ms, came with or without.)
         ready, stop = ctx.Event(), ctx.Event()
         watch_rx, watch_tx = ctx.Pipe(duplex=False)
         watcher = ctx.Process(
