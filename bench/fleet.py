@@ -49,7 +49,6 @@ import argparse
 import asyncio
 import functools
 import importlib.util
-import itertools
 import json
 import multiprocessing as mp
 import os
@@ -143,7 +142,7 @@ def start_worker(bootstrap: str, prefix: str, root: Path, name: str) -> ManagedP
     env = {
         **os.environ,
         "RUNWATCH_COMMAND_KEY": COMMAND_KEY,
-        "RUNWATCH_BATCH_STATS_S": str(STATS_S),  # when its first round began: `first_round_s`
+        "RUNWATCH_BATCH_STATS_S": str(STATS_S),  # its rounds and their CPU clocks: `drain_of`
     }
     return ManagedProcess.runwatch(name, args, root / f"{name}.log", env=env, cwd=root)
 
@@ -152,33 +151,19 @@ STATS_S = 0.5
 """The workers' `RoundStats` interval: each line stamps when its first round began."""
 
 
-def first_round_s(logs: list[Path], timeout_s: float = 30.0) -> float:
-    """When the first round of any of the workers began (epoch seconds, `RoundStats`).
+def drain_of(logs: list[Path], records: int, timeout_s: float = 30.0) -> Any:
+    """The workers' drain of ``records`` input records (`bench/processors.py`'s `DrainWindow`).
 
     Raises:
-        SystemExit: No worker wrote a stats line with rounds within ``timeout_s``.
+        SystemExit: Their stats lines did not count ``records`` within ``timeout_s`` (the
+            line of the drain's last round comes at the next stats interval).
     """
     deadline = time.monotonic() + timeout_s
-    while True:
-        starts = [
-            float(json.loads(line.split("batch path stats: ", 1)[1])["first_start"])
-            for log in logs
-            for line in log.read_text(errors="replace").splitlines()
-            if "batch path stats: " in line and '"first_start"' in line
-        ]
-        if starts:
-            return min(starts)
+    while (window := _sibling("processors").drain_window(logs, records)) is None:
         if time.monotonic() > deadline:
-            raise SystemExit(f"no worker logged a round in {timeout_s:.0f} s: see {logs}")
+            raise SystemExit(f"the workers' stats lines do not count {records} records: {logs}")
         time.sleep(STATS_S / 2)  # the next stats line comes at the next interval
-
-
-def cpu_at(samples: list[Sample], t: float) -> float:
-    """The sampled CPU seconds at time ``t``, interpolated (the first sample's before it)."""
-    for (t0, _, c0), (t1, _, c1) in itertools.pairwise(samples):
-        if t0 <= t <= t1:
-            return c0 + (c1 - c0) * (t - t0) / max(t1 - t0, 1e-9)
-    return samples[0][2] if t < samples[0][0] else samples[-1][2]
+    return window
 
 
 def cpu_s(pid: int) -> float:
@@ -212,28 +197,17 @@ def topic_bytes(bootstrap: str, topics: list[str]) -> tuple[int, int]:
     return records, size
 
 
-Sample = tuple[float, int, float]
-"""(epoch seconds, records committed, CPU seconds of the sampled processes so far)."""
-
-
 def wait_committed(bootstrap: str, group: str, target: dict[tuple[str, int], int],
-                   timeout_s: float, pids: tuple[int, ...] = ()) -> list[Sample]:  # fmt: skip
-    """Sample the committed offsets until they reach ``target``.
-
-    Returns:
-        One `Sample` per look, CPU of ``pids``.
-    """
-    samples: list[Sample] = []
+                   timeout_s: float) -> None:  # fmt: skip
+    """Wait until the group's committed offsets reach ``target`` (looks every 0.25 s)."""
     deadline = time.monotonic() + timeout_s
     while True:
         done = committed_offsets(bootstrap, group)
-        committed = sum(min(done.get(tp, 0), n) for tp, n in target.items())
-        samples.append((time.time(), committed, sum(cpu_s(p) for p in pids)))
         if all(done.get(tp, 0) >= n for tp, n in target.items() if n):
-            return samples
+            return
         if time.monotonic() > deadline:
             raise SystemExit(f"workers did not reach the target in {timeout_s:.0f} s")
-        time.sleep(0.25)  # the sampling interval of a measurement
+        time.sleep(0.25)  # the interval between looks of a measurement
 
 
 SHORT_TOLERANCE = 0.03
@@ -241,10 +215,14 @@ SHORT_TOLERANCE = 0.03
 
 
 @functools.cache
-def _loadgen() -> Any:
-    """bench/loadgen.py as a module (loaded once): the generator's producer and batches."""
+def _sibling(stem: str) -> Any:
+    """``bench/<stem>.py`` as a module, loaded once by path.
+
+    ``loadgen``: the generator's producer and batches, the box's CPU; ``processors``: the
+    drain's window by the workers' clocks.
+    """
     spec = importlib.util.spec_from_file_location(
-        "bench_loadgen", Path(__file__).with_name("loadgen.py")
+        f"bench_{stem}", Path(__file__).with_name(f"{stem}.py")
     )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -255,15 +233,17 @@ def _loadgen() -> Any:
 async def _load(bootstrap: str, prefix: str, runs: list[Run], first_step: int, rate: float,
                 pack: int, ready: Any, go: Any, stop: Any) -> dict[str, float]:  # fmt: skip
     topics = names(prefix)
-    out = await _loadgen().aio_producer(bootstrap, 5)
+    out = await _sibling("loadgen").aio_producer(bootstrap, 5)
     inputs = (topics.steps, topics.heartbeats)
-    batches = _loadgen().Batches(out, {t: len(await out.partitions_for(t)) for t in inputs})
+    batches = _sibling("loadgen").Batches(
+        out, {t: len(await out.partitions_for(t)) for t in inputs}
+    )
     ready.set()  # started, imported and connected: its start-up is not part of the load
     while not go.is_set():
         await asyncio.sleep(0.002)  # waiting for the go of the measurement
     rng = random.Random(1)
     step = first_step
-    pace = _loadgen().Pace(batches, rate)
+    pace = _sibling("loadgen").Pace(batches, rate)
     try:
         while not stop.is_set():
             for run in runs:
@@ -303,12 +283,12 @@ class LoadSplit:
     @classmethod
     def start(cls, bootstrap: str, workers: tuple[int, ...], generator: int) -> LoadSplit:
         """Begins the window."""
-        broker = _loadgen().broker_pid(bootstrap)
+        broker = _sibling("loadgen").broker_pid(bootstrap)
         parts = {"workers": workers, "generator": (generator,)}
         if broker:
             parts["broker"] = (broker,)
         cpu0 = {name: sum(map(cpu_s, pids)) for name, pids in parts.items()}
-        return cls(parts, cpu0, time.monotonic(), _loadgen().box_busy())
+        return cls(parts, cpu0, time.monotonic(), _sibling("loadgen").box_busy())
 
     def cores(self) -> dict[str, float]:
         """Cores each part took since `start`, then the whole box's (``busy``)."""
@@ -317,7 +297,7 @@ class LoadSplit:
             name: (sum(map(cpu_s, pids)) - self.cpu0[name]) / span_s
             for name, pids in self.parts.items()
         }
-        out["busy"] = (_loadgen().box_busy()[0] - self.box0[0]) / span_s
+        out["busy"] = (_sibling("loadgen").box_busy()[0] - self.box0[0]) / span_s
         return {k: round(v, 2) for k, v in out.items()}
 
 
@@ -469,15 +449,16 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         workers = [start_worker(bootstrap, prefix, root, f"worker{i}") for i in range(2)]
         stack.callback(lambda: [w.stop() for w in workers])
         pids = tuple(w.proc.pid for w in workers)
-        samples = wait_committed(bootstrap, group, target, timeout_s=1800, pids=pids)
-        # From the first round of either worker (start-up and imports excluded) to the look
-        # that found every record committed: the commits lag the rounds, and timing from the
-        # first commit left the first rounds' work out of a short drain.
-        t_first = first_round_s([w.log_path for w in workers])
-        t_last, _, cpu_last = samples[-1]
-        drain_s = t_last - t_first
+        wait_committed(bootstrap, group, target, timeout_s=1800)
+        # From the first round of either worker (start-up and imports excluded) to the end
+        # of the round that brought their rounds to the backlog's records, and the CPU by
+        # the workers' own clocks between (`bench/processors.py`'s `drain_window`). The
+        # look that found every record committed ended it a commit interval late (up to
+        # ~1 s of a 3-4 s drain), and interpolated the CPU at the edges.
+        window = drain_of([w.log_path for w in workers], sum(target.values()))
+        drain_s = window.end_s - window.start_s
         rate = events / max(drain_s, 1e-9)
-        cpu_per_event_us = 1e6 * (cpu_last - cpu_at(samples, t_first)) / events
+        cpu_per_event_us = 1e6 * window.cpu_s / events
         changelogs = [changelog_topic(group, t) for t in TABLES]
         cl_records, cl_bytes = topic_bytes(bootstrap, changelogs)
 

@@ -53,6 +53,7 @@ import argparse
 import asyncio
 import importlib.util
 import json
+import operator
 import os
 import random
 import shutil
@@ -62,6 +63,7 @@ import subprocess
 import tempfile
 import time
 import uuid
+from collections.abc import Sequence
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -163,42 +165,56 @@ def stats_lines(log: Path) -> list[dict[str, Any]]:
 
 
 class DrainWindow(NamedTuple):
-    """A drain by the worker's own clocks: when it ran and the CPU it took meanwhile."""
+    """A drain by the workers' own clocks: when it ran and the CPU it took meanwhile."""
 
     start_s: float
-    """When its first round began (epoch seconds)."""
+    """When the first round of any worker began (epoch seconds)."""
     end_s: float
     """When the round that reached the backlog's last record ended (epoch seconds)."""
     cpu_s: float
-    """The worker's CPU seconds from ``start_s`` to ``end_s``, every thread."""
+    """The workers' CPU seconds over their rounds up to ``end_s``, every thread, summed."""
     main_cpu_s: float
-    """Of which its main thread's (the event loop, the decode and the fold)."""
+    """Of which their main threads' (the event loop, the decode and the fold)."""
 
 
-def drain_window(log: Path, records: int) -> DrainWindow | None:
-    """When the worker's first round began and the round that reached ``records`` ended.
+def drain_window(logs: Path | Sequence[Path], records: int) -> DrainWindow | None:
+    """When the workers' first round began and the round that reached ``records`` ended.
 
-    From its `RoundStats` lines (every input record is counted in one round, each round's
-    end, records and CPU clocks listed in its line's ``rounds``); None while they do not
-    count ``records`` yet: the line of the drain's last round comes at the next interval,
-    after the offsets it committed may already have been seen. The end is that round's own,
-    not its line's ``last_end``: a line also holds the rounds after the backlog's end, the
-    first of them after an idle fetch wait of up to a second (a drain of the default
-    backlog once read 2.0 s that way; measured round by round, 0.9-1.0 s). The CPU is the
-    worker's own clocks at those two edges: a drain of 1-2 s spans only a few looks at
-    ``/proc`` from outside, and interpolating between them misplaced CPU at both edges.
+    From the `RoundStats` lines of each worker's log (every input record is counted in one
+    round, each round's end, records and CPU clocks listed in its line's ``rounds``), the
+    rounds of all of them in the order they ended; None while they do not count ``records``
+    yet: the line of the drain's last round comes at the next interval, after the offsets
+    it committed may already have been seen. The end is that round's own, not its line's
+    ``last_end``: a line also holds the rounds after the backlog's end, the first of them
+    after an idle fetch wait of up to a second (a drain of the default backlog once read
+    2.0 s that way; measured round by round, 0.9-1.0 s). The CPU is each worker's own
+    clocks, from its first round's start to its last round up to that end, summed: a drain
+    of 1-2 s spans only a few looks at ``/proc`` from outside, and interpolating between
+    them misplaced CPU at both edges.
     """
+    starts: dict[int, tuple[float, float, float]] = {}  # worker -> its first start and clocks
+    ends: list[tuple[float, int, int, float, float]] = []  # (end, records, worker, clocks)
+    for worker, log in enumerate([logs] if isinstance(logs, Path) else logs):
+        lines = [s for s in stats_lines(log) if "first_start" in s]
+        if lines:
+            cpu0, main0 = lines[0]["first_start_cpu_s"]
+            starts[worker] = (float(lines[0]["first_start"]), cpu0, main0)
+        for line in lines:
+            for end_s, count, cpu_s, main_s in line["rounds"]:
+                ends.append((float(end_s), int(count), worker, cpu_s, main_s))
+    ends.sort(key=operator.itemgetter(0))  # stable: one worker's rounds keep their order
     done = 0
-    lines = [s for s in stats_lines(log) if "first_start" in s]
-    for line in lines:
-        for end_s, count, cpu_s, main_s in line["rounds"]:
-            done += int(count)
-            if done >= records:
-                first = lines[0]
-                cpu0, main0 = first["first_start_cpu_s"]
-                return DrainWindow(
-                    float(first["first_start"]), float(end_s), cpu_s - cpu0, main_s - main0
-                )
+    clocks: dict[int, tuple[float, float]] = {}  # worker -> its clocks at its latest round
+    for end_s, count, worker, cpu_s, main_s in ends:
+        done += count
+        clocks[worker] = (cpu_s, main_s)
+        if done >= records:
+            return DrainWindow(
+                min(start for start, _, _ in starts.values()),
+                end_s,
+                sum(cpu - starts[w][1] for w, (cpu, _) in clocks.items()),
+                sum(main - starts[w][2] for w, (_, main) in clocks.items()),
+            )
     return None
 
 

@@ -58,3 +58,29 @@ def test_no_window_while_the_rounds_do_not_count_the_backlog_yet(tmp_path: Path)
         "rounds": [[100.5, 20_000, 3.4, 2.3]],
     }
     assert bench_processors.drain_window(_log(tmp_path, line), 48_000) is None
+
+
+def test_two_workers_drain_until_their_rounds_together_reach_the_backlog(tmp_path: Path) -> None:
+    # worker a began first; worker b's round at 100.8 brings the rounds to the backlog's
+    # 30,000 records, so a's later round of Ticks (101.5) is neither time nor CPU of it
+    a = {
+        "first_start": 100.0,
+        "last_end": 101.5,
+        "first_start_cpu_s": [5.0, 4.0],
+        "rounds": [[100.6, 15_000, 5.5, 4.4], [101.5, 3, 5.9, 4.5]],
+    }
+    b = {
+        "first_start": 100.2,
+        "last_end": 100.8,
+        "first_start_cpu_s": [7.0, 6.0],
+        "rounds": [[100.8, 15_000, 7.6, 6.5]],
+    }
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    window = bench_processors.drain_window(
+        [_log(tmp_path / "a", a), _log(tmp_path / "b", b)], 30_000
+    )
+    assert window is not None
+    assert (window.start_s, window.end_s) == (100.0, 100.8)
+    assert window.cpu_s == pytest.approx(0.5 + 0.6)  # each worker's own, to its last round
+    assert window.main_cpu_s == pytest.approx(0.4 + 0.5)
