@@ -226,7 +226,7 @@ def fetch_linger(
     partition's 1 MiB whatever the partitions, a worker of four partitions at 400k events/s
     got ~25 ms of records a round instead of 40: 37 rounds a second where 23 do, and
     (`bench/latency.py --worker-cpus 1`) 1.90-1.94 us of its main thread's CPU per paced
-    event where 1.81-1.84 do.
+    event where 1.82-1.87 do.
     """
     if fetched is None or fetched.other_records or linger_s <= 0:
         return FetchPace(), 1
