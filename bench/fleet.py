@@ -142,28 +142,13 @@ def start_worker(bootstrap: str, prefix: str, root: Path, name: str) -> ManagedP
     env = {
         **os.environ,
         "RUNWATCH_COMMAND_KEY": COMMAND_KEY,
-        "RUNWATCH_BATCH_STATS_S": str(STATS_S),  # its rounds and their CPU clocks: `drain_of`
+        "RUNWATCH_BATCH_STATS_S": str(STATS_S),  # its rounds and CPU clocks: the drain's window
     }
     return ManagedProcess.runwatch(name, args, root / f"{name}.log", env=env, cwd=root)
 
 
 STATS_S = 0.5
 """The workers' `RoundStats` interval: each line stamps when its first round began."""
-
-
-def drain_of(logs: list[Path], records: int, timeout_s: float = 30.0) -> Any:
-    """The workers' drain of ``records`` input records (`bench/processors.py`'s `DrainWindow`).
-
-    Raises:
-        SystemExit: Their stats lines did not count ``records`` within ``timeout_s`` (the
-            line of the drain's last round comes at the next stats interval).
-    """
-    deadline = time.monotonic() + timeout_s
-    while (window := _sibling("processors").drain_window(logs, records)) is None:
-        if time.monotonic() > deadline:
-            raise SystemExit(f"the workers' stats lines do not count {records} records: {logs}")
-        time.sleep(STATS_S / 2)  # the next stats line comes at the next interval
-    return window
 
 
 def cpu_s(pid: int) -> float:
@@ -455,7 +440,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         # the workers' own clocks between (`bench/processors.py`'s `drain_window`). The
         # look that found every record committed ended it a commit interval late (up to
         # ~1 s of a 3-4 s drain), and interpolated the CPU at the edges.
-        window = drain_of([w.log_path for w in workers], sum(target.values()))
+        logs = [w.log_path for w in workers]
+        window = _sibling("processors").wait_drain_window(logs, sum(target.values()))
         drain_s = window.end_s - window.start_s
         rate = events / max(drain_s, 1e-9)
         cpu_per_event_us = 1e6 * window.cpu_s / events

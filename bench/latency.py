@@ -361,10 +361,8 @@ def capacity(bootstrap: str, group: str, inputs: list[str], events: int,
         if time.monotonic() > deadline or worker.returncode is not None:
             raise SystemExit(f"the worker did not drain the backlog; see {worker.log_path}")
         time.sleep(0.2)  # the polling interval of a measurement
-    time.sleep(stats_s + 1.5)  # the last drain round's stats line (a tick round writes it)
-    window = _sibling("processors").drain_window(worker.log_path, records)
-    if window is None:
-        raise SystemExit(f"the worker's stats lines count fewer than {records} records")
+    # the last drain round's stats line comes at the next interval (a tick round writes it)
+    window = _sibling("processors").wait_drain_window(worker.log_path, records, stats_s + 30)
     span_s = max(window.end_s - window.start_s, 1e-9)
     return {
         "capacity_events_per_s": events / span_s,

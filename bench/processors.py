@@ -218,6 +218,25 @@ def drain_window(logs: Path | Sequence[Path], records: int) -> DrainWindow | Non
     return None
 
 
+def wait_drain_window(
+    logs: Path | Sequence[Path], records: int, timeout_s: float = 30.0
+) -> DrainWindow:
+    """`drain_window`, once the workers' stats lines count ``records`` (looks every 0.1 s).
+
+    The line of the drain's last round comes at the next stats interval, after the offsets
+    it committed may already have been seen.
+
+    Raises:
+        SystemExit: They did not count ``records`` within ``timeout_s``.
+    """
+    deadline = time.monotonic() + timeout_s
+    while (window := drain_window(logs, records)) is None:
+        if time.monotonic() > deadline:
+            raise SystemExit(f"the workers' stats lines do not count {records} records: {logs}")
+        time.sleep(0.1)  # the next stats line is written at the next interval
+    return window
+
+
 def committed_total(group: str, bootstrap: str, topics: set[str]) -> int:
     done = committed_offsets(bootstrap, group)
     return sum(n for (topic, _), n in done.items() if topic in topics and n > 0)
@@ -313,13 +332,8 @@ def throughput(
         time.sleep(0.1)  # sampling interval of a measurement, not synchronisation
     else:
         raise SystemExit(f"worker did not drain the backlog; see {worker_log}")
-    # The drain's last round may end after its commit was seen, and its stats line comes at
-    # the next interval: wait for the line.
-    deadline = time.monotonic() + 30
-    while (window := drain_window(worker_log, target)) is None:
-        if time.monotonic() > deadline:
-            raise SystemExit(f"the worker's stats lines do not count {target} records")
-        time.sleep(0.1)  # the next stats line is written at the next interval
+    # The drain's last round may end after its commit was seen.
+    window = wait_drain_window(worker_log, target)
     if spy is not None:
         spy.send_signal(signal.SIGINT)  # py-spy writes its file when interrupted
         spy.wait(timeout=60)
