@@ -9,11 +9,13 @@ the small runs send one record per event, as a `RunEmitter` does by default.
 Three phases against one broker of its own and two `runwatch processors` workers:
 
 1. **Throughput**: a backlog of ``--steps`` steps of the whole fleet is produced first, then
-   the workers start and drain it. Events/s = events / (every record committed - the first
-   round of either worker began), from the group's committed offsets (durably processed)
-   and the workers' `RoundStats` lines, with the records -> events map of the backlog. CPU
-   per event: the two workers' user + system CPU over the drain. Changelog bytes per
-   event: the bytes of the records the workers wrote to their changelog topics.
+   the workers start and drain it. Events/s = events / (from the first round of either
+   worker to the end of the round that brought their rounds to the backlog's records), by
+   the workers' `RoundStats` lines, with the records -> events map of the backlog. CPU per
+   event: the two workers' CPU over the drain, by their own clocks; also printed as the
+   cores they took, which says whether the drain was bound by their CPU (on this 2-core box
+   it was not: 0.84-0.88 of a core for the two at 1,000 runs). Changelog bytes per event:
+   the bytes of the records the workers wrote to their changelog topics.
 2. **Latency under load**: the fleet goes on stepping at ``--load`` (default 0.8) of the
    measured events/s, from a generator process of its own (`load_process`; it says
    ``GENERATOR SHORT`` when it could not keep the pace), while ``--probes`` small runs step
@@ -398,134 +400,180 @@ def main() -> int:
     return 0
 
 
-def measure(args: argparse.Namespace) -> dict[str, Any]:
-    """One whole run (broker, backlog drain, load, SIGKILL): prints it, returns its result."""
-    runs = fleet(args.runs, args.pack_above)
-    root = Path(tempfile.mkdtemp(prefix="runwatch-fleet-"))
-    prefix, group = "fleet", "fleet-app"
-    topics = names(prefix)
-    inputs = [topics.steps, topics.heartbeats]
-    with ExitStack() as stack:
-        if not args.keep:
-            stack.callback(shutil.rmtree, root, True)
-        broker = EmbeddedBroker(root / "broker")
-        bootstrap = broker.start().bootstrap
-        stack.callback(broker.stop)
-        create_catalogue(bootstrap, prefix=prefix)  # the catalogue's fleet-sized partitions
+class Generator:
+    """The load generator's process (`load_process`): started and ready, not yet going."""
 
-        # Phase 1: the backlog, then two workers drain it.
+    def __init__(self, bootstrap: str, prefix: str, runs: list[Run], first_step: int,
+                 rate: float, pack: int) -> None:  # fmt: skip
+        ctx = mp.get_context("spawn")
+        self.ready, self.go, self.stop = ctx.Event(), ctx.Event(), ctx.Event()
+        self._reports, sender = ctx.Pipe(duplex=False)
+        self.process = ctx.Process(target=load_process, args=(bootstrap, prefix, runs,
+                                   first_step, rate, pack, self.ready, self.go, self.stop,
+                                   sender))  # fmt: skip
+        self.process.start()
+        if not self.ready.wait(60):
+            self.process.kill()
+            raise SystemExit("the load generator did not start")
+
+    def finish(self) -> dict[str, Any]:
+        """Stops it after its current step of the fleet; its report."""
+        self.stop.set()
+        report = self._reports.recv() if self._reports.poll(60) else None
+        self.process.join(10)
+        if report is None:
+            raise SystemExit("the load generator sent no report")
+        return report
+
+
+class Fleet:
+    """One whole run's broker, topics and workers, and what its phases share."""
+
+    def __init__(self, args: argparse.Namespace, stack: ExitStack, root: Path) -> None:
+        self.args, self.stack = args, stack
+        self.runs = fleet(args.runs, args.pack_above)
+        self.prefix, self.group = "fleet", "fleet-app"
+        self.topics = names(self.prefix)
+        self.inputs = [self.topics.steps, self.topics.heartbeats]
+        broker = EmbeddedBroker(root / "broker")
+        self.bootstrap = broker.start().bootstrap
+        stack.callback(broker.stop)
+        create_catalogue(self.bootstrap, prefix=self.prefix)  # fleet-sized partitions
+        self.root = root
+        self.workers: list[ManagedProcess] = []
+
+    def generator(self, first_step: int, rate: float) -> Generator:
+        """A load generator, killed with the run if it is still there."""
+        gen = Generator(self.bootstrap, self.prefix, self.runs, first_step, rate, self.args.pack)
+        self.stack.callback(gen.process.kill)
+        return gen
+
+    def drain(self) -> dict[str, Any]:
+        """Phase 1: the backlog produced, then the two workers started to drain it."""
         rng = random.Random(0)
-        out = producer(bootstrap)
+        out = producer(self.bootstrap)
         events = records = 0
-        for run in runs:
+        for run in self.runs:
             started = encode(RunStarted(run_id=run.run_id, ts_ns=time.time_ns(),
                                         world_size=run.world))  # fmt: skip
-            for topic in inputs:
+            for topic in self.inputs:
                 out.send(topic, key=encode_key(run.run_id), value=started)
                 records += 1
-        for step in range(1, args.steps + 1):
-            for run in runs:
-                for topic, key, value, n in step_records(run, step, topics, args.pack, rng, False):
+        for step in range(1, self.args.steps + 1):
+            for run in self.runs:
+                for topic, key, value, n in step_records(run, step, self.topics, self.args.pack,
+                                                         rng, False):  # fmt: skip
                     out.send(topic, key=key, value=value)
                     events, records = events + n, records + 1
         out.flush()
         out.close()
-        target = end_offsets(bootstrap, inputs)
-        workers = [start_worker(bootstrap, prefix, root, f"worker{i}") for i in range(2)]
-        stack.callback(lambda: [w.stop() for w in workers])
-        pids = tuple(w.proc.pid for w in workers)
-        wait_committed(bootstrap, group, target, timeout_s=1800)
+        target = end_offsets(self.bootstrap, self.inputs)
+        self.workers = [start_worker(self.bootstrap, self.prefix, self.root, f"worker{i}")
+                        for i in range(2)]  # fmt: skip
+        self.stack.callback(lambda: [w.stop() for w in self.workers])
+        wait_committed(self.bootstrap, self.group, target, timeout_s=1800)
         # From the first round of either worker (start-up and imports excluded) to the end
         # of the round that brought their rounds to the backlog's records, and the CPU by
         # the workers' own clocks between (`bench/processors.py`'s `drain_window`). The
         # look that found every record committed ended it a commit interval late (up to
         # ~1 s of a 3-4 s drain), and interpolated the CPU at the edges.
-        logs = [w.log_path for w in workers]
-        window = _sibling("processors").wait_drain_window(logs, sum(target.values()))
+        window = _sibling("processors").wait_drain_window(self.logs, sum(target.values()))
         drain_s = window.end_s - window.start_s
-        rate = events / max(drain_s, 1e-9)
-        cpu_per_event_us = 1e6 * window.cpu_s / events
-        changelogs = [changelog_topic(group, t) for t in TABLES]
-        cl_records, cl_bytes = topic_bytes(bootstrap, changelogs)
+        changelogs = [changelog_topic(self.group, t) for t in TABLES]
+        cl_records, cl_bytes = topic_bytes(self.bootstrap, changelogs)
+        return {
+            "backlog_events": events,
+            "backlog_records": records,
+            "events_per_s": round(events / max(drain_s, 1e-9)),
+            "records_per_s": round(records / max(drain_s, 1e-9)),
+            "drain_s": round(drain_s, 1),
+            "drain_worker_cores": round(window.cpu_s / max(drain_s, 1e-9), 2),
+            "cpu_us_per_event": round(1e6 * window.cpu_s / events, 2),
+            "changelog_records": cl_records,
+            "changelog_bytes_per_event": round(cl_bytes / events, 2),
+        }
 
-        # Phase 2: paced load at --load of that rate, spikes timed.
-        watch = Watch(bootstrap, topics.anomalies)
+    @property
+    def logs(self) -> list[Path]:
+        return [w.log_path for w in self.workers]
+
+    @property
+    def pids(self) -> tuple[int, ...]:
+        return tuple(w.proc.pid for w in self.workers)
+
+    def under_load(self, first_step: int, rate: float) -> dict[str, Any]:
+        """Phases 2 and 3: spikes timed under ``rate`` events/s, then a worker SIGKILLed."""
+        watch = Watch(self.bootstrap, self.topics.anomalies)
         watch.start()
-        ctx = mp.get_context("spawn")
-        ready, go, stop = ctx.Event(), ctx.Event(), ctx.Event()
-        load_rx, load_tx = ctx.Pipe(duplex=False)
-        gen = ctx.Process(target=load_process, args=(bootstrap, prefix, runs, args.steps + 1,
-                          args.load * rate, args.pack, ready, go, stop, load_tx))  # fmt: skip
-        gen.start()
-        stack.callback(gen.kill)
-        if not ready.wait(60):
-            raise SystemExit("the load generator did not start")
-        probe = Probe(bootstrap, topics, args.probes)
-        split = LoadSplit.start(bootstrap, pids, gen.pid)
-        go.set()
+        gen = self.generator(first_step, rate)
+        probe = Probe(self.bootstrap, self.topics, self.args.probes)
+        split = LoadSplit.start(self.bootstrap, self.pids, gen.process.pid)
+        gen.go.set()
         probe.start()
-        time.sleep(args.load_s)  # the measured window of sustained load
+        time.sleep(self.args.load_s)  # the measured window of sustained load
         cores = split.cores()
 
-        # Phase 3: SIGKILL one worker under the same load.
-        before = end_offsets(bootstrap, inputs)
+        before = end_offsets(self.bootstrap, self.inputs)
         t_kill = time.monotonic()
-        workers[0].kill()
-        wait_committed(bootstrap, group, before, timeout_s=900)
+        self.workers[0].kill()
+        wait_committed(self.bootstrap, self.group, before, timeout_s=900)
         recovery_s = time.monotonic() - t_kill
-        stop.set()
         probe.stop.set()
-        report = load_rx.recv() if load_rx.poll(60) else None
+        report = gen.finish()
         probe.join()
-        gen.join(10)
-        if report is None:
-            raise SystemExit("the load generator sent no report")
         time.sleep(2.0)  # let the last spikes' verdicts arrive; they are context only
         watch.stop.set()
         watch.join(timeout=5)
+        loaded = sorted((watch.seen_s[k] - t) * 1000 for k, t in probe.sent_s.items()
+                        if k in watch.seen_s and t < t_kill)  # fmt: skip
+        after_kill = sorted((watch.seen_s[k] - t) * 1000 for k, t in probe.sent_s.items()
+                            if k in watch.seen_s and t >= t_kill)  # fmt: skip
+        offered = report["events"] / report["elapsed_s"]
+        return {
+            "load_events_per_s": round(offered),
+            "load_target_events_per_s": round(rate),
+            "generator_short": offered < (1 - SHORT_TOLERANCE) * rate,
+            "generator_behind_max_s": round(report["behind_max_s"], 3),
+            "generator_cpu_share": round(report["cpu_s"] / report["elapsed_s"], 3),
+            "load_cores": cores,
+            "latency_under_load_p50_ms": pct(loaded, 0.5),
+            "latency_under_load_p99_ms": pct(loaded, 0.99),
+            "latency_under_load_spikes": len(loaded),
+            "spikes_sent": len(probe.sent_s),
+            "spikes_judged": sum(k in watch.seen_s for k in probe.sent_s),
+            "latency_after_kill_p99_ms": pct(after_kill, 0.99),
+            "recovery_after_sigkill_s": round(recovery_s, 1),
+        }
 
-    loaded = sorted(
-        (watch.seen_s[k] - t) * 1000
-        for k, t in probe.sent_s.items()
-        if k in watch.seen_s and t < t_kill
-    )
-    after_kill = sorted(
-        (watch.seen_s[k] - t) * 1000
-        for k, t in probe.sent_s.items()
-        if k in watch.seen_s and t >= t_kill
-    )
-    offered = report["events"] / report["elapsed_s"]
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    """One whole run (broker, backlog drain, load, SIGKILL): prints it, returns its result."""
+    root = Path(tempfile.mkdtemp(prefix="runwatch-fleet-"))
+    with ExitStack() as stack:
+        if not args.keep:
+            stack.callback(shutil.rmtree, root, True)
+        run = Fleet(args, stack, root)
+        drained = run.drain()
+        loaded = run.under_load(args.steps + 1, args.load * drained["events_per_s"])
     result = {
         "bench": "fleet",
-        "runs": len(runs),
-        "ranks": sum(r.world for r in runs),
-        "packed_runs": [r.run_id for r in runs if r.packed][:5],
-        "backlog_events": events,
-        "backlog_records": records,
-        "events_per_s": round(rate),
-        "records_per_s": round(records / max(drain_s, 1e-9)),
-        "drain_s": round(drain_s, 1),
-        "cpu_us_per_event": round(cpu_per_event_us, 2),
-        "changelog_records": cl_records,
-        "changelog_bytes_per_event": round(cl_bytes / events, 2),
-        "load_events_per_s": round(offered),
-        "load_target_events_per_s": round(args.load * rate),
-        "load_offered_share": round(offered / rate, 3),
-        "generator_short": offered < (1 - SHORT_TOLERANCE) * args.load * rate,
-        "generator_behind_max_s": round(report["behind_max_s"], 3),
-        "generator_cpu_share": round(report["cpu_s"] / report["elapsed_s"], 3),
-        "load_cores": cores,
-        "latency_under_load_p50_ms": pct(loaded, 0.5),
-        "latency_under_load_p99_ms": pct(loaded, 0.99),
-        "latency_under_load_spikes": len(loaded),
-        "spikes_sent": len(probe.sent_s),
-        "spikes_judged": sum(k in watch.seen_s for k in probe.sent_s),
-        "latency_after_kill_p99_ms": pct(after_kill, 0.99),
-        "recovery_after_sigkill_s": round(recovery_s, 1),
+        "runs": len(run.runs),
+        "ranks": sum(r.world for r in run.runs),
+        "packed_runs": [r.run_id for r in run.runs if r.packed][:5],
+        **drained,
+        **loaded,
+        "load_offered_share": round(loaded["load_events_per_s"] / drained["events_per_s"], 3),
     }
+    print_result(result)
+    return result
+
+
+def print_result(result: dict[str, Any]) -> None:
+    """The run's figures in three lines."""
     print(
         f"fleet: {result['runs']} runs, {result['ranks']:,} ranks; two workers drained "
-        f"{events:,} events ({records:,} records) at {result['events_per_s']:,} events/s, "
+        f"{result['backlog_events']:,} events ({result['backlog_records']:,} records) at "
+        f"{result['events_per_s']:,} events/s ({result['drain_worker_cores']} of a core), "
         f"{result['cpu_us_per_event']} us CPU and {result['changelog_bytes_per_event']} "
         f"changelog bytes per event"
     )
@@ -540,7 +588,6 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         f"{result['latency_under_load_p50_ms']} ms, p99 {result['latency_under_load_p99_ms']} "
         f"ms; SIGKILL of a worker -> caught up in {result['recovery_after_sigkill_s']} s"
     )
-    return result
 
 
 if __name__ == "__main__":
