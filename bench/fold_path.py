@@ -1,0 +1,126 @@
+"""The worker's main-thread work on the issue's backlog, in one process: decode, then fold.
+
+The backlog of `bench/processors.py` (``--runs`` runs x ``--steps`` steps x (1 step + 8
+loose heartbeats)) as `RawRecord`s on 4 partitions (each run's by Kafka's partitioner),
+cut into rounds as a worker takes them (up to ``--round`` records, an equal share of each
+topic-partition), then each round's roles in `FOLD_ORDER`: `schemas.records.split`, and
+`processors.pipeline.fold_chunks` in chunks of the worker's `FOLD_CHUNK_EVENTS`, with the
+states carried from round to round. No Kafka, no faust, no state writes: what is left of a
+drain's CPU per event once fetch, the round and the flush are taken away. CPU time of this
+thread, the collector off during a round and its young generation collected after it, as
+the worker does (`common.gc_tuning`). Each pass prints; the worst is in the JSON line.
+
+    .venv/bin/python bench/fold_path.py [--runs 200] [--steps 300] [--repeat 3]
+
+Used for docs/processors.md, "Cython on the record path": the same command in a tree whose
+hot modules were compiled with ``cythonize -i -3 -X annotation_typing=False``.
+"""
+
+from __future__ import annotations
+
+import sys
+
+# Run as a script, this file's directory comes first on sys.path and its name would
+# shadow the `processors` package it measures.
+if sys.path and sys.path[0] == __import__("os").path.dirname(__file__):
+    sys.path.pop(0)
+
+import argparse
+import gc
+import importlib.util
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from runwatch.processors.app import FOLD_CHUNK_EVENTS
+from runwatch.processors.core.config import DetectorConfig
+from runwatch.processors.logread import partition_for
+from runwatch.processors.pipeline import fold_chunks
+from runwatch.schemas.records import RawRecord, split
+from runwatch.schemas.topics import FOLD_ORDER, TopicRole
+
+PARTITIONS = 4
+
+
+def _bench_processors() -> Any:
+    spec = importlib.util.spec_from_file_location(
+        "bench_processors", Path(__file__).with_name("processors.py")
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def rounds(
+    runs: int, steps: int, round_records: int
+) -> tuple[list[dict[TopicRole, list[RawRecord]]], int]:
+    """The backlog's records in rounds (role -> records in partition order), and its events."""
+    events = _bench_processors().backlog(runs, steps)
+    queues: dict[tuple[TopicRole, int], list[RawRecord]] = {}
+    now_ms = int(time.time() * 1000)
+    for role, key, value in events:
+        partition = partition_for(key.decode(), PARTITIONS)
+        queue = queues.setdefault((TopicRole(role), partition), [])
+        queue.append(RawRecord(f"bench.{role}", partition, len(queue), key, value, now_ms))
+    share = max(1, round_records // len(queues))
+    out: list[dict[TopicRole, list[RawRecord]]] = []
+    for start in range(0, max(map(len, queues.values())), share):
+        taken: dict[TopicRole, list[RawRecord]] = {}
+        for role in FOLD_ORDER:
+            for partition in range(PARTITIONS):
+                part = queues.get((role, partition), [])[start : start + share]
+                if part:
+                    taken.setdefault(role, []).extend(part)
+        out.append(taken)
+    return out, len(events)
+
+
+def one_pass(rounds_: list[dict[TopicRole, list[RawRecord]]]) -> tuple[float, float]:
+    """CPU seconds of ``split`` and of the fold over every round, states carried."""
+    cfg = DetectorConfig()
+    states: dict[TopicRole, dict[str, Any]] = {}
+    split_s = fold_s = 0.0
+    for taken in rounds_:
+        for role, records in taken.items():
+            store = states.setdefault(role, {})
+            gc.disable()
+            t0 = time.thread_time()
+            good, _ = split(records, role)
+            t1 = time.thread_time()
+            results = list(fold_chunks(role, good, store.get, lambda _: [], cfg, FOLD_CHUNK_EVENTS))
+            t2 = time.thread_time()
+            gc.enable()
+            if results:
+                store.update(results[-1].states)
+            split_s, fold_s = split_s + t1 - t0, fold_s + t2 - t1
+        gc.collect(0)
+    return split_s, fold_s
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=200)
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--round", type=int, default=20_000, help="records per round")
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    taken, events = rounds(args.runs, args.steps, args.round)
+    passes = []
+    for _ in range(args.repeat):
+        split_s, fold_s = one_pass(taken)
+        us = (1e6 * split_s / events, 1e6 * fold_s / events)
+        passes.append(us)
+        print(f"{events:,} events in {len(taken)} rounds: split {us[0]:.3f} us, fold "
+              f"{us[1]:.3f} us, together {sum(us):.3f} us CPU per event", flush=True)  # fmt: skip
+    worst = max(passes, key=sum)
+    print(json.dumps({"bench": "fold_path", "events": events, "rounds": len(taken),
+                      "split_us_per_event": round(worst[0], 3),
+                      "fold_us_per_event": round(worst[1], 3),
+                      "us_per_event": round(sum(worst), 3)}))  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
