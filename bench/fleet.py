@@ -6,7 +6,7 @@ heartbeats every step; rank 0 sends the step. Runs of more than ``--pack-above``
 their heartbeats in records of ``--pack`` events (what a node agent does for its ranks);
 the small runs send one record per event, as a `RunEmitter` does by default.
 
-Three phases against one broker of its own and two `runwatch processors` workers:
+Four phases against one broker of its own and two `runwatch processors` workers:
 
 1. **Throughput**: a backlog of ``--steps`` steps of the whole fleet is produced first, then
    the workers start and drain it. Events/s = events / (from the first round of either
@@ -16,14 +16,24 @@ Three phases against one broker of its own and two `runwatch processors` workers
    cores they took, which says whether the drain was bound by their CPU (on this 2-core box
    it was not: 0.84-0.88 of a core for the two at 1,000 runs). Changelog bytes per event:
    the bytes of the records the workers wrote to their changelog topics.
-2. **Latency under load**: the fleet goes on stepping at ``--load`` (default 0.8) of the
-   measured events/s, from a generator process of its own (`load_process`; it says
+2. **Capacity under load**: the highest offered rate the workers keep up with while the
+   generator and the broker's produce path share the box with them (the sustainable
+   throughput of the stream-processing benchmarks' literature: the rate at which the lag
+   stops growing). The generator offers the drain's rate, then 0.85 of the last, up to
+   five rates, each for ``--capacity-s`` seconds; a rate is kept up with when no round
+   of the window's second half began with a record older than a second
+   (`KEPT_UP_AGE_MS`). The drain alone asks nothing of the generator or the produce path,
+   so on a small box 80 % of its rate can be more than the box carries: at 1,000 runs it
+   left the box 1.94-1.98 of 2 busy and the p99 measured an overload (1.1-30 s).
+   ``--capacity-s 0`` skips this, and phase 3 loads a share of the drain's rate.
+3. **Latency under load**: the fleet goes on stepping at ``--load`` (default 0.8) of the
+   capacity, from a generator process of its own (`load_process`; it says
    ``GENERATOR SHORT`` when it could not keep the pace), while ``--probes`` small runs step
    every 50 ms beside it with a loss spike every 20th step (the fleet's own runs step too
    slowly at this size to build a baseline in the window); p50 / p99 from just before
    `send` to the verdict readable on the anomalies topic, and the cores the workers, the
    generator and the broker took in the window (`LoadSplit`).
-3. **Recovery**: under the same load one worker is SIGKILLed (and not restarted); the
+4. **Recovery**: under the same load one worker is SIGKILLed (and not restarted); the
    figure is the time from the kill until every record produced before it is committed
    (the survivor took the partitions over, restored their states and caught up).
 
@@ -31,7 +41,7 @@ Prints a summary and one JSON line. Sizes are arguments; on this 2-core machine 
 defaults take a few minutes:
 
     .venv/bin/python bench/fleet.py [--runs 1000] [--steps 6] [--load 0.8] [--load-s 40]
-                                    [--repeat 10]
+                                    [--capacity-s 8] [--repeat 10]
 
 With ``--repeat N``: N whole runs, then ``p99 < 250 ms in K of N`` and a JSON summary.
 
@@ -232,15 +242,13 @@ async def _load(bootstrap: str, prefix: str, runs: list[Run], first_step: int, r
     step = first_step
     pace = _sibling("loadgen").Pace(batches, rate)
     try:
-        while not stop.is_set():
+        while not stop.is_set():  # whole steps of the fleet: a later generator goes on after
             for run in runs:
                 records = list(step_records(run, step, topics, pack, rng, False))
                 await pace.add([(topic, value) for topic, _, value, _ in records],
                                records[0][1], sum(n for *_, n in records))  # fmt: skip
-                if stop.is_set():
-                    break
             step += 1
-        return await pace.finish()
+        return {**await pace.finish(), "next_step": step}
     finally:
         await out.stop()
 
@@ -249,10 +257,11 @@ def load_process(bootstrap: str, prefix: str, runs: list[Run], first_step: int, 
                  pack: int, ready: Any, go: Any, stop: Any, conn: Any) -> None:  # fmt: skip
     """The fleet stepping at ``rate`` events/s until ``stop`` (a process of its own).
 
-    No faults: the background of phase 2. A process of its own on aiokafka's C batches
-    (`bench/loadgen.py`), not a thread of the bench on kafka-python: that one's ceiling
-    beside the workers was 17k-35k events/s, short of the 80 % of the drain asked for.
-    Sends its report (events, elapsed_s, behind_max_s, cpu_s) on ``conn``.
+    No faults: the background of phases 2 to 4. A process of its own on aiokafka's C
+    batches (`bench/loadgen.py`), not a thread of the bench on kafka-python: that one's
+    ceiling beside the workers was 17k-35k events/s, short of the 80 % of the drain asked
+    for. It stops after a whole step of the fleet and sends its report (events, elapsed_s,
+    behind_max_s, cpu_s, and ``next_step``, where a later generator goes on) on ``conn``.
     """
     conn.send(asyncio.run(_load(bootstrap, prefix, runs, first_step, rate, pack, ready, go, stop)))
 
@@ -363,7 +372,14 @@ def main() -> int:
     parser.add_argument("--pack", type=int, default=512, help="heartbeats per packed record")
     parser.add_argument("--pack-above", type=int, default=64, help="pack runs larger than this")
     parser.add_argument("--load", type=float, default=0.8, help="share of the measured rate")
-    parser.add_argument("--load-s", type=float, default=40.0, help="seconds of phase 2")
+    parser.add_argument("--load-s", type=float, default=40.0, help="seconds of phase 3")
+    parser.add_argument(
+        "--capacity-s",
+        type=float,
+        default=8.0,
+        help="seconds of each rate phase 2 offers (0: no phase 2, the load is a share of the "
+        "drain's rate)",
+    )
     parser.add_argument("--probes", type=int, default=10, help="fast runs that carry spikes")
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
     parser.add_argument(
@@ -501,8 +517,47 @@ class Fleet:
     def pids(self) -> tuple[int, ...]:
         return tuple(w.proc.pid for w in self.workers)
 
+    def caught_up(self, timeout_s: float) -> None:
+        """Returns once the workers committed every input record produced until now."""
+        wait_committed(self.bootstrap, self.group, end_offsets(self.bootstrap, self.inputs),
+                       timeout_s)  # fmt: skip
+
+    def capacity_under_load(self, first_step: int, drain_rate: float) -> tuple[dict[str, Any], int]:
+        """Phase 2: the highest of a few offered rates the workers keep up with.
+
+        Offers the drain's rate, then `CAPACITY_STEP` of the last rate, up to
+        `CAPACITY_TRIES` rates, each for ``--capacity-s`` seconds after `CAPACITY_WARM_S`.
+        A rate is kept up with when no round of either worker in the second half of the
+        window began with a record older than `KEPT_UP_AGE_MS` (`window_age_max_ms`); after
+        each, the workers work off what is left before the next. Returns the figures (the
+        capacity None when no rate was kept up with) and the step the next generator
+        starts at.
+        """
+        rate, tries = drain_rate, []
+        for _ in range(CAPACITY_TRIES):
+            gen = self.generator(first_step, rate)
+            gen.go.set()
+            time.sleep(CAPACITY_WARM_S)  # the generator and the rounds reach their pace
+            start_s = time.time()
+            time.sleep(self.args.capacity_s)  # the window of this rate
+            end_s = time.time()
+            report = gen.finish()
+            first_step = int(report["next_step"])
+            self.caught_up(timeout_s=900)  # and the stats lines of the window are written
+            half_s = (start_s + end_s) / 2
+            age_ms = window_age_max_ms(self.logs, half_s, end_s)
+            offered = report["events"] / report["elapsed_s"]
+            kept_up = age_ms is not None and age_ms < KEPT_UP_AGE_MS
+            tries.append({"offered_events_per_s": round(offered), "age_max_ms": age_ms,
+                          "kept_up": kept_up})  # fmt: skip
+            if kept_up:
+                return {"capacity_under_load_events_per_s": round(offered),
+                        "capacity_tries": tries}, first_step  # fmt: skip
+            rate *= CAPACITY_STEP
+        return {"capacity_under_load_events_per_s": None, "capacity_tries": tries}, first_step
+
     def under_load(self, first_step: int, rate: float) -> dict[str, Any]:
-        """Phases 2 and 3: spikes timed under ``rate`` events/s, then a worker SIGKILLed."""
+        """Phases 3 and 4: spikes timed under ``rate`` events/s, then a worker SIGKILLed."""
         watch = Watch(self.bootstrap, self.topics.anomalies)
         watch.start()
         gen = self.generator(first_step, rate)
@@ -546,23 +601,59 @@ class Fleet:
         }
 
 
+CAPACITY_TRIES = 5
+"""Offered rates phase 2 tries at most: the drain's, then each `CAPACITY_STEP` of the last."""
+CAPACITY_STEP = 0.85
+CAPACITY_WARM_S = 3.0
+"""Seconds of each offered rate before its window: the generator's start, the rounds' pace."""
+KEPT_UP_AGE_MS = 1000.0
+"""A rate is kept up with when no round in the second half of its window began with a record
+older than this (a worker behind grows it by the window's length: 7.8 s was seen)."""
+
+
+def window_age_max_ms(logs: list[Path], start_s: float, end_s: float) -> float | None:
+    """The oldest record any round began with, over the workers' stats lines in a window.
+
+    Each `RoundStats` line of a worker (written at ``t``, epoch seconds) holds its rounds'
+    ``age_ms``: how old the round's oldest record was when the round began. None when no
+    line of the window has one.
+    """
+    ages = [
+        float(line["age_ms"]["max"])
+        for log in logs
+        for line in _sibling("processors").stats_lines(log)
+        if "age_ms" in line and start_s <= float(line["t"]) <= end_s
+    ]
+    return max(ages) if ages else None
+
+
 def measure(args: argparse.Namespace) -> dict[str, Any]:
-    """One whole run (broker, backlog drain, load, SIGKILL): prints it, returns its result."""
+    """One whole run (broker, drain, capacity under load, load, SIGKILL): prints it, returns it."""
     root = Path(tempfile.mkdtemp(prefix="runwatch-fleet-"))
     with ExitStack() as stack:
         if not args.keep:
             stack.callback(shutil.rmtree, root, True)
         run = Fleet(args, stack, root)
         drained = run.drain()
-        loaded = run.under_load(args.steps + 1, args.load * drained["events_per_s"])
+        first_step, capacity = args.steps + 1, float(drained["events_per_s"])
+        searched: dict[str, Any] = {}
+        if args.capacity_s > 0:
+            searched, first_step = run.capacity_under_load(first_step, capacity)
+            # none kept up with: the lowest rate tried, so the load is not above it
+            capacity = searched["capacity_under_load_events_per_s"] or min(
+                t["offered_events_per_s"] for t in searched["capacity_tries"]
+            )
+        loaded = run.under_load(first_step, args.load * capacity)
     result = {
         "bench": "fleet",
         "runs": len(run.runs),
         "ranks": sum(r.world for r in run.runs),
         "packed_runs": [r.run_id for r in run.runs if r.packed][:5],
         **drained,
+        **searched,
+        "capacity_events_per_s": round(capacity),
         **loaded,
-        "load_offered_share": round(loaded["load_events_per_s"] / drained["events_per_s"], 3),
+        "load_offered_share": round(loaded["load_events_per_s"] / capacity, 3),
     }
     print_result(result)
     return result
@@ -577,9 +668,20 @@ def print_result(result: dict[str, Any]) -> None:
         f"{result['cpu_us_per_event']} us CPU and {result['changelog_bytes_per_event']} "
         f"changelog bytes per event"
     )
+    if "capacity_tries" in result:
+        tries = "; ".join(
+            f"{t['offered_events_per_s']:,} events/s: oldest record "
+            f"{t['age_max_ms']} ms{' (kept up)' if t['kept_up'] else ''}"
+            for t in result["capacity_tries"]
+        )
+        found = result["capacity_under_load_events_per_s"] is not None
+        print(
+            f"capacity under load: {tries} -> capacity {result['capacity_events_per_s']:,}"
+            f"{'' if found else ' (none kept up with: the lowest rate tried, an upper bound)'}"
+        )
     print(
         f"under load ({result['load_events_per_s']:,} events/s offered, "
-        f"{result['load_offered_share']:.0%} of the drain's, target "
+        f"{result['load_offered_share']:.0%} of the capacity, target "
         f"{result['load_target_events_per_s']:,}"
         f"{'; GENERATOR SHORT of the pace' if result['generator_short'] else ''}; generator "
         f"{result['generator_cpu_share']:.0%} of a core; cores: "
