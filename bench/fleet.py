@@ -402,7 +402,8 @@ def main() -> int:
         held = sum(  # a run whose generator fell short was under a lighter load than asked
             p is not None
             and p < P99_GOAL_MS
-            and r["spikes_judged"] == r["spikes_sent"]
+            # every spike of the load judged (those after the SIGKILL are the recovery's)
+            and r["latency_under_load_spikes"] == r["spikes_sent_under_load"]
             and not r["generator_short"]
             for p, r in zip(p99s, results, strict=True)
         )
@@ -594,6 +595,7 @@ class Fleet:
             "latency_under_load_p50_ms": pct(loaded, 0.5),
             "latency_under_load_p99_ms": pct(loaded, 0.99),
             "latency_under_load_spikes": len(loaded),
+            "spikes_sent_under_load": sum(t < t_kill for t in probe.sent_s.values()),
             "spikes_sent": len(probe.sent_s),
             "spikes_judged": sum(k in watch.seen_s for k in probe.sent_s),
             "latency_after_kill_p99_ms": pct(after_kill, 0.99),

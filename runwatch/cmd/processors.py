@@ -94,7 +94,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="longest a folded round waits for its states to be written and its "
         "offsets committed; longer writes each run's state once for more rounds, and leaves "
-        "more for a crash to fold again (default: 0.2)",
+        "more for a crash to fold again (default: 1)",
     )
     _add_store_args(parser)
 
