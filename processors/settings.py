@@ -34,18 +34,19 @@ Under a paced load a round is a few hundred records, every few tens of milliseco
 touches most runs: writing every touched run's state after every round wrote more bytes to
 the changelogs than the input carried (a 7 KB step state for one step's change) and took
 more of the worker's CPU than any part of the fold but the reducers. Written at most this
-often, each run's state goes out once for all the steps it took in between; a backlog's
-rounds take longer than that, so each of them is still flushed when it ends. Verdicts do
-not wait for it: they go out as each chunk is folded. What it costs is a crash's redo: at
+often, each run's state goes out once for all the steps it took in between (a backlog's
+rounds, 0.1-0.4 s each on a 2-core box, are flushed at the same pace). Verdicts do not
+wait for it: they go out as each chunk is folded. What it costs is a crash's redo: at
 most this much more of the log is folded again (with the same verdict ids) by the worker
 that takes over.
 
 Why 1 s and not 0.2 s: a fleet of a thousand runs stepping a few times a second wrote
-every run's two states about once a step at 0.2 s. `bench/fleet.py` at 1,000 runs and 40 %
-of its drain, the workers took 1.02-1.05 cores for 127k events/s at 0.2 s (8.0-8.3 µs CPU
-per event, 3x the drain's) and 0.69 of a core for 140k at 1 s (4.9 µs), p99 213-351 ms
-against 103 ms (docs/processors.md, "A capacity under load"). Kafka Streams commits every
-30 s by default; one second of redo is what a crash costs here.
+every run's two states about once a step at 0.2 s. In `bench/fleet.py` at 1,000 runs and
+40 % of its drain, the workers took 1.02-1.05 cores for 127k events/s at 0.2 s (8.0-8.3 µs
+CPU per event, 3x the drain's) and 0.69 of a core for 140k at 1 s (4.9 µs), p99 213-351 ms
+against 103 ms. One worker of 100 runs writes the same states per flush either way; its
+tail in seven alternated pairs was not told apart from the box's noise (docs/processors.md,
+"a state flush every second"). Kafka Streams commits every 30 s by default.
 """
 
 
