@@ -458,7 +458,7 @@ def parse_args() -> argparse.Namespace:
         "--state-flush-interval",
         type=float,
         default=None,
-        help="the worker's --state-flush-interval (default: the worker's, 0.2 s)",
+        help="the worker's --state-flush-interval (default: the worker's, 1 s)",
     )
     parser.add_argument("--stats-s", type=float, default=1.0, help="RoundStats interval")
     parser.add_argument("--keep-log", type=Path, default=None, help="copy the worker log here")
