@@ -94,6 +94,22 @@ def settled_lag(
     return {tp: max(0, end - positions[tp]) for tp, end in previous_ends.items() if tp in positions}
 
 
+def join_stalled(pending_since_s: float | None, now_s: float, limit_s: float) -> bool:
+    """Whether a rebalance has gone on too long to be waiting for the group.
+
+    Args:
+        pending_since_s: When the consumer subscribed or was told its partitions are
+            revoked, with no assignment since (None: the last join ended).
+        now_s: The loop's clock.
+        limit_s: Longest a join may take: past it, the consumer is taken to have
+            dropped the join's assignment (`SinkLoop._run_one_consumer`).
+
+    Returns:
+        True when a join began at least ``limit_s`` ago and has not ended.
+    """
+    return pending_since_s is not None and now_s - pending_since_s >= limit_s
+
+
 class SinkLoop:
     """Runs one sink over a kafka-python consumer until `stop` is set.
 
@@ -121,6 +137,8 @@ class SinkLoop:
             counted, logged once per reason, and passed.
         connected: The consumer was created (the broker answered); False with an
             ``error`` means Kafka could not be reached.
+        joins: Assignments received (rebalances joined), across fresh consumers: a
+            start on existing topics takes one.
     """
 
     def __init__(
@@ -157,27 +175,35 @@ class SinkLoop:
         self.error: BaseException | None = None
         self.bad = BadRecords(f"sink {sink.name}", logger)
         self.ready = threading.Event()
+        self.joins = 0
         self._committed: dict[TopicPartitionKey, int] = {}
         self._read_upto: dict[TopicPartitionKey, int] = {}
         self._previous_ends: dict[TopicPartitionKey, int] = {}
         self._waiting_since: float | None = None
+        self._join_pending_since: float | None = None
         self.fresh_consumer_after_s = 3 * session_timeout_s
 
     def run(self) -> None:
         """Consume until stopped; an exception is kept in `error` and stops the loop."""
         while self._run_one_consumer():
             self.notify(
-                f"{self.sink.name}: no partitions after {self.fresh_consumer_after_s:g} s; "
-                "starting a fresh consumer (its first metadata has the topics)"
+                f"{self.sink.name}: no assignment {self.fresh_consumer_after_s:g} s after "
+                f"group {self.group_id}'s rebalance began; starting a fresh consumer"
             )
 
     def _run_one_consumer(self) -> bool:
         """One consumer's life; True when it gave up waiting and a fresh one should start.
 
-        kafka-python sometimes keeps the empty assignment of a group that formed before
-        the brokers' metadata had its (just created) topics, however often it is told to
-        refresh, until the metadata ages out (5 minutes): a first deployment's sink then
-        read nothing for that long. A consumer that has had no partition for
+        kafka-python 3.0.12 can drop a rebalance's assignment: when a poll's timeout ends
+        while a rejoin is in flight, and the leader's assignment then makes
+        `need_rejoin()` false, `join_group_async` leaves its loop without applying the
+        finished join. The member stays in the group, heartbeating, with no partitions
+        (or with the revoked ones, no longer fetched) and no further rebalance comes. A
+        rejoin caused by metadata (a topic created or grown after the sink started: a
+        first deployment) is one such; a start is another unless the topics' metadata
+        comes first, which `_run_one_consumer` sees to. The rebalance listener tells a
+        join that ended (partitions assigned, even none) from one that was dropped: a
+        consumer whose revocation (or subscription) has had no assignment after
         `fresh_consumer_after_s` (three session timeouts: a dead member's partitions are
         free after one) is closed, which leaves the group, and a new one joins.
         """
@@ -205,7 +231,15 @@ class SinkLoop:
         fresh = False
         try:
             consumer.subscribe(self.topics, listener=_listener(self, consumer))
-            self._waiting_since = self.clock()
+            # The topics' metadata before the first poll joins the group. A join made
+            # without it assigns nothing, and the metadata's arrival then rejoins; when a
+            # poll's timeout ends while that rejoin is in flight, kafka-python 3.0.12
+            # drops its assignment (`join_group_async` leaves its loop once the leader's
+            # assignment makes `need_rejoin()` false, before applying the finished join),
+            # and the member stays stable with no partitions until a fresh consumer
+            # (`fresh_consumer_after_s`). With the metadata first, one join assigns all.
+            consumer.topics()
+            self._waiting_since = self._join_pending_since = self.clock()
             fresh = self._loop(consumer)
         except BaseException as exc:
             self.error = exc
@@ -226,7 +260,6 @@ class SinkLoop:
         """Poll until stopped (False) or until a fresh consumer is due (True)."""
         next_lag = 0.0
         next_note = 0.0
-        assigned_once = False
         while not self.stop.is_set():
             batch = consumer.poll(timeout_ms=int(self.poll_timeout_s * 1000))
             records = [
@@ -240,8 +273,9 @@ class SinkLoop:
             if records:
                 self._handle(records, now)
             self.bad.guard("tick", lambda now=now: self.sink.tick(now))  # type: ignore[misc]
+            if join_stalled(self._join_pending_since, now, self.fresh_consumer_after_s):
+                return True
             if consumer.assignment():
-                assigned_once = True
                 if self._waiting_since is not None:
                     self._now_reading(consumer)
                 if now >= next_lag:
@@ -250,8 +284,6 @@ class SinkLoop:
                 self._commit(consumer)
             elif self._waiting_since is not None and now >= next_note:
                 waited = now - self._waiting_since
-                if not assigned_once and waited >= self.fresh_consumer_after_s:
-                    return True
                 if waited >= 2.0:
                     # Fresh metadata from the cluster (topics() always asks the broker): a
                     # first join that saw no partitions (topics just created) rejoins once
@@ -288,6 +320,8 @@ class SinkLoop:
         from kafka import TopicPartition
 
         self._committed = {}
+        self.joins += 1
+        self._join_pending_since = None
         keys = sorted((tp.topic, tp.partition) for tp in assigned)
         if self.start is StartFrom.REPLAY:
             # Partitions read before in this process resume where they were; new ones
@@ -308,13 +342,13 @@ class SinkLoop:
         waited = self.clock() - (self._waiting_since or self.clock())
         self.notify(
             f"{self.sink.name}: assigned {len(assigned)} partition(s) of group "
-            f"{self.group_id} after {waited:.1f} s; reading"
+            f"{self.group_id} after {waited:.1f} s (join {self.joins}); reading"
         )
         self._waiting_since = None
         self.ready.set()
 
     def _revoked(self, consumer: Any, revoked: Sequence[Any]) -> None:
-        self._waiting_since = self.clock()
+        self._waiting_since = self._join_pending_since = self.clock()
         if revoked:
             self.sink.flush()
             self._commit(consumer)

@@ -9,7 +9,8 @@ import time
 import urllib.request
 
 import pytest
-from kafka import KafkaProducer
+from kafka import KafkaAdminClient, KafkaProducer
+from kafka.admin import NewPartitions
 
 from runwatch.schemas.codec import encode, encode_key
 from runwatch.schemas.topics import names
@@ -48,6 +49,7 @@ class Running:
 
     def __init__(self, sink, bootstrap, topics, group, **kwargs):
         kwargs.setdefault("notify", print)
+        kwargs.setdefault("poll_timeout_s", 0.1)
         self.stop = threading.Event()
         self.loop = SinkLoop(
             sink,
@@ -55,7 +57,6 @@ class Running:
             topics=topics,
             group_id=group,
             stop=self.stop,
-            poll_timeout_s=0.1,
             lag_interval_s=0.2,
             **kwargs,
         )
@@ -121,8 +122,11 @@ def test_alerts_are_delivered_once_across_a_restart(
         settings = AlertSettings(webhooks=(server.url,), group_wait_s=0.3, retry=FAST)
         out = io.StringIO()
         sink = AlertSink(settings, t, DeliveryLog(tmp_path / "state.jsonl"), out=out)
-        with Running(sink, kafka_bootstrap, sink.topics, group):
+        with Running(sink, kafka_bootstrap, sink.topics, group) as run:
             bodies = server.wait_for(lambda b: sum(len(x["alerts"]) for x in b) >= 4)
+        # one join: the topics' metadata came before it (a join without it assigns
+        # nothing, and kafka-python can drop the rejoin's assignment: sinks/consumer.py)
+        assert run.loop.joins == 1
         sink.log.close()
         ids = sorted(a["id"] for b in bodies for a in b["alerts"])
         assert ids == sorted(
@@ -144,12 +148,61 @@ def test_alerts_are_delivered_once_across_a_restart(
         # log, not the offsets, is what prevents it
         third = AlertSink(settings, t, DeliveryLog(tmp_path / "state.jsonl"), out=io.StringIO())
         with Running(third, kafka_bootstrap, third.topics, f"{group}-fresh") as run:
+            run.wait_ready()
+            assert run.loop.joins == 1
             deadline = time.monotonic() + 30
             while third.stats.duplicates < 6 and time.monotonic() < deadline:
                 run.loop.ready.wait(0.1)
                 time.sleep(0.05)
         assert third.stats.duplicates == 6 and third.stats.alerts == 0
         assert len(server.bodies) == len(bodies)
+
+
+def test_a_sink_reads_the_partitions_added_to_its_topic(
+    kafka_bootstrap, topic_prefix, make_topics, tmp_path
+):
+    """A partition added under a running sink rejoins its group; no partition is left unread.
+
+    The metadata's change rejoins the group. Polls of 5 ms end while that rejoin is in
+    flight, where kafka-python 3.0.12 can drop the join's assignment and leave the old
+    partitions revoked and unfetched (`SinkLoop._run_one_consumer`): the sink must then
+    start a fresh consumer and read the old partition and the new one.
+    """
+    make_topics(topic_prefix, partitions=1)
+    t = names(topic_prefix)
+    notes: list[str] = []
+    with Recorder() as server:
+        settings = AlertSettings(webhooks=(server.url,), group_wait_s=0.1, retry=FAST)
+        sink = AlertSink(settings, t, DeliveryLog(tmp_path / "state.jsonl"), out=io.StringIO())
+        with Running(
+            sink, kafka_bootstrap, sink.topics, f"{topic_prefix}-alerts",
+            poll_timeout_s=0.005, session_timeout_s=6, notify=notes.append,
+            client_config={"metadata_max_age_ms": 500},
+        ) as run:  # fmt: skip
+            run.wait_ready()
+            assert run.loop.joins == 1
+            publish(kafka_bootstrap, [(t.anomalies, anomaly(run="ra", step=1))])
+            server.wait_for(lambda b: len(b) >= 1)
+            admin = KafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+            admin.create_partitions({t.anomalies: NewPartitions(total_count=2)})
+            admin.close()
+            # the new partition's join, or a fresh consumer's, with its positions resolved
+            deadline = time.monotonic() + 60
+            while not any("(join 2); reading" in note for note in notes):
+                assert time.monotonic() < deadline, notes
+                assert run.loop.error is None, run.loop.error
+                time.sleep(0.05)  # polling the notes the loop's thread appends; they decide
+            producer = KafkaProducer(bootstrap_servers=kafka_bootstrap)
+            for partition, step_n in ((0, 2), (1, 3)):
+                event = anomaly(run="ra", step=step_n)
+                producer.send(
+                    t.anomalies, encode(event), encode_key(event.run_id), partition=partition
+                )
+            producer.flush(30)
+            producer.close()
+            bodies = server.wait_for(lambda b: sum(len(x["alerts"]) for x in b) >= 3, timeout_s=60)
+    ids = sorted(a["id"] for b in bodies for a in b["alerts"])
+    assert ids == ["v-ra-loss_spike-1", "v-ra-loss_spike-2", "v-ra-loss_spike-3"], notes
 
 
 def test_metrics_are_scraped_over_http(kafka_bootstrap, topic_prefix, make_topics):
