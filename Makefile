@@ -5,19 +5,28 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: help compiled test test-deploy images demo lint typecheck bench kafka-jars tools venv clean
+.PHONY: help lock compiled test test-deploy images demo lint typecheck bench kafka-jars tools venv clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/'
 
-$(STAMP): pyproject.toml
+EXTRAS := torch,sinks,dev,hf,lightning,rocksdb,ft
+
+$(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[torch,sinks,dev,hf,lightning,rocksdb,ft]'
+	$(PY) -m pip install -q -c constraints.txt -e '.[$(EXTRAS)]'
 	$(PY) native_build.py >/dev/null || echo 'make venv: the mypyc build failed, the core runs its pure source (make compiled says why)'
 	touch $(STAMP)
 
-venv: $(STAMP)  ## create .venv and install runwatch with every extra (and `make compiled`)
+venv: $(STAMP)  ## create .venv and install runwatch with every extra at constraints.txt's versions (and `make compiled`)
+
+lock:  ## re-resolve every extra at its newest versions in a scratch venv and write constraints.txt (then run make test)
+	rm -rf .lock-venv && $(PYTHON) -m venv .lock-venv
+	.lock-venv/bin/python -m pip install -q --upgrade pip
+	.lock-venv/bin/python -m pip install -q -e '.[$(EXTRAS),peers]'
+	{ sed -n '/^#/p' constraints.txt; .lock-venv/bin/python -m pip freeze --exclude-editable; } > constraints.txt.new
+	mv constraints.txt.new constraints.txt && rm -rf .lock-venv
 
 compiled: $(STAMP)  ## compile the core's hot kernels with mypyc, in place (RUNWATCH_PURE_PYTHON=1 runs the pure source)
 	$(PY) native_build.py
