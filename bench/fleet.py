@@ -22,7 +22,7 @@ Four phases against one broker of its own and two `runwatch processors` workers:
    stops growing). The generator offers the drain's rate, then 0.85 of the last, up to
    five rates, each for ``--capacity-s`` seconds; a rate is kept up with when no round
    of the window's second half began with a record older than a second
-   (`KEPT_UP_AGE_MS`). The drain alone asks nothing of the generator or the produce path,
+   (`bench/capacity.py`). The drain alone asks nothing of the generator or the produce path,
    so on a small box 80 % of its rate can be more than the box carries: at 1,000 runs it
    left the box 1.94-1.98 of 2 busy and the p99 measured an overload (1.1-30 s).
    ``--capacity-s 0`` skips this, and phase 3 loads a share of the drain's rate.
@@ -216,7 +216,7 @@ def _sibling(stem: str) -> Any:
     """``bench/<stem>.py`` as a module, loaded once by path.
 
     ``loadgen``: the generator's producer and batches, the box's CPU; ``processors``: the
-    drain's window by the workers' clocks.
+    drain's window by the workers' clocks; ``capacity``: the capacity search.
     """
     spec = importlib.util.spec_from_file_location(
         f"bench_{stem}", Path(__file__).with_name(f"{stem}.py")
@@ -524,38 +524,9 @@ class Fleet:
                        timeout_s)  # fmt: skip
 
     def capacity_under_load(self, first_step: int, drain_rate: float) -> tuple[dict[str, Any], int]:
-        """Phase 2: the highest of a few offered rates the workers keep up with.
-
-        Offers the drain's rate, then `CAPACITY_STEP` of the last rate, up to
-        `CAPACITY_TRIES` rates, each for ``--capacity-s`` seconds after `CAPACITY_WARM_S`.
-        A rate is kept up with when no round of either worker in the second half of the
-        window began with a record older than `KEPT_UP_AGE_MS` (`window_age_max_ms`); after
-        each, the workers work off what is left before the next. Returns the figures (the
-        capacity None when no rate was kept up with) and the step the next generator
-        starts at.
-        """
-        rate, tries = drain_rate, []
-        for _ in range(CAPACITY_TRIES):
-            gen = self.generator(first_step, rate)
-            gen.go.set()
-            time.sleep(CAPACITY_WARM_S)  # the generator and the rounds reach their pace
-            start_s = time.time()
-            time.sleep(self.args.capacity_s)  # the window of this rate
-            end_s = time.time()
-            report = gen.finish()
-            first_step = int(report["next_step"])
-            self.caught_up(timeout_s=900)  # and the stats lines of the window are written
-            half_s = (start_s + end_s) / 2
-            age_ms = window_age_max_ms(self.logs, half_s, end_s)
-            offered = report["events"] / report["elapsed_s"]
-            kept_up = age_ms is not None and age_ms < KEPT_UP_AGE_MS
-            tries.append({"offered_events_per_s": round(offered), "age_max_ms": age_ms,
-                          "kept_up": kept_up})  # fmt: skip
-            if kept_up:
-                return {"capacity_under_load_events_per_s": round(offered),
-                        "capacity_tries": tries}, first_step  # fmt: skip
-            rate *= CAPACITY_STEP
-        return {"capacity_under_load_events_per_s": None, "capacity_tries": tries}, first_step
+        """Phase 2: `bench/capacity.py`'s search from the drain's rate; the step it reached."""
+        offer = Offer(self, first_step)
+        return _sibling("capacity").search(offer, drain_rate), offer.step
 
     def under_load(self, first_step: int, rate: float) -> dict[str, Any]:
         """Phases 3 and 4: spikes timed under ``rate`` events/s, then a worker SIGKILLed."""
@@ -603,30 +574,34 @@ class Fleet:
         }
 
 
-CAPACITY_TRIES = 5
-"""Offered rates phase 2 tries at most: the drain's, then each `CAPACITY_STEP` of the last."""
-CAPACITY_STEP = 0.85
-CAPACITY_WARM_S = 3.0
-"""Seconds of each offered rate before its window: the generator's start, the rounds' pace."""
-KEPT_UP_AGE_MS = 1000.0
-"""A rate is kept up with when no round in the second half of its window began with a record
-older than this (a worker behind grows it by the window's length: 7.8 s was seen)."""
+class Offer:
+    """Phase 2's offers to the workers: a rate for one window, then what it gave.
 
-
-def window_age_max_ms(logs: list[Path], start_s: float, end_s: float) -> float | None:
-    """The oldest record any round began with, over the workers' stats lines in a window.
-
-    Each `RoundStats` line of a worker (written at ``t``, epoch seconds) holds its rounds'
-    ``age_ms``: how old the round's oldest record was when the round began. None when no
-    line of the window has one.
+    Attributes:
+        step: The fleet step the next offer's generator starts at.
     """
-    ages = [
-        float(line["age_ms"]["max"])
-        for log in logs
-        for line in _sibling("processors").stats_lines(log)
-        if "age_ms" in line and start_s <= float(line["t"]) <= end_s
-    ]
-    return max(ages) if ages else None
+
+    def __init__(self, run: Fleet, first_step: int) -> None:
+        self.run = run
+        self.step = first_step
+
+    def __call__(self, rate: float) -> Any:
+        """Offers ``rate`` events/s for `capacity.WARM_S` + ``--capacity-s``; a `capacity.Offered`.
+
+        After the window the workers work off what is left, so the next offer starts level.
+        """
+        capacity = _sibling("capacity")
+        gen = self.run.generator(self.step, rate)
+        gen.go.set()
+        time.sleep(capacity.WARM_S)  # the generator and the rounds reach their pace
+        start_s = time.time()
+        time.sleep(self.run.args.capacity_s)  # the window of this rate
+        end_s = time.time()
+        report = gen.finish()
+        self.step = int(report["next_step"])
+        self.run.caught_up(timeout_s=900)  # and the stats lines of the window are written
+        age_ms = capacity.window_age_max_ms(self.run.logs, (start_s + end_s) / 2, end_s)
+        return capacity.Offered(report["events"] / report["elapsed_s"], age_ms)
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
@@ -642,8 +617,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         if args.capacity_s > 0:
             searched, first_step = run.capacity_under_load(first_step, capacity)
             # none kept up with: the lowest rate tried, so the load is not above it
-            capacity = searched["capacity_under_load_events_per_s"] or min(
-                t["offered_events_per_s"] for t in searched["capacity_tries"]
+            capacity = (
+                searched["capacity_under_load_events_per_s"]
+                or searched["capacity_lowest_tried_events_per_s"]
             )
         loaded = run.under_load(first_step, args.load * capacity)
     result = {

@@ -5,15 +5,22 @@ One run, one broker, one `runwatch processors` worker (batch path), in this orde
 1. **Capacity**: a backlog of ``--runs`` runs x ``--backlog-steps`` steps is produced, then
    the worker starts and drains it. Every step of a run is one `StepCompleted` record and
    one packed record (`EventPack`) with every rank's heartbeat (``--world`` ranks), the mix
-   the load of phase 3 repeats. Capacity = events / (the end of the round that reached the
+   the load of phase 4 repeats. Capacity = events / (the end of the round that reached the
    backlog's end - the first round's start), from the worker's `RoundStats` lines
    (`bench/processors.py`'s ``drain_window``); the drain is over once the group's
    committed offsets reach the backlog's end (durably processed).
-2. **Idle latency**: ``--probes`` probe runs (one rank, steps only) step every
+2. **Capacity under load** (`bench/capacity.py`, as `bench/fleet.py` does): the highest
+   offered rate the worker keeps up with while the generator and the broker's produce
+   path share the box with it: the drain's rate, then 0.85 of the last, up to five, each
+   for ``--capacity-s`` seconds (kept up with: no round of the window's second half began
+   with a record over a second old). ``--capacity-s 0`` skips it: the load is then a share
+   of the drain's rate, as the issue first measured it.
+3. **Idle latency**: ``--probes`` probe runs (one rank, steps only) step every
    ``--probe-period-s``, a loss spike every 20th step from step 40, for ``--idle-s``.
-3. **Loaded latency**: the probes go on while a load generator (its own process, packed
+4. **Loaded latency**: the probes go on while a load generator (its own process, packed
    records, so a Python producer offers tens of thousands of events/s for a fraction of a
-   core) steps the backlog's runs on at ``--load`` x the capacity for ``--load-s``. The
+   core) steps the backlog's runs on at ``--load`` x the capacity under load (of the drain's
+   with ``--capacity-s 0``) for ``--load-s``. The
    generator reports what it offered; if it fell short of the pace (more than 3 %) the
    output says ``GENERATOR SHORT`` instead of passing a lighter load off as the target.
    Whether the worker kept up is printed too (its committed offsets against the log's end
@@ -201,14 +208,12 @@ async def _load(bootstrap: str, prefix: str, runs: list[str], world: int, first_
     pace = _sibling("loadgen").Pace(batches, rate)
     end = pace.t0 + duration_s
     try:
-        while time.monotonic() < end:
-            for run in runs:
+        while time.monotonic() < end:  # whole steps of every run: a later load goes on from
+            for run in runs:  # `next_step` with no run missing one
                 records = [(topics.of(role), v) for role, v in templates[run].records(step, rng)]
                 await pace.add(records, keys[run], 1 + world)
-                if time.monotonic() >= end:
-                    break
             step += 1
-        return {**await pace.finish(), "last_step": step}
+        return {**await pace.finish(), "next_step": step}
     finally:
         await out.stop()
 
@@ -373,6 +378,69 @@ def capacity(bootstrap: str, group: str, inputs: list[str], events: int,
     }
 
 
+class Offer:
+    """Phase 2's offers to one worker: a rate for one window, then what it gave.
+
+    Each offer is a generator process of its own (`load_process`) for
+    `capacity.WARM_S` + ``--capacity-s``, from the step the last one reached; the worker
+    then works off what is left before the next (`bench/capacity.py`'s ``search``).
+
+    Attributes:
+        step: The step the next offer's generator starts at.
+    """
+
+    def __init__(self, bootstrap: str, prefix: str, group: str, inputs: list[str],
+                 runs: list[str], args: argparse.Namespace, log: Path,
+                 first_step: int) -> None:  # fmt: skip
+        self.bootstrap, self.prefix, self.group, self.inputs = bootstrap, prefix, group, inputs
+        self.runs, self.args, self.log = runs, args, log
+        self.step = first_step
+
+    def __call__(self, rate: float) -> Any:
+        """Offers ``rate`` events/s for one window; a `capacity.Offered`."""
+        capacity = _sibling("capacity")
+        ctx = mp.get_context("spawn")
+        reports, sender = ctx.Pipe(duplex=False)
+        ready, go = ctx.Event(), ctx.Event()
+        duration_s = capacity.WARM_S + self.args.capacity_s
+        gen = ctx.Process(target=load_process, args=(self.bootstrap, self.prefix, self.runs,
+                          self.args.world, self.step, rate, duration_s, ready, go, sender,
+                          self.args.generator_nice))  # fmt: skip
+        gen.start()
+        try:
+            if not ready.wait(60):
+                raise SystemExit("the load generator did not start")
+            go.set()
+            start_s = time.time() + capacity.WARM_S
+            report = reports.recv() if reports.poll(duration_s + 60) else None
+            end_s = time.time()
+        finally:
+            gen.join(10)
+            gen.kill()
+        if report is None:
+            raise SystemExit("the load generator sent no report")
+        self.step = int(report["next_step"])
+        self._worked_off(end_s)
+        age_ms = capacity.window_age_max_ms([self.log], (start_s + end_s) / 2, end_s)
+        return capacity.Offered(float(report["offered_events_per_s"]), age_ms)
+
+    def _worked_off(self, end_s: float) -> None:
+        """Returns once the worker committed everything offered and logged past ``end_s``."""
+        target = end_offsets(self.bootstrap, self.inputs)
+        deadline = time.monotonic() + 900
+        while behind(self.bootstrap, self.group, target) or not any(
+            float(line["t"]) > end_s for line in stats_lines(self.log)
+        ):
+            if time.monotonic() > deadline:
+                raise SystemExit("the worker did not work off an offered rate in 900 s")
+            time.sleep(0.25)  # the polling interval of a measurement
+
+
+def capacity_under_load(offer: Offer, drain_rate: float) -> tuple[dict[str, Any], int]:
+    """Phase 2: `bench/capacity.py`'s search from the drain's rate; the step it reached."""
+    return _sibling("capacity").search(offer, drain_rate), offer.step
+
+
 def figures(sent_ms: dict[tuple[str, int], int], seen: dict[tuple[str, int], tuple[float, int]],
             window: tuple[float, float]) -> dict[str, Any]:  # fmt: skip
     lo, hi = window
@@ -429,7 +497,19 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--world", type=int, default=32, help="ranks per load run (packed)")
     parser.add_argument("--backlog-steps", type=int, default=200)
     parser.add_argument("--partitions", type=int, default=4)
-    parser.add_argument("--load", type=float, default=0.8, help="share of the measured capacity")
+    parser.add_argument(
+        "--load",
+        type=float,
+        default=0.8,
+        help="share of the capacity under load (of the drain's with --capacity-s 0)",
+    )
+    parser.add_argument(
+        "--capacity-s",
+        type=float,
+        default=8.0,
+        help="seconds of each rate the capacity search offers (bench/capacity.py); 0: the "
+        "load is a share of the drain's rate",
+    )
     parser.add_argument("--load-s", type=float, default=40.0)
     parser.add_argument("--idle-s", type=float, default=12.0)
     parser.add_argument(
@@ -491,7 +571,7 @@ def _sibling(stem: str) -> Any:
     """``bench/<stem>.py`` as a module, loaded once by path.
 
     ``loadgen``: the generator's producer and batches, the box's CPU; ``processors``: its
-    stats lines, CPU window and py-spy.
+    stats lines, CPU window and py-spy; ``capacity``: the capacity search.
     """
     spec = importlib.util.spec_from_file_location(
         f"bench_{stem}", Path(__file__).with_name(f"{stem}.py")
@@ -538,7 +618,16 @@ def measure(args: argparse.Namespace, cores: Any, bootstrap: str,
             drain_spy.send_signal(signal.SIGINT)  # py-spy writes its file when interrupted
             drain_spy.wait(30)
 
-        # 2. Idle, then 3. loaded, with the probes and the watcher throughout. The watcher
+        # 2. Capacity under load (`bench/capacity.py`): what the load's share is of.
+        first_step, searched = args.backlog_steps + 1, {}
+        basis = cap["capacity_events_per_s"]
+        if args.capacity_s > 0:
+            offer = Offer(bootstrap, prefix, group, inputs, runs, args, log, first_step)
+            searched, first_step = capacity_under_load(offer, basis)
+            found = searched["capacity_under_load_events_per_s"]
+            basis = found or searched["capacity_lowest_tried_events_per_s"]
+
+        # 3. Idle, then 4. loaded, with the probes and the watcher throughout. The watcher
         # and the generator start first, together, and the idle window opens once both are
         # ready, so no interpreter's start-up (a second of imports) falls in it. (The idle
         # reads' tail of 66-182 ms, against CreateTimes of 4-13 ms, came with or without.)
@@ -549,10 +638,10 @@ def measure(args: argparse.Namespace, cores: Any, bootstrap: str,
         )
         watcher.start()
         stack.callback(watcher.kill)
-        rate = args.load * cap["capacity_events_per_s"]
+        rate = args.load * basis
         load_rx, load_tx = ctx.Pipe(duplex=False)
         gen_ready, go = ctx.Event(), ctx.Event()
-        gen_args = (bootstrap, prefix, runs, args.world, args.backlog_steps + 1, rate,
+        gen_args = (bootstrap, prefix, runs, args.world, first_step, rate,
                     args.load_s, gen_ready, go, load_tx, args.generator_nice)  # fmt: skip
         gen = ctx.Process(target=load_process, args=gen_args)
         gen.start()
@@ -634,6 +723,8 @@ def measure(args: argparse.Namespace, cores: Any, bootstrap: str,
         "batch_max": args.batch_max,
         "backlog_events": backlog_events,
         **{k: round(v, 2) for k, v in cap.items()},
+        **searched,
+        "load_basis_events_per_s": round(basis),
         "load": args.load,
         "generator_nice": args.generator_nice,
         "worker_cpus": sorted(cores.worker),
@@ -641,7 +732,8 @@ def measure(args: argparse.Namespace, cores: Any, bootstrap: str,
         "load_target_events_per_s": round(rate),
         "load_offered_events_per_s": round(offered),
         "probe_events_per_s": round(probe_events_per_s),
-        "load_offered_share": round(
+        "load_offered_share": round((offered + probe_events_per_s) / basis, 3),
+        "load_offered_share_of_drain": round(
             (offered + probe_events_per_s) / cap["capacity_events_per_s"], 3
         ),
         "generator_short": offered < (1 - SHORT_TOLERANCE) * rate,
@@ -725,11 +817,24 @@ def print_run(result: dict[str, Any], args: argparse.Namespace) -> None:
         f"({r['backlog_events']:,} events, {r['capacity_records_per_s']:,.0f} records/s, drained "
         f"in {r['drain_s']:.1f} s, {r['drain_cpu_us_per_event']:.1f} us CPU per event)"
     )
+    if "capacity_tries" in r:
+        tries = "; ".join(
+            f"{t['offered_events_per_s']:,} events/s: oldest record {t['age_max_ms']} ms"
+            f"{' (kept up)' if t['kept_up'] else ''}"
+            for t in r["capacity_tries"]
+        )
+        found = r["capacity_under_load_events_per_s"] is not None
+        print(
+            f"capacity under load: {tries} -> {r['load_basis_events_per_s']:,} events/s"
+            f"{'' if found else ' (none kept up with: the lowest rate tried, an upper bound)'}"
+        )
     load0, load1 = r["loadavg_1m"]
+    basis = "capacity under load" if "capacity_tries" in r else "the drain's capacity"
     print(
-        f"load: target {r['load_target_events_per_s']:,.0f} events/s ({r['load']:.0%}), offered "
-        f"{r['load_offered_events_per_s']:,.0f} (+{r['probe_events_per_s']:,.0f} probe steps/s) "
-        f"= {r['load_offered_share']:.0%} of capacity"
+        f"load: target {r['load_target_events_per_s']:,.0f} events/s ({r['load']:.0%} of "
+        f"{basis}), offered {r['load_offered_events_per_s']:,.0f} "
+        f"(+{r['probe_events_per_s']:,.0f} probe steps/s) = {r['load_offered_share']:.0%} of "
+        f"it, {r['load_offered_share_of_drain']:.0%} of the drain's"
         f"{'  GENERATOR SHORT of the pace' if r['generator_short'] else ''}; generator "
         f"{r['generator_cpu_share']:.0%} of a core, worker {r['worker_cpu_share']:.0%}, "
         f"load average {load0:.1f} -> {load1:.1f}; worker behind by "
@@ -803,6 +908,8 @@ def summary(results: list[dict[str, Any]]) -> dict[str, Any]:
         "loaded_read_p50_ms": [r["loaded_read_p50_ms"] for r in results],
         "worker_lag_records_at_end": [r["worker_lag_records_at_end"] for r in results],
         "capacity_events_per_s": spread("capacity_events_per_s"),
+        "load_basis_events_per_s": [r["load_basis_events_per_s"] for r in results],
+        "load_offered_share_of_drain": [r["load_offered_share_of_drain"] for r in results],
         "drain_cpu_us_per_event": spread("drain_cpu_us_per_event"),
         "paced_cpu_us_per_event": spread("paced_cpu_us_per_event"),
         "paced_over_drain_cpu": [r["paced_over_drain_cpu"] for r in results],
@@ -840,7 +947,9 @@ def main() -> int:
             f"(loaded p99 ms: {', '.join(str(p) for p in total['loaded_read_p99_ms'])}; "
             f"paced / drain CPU per event: "
             f"{', '.join(str(p) for p in total['paced_over_drain_cpu'])}; behind at end: "
-            f"{', '.join(str(n) for n in total['worker_lag_records_at_end'])})"
+            f"{', '.join(str(n) for n in total['worker_lag_records_at_end'])}; the load as a "
+            f"share of the drain's rate: "
+            f"{', '.join(f'{x:.0%}' for x in total['load_offered_share_of_drain'])})"
         )
         print(json.dumps(total))
     return 0
