@@ -78,6 +78,20 @@ def search(offer: Callable[[float], Offered], first_rate: float) -> dict[str, An
     }
 
 
+def describe(searched: dict[str, Any], basis_events_per_s: int) -> str:
+    """A `search`'s result in one line: each try, and the rate the load is a share of."""
+    tries = "; ".join(
+        f"{t['offered_events_per_s']:,} events/s: oldest record {t['age_max_ms']} ms"
+        f"{' (kept up)' if t['kept_up'] else ''}"
+        for t in searched["capacity_tries"]
+    )
+    found = searched["capacity_under_load_events_per_s"] is not None
+    return (
+        f"capacity under load: {tries} -> {basis_events_per_s:,} events/s"
+        f"{'' if found else ' (none kept up with: the lowest rate tried, an upper bound)'}"
+    )
+
+
 def window_age_max_ms(logs: list[Path], start_s: float, end_s: float) -> float | None:
     """The oldest record any round began with, over the workers' stats lines in a window.
 

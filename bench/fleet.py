@@ -647,16 +647,7 @@ def print_result(result: dict[str, Any]) -> None:
         f"changelog bytes per event"
     )
     if "capacity_tries" in result:
-        tries = "; ".join(
-            f"{t['offered_events_per_s']:,} events/s: oldest record "
-            f"{t['age_max_ms']} ms{' (kept up)' if t['kept_up'] else ''}"
-            for t in result["capacity_tries"]
-        )
-        found = result["capacity_under_load_events_per_s"] is not None
-        print(
-            f"capacity under load: {tries} -> capacity {result['capacity_events_per_s']:,}"
-            f"{'' if found else ' (none kept up with: the lowest rate tried, an upper bound)'}"
-        )
+        print(_sibling("capacity").describe(result, result["capacity_events_per_s"]))
     print(
         f"under load ({result['load_events_per_s']:,} events/s offered, "
         f"{result['load_offered_share']:.0%} of the capacity, target "

@@ -818,16 +818,7 @@ def print_run(result: dict[str, Any], args: argparse.Namespace) -> None:
         f"in {r['drain_s']:.1f} s, {r['drain_cpu_us_per_event']:.1f} us CPU per event)"
     )
     if "capacity_tries" in r:
-        tries = "; ".join(
-            f"{t['offered_events_per_s']:,} events/s: oldest record {t['age_max_ms']} ms"
-            f"{' (kept up)' if t['kept_up'] else ''}"
-            for t in r["capacity_tries"]
-        )
-        found = r["capacity_under_load_events_per_s"] is not None
-        print(
-            f"capacity under load: {tries} -> {r['load_basis_events_per_s']:,} events/s"
-            f"{'' if found else ' (none kept up with: the lowest rate tried, an upper bound)'}"
-        )
+        print(_sibling("capacity").describe(r, r["load_basis_events_per_s"]))
     load0, load1 = r["loadavg_1m"]
     basis = "capacity under load" if "capacity_tries" in r else "the drain's capacity"
     print(

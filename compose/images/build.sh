@@ -133,10 +133,11 @@ build_kafka() {
     build_image "$KAFKA" "$work/kafka.tar" Dockerfile
 }
 
-# The dependencies' wheels, made with the host's pip (its index, proxy and certificates):
-# cached in $cache/wheels per requirements list, so only a changed list downloads again.
+# The dependencies' wheels, made with the host's pip (its index, proxy and certificates) at
+# the versions the tests ran (constraints.txt): cached in $cache/wheels per requirements list
+# and constraints, so only a changed list downloads again.
 wheelhouse() { # wheelhouse OUT_DIR
-    local out=$1 req key
+    local out=$1 req key cons=$repo/constraints.txt
     req=$("$python" - "$repo/pyproject.toml" "$extras" <<'PY'
 import sys, tomllib
 project = tomllib.load(open(sys.argv[1], "rb"))["project"]
@@ -145,13 +146,13 @@ deps = project["dependencies"] + [d for e in extras for d in project["optional-d
 print("\n".join(["setuptools>=68", "wheel", *deps]))
 PY
 )
-    key=$(printf '%s\n' "$req" | sha256sum | cut -c1-12)
+    key=$({ printf '%s\n' "$req"; cat "$cons"; } | sha256sum | cut -c1-12)
     if [ ! -f "$cache/wheels/$key/requirements.txt" ]; then
         say "pip wheel the dependencies ($extras) into $cache/wheels/$key"
         rm -rf "$cache/wheels/$key.tmp"
         mkdir -p "$cache/wheels/$key.tmp"
         printf '%s\n' "$req" >"$cache/wheels/$key.tmp/requirements.in"
-        "$python" -m pip wheel -q -w "$cache/wheels/$key.tmp" -r "$cache/wheels/$key.tmp/requirements.in" \
+        "$python" -m pip wheel -q -w "$cache/wheels/$key.tmp" -r "$cache/wheels/$key.tmp/requirements.in" -c "$cons" \
             >"$cache/logs/wheels.log" 2>&1 || {
             tail -n 10 "$cache/logs/wheels.log" >&2
             exit 1

@@ -75,3 +75,14 @@ def test_a_window_without_rounds_is_not_kept_up_with() -> None:
     assert not capacity.Offered(50_000.0, None).kept_up
     assert not capacity.Offered(50_000.0, capacity.KEPT_UP_AGE_MS).kept_up
     assert capacity.Offered(50_000.0, capacity.KEPT_UP_AGE_MS - 1).kept_up
+
+
+def test_the_line_says_when_no_rate_was_kept_up_with() -> None:
+    found = capacity.search(Worker(limit=1_000), 100_000)
+    line = capacity.describe(found, found["capacity_lowest_tried_events_per_s"])
+    assert line.startswith("capacity under load: 99,000 events/s: oldest record 5000.0 ms; ")
+    assert line.endswith(
+        "-> 51,679 events/s (none kept up with: the lowest rate tried, an upper bound)"
+    )
+    kept = capacity.describe(capacity.search(Worker(limit=90_000), 100_000), 84_150)
+    assert kept.endswith("84,150 events/s: oldest record 200.0 ms (kept up) -> 84,150 events/s")
