@@ -231,13 +231,9 @@ class SinkLoop:
         fresh = False
         try:
             consumer.subscribe(self.topics, listener=_listener(self, consumer))
-            # The topics' metadata before the first poll joins the group. A join made
-            # without it assigns nothing, and the metadata's arrival then rejoins; when a
-            # poll's timeout ends while that rejoin is in flight, kafka-python 3.0.12
-            # drops its assignment (`join_group_async` leaves its loop once the leader's
-            # assignment makes `need_rejoin()` false, before applying the finished join),
-            # and the member stays stable with no partitions until a fresh consumer
-            # (`fresh_consumer_after_s`). With the metadata first, one join assigns all.
+            # The topics' metadata before the first poll joins the group: a join made
+            # without it assigns nothing and rejoins when it comes, a rejoin the client
+            # can drop (above). With the metadata first, one join assigns every partition.
             consumer.topics()
             self._waiting_since = self._join_pending_since = self.clock()
             fresh = self._loop(consumer)
