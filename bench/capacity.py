@@ -108,6 +108,22 @@ def window_age_max_ms(logs: list[Path], start_s: float, end_s: float) -> float |
     return max(ages) if ages else None
 
 
+def window_oldest(logs: list[Path], start_s: float, end_s: float) -> tuple[float, str] | None:
+    """The oldest record any round began with in a window, and its ``topic:partition``.
+
+    From the stats lines' ``age_ms`` and ``age_max_at`` (`RoundStats`): where a worker fell
+    behind, or one partition stalled while the rest kept up. None when no line of the
+    window has both.
+    """
+    found = [
+        (float(line["age_ms"]["max"]), str(line["age_max_at"]))
+        for log in logs
+        for line in _processors().stats_lines(log)
+        if "age_max_at" in line and "age_ms" in line and start_s <= float(line["t"]) <= end_s
+    ]
+    return max(found) if found else None
+
+
 @functools.cache
 def _processors() -> Any:
     """``bench/processors.py`` (its stats lines' reader), loaded once by path."""

@@ -537,8 +537,10 @@ class Fleet:
         split = LoadSplit.start(self.bootstrap, self.pids, gen.process.pid)
         gen.go.set()
         probe.start()
+        t_load = time.time()
         time.sleep(self.args.load_s)  # the measured window of sustained load
         cores = split.cores()
+        t_load_end = time.time()
 
         before = end_offsets(self.bootstrap, self.inputs)
         t_kill = time.monotonic()
@@ -556,7 +558,11 @@ class Fleet:
         after_kill = sorted((watch.seen_s[k] - t) * 1000 for k, t in probe.sent_s.items()
                             if k in watch.seen_s and t >= t_kill)  # fmt: skip
         offered = report["events"] / report["elapsed_s"]
+        # the surviving worker's log has the window's lines; the killed one's, up to its kill
+        oldest = _sibling("capacity").window_oldest(self.logs, t_load, t_load_end)
         return {
+            "load_age_max_ms": oldest[0] if oldest else None,
+            "load_age_max_at": oldest[1] if oldest else None,
             "load_events_per_s": round(offered),
             "load_target_events_per_s": round(rate),
             "generator_short": offered < (1 - SHORT_TOLERANCE) * rate,
@@ -658,6 +664,10 @@ def print_result(result: dict[str, Any]) -> None:
         f"spike -> verdict p50 "
         f"{result['latency_under_load_p50_ms']} ms, p99 {result['latency_under_load_p99_ms']} "
         f"ms; SIGKILL of a worker -> caught up in {result['recovery_after_sigkill_s']} s"
+    )
+    print(
+        f"oldest record a round began with under the load: {result['load_age_max_ms']} ms, "
+        f"in {result['load_age_max_at']}"
     )
 
 

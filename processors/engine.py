@@ -681,7 +681,8 @@ class RoundStats:
     count, p50, p99, max and sum over the interval; ``bench/latency.py`` reads them.
     Quantities: ``wait_ms`` (the fetch: `Consumer.getmany` waiting for records across
     faust's consumer thread), ``records`` (records per round), ``age_ms`` (the round's
-    oldest record's age, from its Kafka timestamp, when the fold starts), ``fold_ms``
+    oldest record's age, from its Kafka timestamp, when the fold starts; ``age_max_at``:
+    ``topic:partition`` of the interval's oldest), ``fold_ms``
     (decode + `fold_batch`, all roles, outputs handed to the producer chunk by chunk),
     ``round_ms`` (the whole round); per flush: ``publish_ms`` (waiting for the outputs'
     acknowledgements), ``write_ms`` (table writes handed to the producer), ``flush_ms``
@@ -708,6 +709,7 @@ class RoundStats:
         self.span: tuple[float, float] | None = None  # (first start, last end) of rounds, epoch s
         self.first_cpu: tuple[float, float] = (0.0, 0.0)  # CPU s when the first round began
         self.rounds: list[tuple[float, int, float, float]] = []  # (end, records, CPU s at end)
+        self.oldest: tuple[float, str] | None = None  # the interval's oldest record: (ms, where)
 
     @classmethod
     def from_env(cls) -> RoundStats:
@@ -718,6 +720,13 @@ class RoundStats:
         """Record one sample of ``name``."""
         if self.interval_s:
             self.samples.setdefault(name, []).append(value)
+
+    def note_age(self, age_ms: float, topic: str, partition: int) -> None:
+        """Record a round's oldest record's age, and where the interval's oldest one was."""
+        if self.interval_s:
+            self.note("age_ms", age_ms)
+            if self.oldest is None or age_ms > self.oldest[0]:
+                self.oldest = (age_ms, f"{topic}:{partition}")
 
     @staticmethod
     def cpu_now() -> tuple[float, float]:
@@ -753,6 +762,8 @@ class RoundStats:
             summary["first_start"], summary["last_end"] = self.span
             summary["first_start_cpu_s"] = self.first_cpu
             summary["rounds"] = self.rounds
+        if self.oldest is not None:
+            summary["age_max_at"] = self.oldest[1]
         for name, values in self.samples.items():
             values.sort()
             summary[name] = {
@@ -764,6 +775,7 @@ class RoundStats:
             }
         log.info("batch path stats: %s", json.dumps(summary))
         self.samples, self.since, self.span, self.rounds = {}, now, None, []
+        self.oldest = None
 
 
 class _Cursor:
@@ -1005,8 +1017,9 @@ class BatchIngest:
             cpu0 = stats.cpu_now()
             taken = sum(len(recs) for _, recs in take.values())
             stats.note("records", taken)
-            oldest_ms = min(recs[0].timestamp_ms for _, recs in take.values())
-            stats.note("age_ms", time.time() * 1000 - oldest_ms)
+            oldest_tp = min(take, key=lambda tp: take[tp][1][0].timestamp_ms)
+            oldest_ms = take[oldest_tp][1][0].timestamp_ms
+            stats.note_age(time.time() * 1000 - oldest_ms, oldest_tp.topic, oldest_tp.partition)
         t_sink = time.perf_counter()
         await self.sink({tp: recs for tp, (_, recs) in take.items()})
         if app.consumer_generation_id != generation:

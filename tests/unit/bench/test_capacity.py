@@ -86,3 +86,16 @@ def test_the_line_says_when_no_rate_was_kept_up_with() -> None:
     )
     kept = capacity.describe(capacity.search(Worker(limit=90_000), 100_000), 84_150)
     assert kept.endswith("84,150 events/s: oldest record 200.0 ms (kept up) -> 84,150 events/s")
+
+
+def test_the_oldest_record_of_a_window_says_where_it_was(tmp_path: Path) -> None:
+    def line(t: float, age: float, at: str) -> str:
+        body = {"t": t, "age_ms": {"n": 3, "max": age}, "age_max_at": at}
+        return "2026-12-04 02:19:01,724 INFO x: batch path stats: " + json.dumps(body) + "\n"
+
+    a = tmp_path / "a.log"
+    a.write_text(line(100.5, 80.0, "f.steps:3") + line(101.5, 19_900.0, "f.steps:11"))
+    b = tmp_path / "b.log"
+    b.write_text(line(100.7, 120.0, "f.heartbeats:2") + line(103.0, 5e4, "f.steps:0"))
+    assert capacity.window_oldest([a, b], 100.0, 102.0) == (19_900.0, "f.steps:11")
+    assert capacity.window_oldest([b], 101.0, 102.0) is None

@@ -51,3 +51,23 @@ def test_off_it_keeps_no_round() -> None:
     stats = RoundStats()
     stats.round_span(100.0, 101.5, 20_000, (7.0, 5.0), (8.2, 6.1))
     assert stats.rounds == [] and stats.span is None
+
+
+def test_a_line_says_where_its_oldest_record_was(caplog: pytest.LogCaptureFixture) -> None:
+    stats = RoundStats(interval_s=1e-9)
+    caplog.set_level(logging.INFO, logger="runwatch.processors.engine")
+    stats.note_age(120.0, "p.steps", 3)
+    stats.note_age(900.0, "p.heartbeats", 11)  # one partition stalled while the rest kept up
+    stats.note_age(40.0, "p.steps", 0)
+    stats.maybe_report()
+    stats.note_age(5.0, "p.steps", 1)
+    stats.maybe_report()
+    first, second = _lines(caplog)
+    assert first["age_ms"]["max"] == 900.0 and first["age_max_at"] == "p.heartbeats:11"
+    assert second["age_ms"]["max"] == 5.0 and second["age_max_at"] == "p.steps:1"
+
+
+def test_off_it_keeps_no_age() -> None:
+    stats = RoundStats()
+    stats.note_age(900.0, "p.heartbeats", 11)
+    assert stats.samples == {} and stats.oldest is None
