@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -99,12 +99,7 @@ def window_age_max_ms(logs: list[Path], start_s: float, end_s: float) -> float |
     ``age_ms``: how old the round's oldest record was when the round began. None when no
     line of the window has one.
     """
-    ages = [
-        float(line["age_ms"]["max"])
-        for log in logs
-        for line in _processors().stats_lines(log)
-        if "age_ms" in line and start_s <= float(line["t"]) <= end_s
-    ]
+    ages = [float(line["age_ms"]["max"]) for line in _window(logs, start_s, end_s)]
     return max(ages) if ages else None
 
 
@@ -117,11 +112,18 @@ def window_oldest(logs: list[Path], start_s: float, end_s: float) -> tuple[float
     """
     found = [
         (float(line["age_ms"]["max"]), str(line["age_max_at"]))
-        for log in logs
-        for line in _processors().stats_lines(log)
-        if "age_max_at" in line and "age_ms" in line and start_s <= float(line["t"]) <= end_s
+        for line in _window(logs, start_s, end_s)
+        if "age_max_at" in line
     ]
     return max(found) if found else None
+
+
+def _window(logs: list[Path], start_s: float, end_s: float) -> Iterator[dict[str, Any]]:
+    """The workers' stats lines written in ``[start_s, end_s]`` that have an ``age_ms``."""
+    for log in logs:
+        for line in _processors().stats_lines(log):
+            if "age_ms" in line and start_s <= float(line["t"]) <= end_s:
+                yield line
 
 
 @functools.cache
