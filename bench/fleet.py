@@ -271,7 +271,9 @@ class LoadSplit:
     """Where the box's CPU went in the load's window: the workers, the generator, the broker."""
 
     parts: dict[str, tuple[int, ...]]
-    """Each part's processes by name (``workers``, ``generator``, ``broker`` when found)."""
+    """Each part's processes by name: ``workers``, then each worker alone (``worker0``,
+    ``worker1``: the one holding the 16,384-rank run's partition carries most of the load),
+    ``generator``, and ``broker`` when found."""
     cpu0: dict[str, float]
     t0: float
     box0: tuple[float, float]
@@ -280,7 +282,9 @@ class LoadSplit:
     def start(cls, bootstrap: str, workers: tuple[int, ...], generator: int) -> LoadSplit:
         """Begins the window."""
         broker = _sibling("loadgen").broker_pid(bootstrap)
-        parts = {"workers": workers, "generator": (generator,)}
+        parts = {"workers": workers}
+        parts.update({f"worker{i}": (pid,) for i, pid in enumerate(workers)})
+        parts["generator"] = (generator,)
         if broker:
             parts["broker"] = (broker,)
         cpu0 = {name: sum(map(cpu_s, pids)) for name, pids in parts.items()}
@@ -568,9 +572,11 @@ class Fleet:
         offered = report["events"] / report["elapsed_s"]
         # the surviving worker's log has the window's lines; the killed one's, up to its kill
         oldest = _sibling("capacity").window_oldest(self.logs, t_load, t_load_end)
+        each = [_sibling("capacity").window_oldest([log], t_load, t_load_end) for log in self.logs]
         return {
             "load_age_max_ms": oldest[0] if oldest else None,
             "load_age_max_at": oldest[1] if oldest else None,
+            "load_age_max_by_worker": [list(o) if o else None for o in each],
             "load_events_per_s": round(offered),
             "load_target_events_per_s": round(rate),
             "generator_short": offered < (1 - SHORT_TOLERANCE) * rate,
@@ -679,7 +685,11 @@ def print_result(result: dict[str, Any]) -> None:
     )
     print(
         f"oldest record a round began with under the load: {result['load_age_max_ms']} ms, "
-        f"in {result['load_age_max_at']}"
+        f"in {result['load_age_max_at']}; by worker: "
+        + ", ".join(
+            f"worker{i} {o[0]} ms in {o[1]}" if o else f"worker{i} none"
+            for i, o in enumerate(result["load_age_max_by_worker"])
+        )
     )
 
 
