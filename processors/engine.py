@@ -193,7 +193,7 @@ class Fetched:
         input_bytes: Bytes of the input records it brought (0: none).
         other_records: Whether it brought records of other topics (faust's changelog
             recovery, which reads as fast as it can).
-        partitions: Input partitions the worker holds (each brings at most
+        partitions: Input partitions that brought records to it (each brings at most
             `FETCH_PARTITION_BYTES` to a fetch).
     """
 
@@ -201,6 +201,14 @@ class Fetched:
     input_bytes: int
     other_records: bool = False
     partitions: int = 1
+
+    @classmethod
+    def of_batch(
+        cls, at_s: float, batch: Mapping[Any, Sequence[RawRecord]], other_records: bool
+    ) -> Fetched:
+        """The fetch that brought ``batch`` (input partition -> its records) at ``at_s``."""
+        size = sum(sum(map(len, filter(None, map(_VALUE, recs)))) for recs in batch.values())
+        return cls(at_s, size, other_records, sum(map(bool, batch.values())))
 
 
 def fetch_linger(
@@ -221,12 +229,18 @@ def fetch_linger(
        them, smoothed (`FETCH_RATE_WEIGHT`).
 
     After 4 or 5: ask for ``linger_s`` of the rate, capped at `FETCH_PARTITION_BYTES` per
-    input partition held and at `FETCH_MIN_BYTES_MAX`, or 1 byte when that is under
-    `FETCH_LINGER_FLOOR_BYTES` (a trickle is not made to wait). With the cap at one
-    partition's 1 MiB whatever the partitions, a worker of four partitions at 400k events/s
-    got ~25 ms of records a round instead of 40: 37 rounds a second where 23 do, and
-    (`bench/latency.py --worker-cpus 1`) 1.90-1.94 us of its main thread's CPU per paced
-    event where 1.82-1.87 do.
+    input partition that brought records to this fetch and at `FETCH_MIN_BYTES_MAX`, or 1
+    byte when that is under `FETCH_LINGER_FLOOR_BYTES` (a trickle is not made to wait).
+    The broker counts at most `FETCH_PARTITION_BYTES` of each partition towards
+    ``min_bytes``, so an ask sized from one partition's backlog and capped by every
+    partition held (40 of a fleet's worker) could never be met: each fetch waited its
+    whole `FETCH_MAX_WAIT_MS` while that partition caught up (`bench/fleet.py`: a drain's
+    tail on the 16,384-rank run's partition went from ~4 s to ~1 s, the drain 355k ->
+    430k events/s). A cap of one partition's 1 MiB whatever the partitions was too low the
+    other way: a worker of four busy partitions at 400k events/s got ~25 ms of records a
+    round instead of 40, 37 rounds a second where 23 do, and (`bench/latency.py
+    --worker-cpus 1`) 1.90-1.94 us of its main thread's CPU per paced event where
+    1.82-1.87 do.
     """
     if fetched is None or fetched.other_records or linger_s <= 0:
         return FetchPace(), 1
@@ -342,8 +356,7 @@ class Consumer(driver.Consumer):
 
     def _linger(self, ingest: BatchIngest, batch: Mapping[Any, Sequence[Any]], other: bool) -> None:
         """Set the next fetch's ``min_bytes`` from this one (`fetch_linger`)."""
-        size = sum(sum(map(len, filter(None, map(_VALUE, recs)))) for recs in batch.values())
-        fetched = Fetched(time.monotonic(), size, other, ingest.input_partitions)
+        fetched = Fetched.of_batch(time.monotonic(), batch, other)
         ingest.pace, min_bytes = fetch_linger(ingest.pace, fetched, ingest.linger_s)
         self._set_min_bytes(ingest, min_bytes)
 
@@ -411,7 +424,6 @@ class Consumer(driver.Consumer):
         ingest = self.batch_ingest
         if ingest is not None:
             ingest.forget()
-            ingest.input_partitions = sum(tp.topic in ingest.topics for tp in assigned)
             self._reset_linger(ingest)
         await super().on_partitions_assigned(assigned, generation_id)
 
@@ -848,7 +860,6 @@ class BatchIngest:
         self.linger_s = FETCH_LINGER_S
         self.pace = FetchPace()  # the input's pace, for the fetch linger (`fetch_linger`)
         self.min_bytes = 1  # the fetch min_bytes the consumer asks for now
-        self.input_partitions = 0  # of the topics here, held now (the consumer's assignment)
 
     @property
     def unflushed_since(self) -> float | None:

@@ -18,6 +18,7 @@ from runwatch.processors.engine import (
     FetchPace,
     fetch_linger,
 )
+from runwatch.schemas.records import RawRecord
 
 MB = 1_000_000
 
@@ -83,16 +84,20 @@ def test_rule_5_a_trickle_is_fetched_at_once() -> None:
 @pytest.mark.parametrize(
     ("partitions", "cap"),
     [
-        (0, FETCH_PARTITION_BYTES),  # before the first assignment: as one partition
+        (0, FETCH_PARTITION_BYTES),  # as one partition
         (1, FETCH_PARTITION_BYTES),
         (4, 4 * FETCH_PARTITION_BYTES),
         (64, FETCH_MIN_BYTES_MAX),
     ],
-    ids=["none-yet", "one-partition", "four-partitions", "sixty-four-partitions"],
+    ids=["none-counted", "one-partition", "four-partitions", "sixty-four-partitions"],
 )
 def test_rule_5_a_backlog_asks_for_at_most_what_its_partitions_can_bring(
     partitions: int, cap: int
 ) -> None:
+    # ``partitions``: those that brought records to the fetch. The broker counts at most
+    # `FETCH_PARTITION_BYTES` of each towards min_bytes: a fleet's worker catching up one
+    # hot partition of its 40 asked for more than that partition could bring, and every
+    # fetch waited the broker's whole wait.
     pace = FetchPace(bytes_per_s=500 * MB, last_s=1.0)
     fetched = Fetched(1.1, 50 * MB, partitions=partitions)  # 500 MB/s: 25 MB in 50 ms
     _, min_bytes = fetch_linger(pace, fetched, linger_s=0.05)
@@ -113,3 +118,25 @@ def test_rule_5_two_fetches_at_the_same_instant_do_not_divide_by_zero() -> None:
     pace = FetchPace(bytes_per_s=1 * MB, last_s=2.0)
     pace, min_bytes = fetch_linger(pace, Fetched(2.0, 10_000), linger_s=0.02)
     assert pace.bytes_per_s > 0 and 1 <= min_bytes <= FETCH_MIN_BYTES_MAX
+
+
+def test_a_fetch_counts_the_partitions_that_brought_records_not_those_held() -> None:
+    # One hot partition of a worker's forty brought 1 MiB; the others nothing (aiokafka
+    # leaves them out of the batch or gives them an empty list).
+    hot = [RawRecord("fleet.heartbeats", 11, i, b"big", b"x" * 4096) for i in range(256)]
+    batch = {("fleet.heartbeats", 11): hot, ("fleet.heartbeats", 12): []}
+    fetched = Fetched.of_batch(3.0, batch, other_records=False)
+    assert fetched == Fetched(3.0, 256 * 4096, False, partitions=1)
+    pace = FetchPace(bytes_per_s=500 * MB, last_s=2.99)
+    _, min_bytes = fetch_linger(pace, fetched, linger_s=0.04)
+    assert min_bytes == FETCH_PARTITION_BYTES  # what that one partition can bring
+
+
+def test_a_fetch_sums_the_values_bytes_and_skips_tombstones() -> None:
+    records = [
+        RawRecord("t", 0, 0, b"k", b"abc"),
+        RawRecord("t", 0, 1, b"k", None),
+        RawRecord("t", 1, 0, b"k", b"de"),
+    ]
+    fetched = Fetched.of_batch(1.0, {("t", 0): records[:2], ("t", 1): records[2:]}, True)
+    assert fetched == Fetched(1.0, 5, True, partitions=2)
