@@ -159,8 +159,9 @@ worker's few runs: `bench/latency.py`'s 20 probes make ~2.4 KB in 40 ms) is fetc
 soon as a byte is there, so its latency stays as it was."""
 FETCH_PARTITION_BYTES: Final = 1024 * 1024
 """The most one partition brings to a fetch (faust's ``consumer_max_fetch_size``, 1 MiB, is
-aiokafka's ``max_partition_fetch_bytes``): a linger asks for at most this much per input
-partition the worker holds, which the broker can then always answer in full."""
+aiokafka's ``max_partition_fetch_bytes``, and the most of it the broker counts towards
+``min_bytes``): a linger asks for at most this much per input partition that brought
+records to the last fetch, which those partitions can then answer in full."""
 FETCH_MIN_BYTES_MAX: Final = 16 * 1024 * 1024
 """The most a linger asks for, however many partitions (aiokafka's ``fetch_max_bytes`` is
 50 MB)."""
