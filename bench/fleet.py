@@ -384,6 +384,9 @@ def main() -> int:
         help="seconds of each rate phase 2 offers (0: no phase 2, the load is a share of the "
         "drain's rate)",
     )
+    parser.add_argument("--rate", type=float, default=0.0,
+                        help="offer this many events/s in phase 3, with no phase 2 (two "
+                             "versions compared at one load)")  # fmt: skip
     parser.add_argument("--probes", type=int, default=10, help="fast runs that carry spikes")
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
     parser.add_argument(
@@ -638,7 +641,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         drained = run.drain()
         first_step, capacity = args.steps + 1, float(drained["events_per_s"])
         searched: dict[str, Any] = {}
-        if args.capacity_s > 0:
+        if args.rate:  # one absolute load, to compare two versions at the same rate
+            capacity = args.rate / args.load
+        elif args.capacity_s > 0:
             searched, first_step = run.capacity_under_load(first_step, capacity)
             # none kept up with: the lowest rate tried, so the load is not above it
             capacity = (
@@ -656,6 +661,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "capacity_events_per_s": round(capacity),
         **loaded,
         "load_offered_share": round(loaded["load_events_per_s"] / capacity, 3),
+        "load_rate_fixed": bool(args.rate),  # --rate: "capacity" is only rate / load
     }
     print_result(result)
     return result
