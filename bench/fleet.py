@@ -272,7 +272,7 @@ class LoadSplit:
 
     parts: dict[str, tuple[int, ...]]
     """Each part's processes by name: ``workers``, then each worker alone (``worker0``,
-    ``worker1``: the one holding the 16,384-rank run's partition carries most of the load),
+    ``worker1``: the one holding the 16,384-rank run's partition takes more of the CPU),
     ``generator``, and ``broker`` when found."""
     cpu0: dict[str, float]
     t0: float
