@@ -574,8 +574,8 @@ class Fleet:
                             if k in watch.seen_s and t >= t_kill)  # fmt: skip
         offered = report["events"] / report["elapsed_s"]
         # the surviving worker's log has the window's lines; the killed one's, up to its kill
-        oldest = _sibling("capacity").window_oldest(self.logs, t_load, t_load_end)
         each = [_sibling("capacity").window_oldest([log], t_load, t_load_end) for log in self.logs]
+        oldest = max(filter(None, each), default=None)  # the window's oldest, any worker
         return {
             "load_age_max_ms": oldest[0] if oldest else None,
             "load_age_max_at": oldest[1] if oldest else None,
