@@ -22,6 +22,7 @@ CheckpointCommitted and RunEnded; every rank emits a Heartbeat per step.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import os
@@ -51,7 +52,7 @@ from runwatch.common.checkpoint_layout import (
     set_aside_after,
 )
 from runwatch.common.launch_env import LaunchEnv
-from runwatch.producers.backend import get_training_backend
+from runwatch.producers.backend import DistributedTrainingBackend, get_training_backend
 from runwatch.producers.checkpoint import AsyncCheckpointer, CheckpointResult, load_checkpoint
 from runwatch.producers.torch_helpers import StepTimer, flop_config_from_causal_lm, grad_norm
 
@@ -510,11 +511,23 @@ def report_checkpoints(results: list[CheckpointResult], emitter: Emitter, rank: 
             print(f"checkpoint step {r.step} FAILED on rank {rank}: {r.error}", flush=True)
 
 
+def train(args: argparse.Namespace) -> tuple[DistributedTrainingBackend, str]:
+    """Run a trainer to its end; returns its backend and the RunEnded status.
+
+    The trainer (its DDP model, optimizer and checkpointer, which hold the process groups)
+    is freed when this returns, so that `main`'s shutdown frees the groups and joins their
+    threads while the interpreter is whole, not during its teardown at exit.
+    """
+    trainer = Trainer(args)
+    return trainer.backend, trainer.run()
+
+
 def main(argv: list[str] | None = None) -> int:
-    trainer = Trainer(parse_args(argv))
-    if trainer.run() == "failed":
+    backend, status = train(parse_args(argv))
+    if status == "failed":
         os._exit(1)  # peers may be dead: skip process-group teardown, which can block
-    trainer.backend.shutdown()
+    gc.collect()  # a reference cycle through the model would keep its group alive
+    backend.shutdown()
     return 0
 
 

@@ -9,6 +9,8 @@ and wrap the model, describe the parallel plan, leave. The controller reads the 
 
 from __future__ import annotations
 
+import os
+import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -21,6 +23,9 @@ from runwatch.schemas.events import BackendDeclaration, ParallelPlan
 if TYPE_CHECKING:
     import torch
     from torch import nn
+
+THREADS_OUTLIVE_GROUP = "gloo threads outlive destroy_process_group"
+"""What `TorchDDPBackend.shutdown` writes to stderr when a process group outlives it."""
 
 PLAN_AXES = ("dp_replicate", "dp_shard", "tp", "pp", "cp", "ep", "etp")
 """The mesh axes of `ParallelPlan`, by field name."""
@@ -199,11 +204,51 @@ class TorchDDPBackend:
         return DistributedDataParallel(model)
 
     def shutdown(self) -> None:
-        """Destroy the default process group if it exists."""
+        """Destroy the process groups and say if their threads outlive them.
+
+        ``destroy_process_group`` shuts a group down and forgets it, but a gloo group's
+        worker and socket threads end only when the group object is freed. Whatever still
+        holds it (a DDP wrapper, an optimizer hook) keeps them running until the interpreter
+        tears that object down at exit, in whatever order finalization frees things. So
+        the caller drops its model before calling this, and a warning on stderr names the
+        threads left when it did not (`gloo_threads`).
+        """
         import torch.distributed as dist
 
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        if not dist.is_initialized():
+            return
+        dist.destroy_process_group()
+        left = gloo_threads()
+        if left:
+            print(
+                f"runwatch: {len(left)} {THREADS_OUTLIVE_GROUP} "
+                f"({', '.join(sorted(set(left)))}): something still holds a process group; "
+                "drop the DDP model before shutdown()",
+                file=sys.stderr,
+                flush=True,
+            )
+
+
+def gloo_threads() -> list[str]:
+    """Names of this process's threads that gloo started (Linux; elsewhere empty).
+
+    ``pt_gloo_runloop`` (a group's workers) and ``gloo_tcp_loop`` (its socket loop), read
+    from ``/proc/self/task/*/comm``; a thread that ends while this reads is skipped.
+    """
+    names: list[str] = []
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return names
+    for task in tasks:
+        try:
+            with open(f"/proc/self/task/{task}/comm", encoding="utf-8") as f:
+                name = f.read().strip()
+        except OSError:
+            continue
+        if name.startswith(("pt_gloo", "gloo_")):
+            names.append(name)
+    return names
 
 
 # --------------------------------------------------------------------------- the registry

@@ -181,6 +181,11 @@ def training_state_dict(
     }
 
 
+WRITER_EXIT_S = 10.0
+"""How long `AsyncCheckpointer.close` waits for DCP's writer thread to end after its write
+(it ends at once: DCP shuts its one-thread executor down when the save's future is done)."""
+
+
 class AsyncCheckpointer:
     """Writes checkpoints in the background; at most one write is in flight per gang.
 
@@ -202,6 +207,7 @@ class AsyncCheckpointer:
             cast(dist.ProcessGroup, dist.new_group(backend="gloo")) if self._distributed else None
         )
         self._inflight: threading.Event | None = None  # set when the write is committed
+        self._writer: threading.Thread | None = None  # the thread that ran the last write
         self._results: queue.Queue[CheckpointResult] = queue.Queue()
         self.root.mkdir(parents=True, exist_ok=True)
 
@@ -257,6 +263,7 @@ class AsyncCheckpointer:
         finished = threading.Event()
 
         def on_done(fut: Future[Any]) -> None:
+            self._writer = threading.current_thread()
             try:
                 self._results.put(self._finish(fut, step, tmp, blocked_s, staged, states))
             finally:
@@ -335,8 +342,12 @@ class AsyncCheckpointer:
     def close(self, timeout_s: float | None = None) -> list[CheckpointResult]:
         """Wait for the write in flight and release the process group.
 
+        DCP's writer thread holds the save's arguments, this group among them, until its
+        callbacks (ours included) have run; it is joined here, so that the group is freed
+        and its gloo threads end now, not while the interpreter tears down at exit.
+
         Args:
-            timeout_s: As in `wait`.
+            timeout_s: As in `wait` (then up to `WRITER_EXIT_S` for the writer thread).
 
         Returns:
             As `wait`.
@@ -345,6 +356,9 @@ class AsyncCheckpointer:
         if self.process_group is not None and self._inflight is None:
             dist.destroy_process_group(self.process_group)
             self.process_group = None
+            writer = self._writer
+            if writer is not None and writer is not threading.current_thread():
+                writer.join(WRITER_EXIT_S)
         return results
 
 

@@ -58,6 +58,23 @@ class Gang:
         return {r["step"]: r["ids"] for r in rows}
 
 
+def gang_env(rank: int, nproc: int, port: int, env: dict[str, str] | None = None) -> dict[str, str]:
+    """A rank's environment: ``RUNWATCH_*`` cleared, ``env`` applied, the torchrun variables."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("RUNWATCH_")}
+    return (
+        base
+        | (env or {})
+        | {
+            "RANK": str(rank),
+            "WORLD_SIZE": str(nproc),
+            "LOCAL_RANK": str(rank),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "OMP_NUM_THREADS": "1",
+        }
+    )
+
+
 def start_gang(
     nproc: int,
     args: Sequence[str],
@@ -72,18 +89,9 @@ def start_gang(
     ``--no-emit`` (the default: no Kafka needed).
     """
     port = free_port()
-    base = {k: v for k, v in os.environ.items() if not k.startswith("RUNWATCH_")}
-    base.update(env or {})
     procs = []
     for rank in range(nproc):
-        rank_env = base | {
-            "RANK": str(rank),
-            "WORLD_SIZE": str(nproc),
-            "LOCAL_RANK": str(rank),
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port),
-            "OMP_NUM_THREADS": "1",
-        }
+        rank_env = gang_env(rank, nproc, port, env)
         cmd = [
             sys.executable,
             str(SCRIPT),
@@ -131,6 +139,12 @@ def run_gang(
 ) -> Gang:
     """Start ``nproc`` ranks, wait for all of them, return exit codes and logs."""
     return wait_gang(start_gang(nproc, args, trace, env=env), trace, timeout_s)
+
+
+@pytest.fixture
+def solo_rank_env() -> dict[str, str]:
+    """The environment of a 1-rank gang on a free port (for a script run as its rank)."""
+    return gang_env(0, 1, free_port())
 
 
 @pytest.fixture(scope="module")

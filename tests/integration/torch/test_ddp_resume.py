@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from runwatch.common.checkpoint_layout import latest_complete_checkpoint, list_complete_checkpoints
+from runwatch.producers.backend import THREADS_OUTLIVE_GROUP
 
 pytestmark = pytest.mark.torch
 
@@ -64,6 +65,8 @@ def test_every_run_exits_cleanly(runs):
     for name in ("ref", "stopped", "resumed", "no_optim"):
         gang = runs[name]
         assert gang.returncodes == [0, 0], f"{name}:\n" + "\n".join(gang.logs)
+        # the groups and their threads are gone before the interpreter's teardown
+        assert not [log for log in gang.logs if THREADS_OUTLIVE_GROUP in log], name
 
 
 def test_stop_commits_a_checkpoint_and_reports_stopped(runs):
