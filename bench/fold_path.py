@@ -29,6 +29,7 @@ import argparse
 import gc
 import importlib.util
 import json
+import random
 import time
 from pathlib import Path
 from typing import Any
@@ -37,15 +38,17 @@ from runwatch.processors.app import FOLD_CHUNK_EVENTS
 from runwatch.processors.core.config import DetectorConfig
 from runwatch.processors.logread import partition_for
 from runwatch.processors.pipeline import fold_chunks
+from runwatch.schemas.codec import encode, encode_key
+from runwatch.schemas.events import RunStarted
 from runwatch.schemas.records import RawRecord, split
 from runwatch.schemas.topics import FOLD_ORDER, TopicRole
 
 PARTITIONS = 4
 
 
-def _bench_processors() -> Any:
+def _sibling(name: str) -> Any:
     spec = importlib.util.spec_from_file_location(
-        "bench_processors", Path(__file__).with_name("processors.py")
+        f"bench_{name}", Path(__file__).with_name(f"{name}.py")
     )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -53,11 +56,36 @@ def _bench_processors() -> Any:
     return module
 
 
+def packed_backlog(runs: int, steps: int, world: int) -> tuple[list[tuple[str, bytes, bytes]], int]:
+    """`bench/latency.py`'s load as a backlog: per run and step, its step record and one pack
+    of ``world`` heartbeats (its `LoadRun`), after each run's RunStarted; and its events."""
+    latency = _sibling("latency")
+    rng = random.Random(0)
+    t0 = time.time_ns()
+    out: list[tuple[str, bytes, bytes]] = []
+    templates = {f"load-{r:04d}": latency.LoadRun(f"load-{r:04d}", world) for r in range(runs)}
+    for run in templates:
+        started = encode(RunStarted(run_id=run, ts_ns=t0, world_size=world))
+        out += [("steps", encode_key(run), started), ("heartbeats", encode_key(run), started)]
+    for step in range(1, steps + 1):
+        for run, template in templates.items():
+            for role, value in template.records(step, rng):
+                out.append((role, encode_key(run), value))
+    return out, 2 * runs + steps * runs * (1 + world)
+
+
 def rounds(
-    runs: int, steps: int, round_records: int
+    runs: int, steps: int, round_records: int, world: int = 0
 ) -> tuple[list[dict[TopicRole, list[RawRecord]]], int]:
-    """The backlog's records in rounds (role -> records in partition order), and its events."""
-    events = _bench_processors().backlog(runs, steps)
+    """The backlog's records in rounds (role -> records in partition order), and its events.
+
+    ``world`` 0: `bench/processors.py`'s loose backlog; otherwise `packed_backlog`.
+    """
+    if world:
+        events, count = packed_backlog(runs, steps, world)
+    else:
+        events = _sibling("processors").backlog(runs, steps)
+        count = len(events)
     queues: dict[tuple[TopicRole, int], list[RawRecord]] = {}
     now_ms = int(time.time() * 1000)
     for role, key, value in events:
@@ -74,7 +102,7 @@ def rounds(
                 if part:
                     taken.setdefault(role, []).extend(part)
         out.append(taken)
-    return out, len(events)
+    return out, count
 
 
 def one_pass(rounds_: list[dict[TopicRole, list[RawRecord]]]) -> tuple[float, float]:
@@ -105,8 +133,11 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--round", type=int, default=20_000, help="records per round")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--world", type=int, default=0,
+                        help="0: the loose backlog; N: bench/latency.py's load of packs of N "
+                        "heartbeats as a backlog (a pack counts its events)")  # fmt: skip
     args = parser.parse_args()
-    taken, events = rounds(args.runs, args.steps, args.round)
+    taken, events = rounds(args.runs, args.steps, args.round, args.world)
     passes = []
     for _ in range(args.repeat):
         split_s, fold_s = one_pass(taken)
@@ -115,7 +146,8 @@ def main() -> int:
         print(f"{events:,} events in {len(taken)} rounds: split {us[0]:.3f} us, fold "
               f"{us[1]:.3f} us, together {sum(us):.3f} us CPU per event", flush=True)  # fmt: skip
     worst = max(passes, key=sum)
-    print(json.dumps({"bench": "fold_path", "events": events, "rounds": len(taken),
+    print(json.dumps({"bench": "fold_path", "world": args.world, "round_records": args.round,
+                      "events": events, "rounds": len(taken),
                       "split_us_per_event": round(worst[0], 3),
                       "fold_us_per_event": round(worst[1], 3),
                       "us_per_event": round(sum(worst), 3)}))  # fmt: skip
