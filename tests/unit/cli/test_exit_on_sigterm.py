@@ -21,7 +21,10 @@ SCRIPT = textwrap.dedent(
     child = ManagedProcess("sleeper", [sys.executable, "-c", "import time; time.sleep(600)"],
                            Path(sys.argv[1]) / "child.log")
     try:
-        Path(sys.argv[1], "child.pid").write_text(str(child.proc.pid))
+        # written whole, then renamed: the test signals as soon as child.pid exists, and a
+        # file seen between its creation and its write held no pid
+        Path(sys.argv[1], "child.pid.tmp").write_text(str(child.proc.pid))
+        Path(sys.argv[1], "child.pid.tmp").rename(Path(sys.argv[1], "child.pid"))
         time.sleep(600)
     finally:
         child.stop(grace_s=10)
