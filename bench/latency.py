@@ -890,6 +890,11 @@ def summary(results: list[dict[str, Any]]) -> dict[str, Any]:
         values = [r[key] for r in results if r[key] is not None]
         return [min(values), max(values)] if values else [None, None]
 
+    # The rounds' oldest record at p50 over the load: over `KEPT_UP_AGE_MS` the worker was
+    # behind for most of it (the load was over what it held then), not slow at the tail.
+    ages = [r["rounds_loaded"].get("age_ms", {}).get("p50") for r in results]
+    behind_ms = _sibling("capacity").KEPT_UP_AGE_MS
+
     return {
         "bench": "latency_repeat",
         "repeat": len(results),
@@ -898,6 +903,8 @@ def summary(results: list[dict[str, Any]]) -> dict[str, Any]:
         "loaded_read_p99_ms": [r["loaded_read_p99_ms"] for r in results],
         "loaded_read_p50_ms": [r["loaded_read_p50_ms"] for r in results],
         "worker_lag_records_at_end": [r["worker_lag_records_at_end"] for r in results],
+        "loaded_round_age_p50_ms": ages,
+        "overloaded": sum(age is not None and age > behind_ms for age in ages),
         "capacity_events_per_s": spread("capacity_events_per_s"),
         "load_basis_events_per_s": [r["load_basis_events_per_s"] for r in results],
         "load_offered_share_of_drain": [r["load_offered_share_of_drain"] for r in results],
@@ -933,13 +940,16 @@ def main() -> int:
             print(json.dumps(result), flush=True)
     if args.repeat > 1:
         total = summary(results)
+        ages = ", ".join("-" if a is None else f"{a:.0f}" for a in total["loaded_round_age_p50_ms"])
         print(
             f"p99 < {P99_GOAL_MS:g} ms in {total['held']} of {total['repeat']} "
             f"(loaded p99 ms: {', '.join(str(p) for p in total['loaded_read_p99_ms'])}; "
             f"paced / drain CPU per event: "
             f"{', '.join(str(p) for p in total['paced_over_drain_cpu'])}; behind at end: "
-            f"{', '.join(str(n) for n in total['worker_lag_records_at_end'])}; the load as a "
-            f"share of the drain's rate: "
+            f"{', '.join(str(n) for n in total['worker_lag_records_at_end'])}; the rounds' "
+            f"oldest record at p50, ms: {ages}"
+            f" ({total['overloaded']} behind for most of the load); the load as a share of the "
+            f"drain's rate: "
             f"{', '.join(f'{x:.0%}' for x in total['load_offered_share_of_drain'])})"
         )
         print(json.dumps(total))
