@@ -239,11 +239,10 @@ def fetch_linger(
     tail on the 16,384-rank run's partition went from ~4 s to ~1 s, the drain from
     312k-388k to 345k-492k events/s in ten runs each; under a steady load, where nearly
     every partition brings records, it changed nothing). A cap of one partition's 1 MiB
-    whatever the partitions was too low the
-    other way: a worker of four busy partitions at 400k events/s got ~25 ms of records a
-    round instead of 40, 37 rounds a second where 23 do, and (`bench/latency.py
-    --worker-cpus 1`) 1.90-1.94 us of its main thread's CPU per paced event where
-    1.82-1.87 do.
+    whatever the partitions was too low the other way: a worker of four busy partitions at
+    400k events/s got ~25 ms of records a round instead of 40, 37 rounds a second where 23
+    do, and (`bench/latency.py --worker-cpus 1`) 1.90-1.94 us of its main thread's CPU per
+    paced event where 1.82-1.87 do.
     """
     if fetched is None or fetched.other_records or linger_s <= 0:
         return FetchPace(), 1

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 from pathlib import Path
+from types import ModuleType
 
 BENCH = Path(__file__).resolve().parents[3] / "bench"
 
@@ -15,3 +17,13 @@ try:
     import spike_census  # noqa: F401
 finally:
     sys.path.remove(str(BENCH))
+
+
+def load_script(stem: str) -> ModuleType:
+    """``bench/<stem>.py`` loaded by path as ``bench_<stem>``, as the benches load each other
+    (not by its own name: ``processors`` is the package's)."""
+    spec = importlib.util.spec_from_file_location(f"bench_{stem}", BENCH / f"{stem}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

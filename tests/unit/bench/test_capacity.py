@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
-from .conftest import BENCH
+from .conftest import load_script
 
-_spec = importlib.util.spec_from_file_location("bench_capacity", BENCH / "capacity.py")
-assert _spec is not None and _spec.loader is not None
-capacity = importlib.util.module_from_spec(_spec)  # loaded by path, as the benches do
-_spec.loader.exec_module(capacity)
+capacity = load_script("capacity")
 
 
 def _log(path: Path, *lines: tuple[float, float | None]) -> Path:

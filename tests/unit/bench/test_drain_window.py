@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
-from .conftest import BENCH
+from .conftest import load_script
 
-_spec = importlib.util.spec_from_file_location("bench_processors", BENCH / "processors.py")
-assert _spec is not None and _spec.loader is not None
-bench_processors = importlib.util.module_from_spec(_spec)  # not `processors`: the package's name
-_spec.loader.exec_module(bench_processors)
+bench_processors = load_script("processors")
 
 
 def _log(tmp_path: Path, *lines: dict[str, object]) -> Path:

@@ -2,20 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 
 from runwatch.schemas.codec import decode
 from runwatch.schemas.events import EventPack
 from runwatch.schemas.topics import TopicRole
 
-from .conftest import BENCH
+from .conftest import load_script
 
-_spec = importlib.util.spec_from_file_location("bench_fold_path", BENCH / "fold_path.py")
-assert _spec is not None and _spec.loader is not None
-fold_path = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(fold_path)
+fold_path = load_script("fold_path")
 
 
 @pytest.mark.parametrize(

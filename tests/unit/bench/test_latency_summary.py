@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 from typing import Any
 
 import pytest
 
-from .conftest import BENCH
+from .conftest import load_script
 
-_spec = importlib.util.spec_from_file_location("bench_latency", BENCH / "latency.py")
-assert _spec is not None and _spec.loader is not None
-latency = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(latency)
+latency = load_script("latency")
 
 
 def _run(p99_ms: float, rounds: dict[str, Any]) -> dict[str, Any]:
