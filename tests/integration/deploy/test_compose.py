@@ -33,9 +33,10 @@ import yaml
 from runwatch import admin
 from runwatch.broker.security import users
 from runwatch.cmd.audit import render
+from runwatch.common.settings import kafka_client_config
 from runwatch.processors.audit import audit, load_run_log
 from runwatch.processors.core.config import DetectorConfig
-from runwatch.processors.fleet import RunView, latest_states
+from runwatch.processors.fleet import RunView, committed_offsets, latest_states
 from runwatch.processors.logread import partition_for
 from runwatch.schemas.topics import DEFAULT_PARTITIONS, names
 
@@ -110,8 +111,17 @@ class Budget:
         """Seconds left of the test's budget (0 when spent)."""
         return max(0.0, self.deadline - time.monotonic())
 
-    def wait(self, what: str, probe: Callable[[], Any], done: Callable[[Any], bool]) -> Any:
-        """Probe until ``done(probe())``; an AssertionError naming ``what`` when out of time."""
+    def wait(
+        self,
+        what: str,
+        probe: Callable[[], Any],
+        done: Callable[[Any], bool],
+        show: Callable[[Any], str] = repr,
+    ) -> Any:
+        """Probe until ``done(probe())``; an AssertionError naming ``what`` when out of time.
+
+        ``show`` renders the last probe's value for that error (its first 4,000 characters).
+        """
         start = time.monotonic()
         while True:
             value = probe()
@@ -121,7 +131,7 @@ class Budget:
             if time.monotonic() > self.deadline:
                 raise AssertionError(
                     f"timed out waiting for {what} after {time.monotonic() - start:.0f} s; "
-                    f"last: {repr(value)[:4000]}"
+                    f"last: {show(value)[:4000]}"
                 )
             time.sleep(1.0)  # polling the stack's state, not synchronising on time
 
@@ -314,15 +324,74 @@ def _runs_on_every_steps_partition() -> list[str]:
     return [found[p] for p in sorted(found)]
 
 
+def _counts(view: RunView | None) -> tuple[int | None, int | None]:
+    """A run's steps observed and heartbeats counted (None: no such state yet)."""
+    steps = view.steps.steps_observed if view and view.steps else None
+    heartbeats = view.liveness.heartbeats if view and view.liveness else None
+    return steps, heartbeats
+
+
 def _applied(views: dict[str, RunView], runs: list[str]) -> bool:
-    return all(
-        r in views
-        and views[r].steps is not None
-        and views[r].steps.steps_observed == STEPS
-        and views[r].liveness is not None
-        and views[r].liveness.heartbeats == 2 * STEPS
-        for r in runs
+    return all(_counts(views.get(r)) == (STEPS, 2 * STEPS) for r in runs)
+
+
+def _short_of_applied(views: dict[str, RunView], runs: list[str]) -> str:
+    """The runs whose counts are not (yet) exact: fewer is a stall, more is a double apply."""
+    off = {r: _counts(views.get(r)) for r in runs if _counts(views.get(r)) != (STEPS, 2 * STEPS)}
+    return (
+        f"{len(off)} of {len(runs)} runs off (steps, heartbeats) = ({STEPS}, {2 * STEPS}): "
+        + ", ".join(f"{r} {c}" for r, c in off.items())
     )
+
+
+def _group_lag(bootstrap: str) -> str:
+    """The processors' group: each input partition whose commit is behind its end offset."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    try:
+        committed = committed_offsets(bootstrap, APP_ID)
+        consumer = KafkaConsumer(bootstrap_servers=bootstrap, **kafka_client_config())
+        try:
+            ends = consumer.end_offsets([TopicPartition(t, p) for t, p in committed])
+        finally:
+            consumer.close()
+    except Exception as exc:  # a diagnostic: say why it is missing, never mask the failure
+        return f"group offsets unreadable: {exc!r}"
+    lag = {tp: end - committed[tp.topic, tp.partition] for tp, end in ends.items()}
+    behind = sorted((tp for tp in lag if lag[tp]), key=lambda tp: (-lag[tp], tp))
+    most = ", ".join(f"{tp.topic}[{tp.partition}] {lag[tp]}" for tp in behind[:12])
+    return f"the group's commits: {len(behind)} of {len(lag)} partitions behind their end" + (
+        f"; the most behind (records): {most}" if behind else ""
+    )
+
+
+def _worker_log(container: str, lines: int = 200) -> str:
+    """A processors container's log (timestamped), its last ``lines`` that say something.
+
+    faust's recovery tables (a row per changelog partition, hundreds per rebalance) and the
+    batch path's stats lines are left out: they would crowd out everything else.
+    """
+    done = subprocess.run(
+        ["docker", "logs", "--timestamps", container],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    kept = [
+        line
+        for line in (done.stdout + done.stderr).splitlines()
+        if not line.partition(" ")[2].startswith(("|", "+")) and "batch path stats" not in line
+    ]
+    return "\n".join(kept[-lines:])
+
+
+def _explain_failure(stack: Stack, containers: list[str]) -> None:
+    """Print what a failed takeover leaves to read: the group's lag and each worker's log."""
+    print(_group_lag(stack.bootstrap))
+    for container in containers:
+        print(f"----- processors container {container[:12]} -----")
+        print(_worker_log(container))
 
 
 def _feed(trainers: dict[str, Trainer], first: int, last: int) -> None:
@@ -380,13 +449,18 @@ def test_a_processor_killed_mid_stream_the_other_takes_over(stack: Stack) -> Non
             "every step and heartbeat of every run applied once",
             lambda: latest_states(stack.bootstrap, APP_ID),
             lambda v: _applied(v, runs),
+            show=lambda v: _short_of_applied(v, runs),
         )
         reader = Reader(stack.bootstrap, names(PREFIX).anomalies)
         events = reader.wait_for(
             lambda ev: {e.run_id for e in ev} >= set(runs), timeout_s=budget.left_s()
         )
         reader.close()
+        print(_group_lag(stack.bootstrap))
         assert not stack.running(victim) and stack.running(survivor)
+    except BaseException:
+        _explain_failure(stack, processors)
+        raise
     finally:
         for t in trainers.values():
             t.close()
