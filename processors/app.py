@@ -18,7 +18,9 @@ Before the first fold a role waits until its producer knows the metadata of its 
 topic and of every topic it publishes to (`_Agent.wait_for_metadata`): the producer
 fetches its metadata when it starts, before the tables declare their changelog topics,
 and aiokafka refreshes it only every five minutes, so every first state write of a new
-app id once failed on a partition lookup after the verdicts were out.
+app id once failed on a partition lookup after the verdicts were out. The consumer had the
+same blind spot: `runwatch processors` creates the changelog topics before faust starts
+(`changelog_topics`), or a takeover within those minutes restored no table.
 
 No exception from input reaches this shell: decode, fold and state encoding are isolated
 per record in the shared fold path and end as dead letters (ARCHITECTURE rule 7).
@@ -72,6 +74,52 @@ CHANGELOG_COMPACTION = {"segment.ms": str(10 * 60 * 1000), "segment.bytes": str(
 """Changelog segments roll every 10 minutes or 64 MiB. Kafka compacts only rolled segments,
 and its defaults (7 days, 1 GiB) left a successor replaying every write since the topic was
 made; with these it replays about one record per run and table plus the last segment."""
+
+
+@dataclass(frozen=True)
+class ChangelogTopic:
+    """A table's changelog topic, as `runwatch processors` creates it before faust starts.
+
+    Attributes:
+        name: ``<app id>-<table>-changelog`` (`processors.settings.changelog_topic`).
+        partitions: Its input topic's count: a table is co-partitioned with its input.
+        compacted: Always: the latest state per run is what a successor recovers.
+        retention_ms: None: compaction, not time, bounds it.
+    """
+
+    name: str
+    partitions: int
+    compacted: bool = True
+    retention_ms: int | None = None
+
+    def configs(self) -> dict[str, str]:
+        """The topic configs faust would give it (`create_app`'s tables), but replication's.
+
+        ``min.insync.replicas`` and ``unclean.leader.election.enable`` come from the
+        cluster's replication rule (`runwatch.admin.create_topics`), as the catalogue's.
+        """
+        return {"cleanup.policy": "compact", **CHANGELOG_COMPACTION}
+
+
+def changelog_topics(settings: ProcessorSettings) -> list[ChangelogTopic]:
+    """Every table's changelog topic, to create before the worker's consumer starts.
+
+    faust declares them itself when its tables start, after its consumer fetched its first
+    metadata, and aiokafka refreshes a consumer's metadata only every five minutes. A
+    rebalance within those minutes (a worker killed beside another one) had the group
+    leader assign without the changelog it did not know of (faust's assignor logs "Ignoring
+    missing topic"): the survivor took over the dead worker's input partitions with no
+    table to recover, folded on from empty states and wrote them over the real ones (a
+    run's heartbeat count began again at the last commit). Created beforehand, they are in
+    the consumer's first metadata.
+    """
+    return [
+        ChangelogTopic(
+            changelog_topic(settings.app_id, folding(role).table), settings.partitions_of(role)
+        )
+        for role in FOLD_ORDER
+    ]
+
 
 METADATA_TIMEOUT_S: Final = 120.0
 """Longest an agent waits for its producer to know the topics it writes to."""

@@ -229,10 +229,15 @@ def _store(given: str | None) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Create the topics if needed, then run a faust worker until stopped."""
-    from runwatch.admin import cluster_replication, create_catalogue, warn_if_no_authorizer
+    from runwatch.admin import (
+        cluster_replication,
+        create_catalogue,
+        create_topics,
+        warn_if_no_authorizer,
+    )
     from runwatch.common.gc_tuning import tune_for_rounds
     from runwatch.common.settings import faust_broker_settings, replication_factor, topic_prefix
-    from runwatch.processors.app import create_app
+    from runwatch.processors.app import changelog_topics, create_app
     from runwatch.processors.fleet import default_app_id
     from runwatch.processors.settings import (
         BATCH_MAX,
@@ -292,6 +297,8 @@ def run(args: argparse.Namespace) -> int:
         min_insync_replicas=rule.min_insync,
         overrides=overrides,
     )
+    # Before faust's consumer reads its first metadata (`changelog_topics` says why).
+    create_topics(bootstrap, changelog_topics(settings), replication=rule)
     if args.loglevel is not None:
         for name in _LIBRARY_LOGGERS:
             logging.getLogger(name).setLevel(_LOGLEVELS.get(args.loglevel, logging.ERROR))

@@ -1,0 +1,53 @@
+"""The changelogs `runwatch processors` creates before faust starts are the ones faust declares.
+
+`processors.app.changelog_topics` exists because faust declared them only after its consumer
+had read its first metadata (a takeover then recovered no table: docs/processors.md, "A
+takeover that recovered nothing"). Created by us, they must still be exactly what faust
+would have made: the same names, partition counts and configs, for every table.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from runwatch.processors.app import changelog_topics, create_app
+from runwatch.processors.core.config import DetectorConfig
+from runwatch.processors.settings import ProcessorSettings
+
+COUNTS = {"steps": 16, "heartbeats": 64, "checkpoints": 8, "anomalies": 4}
+
+
+@pytest.fixture(scope="module")
+def settings() -> ProcessorSettings:
+    return ProcessorSettings(
+        bootstrap="127.0.0.1:1",  # nothing connects: the app is only built
+        prefix="pre",
+        app_id="pre-app",
+        partitions=COUNTS,
+        replication_factor=3,
+        min_insync_replicas=2,
+    )
+
+
+def test_one_changelog_per_table_with_its_inputs_partition_count(settings):
+    tables = create_app(settings, DetectorConfig(), None).tables
+    declared = {t.changelog_topic.get_topic_name(): t.changelog_topic for t in tables.values()}
+    ours = {spec.name: spec for spec in changelog_topics(settings)}
+    assert set(ours) == set(declared) and len(ours) == len(COUNTS)
+    for name, spec in ours.items():
+        assert spec.partitions == declared[name].partitions, name
+
+
+def test_the_configs_are_fausts_once_the_replication_rule_is_added(settings):
+    # runwatch.admin.create_topics adds these two from the cluster's replication rule
+    from_rule = {
+        "min.insync.replicas": str(settings.min_insync_replicas),
+        "unclean.leader.election.enable": "false",
+    }
+    tables = create_app(settings, DetectorConfig(), None).tables
+    declared = {t.changelog_topic.get_topic_name(): t.changelog_topic for t in tables.values()}
+    for spec in changelog_topics(settings):
+        topic = declared[spec.name]
+        assert topic.compacting and not topic.deleting and topic.retention is None
+        assert spec.compacted and spec.retention_ms is None
+        assert {**spec.configs(), **from_rule} == {"cleanup.policy": "compact", **topic.config}
