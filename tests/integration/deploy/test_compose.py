@@ -37,10 +37,9 @@ from runwatch.common.settings import kafka_client_config
 from runwatch.processors.audit import audit, load_run_log
 from runwatch.processors.core.config import DetectorConfig
 from runwatch.processors.fleet import RunView, committed_offsets, latest_states
-from runwatch.processors.logread import partition_for
 from runwatch.schemas.topics import DEFAULT_PARTITIONS, names
 
-from ..processors.harness import Reader, Trainer, short
+from ..processors.harness import Reader, Trainer, group_members, one_run_per_partition, short
 
 UP_S = 600.0  # a cold 2-core machine: three JVMs, two faust workers, the sinks' replay
 TEST_S = 420.0
@@ -301,29 +300,6 @@ def admin_cluster_id() -> str:
     return base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode().replace("-", "A")
 
 
-def _group_members(bootstrap: str) -> int:
-    """Members of the processors' consumer group once it is stable (-1 while it is not)."""
-    try:
-        with admin.admin_client(bootstrap) as client:
-            group = client.describe_groups([APP_ID])[APP_ID]
-    except Exception:
-        return -1
-    state = group.get("group_state") or group.get("state")
-    return len(group.get("members") or []) if state == "Stable" else -1
-
-
-def _runs_on_every_steps_partition() -> list[str]:
-    """One run id per steps partition: whichever worker dies, it had runs to hand over."""
-    count = DEFAULT_PARTITIONS["steps"]
-    found: dict[int, str] = {}
-    i = 0
-    while len(found) < count:
-        run = f"run-{i}"
-        found.setdefault(partition_for(run, count), run)
-        i += 1
-    return [found[p] for p in sorted(found)]
-
-
 def _counts(view: RunView | None) -> tuple[int | None, int | None]:
     """A run's steps observed and heartbeats counted (None: no such state yet)."""
     steps = view.steps.steps_observed if view and view.steps else None
@@ -421,10 +397,12 @@ def test_a_processor_killed_mid_stream_the_other_takes_over(stack: Stack) -> Non
     assert len(processors) == 2, processors
     budget = Budget()
     budget.wait(
-        "both workers in the group", lambda: _group_members(stack.bootstrap), lambda n: n == 2
+        "both workers in the group",
+        lambda: group_members(stack.bootstrap, APP_ID),
+        lambda n: n == 2,
     )
 
-    runs = _runs_on_every_steps_partition()
+    runs = one_run_per_partition(DEFAULT_PARTITIONS["steps"])
     trainers = {
         run: Trainer(stack.bootstrap, PREFIX, run, seed=i, client_config=stack.login("trainer"))
         for i, run in enumerate(runs)
@@ -442,7 +420,7 @@ def test_a_processor_killed_mid_stream_the_other_takes_over(stack: Stack) -> Non
         )
         budget.wait(
             "the survivor alone in the group",
-            lambda: _group_members(stack.bootstrap),
+            lambda: group_members(stack.bootstrap, APP_ID),
             lambda n: n == 1,
         )
         views = budget.wait(
@@ -499,9 +477,9 @@ def test_prometheus_scraped_the_exporter(stack: Stack) -> None:
     spikes = budget.wait(
         "the loss spikes in Prometheus",
         lambda: _prometheus(stack, 'sum(runwatch_anomalies_total{kind="loss_spike"})'),
-        lambda r: bool(r) and float(r[0]["value"][1]) >= len(_runs_on_every_steps_partition()),
+        lambda r: bool(r) and float(r[0]["value"][1]) >= DEFAULT_PARTITIONS["steps"],
     )
-    assert float(spikes[0]["value"][1]) == len(_runs_on_every_steps_partition())
+    assert float(spikes[0]["value"][1]) == DEFAULT_PARTITIONS["steps"]
 
 
 def test_prometheus_loaded_the_rules_and_found_the_alertmanager(stack: Stack) -> None:

@@ -26,6 +26,52 @@ COMMAND_KEY = "test-command-key-0123456789"
 WAIT_S = 90.0
 
 
+def wait_until(
+    what: str,
+    probe: Callable[[], Any],
+    done: Callable[[Any], bool],
+    timeout_s: float = WAIT_S,
+) -> Any:
+    """Probe until ``done(probe())`` and return that value.
+
+    Raises:
+        AssertionError: Naming ``what`` and the last value, after ``timeout_s``.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = probe()
+        if done(value):
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}; last: {value!r}")
+        time.sleep(0.2)  # polling metadata, a group or a changelog, not synchronising on time
+
+
+def group_members(bootstrap: str, group_id: str) -> int:
+    """Members of a consumer group once it is stable (-1 while it is not, or unreachable)."""
+    from runwatch import admin
+
+    try:
+        with admin.admin_client(bootstrap) as client:
+            group = client.describe_groups([group_id])[group_id]
+    except Exception:  # no coordinator yet, or a broker between answers: not stable
+        return -1
+    state = group.get("group_state") or group.get("state")
+    return len(group.get("members") or []) if state == "Stable" else -1
+
+
+def one_run_per_partition(count: int) -> list[str]:
+    """Run ids ``run-<i>``, one on each of ``count`` partitions (the producer's partitioner)."""
+    from runwatch.processors.logread import partition_for
+
+    found: dict[int, str] = {}
+    i = 0
+    while len(found) < count:
+        found.setdefault(partition_for(f"run-{i}", count), f"run-{i}")
+        i += 1
+    return [found[p] for p in sorted(found)]
+
+
 @contextmanager
 def workers(
     bootstrap: str,

@@ -11,9 +11,8 @@ is back in the ISR of every partition it replicates.
 from __future__ import annotations
 
 import threading
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +28,7 @@ from runwatch.processors.fleet import RunView, latest_states
 from runwatch.processors.settings import changelog_topic
 from runwatch.schemas.topics import FOLD_ORDER, folding, names
 
-from .harness import WAIT_S, Reader, Trainer, short, workers
+from .harness import Reader, Trainer, short, wait_until, workers
 
 pytestmark = pytest.mark.integration
 
@@ -52,17 +51,6 @@ def _feed(first: int, last: int, trainers: dict[str, Trainer]) -> None:
     for s in range(first, last + 1):
         for t in trainers.values():
             t.step(s, loss=9.0 if s == SPIKE_AT else None)
-
-
-def _wait(what: str, probe: Callable[[], Any], done: Callable[[Any], bool]) -> Any:
-    deadline = time.monotonic() + WAIT_S
-    while True:
-        value = probe()
-        if done(value):
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}; last: {value!r}")
-        time.sleep(0.2)  # polling metadata or a changelog, not synchronising on time
 
 
 def _applied(views: dict[str, RunView], last: int) -> bool:
@@ -114,7 +102,7 @@ def test_broker_sigkill_mid_stream_loses_nothing_and_catches_up(
                 t.start(0)
             start()
             _feed(1, 20, trainers)
-            _wait(
+            wait_until(
                 "the worker to apply steps",
                 lambda: latest_states(bootstrap, app_id),
                 lambda v: any(x.steps and x.steps.steps_observed >= 10 for x in v.values()),
@@ -133,7 +121,7 @@ def test_broker_sigkill_mid_stream_loses_nothing_and_catches_up(
             victim = int(before[busy]["leader_id"])
             feeder = threading.Thread(target=_feed, args=(21, KILL_FEED_TO, trainers))
             feeder.start()
-            _wait(
+            wait_until(
                 "the stream to be under way",
                 lambda: latest_states(bootstrap, app_id),
                 lambda v: any(x.steps and x.steps.steps_observed >= 25 for x in v.values()),
@@ -142,7 +130,7 @@ def test_broker_sigkill_mid_stream_loses_nothing_and_catches_up(
             feeder.join()
             _feed(KILL_FEED_TO + 1, STEPS, trainers)  # the spike comes after the kill
 
-            views = _wait(
+            views = wait_until(
                 "every step and heartbeat applied once",
                 lambda: latest_states(bootstrap, app_id),
                 lambda v: _applied(v, STEPS),
@@ -151,7 +139,7 @@ def test_broker_sigkill_mid_stream_loses_nothing_and_catches_up(
             assert moved["leader_id"] != victim and victim not in moved["isr_nodes"]
 
             cluster.start(victim)
-            _wait(
+            wait_until(
                 f"node {victim} back in the ISR of all its partitions",
                 lambda: _partitions(bootstrap, every),
                 lambda parts: all(
