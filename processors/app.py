@@ -121,6 +121,52 @@ def changelog_topics(settings: ProcessorSettings) -> list[ChangelogTopic]:
     ]
 
 
+def changelogs_missing(assigned: Iterable[Any], settings: ProcessorSettings) -> list[str]:
+    """The changelog partitions an assignment lacks for the input partitions it holds.
+
+    A table is co-partitioned with its input, and faust restores a table partition only
+    when the assignment names its changelog partition: an input partition held without it
+    is folded from empty states. faust's assignor leaves out a changelog its metadata does
+    not have (`changelog_topics` says when that happened).
+
+    Args:
+        assigned: The assignment's partitions (anything with ``topic`` and ``partition``).
+        settings: The worker's settings (prefix and app id).
+
+    Returns:
+        ``<changelog>[<partition>]`` for each one missing, sorted; empty when none is.
+    """
+    topics = names(settings.prefix)
+    changelog_of = {
+        topics.of(role): changelog_topic(settings.app_id, folding(role).table)
+        for role in FOLD_ORDER
+    }
+    held = {(tp.topic, tp.partition) for tp in assigned}
+    return sorted(
+        f"{changelog_of[topic]}[{partition}]"
+        for topic, partition in held
+        if topic in changelog_of and (changelog_of[topic], partition) not in held
+    )
+
+
+def _check_assignment(settings: ProcessorSettings) -> Callable[..., None]:
+    """A receiver for faust's ``on_partitions_assigned`` that says when a table goes unrestored."""
+
+    def check(_sender: Any, assigned: Iterable[Any], **_kwargs: Any) -> None:
+        missing = changelogs_missing(assigned, settings)
+        if missing:
+            log.error(
+                "the assignment lacks %d changelog partition(s) of input partitions it holds "
+                "(%s): faust restores no table there, and this worker folds them from empty "
+                "states; faust's assignor left out a changelog its metadata did not have "
+                "(docs/processors.md, 'A takeover that recovered nothing')",
+                len(missing),
+                ", ".join(missing[:8]) + (" ..." if len(missing) > 8 else ""),
+            )
+
+    return check
+
+
 METADATA_TIMEOUT_S: Final = 120.0
 """Longest an agent waits for its producer to know the topics it writes to."""
 STATE_CACHE_RUNS: Final = 4096
@@ -746,6 +792,7 @@ def create_app(
         sources.append(source)
         bodies[topic_name] = _Agent(app, role, table, settings, cfg, topics, finish, faults)
     app.ingest_batches(sources, _BatchSink(app, bodies), settings.state_flush_s)
+    app.on_partitions_assigned.connect(_check_assignment(settings))
     log.info("store: %s", settings.store)
 
     _add_clock(app, settings, topics)

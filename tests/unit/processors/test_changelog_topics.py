@@ -8,11 +8,19 @@ would have made: the same names, partition counts and configs, for every table.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import pytest
 
-from runwatch.processors.app import changelog_topics, create_app
+from runwatch.processors.app import (
+    _check_assignment,
+    changelog_topics,
+    changelogs_missing,
+    create_app,
+)
 from runwatch.processors.core.config import DetectorConfig
-from runwatch.processors.settings import ProcessorSettings
+from runwatch.processors.settings import ProcessorSettings, changelog_topic
+from runwatch.schemas.topics import FOLD_ORDER, folding, names
 
 COUNTS = {"steps": 16, "heartbeats": 64, "checkpoints": 8, "anomalies": 4}
 
@@ -51,3 +59,42 @@ def test_the_configs_are_fausts_once_the_replication_rule_is_added(settings):
         assert topic.compacting and not topic.deleting and topic.retention is None
         assert spec.compacted and spec.retention_ms is None
         assert {**spec.configs(), **from_rule} == {"cleanup.policy": "compact", **topic.config}
+
+
+class TP(NamedTuple):
+    topic: str
+    partition: int
+
+
+def _complete(settings: ProcessorSettings) -> set[TP]:
+    """Every input partition with its changelog partition, as faust's assignor hands them out."""
+    topics = names(settings.prefix)
+    held = set()
+    for role in FOLD_ORDER:
+        changelog = changelog_topic(settings.app_id, folding(role).table)
+        for p in range(settings.partitions_of(role)):
+            held |= {TP(topics.of(role), p), TP(changelog, p)}
+    return held
+
+
+def test_a_complete_assignment_lacks_nothing(settings):
+    assert changelogs_missing(_complete(settings), settings) == []
+
+
+def test_an_input_partition_held_without_its_changelog_is_named(settings):
+    held = _complete(settings) - {TP("pre-app-liveness-changelog", 3)}
+    assert changelogs_missing(held, settings) == ["pre-app-liveness-changelog[3]"]
+
+
+def test_a_changelog_partition_without_its_input_is_not_a_gap(settings):
+    held = {TP("pre-app-liveness-changelog", 3), TP("pre.steps", 1)}  # no heartbeats[3]
+    assert changelogs_missing(held, settings) == ["pre-app-step-health-changelog[1]"]
+
+
+def test_the_worker_says_so_at_error_on_an_assignment(settings, caplog):
+    check = _check_assignment(settings)
+    check(None, _complete(settings))
+    assert not caplog.records
+    check(None, _complete(settings) - {TP("pre-app-liveness-changelog", 3)})
+    (record,) = caplog.records
+    assert record.levelname == "ERROR" and "pre-app-liveness-changelog[3]" in record.getMessage()
