@@ -1,7 +1,9 @@
 """Launch `examples/train_ddp.py` gangs as real processes, the way torchrun would.
 
 Each rank is its own ``python`` process with ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
-``MASTER_ADDR`` and ``MASTER_PORT`` set (a fresh free port per gang); no torchrun involved.
+``MASTER_ADDR`` and ``MASTER_PORT`` set (a fresh free port per gang, below the kernel's
+ephemeral range as the controller picks them: `controller.gang.free_port`); no torchrun
+involved.
 Emitting to Kafka is off unless a test asks for it (``RUNWATCH_*`` cleared, ``--no-emit``);
 the script's ``--trace-dir`` records what it would have emitted.
 """
@@ -11,7 +13,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -22,17 +23,13 @@ from typing import Any
 
 import pytest
 
+from runwatch.controller.gang import free_port
+
 if importlib.util.find_spec("torch") is None:  # an optional extra
     collect_ignore_glob = ["test_*.py"]
 
 REPO = Path(__file__).resolve().parents[3]
 SCRIPT = REPO / "examples" / "train_ddp.py"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
