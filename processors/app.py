@@ -83,12 +83,14 @@ class ChangelogTopic:
     Attributes:
         name: ``<app id>-<table>-changelog`` (`processors.settings.changelog_topic`).
         partitions: Its input topic's count: a table is co-partitioned with its input.
+        source: The input topic; partition ``p`` of it is folded into partition ``p`` here.
         compacted: Always: the latest state per run is what a successor recovers.
         retention_ms: None: compaction, not time, bounds it.
     """
 
     name: str
     partitions: int
+    source: str
     compacted: bool = True
     retention_ms: int | None = None
 
@@ -113,9 +115,12 @@ def changelog_topics(settings: ProcessorSettings) -> list[ChangelogTopic]:
     run's heartbeat count began again at the last commit). Created beforehand, they are in
     the consumer's first metadata.
     """
+    topics = names(settings.prefix)
     return [
         ChangelogTopic(
-            changelog_topic(settings.app_id, folding(role).table), settings.partitions_of(role)
+            name=changelog_topic(settings.app_id, folding(role).table),
+            partitions=settings.partitions_of(role),
+            source=topics.of(role),
         )
         for role in FOLD_ORDER
     ]
@@ -136,11 +141,7 @@ def changelogs_missing(assigned: Iterable[Any], settings: ProcessorSettings) -> 
     Returns:
         ``<changelog>[<partition>]`` for each one missing, sorted; empty when none is.
     """
-    topics = names(settings.prefix)
-    changelog_of = {
-        topics.of(role): changelog_topic(settings.app_id, folding(role).table)
-        for role in FOLD_ORDER
-    }
+    changelog_of = {spec.source: spec.name for spec in changelog_topics(settings)}
     held = {(tp.topic, tp.partition) for tp in assigned}
     return sorted(
         f"{changelog_of[topic]}[{partition}]"

@@ -33,10 +33,10 @@ import yaml
 from runwatch import admin
 from runwatch.broker.security import users
 from runwatch.cmd.audit import render
-from runwatch.common.settings import kafka_client_config
 from runwatch.processors.audit import audit, load_run_log
 from runwatch.processors.core.config import DetectorConfig
 from runwatch.processors.fleet import RunView, committed_offsets, latest_states
+from runwatch.processors.logread import LogReader
 from runwatch.schemas.topics import DEFAULT_PARTITIONS, names
 
 from ..processors.harness import Reader, Trainer, group_members, one_run_per_partition, short
@@ -322,15 +322,12 @@ def _short_of_applied(views: dict[str, RunView], runs: list[str]) -> str:
 
 def _group_lag(bootstrap: str) -> str:
     """The processors' group: each input partition whose commit is behind its end offset."""
-    from kafka import KafkaConsumer, TopicPartition
+    from kafka import TopicPartition
 
     try:
         committed = committed_offsets(bootstrap, APP_ID)
-        consumer = KafkaConsumer(bootstrap_servers=bootstrap, **kafka_client_config())
-        try:
-            ends = consumer.end_offsets([TopicPartition(t, p) for t, p in committed])
-        finally:
-            consumer.close()
+        with LogReader(bootstrap) as reader:
+            ends = reader.end_offsets([TopicPartition(t, p) for t, p in committed])
     except Exception as exc:  # a diagnostic: say why it is missing, never mask the failure
         return f"group offsets unreadable: {exc!r}"
     lag = {tp: end - committed[tp.topic, tp.partition] for tp, end in ends.items()}

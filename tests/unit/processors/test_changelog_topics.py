@@ -8,7 +8,7 @@ would have made: the same names, partition counts and configs, for every table.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import pytest
 
@@ -19,8 +19,7 @@ from runwatch.processors.app import (
     create_app,
 )
 from runwatch.processors.core.config import DetectorConfig
-from runwatch.processors.settings import ProcessorSettings, changelog_topic
-from runwatch.schemas.topics import FOLD_ORDER, folding, names
+from runwatch.processors.settings import ProcessorSettings
 
 COUNTS = {"steps": 16, "heartbeats": 64, "checkpoints": 8, "anomalies": 4}
 
@@ -37,23 +36,26 @@ def settings() -> ProcessorSettings:
     )
 
 
-def test_one_changelog_per_table_with_its_inputs_partition_count(settings):
+@pytest.fixture(scope="module")
+def declared(settings: ProcessorSettings) -> dict[str, Any]:
+    """The changelog topics faust's tables declare, by name, in the app `create_app` builds."""
     tables = create_app(settings, DetectorConfig(), None).tables
-    declared = {t.changelog_topic.get_topic_name(): t.changelog_topic for t in tables.values()}
+    return {t.changelog_topic.get_topic_name(): t.changelog_topic for t in tables.values()}
+
+
+def test_one_changelog_per_table_with_its_inputs_partition_count(settings, declared):
     ours = {spec.name: spec for spec in changelog_topics(settings)}
     assert set(ours) == set(declared) and len(ours) == len(COUNTS)
     for name, spec in ours.items():
         assert spec.partitions == declared[name].partitions, name
 
 
-def test_the_configs_are_fausts_once_the_replication_rule_is_added(settings):
+def test_the_configs_are_fausts_once_the_replication_rule_is_added(settings, declared):
     # runwatch.admin.create_topics adds these two from the cluster's replication rule
     from_rule = {
         "min.insync.replicas": str(settings.min_insync_replicas),
         "unclean.leader.election.enable": "false",
     }
-    tables = create_app(settings, DetectorConfig(), None).tables
-    declared = {t.changelog_topic.get_topic_name(): t.changelog_topic for t in tables.values()}
     for spec in changelog_topics(settings):
         topic = declared[spec.name]
         assert topic.compacting and not topic.deleting and topic.retention is None
@@ -68,13 +70,12 @@ class TP(NamedTuple):
 
 def _complete(settings: ProcessorSettings) -> set[TP]:
     """Every input partition with its changelog partition, as faust's assignor hands them out."""
-    topics = names(settings.prefix)
-    held = set()
-    for role in FOLD_ORDER:
-        changelog = changelog_topic(settings.app_id, folding(role).table)
-        for p in range(settings.partitions_of(role)):
-            held |= {TP(topics.of(role), p), TP(changelog, p)}
-    return held
+    return {
+        tp
+        for spec in changelog_topics(settings)
+        for p in range(spec.partitions)
+        for tp in (TP(spec.source, p), TP(spec.name, p))
+    }
 
 
 def test_a_complete_assignment_lacks_nothing(settings):
