@@ -54,6 +54,7 @@ from runwatch.processors.settings import (
     ProcessorEnv,
     ProcessorSettings,
     changelog_topic,
+    leader_topic,
 )
 from runwatch.processors.stores import RunRocksStore, RunTable, store_url
 from runwatch.schemas.codec import encode, encode_key
@@ -124,6 +125,35 @@ def changelog_topics(settings: ProcessorSettings) -> list[ChangelogTopic]:
         )
         for role in FOLD_ORDER
     ]
+
+
+@dataclass(frozen=True)
+class LeaderTopic:
+    """faust's leader-election topic, as `runwatch processors` creates it before faust starts.
+
+    faust's group assignor hands its one partition to one worker, and that worker alone runs
+    the ``on_leader`` clock (`_add_clock`): without it no Tick is written, and no run is ever
+    found dead or hung. faust declares it when its leader assignor starts, after its
+    consumer's first metadata, like the changelogs (`changelog_topics`): on a multi-broker
+    cluster a member whose metadata did not have it yet assigned it to no one, and the
+    clock stayed off until the next metadata refresh (five minutes).
+
+    Attributes:
+        name: ``<app id>-__assignor-__leader`` (`processors.settings.leader_topic`).
+        partitions: One: whoever holds it leads.
+        compacted: No: nothing is written to it.
+        retention_ms: None: the broker's default.
+    """
+
+    name: str
+    partitions: int = 1
+    compacted: bool = False
+    retention_ms: int | None = None
+
+
+def topics_faust_declares(settings: ProcessorSettings) -> list[ChangelogTopic | LeaderTopic]:
+    """The topics a worker needs before its consumer's first metadata: changelogs and leader."""
+    return [*changelog_topics(settings), LeaderTopic(leader_topic(settings.app_id))]
 
 
 def changelogs_missing(assigned: Iterable[Any], settings: ProcessorSettings) -> list[str]:

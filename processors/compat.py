@@ -215,6 +215,13 @@ INTERNALS: Final[tuple[Internal, ...]] = (
         "override: runwatch's transport (engine.App)",
         ("self",),
     ),
+    Internal("faust.app.base.App", "_leader_assignor", "attribute", "leader_topic_of"),
+    Internal(
+        "faust.assignor.leader_assignor.LeaderAssignor",
+        "_leader_topic",
+        "attribute",
+        "leader_topic_of: the topic `runwatch processors` creates first",
+    ),
     Internal(
         "faust.sensors.monitor.Monitor",
         "stream_inbound_time",
@@ -421,6 +428,14 @@ def client_of(consumer: Any) -> Any:
     if client is None:
         raise _moved("AIOKafkaConsumer._client")
     return client
+
+
+def leader_topic_of(app: Any) -> Any:
+    """The faust topic (name, partitions, config) whose one partition makes a worker leader."""
+    assignor = getattr(app, "_leader_assignor", None)
+    if assignor is None:
+        raise _moved("faust App._leader_assignor")
+    return assignor._leader_topic
 
 
 def producer_client(app: Any) -> Any:

@@ -159,3 +159,8 @@ class ProcessorEnv(msgspec.Struct, frozen=True, kw_only=True):
 def changelog_topic(app_id: str, table: str) -> str:
     """The changelog topic faust keeps for ``table`` of app ``app_id``."""
     return f"{app_id}-{table}-changelog"
+
+
+def leader_topic(app_id: str) -> str:
+    """The topic whose one partition makes its holder faust's leader (the clock's worker)."""
+    return f"{app_id}-__assignor-__leader"

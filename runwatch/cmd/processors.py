@@ -151,6 +151,10 @@ def _add_store_args(parser: argparse.ArgumentParser) -> None:
 
 
 _LIBRARY_LOGGERS = ("faust", "mode", "aiokafka")
+_ALWAYS_WARN = "faust.assignor.partition_assignor"
+"""Its WARNING ``Ignoring missing topic`` is the one sign that a table or the clock went
+unassigned (`processors.app.topics_faust_declares`): shown whatever ``-v`` and ``--loglevel``
+say."""
 _LOGLEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warn": logging.WARNING}
 
 
@@ -237,7 +241,7 @@ def run(args: argparse.Namespace) -> int:
     )
     from runwatch.common.gc_tuning import tune_for_rounds
     from runwatch.common.settings import faust_broker_settings, replication_factor, topic_prefix
-    from runwatch.processors.app import changelog_topics, create_app
+    from runwatch.processors.app import create_app, topics_faust_declares
     from runwatch.processors.fleet import default_app_id
     from runwatch.processors.settings import (
         BATCH_MAX,
@@ -297,11 +301,13 @@ def run(args: argparse.Namespace) -> int:
         min_insync_replicas=rule.min_insync,
         overrides=overrides,
     )
-    # Before faust's consumer reads its first metadata (`changelog_topics` says why).
-    create_topics(bootstrap, changelog_topics(settings), replication=rule)
+    # Before faust's consumer reads its first metadata (`topics_faust_declares` says why).
+    create_topics(bootstrap, topics_faust_declares(settings), replication=rule)
     if args.loglevel is not None:
         for name in _LIBRARY_LOGGERS:
             logging.getLogger(name).setLevel(_LOGLEVELS.get(args.loglevel, logging.ERROR))
+    assignor_level = _LOGLEVELS.get(args.loglevel or "warn", logging.WARNING)
+    logging.getLogger(_ALWAYS_WARN).setLevel(min(logging.WARNING, assignor_level))
     watch = watch_broker(bootstrap)
     try:
         app = create_app(settings, cfg, key)  # type: ignore[arg-type]

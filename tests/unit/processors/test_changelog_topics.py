@@ -1,9 +1,10 @@
-"""The changelogs `runwatch processors` creates before faust starts are the ones faust declares.
+"""The topics `runwatch processors` creates before faust starts are the ones faust declares.
 
 `processors.app.changelog_topics` exists because faust declared them only after its consumer
 had read its first metadata (a takeover then recovered no table: docs/processors.md, "A
 takeover that recovered nothing"). Created by us, they must still be exactly what faust
-would have made: the same names, partition counts and configs, for every table.
+would have made: the same names, partition counts and configs, for every table, and the
+leader topic whose holder runs the clock.
 """
 
 from __future__ import annotations
@@ -13,11 +14,14 @@ from typing import Any, NamedTuple
 import pytest
 
 from runwatch.processors.app import (
+    LeaderTopic,
     _check_assignment,
     changelog_topics,
     changelogs_missing,
     create_app,
+    topics_faust_declares,
 )
+from runwatch.processors.compat import leader_topic_of
 from runwatch.processors.core.config import DetectorConfig
 from runwatch.processors.settings import ProcessorSettings
 
@@ -37,10 +41,15 @@ def settings() -> ProcessorSettings:
 
 
 @pytest.fixture(scope="module")
-def declared(settings: ProcessorSettings) -> dict[str, Any]:
-    """The changelog topics faust's tables declare, by name, in the app `create_app` builds."""
-    tables = create_app(settings, DetectorConfig(), None).tables
-    return {t.changelog_topic.get_topic_name(): t.changelog_topic for t in tables.values()}
+def app(settings: ProcessorSettings) -> Any:
+    """The app `create_app` builds (never started)."""
+    return create_app(settings, DetectorConfig(), None)
+
+
+@pytest.fixture(scope="module")
+def declared(app: Any) -> dict[str, Any]:
+    """The changelog topics faust's tables declare, by name."""
+    return {t.changelog_topic.get_topic_name(): t.changelog_topic for t in app.tables.values()}
 
 
 def test_one_changelog_per_table_with_its_inputs_partition_count(settings, declared):
@@ -61,6 +70,17 @@ def test_the_configs_are_fausts_once_the_replication_rule_is_added(settings, dec
         assert topic.compacting and not topic.deleting and topic.retention is None
         assert spec.compacted and spec.retention_ms is None
         assert {**spec.configs(), **from_rule} == {"cleanup.policy": "compact", **topic.config}
+
+
+def test_the_leader_topic_is_fausts(settings, app):
+    faust_leader = leader_topic_of(app)
+    *changelogs, ours = topics_faust_declares(settings)
+    assert changelogs == changelog_topics(settings) and isinstance(ours, LeaderTopic)
+    assert ours.name == faust_leader.get_topic_name() == "pre-app-__assignor-__leader"
+    assert ours.partitions == faust_leader.partitions == 1
+    # faust asks for no config (the broker's delete policy), and so do we
+    assert not faust_leader.compacting and not faust_leader.config and not ours.compacted
+    assert faust_leader.retention is None and ours.retention_ms is None
 
 
 class TP(NamedTuple):
