@@ -822,7 +822,11 @@ def create_app(
         )
         sources.append(source)
         bodies[topic_name] = _Agent(app, role, table, settings, cfg, topics, finish, faults)
-    app.ingest_batches(sources, _BatchSink(app, bodies), settings.state_flush_s)
+    # The heartbeats are the bulk: a round takes every step, checkpoint and anomaly buffered
+    # and about `engine.ROUND_BULK_S` of the heartbeats (a spike waits for less of them).
+    app.ingest_batches(
+        sources, _BatchSink(app, bodies), settings.state_flush_s, bulk=[topics.heartbeats]
+    )
     app.on_partitions_assigned.connect(_check_assignment(settings))
     log.info("store: %s", settings.store)
 

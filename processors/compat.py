@@ -519,6 +519,7 @@ async def fetched_records(
     timeout_s: float | None,
     max_records: int | None,
     raw_topics: frozenset[str],
+    limits: Mapping[str, int] | None = None,
 ) -> dict[Any, list[Any]]:
     """What faust's ``_fetch_records`` returns, with ``raw_topics``' records raw.
 
@@ -526,6 +527,11 @@ async def fetched_records(
     headers: runwatch reads none); every other topic's are aiokafka's `ConsumerRecord`s.
     Offsets, positions, CRC checks, control batches and aborted transactions are
     aiokafka's, step for step (`_fetched`, `_unpack_raw`).
+
+    ``limits`` (topic -> at least 1 record) bounds what one call takes of a topic, all its
+    partitions together: those topics' buffered records are taken after every other
+    topic's, and what is left of them stays buffered for the next call, its position
+    just past the last record taken (as aiokafka's ``max_records`` leaves it).
 
     Raises:
         ConsumerStoppedError: The consumer or its fetcher is closed (as aiokafka's).
@@ -536,7 +542,7 @@ async def fetched_records(
     if consumer._closed or fetcher._closed:
         raise ConsumerStoppedError()
     with fetcher._subscriptions.fetch_context():
-        return await _fetched(fetcher, partitions, timeout_s, max_records, raw_topics)
+        return await _fetched(fetcher, partitions, timeout_s, max_records, raw_topics, limits)
 
 
 async def _fetched(
@@ -545,8 +551,13 @@ async def _fetched(
     timeout_s: float | None,
     max_records: int | None,
     raw_topics: frozenset[str],
+    limits: Mapping[str, int] | None = None,
 ) -> dict[Any, list[Any]]:
-    """The loop of `Fetcher.fetched_records` (aiokafka 0.14.0), `_drain_raw` for ``raw_topics``."""
+    """The loop of `Fetcher.fetched_records` (aiokafka 0.14.0), `_drain_raw` for ``raw_topics``.
+
+    ``limits`` as `fetched_records`: the limited topics' partitions come last, each drained
+    up to what is left of its topic's limit (none: left buffered).
+    """
     from aiokafka.consumer.fetcher import FetchResult
 
     subscriptions = fetcher._subscriptions
@@ -556,23 +567,35 @@ async def _fetched(
             await subscriptions.wait_for_assignment()
         start_s = time.monotonic()
         drained: dict[Any, list[Any]] = {}
-        for tp in list(buffered):
+        left = dict(limits) if limits else None
+        order = list(buffered)
+        if left:
+            order.sort(key=lambda tp: tp.topic in left)  # stable: the limited ones last
+        for tp in order:
             if partitions and tp not in partitions:
                 if not subscriptions.is_assigned(tp):
                     del buffered[tp]
                 continue
             result = buffered[tp]
             if type(result) is FetchResult:
+                most = max_records
+                limit = left.get(tp.topic) if left else None
+                if limit is not None:
+                    if limit <= 0:
+                        continue  # stays buffered: the next call takes it
+                    most = limit if most is None else min(most, limit)
                 if tp.topic in raw_topics:
-                    records = _drain_raw(result, tp, max_records)
+                    records = _drain_raw(result, tp, most)
                 else:
-                    records = result.getall(max_records)
+                    records = result.getall(most)
                 if not result.has_more():
                     del buffered[tp]
                     fetcher._notify(fetcher._wait_consume_future)
                 if not records:
                     continue
                 drained[tp] = records
+                if limit is not None and left is not None:
+                    left[tp.topic] = limit - len(records)
                 if max_records is not None:
                     max_records -= len(records)
                     if max_records <= 0:

@@ -259,6 +259,68 @@ def fetch_linger(
     return FetchPace(rate, fetched.at_s, min_bytes), min_bytes
 
 
+ROUND_BULK_S: Final = 0.05
+"""About how long a round takes when the bulk topics (the heartbeats) have more waiting.
+
+A spike's step waits for the round in progress, then is folded first in its own round
+(`FOLD_ORDER`), its verdict out with the steps' chunk. Rounds used to be whatever the
+fetches had brought, and a worker behind on a heartbeat partition (a large run's, or any
+after a pause) folded all of it in one round: rounds of 118-343 ms at p99 on a 2-core
+box, and a step that came in meanwhile waited for all of it. A round now takes every
+buffered record of the other topics and as many heartbeat records as fill about this long
+(`bulk_share`); the rest stays in aiokafka's buffer for the next round, which starts at
+once. About the fetch linger (`FETCH_LINGER_S`), so a paced worker's rounds, ~40 ms of
+input, are rarely cut."""
+ROUND_BULK_MIN_RECORDS: Final = 64
+"""The fewest bulk records a round takes, whatever they cost; and the fewest records a
+round needs for its cost to count (a smaller one's is mostly fixed costs)."""
+ROUND_COST_WEIGHT: Final = 0.5
+"""Weight of the latest round in the smoothed cost per record."""
+
+
+@dataclass(frozen=True, slots=True)
+class BulkShare:
+    """What the next round may take of the bulk topics, from what rounds cost so far.
+
+    Attributes:
+        s_per_record: A round's seconds per record, smoothed (0: not known yet).
+        records: The most bulk records the next round takes (None: no limit yet).
+    """
+
+    s_per_record: float = 0.0
+    records: int | None = None
+
+
+def bulk_share(
+    share: BulkShare, round_s: float, bulk_records: int, budget_s: float = ROUND_BULK_S
+) -> BulkShare:
+    """The bulk share after a round that took ``round_s`` and held ``bulk_records``.
+
+    Rules, in order:
+
+    1. No budget (``budget_s <= 0``): no limit.
+    2. A round of fewer than `ROUND_BULK_MIN_RECORDS` bulk records: the share is unchanged
+       (its time is mostly the other records' and the round's fixed costs).
+    3. Otherwise a bulk record's cost is the round's time over its bulk records, smoothed
+       (`ROUND_COST_WEIGHT`), and the next round takes ``budget_s`` of it, at least
+       `ROUND_BULK_MIN_RECORDS`.
+
+    The whole round's time is put on its bulk records, the other topics' share too, so a
+    whole round, not only its heartbeats, takes about ``budget_s``. Sized from the average
+    of every record instead, the cap let in ~1,000 packs of heartbeats where the steps
+    were half the records and the cheaper half: rounds of 104-121 ms at p99
+    (`bench/latency.py`, three runs).
+    """
+    if budget_s <= 0:
+        return BulkShare()
+    if bulk_records < ROUND_BULK_MIN_RECORDS:
+        return share
+    cost = round_s / bulk_records
+    if share.s_per_record > 0:
+        cost = ROUND_COST_WEIGHT * cost + (1 - ROUND_COST_WEIGHT) * share.s_per_record
+    return BulkShare(cost, max(ROUND_BULK_MIN_RECORDS, int(budget_s / max(cost, 1e-9))))
+
+
 class _ConsumerThread(driver.AIOKafkaConsumerThread):
     """faust's consumer thread; the batch path's records come out of it as `RawRecord`s.
 
@@ -289,7 +351,7 @@ class _ConsumerThread(driver.AIOKafkaConsumerThread):
         if not self.consumer.flow_active:
             return {}
         return await compat.fetched_records(
-            consumer, active_partitions, timeout, max_records, ingest.topics
+            consumer, active_partitions, timeout, max_records, ingest.topics, ingest.limits
         )
 
 
@@ -458,12 +520,14 @@ class App(faust.App):
         topics: Sequence[Any],
         sink: BatchSink,
         flush_interval_s: float = DEFAULT_STATE_FLUSH_S,
+        bulk: Iterable[str] = (),
     ) -> None:
         """Consume ``topics`` in whole per-partition batches through ``sink``, not agents.
 
         The topics are subscribed like an agent's (so the assignor co-partitions them
         with the tables), but their records reach only ``sink`` (`BatchIngest`), flushed
-        every ``flush_interval_s``.
+        every ``flush_interval_s``. A round takes only about `ROUND_BULK_S` of the records
+        of the ``bulk`` topics (names), after every other topic's.
 
         Raises:
             RuntimeError: Called twice.
@@ -473,7 +537,7 @@ class App(faust.App):
         for topic in topics:
             self.topics.add(topic)
         self._batch_ingest = BatchIngest(
-            {name for t in topics for name in t.topics}, sink, flush_interval_s
+            {name for t in topics for name in t.topics}, sink, flush_interval_s, bulk
         )
 
     def _new_transport(self) -> Transport:
@@ -847,9 +911,19 @@ class BatchIngest:
         topics: Iterable[str],
         sink: BatchSink,
         flush_interval_s: float = DEFAULT_STATE_FLUSH_S,
+        bulk: Iterable[str] = (),
     ) -> None:
-        """Deliver the records of ``topics`` to ``sink``, flushing every ``flush_interval_s``."""
+        """Deliver the records of ``topics`` to ``sink``, flushing every ``flush_interval_s``.
+
+        A round takes about `ROUND_BULK_S` of the records of the ``bulk`` topics, after
+        every other topic's (`bulk_share`).
+        """
         self.topics = frozenset(topics)
+        self.bulk = frozenset(bulk) & self.topics
+        self.share = BulkShare()
+        # what the consumer thread's next fetch may take of each bulk topic (None: all);
+        # replaced whole after each round, read there
+        self.limits: Mapping[str, int] | None = None
         self.sink = sink
         self.flush_interval_s = flush_interval_s
         self.cursors: dict[TP, _Cursor] = {}
@@ -1035,6 +1109,8 @@ class BatchIngest:
             stats.note_age(time.time() * 1000 - oldest_ms, oldest_tp.topic, oldest_tp.partition)
         t_sink = time.perf_counter()
         await self.sink({tp: recs for tp, (_, recs) in take.items()})
+        if self.bulk:
+            self._size_bulk(time.perf_counter() - t_sink, take)
         if app.consumer_generation_id != generation:
             # The revocation did not wait for this round: its states and those of every
             # round not flushed may belong to partitions this worker no longer holds.
@@ -1056,6 +1132,16 @@ class BatchIngest:
             wall_s = time.time()
             stats.round_span(wall_s - (now_s - t_sink), wall_s, taken, cpu0, stats.cpu_now())
             stats.maybe_report()
+
+    def _size_bulk(self, round_s: float, take: Mapping[TP, tuple[int, Sequence[Any]]]) -> None:
+        """Size the next fetch's share of the bulk topics from this round's cost."""
+        bulk = self.bulk
+        held = sum(len(recs) for tp, (_, recs) in take.items() if tp.topic in bulk)
+        self.share = bulk_share(self.share, round_s, held)
+        most = self.share.records
+        self.limits = None if most is None else dict.fromkeys(self.bulk, most)
+        if most is not None:
+            self.stats.note("bulk_records", most)
 
     async def _cursor(self, consumer: Consumer, tp: TP) -> _Cursor:
         cursor = self.cursors.get(tp)

@@ -204,3 +204,106 @@ def test_a_started_aiokafka_generator_is_read_by_aiokafka() -> None:
 
     records = asyncio.run(run())
     assert [r[2] for r in records] == list(range(15))
+
+
+# ---------------------------------------------------------------------------------------
+# A call's limits per topic (`compat._fetched` with ``limits``): the bulk topics come last and
+# leave what is over their limit buffered, each record still taken exactly once, in order.
+
+HEARTBEATS = "runwatch.heartbeats"
+STEPS = "runwatch.steps"
+
+
+class _Buffered:
+    """What `compat._fetched` reads of aiokafka's `Fetcher`: the fetch results it buffered.
+
+    Built on aiokafka's own `SubscriptionState` and `FetchResult`s; only the fetch task that
+    fills ``_records`` from the broker is absent (no call here waits for a fetch).
+    """
+
+    def __init__(self, counts: dict[TopicPartition, int]) -> None:
+        self._subscriptions = SubscriptionState()
+        self._subscriptions.assign_from_user(set(counts))
+        assignment = self._subscriptions.subscription.assignment
+        self._records: dict[TopicPartition, FetchResult] = {}
+        for tp, count in counts.items():
+            assignment.state_value(tp).seek(0)
+            records = PartitionRecords(
+                tp, MemoryRecords(batch(0, count)), None, 0, None, None, True, READ_UNCOMMITTED
+            )
+            self._records[tp] = FetchResult(
+                tp, assignment=assignment, partition_records=records, backoff=0
+            )
+        self._wait_consume_future = None
+        self.emptied = 0
+
+    def _notify(self, _future: Any) -> None:
+        self.emptied += 1  # aiokafka's fetch task would now fetch the emptied partitions again
+
+
+def calls(
+    counts: dict[TopicPartition, int], limits: dict[str, int] | None, max_records: int | None
+) -> list[dict[TopicPartition, list[int]]]:
+    """Each `_fetched` call's offsets per partition, until nothing is buffered."""
+    raw = frozenset({HEARTBEATS, STEPS})
+
+    async def run() -> list[dict[TopicPartition, list[int]]]:
+        fetcher = _Buffered(counts)  # aiokafka's subscription state needs a running loop
+        out: list[dict[TopicPartition, list[int]]] = []
+        while fetcher._records:
+            got = await compat._fetched(fetcher, None, 0, max_records, raw, limits)
+            # A drain cut exactly at a partition's last record leaves its result buffered,
+            # and the next call takes nothing of it but drops it (aiokafka's ``getall``
+            # does the same): one empty call, never two in a row.
+            assert got or (out and out[-1]), "two calls in a row took nothing"
+            out.append({tp: [r.offset for r in recs] for tp, recs in got.items()})
+        return [call for call in out if call]
+
+    return asyncio.run(run())
+
+
+HB0, HB1, ST0 = (
+    TopicPartition(HEARTBEATS, 0),
+    TopicPartition(HEARTBEATS, 1),
+    TopicPartition(STEPS, 0),
+)
+BUFFERED = {HB0: 10, HB1: 7, ST0: 3}  # the heartbeats first in the buffer, as fetched
+
+
+@pytest.mark.parametrize(
+    ("limits", "max_records"),
+    [
+        pytest.param(None, None, id="no-limit"),
+        pytest.param({HEARTBEATS: 1}, None, id="one-heartbeat-a-call"),
+        pytest.param({HEARTBEATS: 4}, None, id="four"),
+        pytest.param({HEARTBEATS: 10}, None, id="one-partition's-worth"),
+        pytest.param({HEARTBEATS: 4}, 5, id="four-under-max-records-5"),
+        pytest.param({HEARTBEATS: 100}, 2, id="max-records-binds-first"),
+    ],
+)
+def test_every_record_is_taken_once_in_order(limits, max_records) -> None:
+    taken: dict[TopicPartition, list[int]] = {}
+    for call in calls(BUFFERED, limits, max_records):
+        for tp, offsets in call.items():
+            taken.setdefault(tp, []).extend(offsets)
+    assert taken == {tp: list(range(n)) for tp, n in BUFFERED.items()}
+
+
+@pytest.mark.parametrize("limit", [1, 4, 10, 16])
+def test_a_call_takes_at_most_the_limit_of_the_bulk_topic(limit: int) -> None:
+    for call in calls(BUFFERED, {HEARTBEATS: limit}, None):
+        assert sum(len(v) for tp, v in call.items() if tp.topic == HEARTBEATS) <= limit
+
+
+def test_the_other_topics_are_taken_whole_and_first() -> None:
+    # the steps were buffered last, behind 17 heartbeat records; max_records 3 binds
+    first, *_ = calls(BUFFERED, {HEARTBEATS: 4}, 3)
+    assert first == {ST0: [0, 1, 2]}
+    without_limits, *_ = calls(BUFFERED, None, 3)
+    assert without_limits == {HB0: [0, 1, 2]}  # aiokafka's order: the steps would wait
+
+
+def test_the_limit_is_for_the_topic_not_each_partition() -> None:
+    first, second, *_ = calls(BUFFERED, {HEARTBEATS: 12}, None)
+    assert first == {HB0: list(range(10)), HB1: [0, 1], ST0: [0, 1, 2]}
+    assert second == {HB1: [2, 3, 4, 5, 6]}
