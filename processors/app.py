@@ -135,8 +135,10 @@ class LeaderTopic:
     the ``on_leader`` clock (`_add_clock`): without it no Tick is written, and no run is ever
     found dead or hung. faust declares it when its leader assignor starts, after its
     consumer's first metadata, like the changelogs (`changelog_topics`): on a multi-broker
-    cluster a member whose metadata did not have it yet assigned it to no one, and the
-    clock stayed off until the next metadata refresh (five minutes).
+    cluster a group leader whose metadata did not have it yet would assign it to no one,
+    and the clock would stay off until the next metadata refresh (five minutes). The
+    likely cause of one compose run whose tick-only partitions were never committed; not
+    reproduced.
 
     Attributes:
         name: ``<app id>-__assignor-__leader`` (`processors.settings.leader_topic`).
@@ -152,7 +154,12 @@ class LeaderTopic:
 
 
 def topics_faust_declares(settings: ProcessorSettings) -> list[ChangelogTopic | LeaderTopic]:
-    """The topics a worker needs before its consumer's first metadata: changelogs and leader."""
+    """The topics a worker creates before its consumer's first metadata.
+
+    faust would declare each one itself only after that metadata, and a group leader
+    assigns only the topics its metadata has: a changelog left out recovers no table
+    (`changelog_topics`), a leader topic left out stops the clock (`LeaderTopic`).
+    """
     return [*changelog_topics(settings), LeaderTopic(leader_topic(settings.app_id))]
 
 

@@ -306,8 +306,9 @@ def run(args: argparse.Namespace) -> int:
     if args.loglevel is not None:
         for name in _LIBRARY_LOGGERS:
             logging.getLogger(name).setLevel(_LOGLEVELS.get(args.loglevel, logging.ERROR))
-    assignor_level = _LOGLEVELS.get(args.loglevel or "warn", logging.WARNING)
-    logging.getLogger(_ALWAYS_WARN).setLevel(min(logging.WARNING, assignor_level))
+    assignor = logging.getLogger(_ALWAYS_WARN)
+    if assignor.getEffectiveLevel() > logging.WARNING:  # -v and --loglevel may show more
+        assignor.setLevel(logging.WARNING)
     watch = watch_broker(bootstrap)
     try:
         app = create_app(settings, cfg, key)  # type: ignore[arg-type]
