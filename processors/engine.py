@@ -308,7 +308,7 @@ def bulk_share(
     The whole round's time is put on its bulk records, the other topics' share too, so a
     whole round, not only its heartbeats, takes about ``budget_s``. Sized from the average
     of every record instead, the cap let in ~1,000 packs of heartbeats where the steps
-    were half the records and the cheaper half: rounds of 104-121 ms at p99
+    were half the records and the cheaper half: rounds of 63-121 ms at p99
     (`bench/latency.py`, three runs).
     """
     if budget_s <= 0:
