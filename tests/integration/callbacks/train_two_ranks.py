@@ -23,6 +23,29 @@ def tokens(n: int) -> torch.Tensor:
     return torch.randint(0, VOCAB, (n, SEQ), generator=torch.Generator().manual_seed(0))
 
 
+def end_process_group() -> None:
+    """Free and destroy the process group the framework made, so the rank exits clean.
+
+    The transformers Trainer (accelerate) does not destroy its group, and gloo's threads
+    still running when the interpreter tears the group down abort the rank now and then
+    ("terminate called without an active exception", SIGABRT after the last step: a
+    gang that is then dead, for a run that completed; docs/controller.md, "A clean exit
+    must be clean"). Threads left after this are printed, so a failure shows them.
+    """
+    import gc
+
+    import torch.distributed as dist
+
+    from runwatch.producers.backend import gloo_threads
+
+    gc.collect()  # the DDP wrapper sits in reference cycles
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    left = gloo_threads()
+    if left:
+        print(f"gloo threads left after destroy_process_group: {sorted(set(left))}", flush=True)
+
+
 def hf(out: Path) -> None:
     import transformers
 
@@ -60,6 +83,8 @@ def hf(out: Path) -> None:
     )
     trainer.train()
     assert trainer.args.world_size == 2, trainer.args.world_size
+    del trainer  # the Trainer holds the DDP model, and the model its process group
+    end_process_group()
 
 
 def lightning(out: Path) -> None:
@@ -100,6 +125,8 @@ def lightning(out: Path) -> None:
     data = torch.utils.data.TensorDataset(tokens(32))
     trainer.fit(Module(), torch.utils.data.DataLoader(data, batch_size=2))
     assert trainer.world_size == 2, trainer.world_size
+    del trainer
+    end_process_group()
 
 
 if __name__ == "__main__":
