@@ -30,20 +30,15 @@ def end_process_group() -> None:
     still running when the interpreter tears the group down abort the rank now and then
     ("terminate called without an active exception", SIGABRT after the last step: a
     gang that is then dead, for a run that completed; docs/controller.md, "A clean exit
-    must be clean"). Threads left after this are printed, so a failure shows them.
+    must be clean"). `TorchDDPBackend.shutdown` destroys it and says on stderr when gloo
+    threads outlive it.
     """
     import gc
 
-    import torch.distributed as dist
-
-    from runwatch.producers.backend import gloo_threads
+    from runwatch.producers.backend import TorchDDPBackend
 
     gc.collect()  # the DDP wrapper sits in reference cycles
-    if dist.is_initialized():
-        dist.destroy_process_group()
-    left = gloo_threads()
-    if left:
-        print(f"gloo threads left after destroy_process_group: {sorted(set(left))}", flush=True)
+    TorchDDPBackend().shutdown()
 
 
 def hf(out: Path) -> None:
