@@ -41,9 +41,10 @@ Prints a summary and one JSON line. Sizes are arguments; on this 2-core machine 
 defaults take a few minutes:
 
     .venv/bin/python bench/fleet.py [--runs 1000] [--steps 6] [--load 0.8] [--load-s 40]
-                                    [--capacity-s 8] [--repeat 10]
+                                    [--capacity-s 8] [--repeat 10] [--py-spy FILE]
 
-With ``--repeat N``: N whole runs, then ``p99 < 250 ms in K of N`` and a JSON summary.
+With ``--repeat N``: N whole runs, then ``p99 < 250 ms in K of N`` and a JSON summary. With
+``--py-spy FILE``: where the two workers' CPU went under the load, per part of the work.
 
 Workers run ``python -m runwatch.cli`` from the current directory.
 """
@@ -66,6 +67,8 @@ import multiprocessing as mp
 import os
 import random
 import shutil
+import signal
+import subprocess
 import tempfile
 import threading
 import time
@@ -390,6 +393,15 @@ def main() -> int:
     parser.add_argument("--probes", type=int, default=10, help="fast runs that carry spikes")
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
     parser.add_argument(
+        "--py-spy",
+        type=Path,
+        default=None,
+        help="sample each worker with py-spy over phase 3, the thread holding the GIL only (raw "
+        "collapsed stacks into FILE.worker0 and FILE.worker1; with --repeat, "
+        "FILE.runN.workerI) and print each part's share (bench/processors.py's "
+        "PROFILE_PARTS) in us of the workers' paced CPU per event",
+    )
+    parser.add_argument(
         "--repeat",
         type=int,
         default=1,
@@ -400,7 +412,7 @@ def main() -> int:
     exit_on_sigterm()  # stop the children it started when it is stopped itself
     results = []
     for i in range(args.repeat):
-        result = measure(args)
+        result = measure(args, i)
         result["run"] = i
         print(json.dumps(result), flush=True)
         results.append(result)
@@ -453,8 +465,10 @@ class Generator:
 class Fleet:
     """One whole run's broker, topics and workers, and what its phases share."""
 
-    def __init__(self, args: argparse.Namespace, stack: ExitStack, root: Path) -> None:
-        self.args, self.stack = args, stack
+    def __init__(
+        self, args: argparse.Namespace, stack: ExitStack, root: Path, run_index: int = 0
+    ) -> None:
+        self.args, self.stack, self.run_index = args, stack, run_index
         self.runs = fleet(args.runs, args.pack_above)
         self.prefix, self.group = "fleet", "fleet-app"
         self.topics = names(self.prefix)
@@ -545,8 +559,10 @@ class Fleet:
         gen.go.set()
         probe.start()
         t_load = time.time()
+        spies = self.start_py_spies()
         time.sleep(self.args.load_s)  # the measured window of sustained load
         cores = split.cores()
+        profiles = self.stop_py_spies(spies)
         t_load_end, t_window = time.time(), time.monotonic()
         # The window's spikes judged before the kill (the load goes on): a verdict still in
         # the killed worker's pipeline would be counted at its successor's recovery time
@@ -594,7 +610,40 @@ class Fleet:
             "spikes_judged": sum(k in watch.seen_s for k in probe.sent_s),
             "latency_after_kill_p99_ms": pct(after_kill, 0.99),
             "recovery_after_sigkill_s": round(recovery_s, 1),
+            **({"profile_loaded": profiles} if profiles else {}),
         }
+
+    def start_py_spies(self) -> list[tuple[subprocess.Popen[bytes], Path]]:
+        """``--py-spy``: one py-spy per worker from now on (none without it)."""
+        if self.args.py_spy is None:
+            return []
+        spy = _sibling("processors").start_py_spy
+        stem = self.args.py_spy
+        if self.args.repeat > 1:
+            stem = stem.with_name(f"{stem.name}.run{self.run_index}")
+        outs = [stem.with_name(f"{stem.name}.worker{i}") for i in range(len(self.workers))]
+        pids = [w.proc.pid for w in self.workers]
+        return [(spy(pid, out, gil=True), out) for pid, out in zip(pids, outs, strict=True)]
+
+    @staticmethod
+    def stop_py_spies(spies: list[tuple[subprocess.Popen[bytes], Path]]) -> dict[str, float]:
+        """Stop the py-spies; every part's share of the workers' samples together."""
+        counts: dict[str, float] = {}
+        for proc, _ in spies:
+            proc.send_signal(signal.SIGINT)  # py-spy writes its file when interrupted
+        for proc, out in spies:
+            proc.wait(60)
+            if not out.exists():
+                continue
+            samples = sum(
+                int(n)
+                for n in (line.rpartition(" ")[2] for line in out.read_text().splitlines())
+                if n.isdigit()
+            )
+            for part, share in _sibling("processors").profile_split(out).items():
+                counts[part] = counts.get(part, 0.0) + share * samples
+        total = sum(counts.values())
+        return {part: n / total for part, n in counts.items()} if total else {}
 
 
 class Offer:
@@ -631,13 +680,13 @@ WINDOW_VERDICTS_WAIT_S = 30.0
 """Longest the load goes on after its window for the window's verdicts, before the SIGKILL."""
 
 
-def measure(args: argparse.Namespace) -> dict[str, Any]:
+def measure(args: argparse.Namespace, run_index: int = 0) -> dict[str, Any]:
     """One whole run (broker, drain, capacity under load, load, SIGKILL): prints it, returns it."""
     root = Path(tempfile.mkdtemp(prefix="runwatch-fleet-"))
     with ExitStack() as stack:
         if not args.keep:
             stack.callback(shutil.rmtree, root, True)
-        run = Fleet(args, stack, root)
+        run = Fleet(args, stack, root, run_index)
         drained = run.drain()
         first_step, capacity = args.steps + 1, float(drained["events_per_s"])
         searched: dict[str, Any] = {}
@@ -697,6 +746,15 @@ def print_result(result: dict[str, Any]) -> None:
             for i, o in enumerate(result["load_age_max_by_worker"])
         )
     )
+    profile = result.get("profile_loaded")
+    if profile:
+        paced_us = 1e6 * result["load_cores"]["workers"] / result["load_events_per_s"]
+        print(
+            f"py-spy samples per part, the two workers under the load: us of their "
+            f"{paced_us:.2f} us CPU per event (the drain's: {result['cpu_us_per_event']})"
+        )
+        for part, share in sorted(profile.items(), key=lambda kv: -kv[1]):
+            print(f"  {part:<64} {share * paced_us:5.2f} us  {share:6.1%}")
 
 
 if __name__ == "__main__":

@@ -349,11 +349,16 @@ def throughput(
     return figures, worker
 
 
-def start_py_spy(pid: int, out: Path) -> subprocess.Popen[bytes]:
-    """``py-spy record`` of every thread of ``pid`` into ``out`` (raw collapsed stacks)."""
+def start_py_spy(pid: int, out: Path, *, gil: bool = False) -> subprocess.Popen[bytes]:
+    """``py-spy record`` of every thread of ``pid`` into ``out`` (raw collapsed stacks).
+
+    With ``gil``, only the thread holding the GIL is sampled: where the Python threads'
+    CPU goes, without the samples of a thread waiting for the GIL (which py-spy otherwise
+    counts where the wait began: a socket write, the selector).
+    """
     exe = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     argv = [exe, "record", "--pid", str(pid), "--rate", "250", "--format", "raw"]
-    argv += ["--nonblocking", "--threads", "--output", str(out)]
+    argv += ["--nonblocking", "--threads", *(["--gil"] if gil else []), "--output", str(out)]
     return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
