@@ -237,7 +237,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     prom_file.chmod(0o444)
     empty_env = tmp / "empty.env"  # never the developer's compose/.env
     empty_env.write_text("")
-    project = f"rwtest{uuid.uuid4().hex[:8]}"
+    remove_abandoned_stacks()
+    project = f"{PROJECT_PREFIX}{os.getpid()}x{uuid.uuid4().hex[:6]}"
     ports = {
         "KAFKA_1_PORT": k1,
         "KAFKA_2_PORT": k2,
@@ -285,6 +286,53 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+PROJECT_PREFIX = "rwtest"
+"""A test stack's project is ``rwtest<pid>x<hex>``: the pid of the pytest that made it."""
+
+
+def remove_abandoned_stacks() -> None:
+    """Remove the containers and volumes of test stacks whose pytest is gone.
+
+    A test run killed before its teardown leaves its stack behind, and the services'
+    ``restart: unless-stopped`` brings it back whenever the Docker engine starts: four JVMs
+    and workers loading every later test and bench on the box. A stack whose pytest still
+    runs (another session on the same box) is left alone.
+    """
+    out = subprocess.run(
+        ["docker", "ps", "-a", "--filter", "label=com.docker.compose.project",
+         "--format", '{{.ID}} {{.Label "com.docker.compose.project"}}'],
+        capture_output=True, text=True, check=True, timeout=60,
+    ).stdout  # fmt: skip
+    abandoned: dict[str, list[str]] = {}
+    for line in out.splitlines():
+        container, _, project = line.partition(" ")
+        pid = project.removeprefix(PROJECT_PREFIX).partition("x")[0]
+        if project.startswith(PROJECT_PREFIX) and pid.isdigit() and not _alive(int(pid)):
+            abandoned.setdefault(project, []).append(container)
+    for project, containers in abandoned.items():
+        subprocess.run(["docker", "rm", "-f", "-v", *containers], check=True, timeout=120,
+                       capture_output=True)  # fmt: skip
+        volumes = subprocess.run(
+            ["docker", "volume", "ls", "-q", "--filter",
+             f"label=com.docker.compose.project={project}"],
+            capture_output=True, text=True, check=True, timeout=60,
+        ).stdout.split()  # fmt: skip
+        if volumes:
+            subprocess.run(["docker", "volume", "rm", *volumes], check=True, timeout=120,
+                           capture_output=True)  # fmt: skip
+        print(f"removed the abandoned test stack {project}: {len(containers)} containers")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process
+    return True
 
 
 def _venv_python() -> str:
