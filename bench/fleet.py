@@ -628,20 +628,15 @@ class Fleet:
     @staticmethod
     def stop_py_spies(spies: list[tuple[subprocess.Popen[bytes], Path]]) -> dict[str, float]:
         """Stop the py-spies; every part's share of the workers' samples together."""
-        counts: dict[str, float] = {}
+        counts: dict[str, int] = {}
         for proc, _ in spies:
             proc.send_signal(signal.SIGINT)  # py-spy writes its file when interrupted
         for proc, out in spies:
             proc.wait(60)
             if not out.exists():
                 continue
-            samples = sum(
-                int(n)
-                for n in (line.rpartition(" ")[2] for line in out.read_text().splitlines())
-                if n.isdigit()
-            )
-            for part, share in _sibling("processors").profile_split(out).items():
-                counts[part] = counts.get(part, 0.0) + share * samples
+            for part, n in _sibling("processors").profile_counts(out).items():
+                counts[part] = counts.get(part, 0) + n
         total = sum(counts.values())
         return {part: n / total for part, n in counts.items()} if total else {}
 

@@ -377,10 +377,9 @@ PROFILE_PARTS: list[tuple[str, tuple[str, ...]]] = [
 ]
 
 
-def profile_split(raw: Path) -> dict[str, float]:
-    """Share of the worker's samples per part (`PROFILE_PARTS`; the rest is "other")."""
+def profile_counts(raw: Path) -> dict[str, int]:
+    """The worker's samples per part (`PROFILE_PARTS`; the rest is "other")."""
     counts: dict[str, int] = {}
-    total = 0
     for line in raw.read_text().splitlines():
         stack, _, n = line.rpartition(" ")
         if not n.isdigit():
@@ -391,7 +390,13 @@ def profile_split(raw: Path) -> dict[str, float]:
             "other",
         )
         counts[part] = counts.get(part, 0) + int(n)
-        total += int(n)
+    return counts
+
+
+def profile_split(raw: Path) -> dict[str, float]:
+    """Share of the worker's samples per part (`PROFILE_PARTS`; the rest is "other")."""
+    counts = profile_counts(raw)
+    total = sum(counts.values())
     return {part: n / max(total, 1) for part, n in sorted(counts.items(), key=lambda kv: -kv[1])}
 
 
