@@ -229,19 +229,11 @@ class RankTable:
     def to_wire(self) -> list[Any]:
         """The contents as msgpack-able values: packed integer arrays, raw float64 bytes."""
         data = self.read()
-        streaks = sorted(data.streaks.items())  # sets: canonical order, whatever the history
-        buckets: list[Any] = []
-        for bucket in data.buckets:
-            buckets += [pack_ints(list(bucket)), _pack_floats(list(bucket.values()))]
-        return [
-            pack_ints(data.steps),
-            pack_ints(data.ts),
-            pack_ints(sorted(data.dead)),
-            *buckets,
-            pack_ints([rank for rank, _ in streaks]),
-            pack_ints([streak for _, streak in streaks]),
-            pack_ints(sorted(data.flagged)),
-        ]
+        if len(data.steps) <= SMALL:
+            plain = _plain_wire(data)
+            if plain is not None:
+                return plain
+        return _packed_wire(data)
 
     @classmethod
     def from_wire(cls, wire: Any) -> RankTable:
@@ -273,6 +265,60 @@ class RankTable:
                 dict.fromkeys(unpack_ints(flagged)),
             )
         )
+
+
+def _packed_wire(data: TableData) -> list[Any]:
+    """`RankTable.to_wire` of any table, each array through `pack_ints` or `_pack_floats`."""
+    streaks = sorted(data.streaks.items())  # sets: canonical order, whatever the history
+    buckets: list[Any] = []
+    for bucket in data.buckets:
+        buckets += [pack_ints(list(bucket)), _pack_floats(list(bucket.values()))]
+    return [
+        pack_ints(data.steps),
+        pack_ints(data.ts),
+        pack_ints(sorted(data.dead)),
+        *buckets,
+        pack_ints([rank for rank, _ in streaks]),
+        pack_ints([streak for _, streak in streaks]),
+        pack_ints(sorted(data.flagged)),
+    ]
+
+
+def _plain_wire(data: TableData) -> list[Any] | None:
+    """`_packed_wire` of a table whose every array is plain (`SMALL` values or fewer), or None.
+
+    A fleet's small runs have only such tables, and the fold encodes each one a round
+    (`processors.core.state_codec`), so their wire form is built here in one call instead
+    of nine: the same values `pack_ints` and `_pack_floats` give arrays that short (an
+    empty one ``[]``, any other ``["list", values]``, a bucket's step times as they are).
+    None when an array is longer: `_packed_wire` packs it.
+    """
+    steps, ts, dead, streaks, flagged = data.steps, data.ts, data.dead, data.streaks, data.flagged
+    older, newer = data.buckets
+    if not (dead or streaks or flagged or older or newer):  # a healthy run between steps
+        if len(ts) > SMALL:
+            return None
+        first = ["list", steps.copy()] if steps else []
+        return [first, ["list", ts.copy()] if ts else [], [], [], [], [], [], [], [], []]
+    if max(len(ts), len(dead), len(streaks), len(flagged), len(older), len(newer)) > SMALL:
+        return None
+    wire: list[Any] = [
+        ["list", steps.copy()] if steps else [],
+        ["list", ts.copy()] if ts else [],
+        ["list", sorted(dead)] if dead else [],
+    ]
+    for bucket in (older, newer):
+        if bucket:
+            wire += (["list", list(bucket)], list(bucket.values()))
+        else:
+            wire += ([], [])
+    if streaks:
+        ranks = sorted(streaks)  # canonical order, whatever the history (`_packed_wire`)
+        wire += (["list", ranks], ["list", [streaks[rank] for rank in ranks]])
+    else:
+        wire += ([], [])
+    wire.append(["list", sorted(flagged)] if flagged else [])
+    return wire
 
 
 _new_table: Final = object.__new__

@@ -6,8 +6,9 @@ import random
 import struct
 from typing import Any
 
+import msgspec
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from runwatch.processors.core import stragglers
@@ -15,7 +16,15 @@ from runwatch.processors.core.config import DetectorConfig, with_overrides
 from runwatch.processors.core.detectors import rank_scans
 from runwatch.processors.core.ledger import ROW, pack_rows, unpack_rows
 from runwatch.processors.core.liveness import LivenessEvent, LivenessState, fold_liveness
-from runwatch.processors.core.rank_table import RankTable, pack_ints, unpack_ints
+from runwatch.processors.core.rank_table import (
+    SMALL,
+    RankTable,
+    TableData,
+    _packed_wire,
+    _plain_wire,
+    pack_ints,
+    unpack_ints,
+)
 from runwatch.processors.core.state_codec import decode_state, encode_state
 from runwatch.schemas.codec import encode
 from runwatch.schemas.events import Heartbeat, RunEnded, RunStarted, Tick
@@ -182,6 +191,53 @@ def test_old_states_read_and_fold_as_they_were(
 def test_packed_integers_round_trip_exactly(values: list[int]) -> None:
     packed = pack_ints(values)
     assert unpack_ints(packed) == values
+
+
+def _tables(max_ranks: int) -> st.SearchStrategy[TableData]:
+    """Tables of up to ``max_ranks`` ranks, each container filled at random (some past
+    `SMALL`, some empty), integers anywhere in int64 and beyond it."""
+    ints = st.one_of(st.integers(-5, 300), st.integers(-(2**63), 2**64 - 1))
+    ranks = st.integers(0, 2 * SMALL)
+    floats = st.floats(allow_nan=True, allow_infinity=True)
+    any_table = st.builds(
+        TableData,
+        st.lists(ints, max_size=max_ranks),
+        st.lists(ints, max_size=max_ranks),
+        st.dictionaries(ranks, st.none(), max_size=SMALL + 2),
+        st.lists(st.dictionaries(ranks, floats, max_size=SMALL + 2), min_size=2, max_size=2),
+        st.dictionaries(ranks, ints, max_size=SMALL + 2),
+        st.dictionaries(ranks, st.none(), max_size=SMALL + 2),
+    )
+    healthy = st.builds(  # no dead rank, no straggler, no open bucket: most tables
+        lambda steps, ts: TableData(steps, ts, {}, [{}, {}], {}, {}),
+        st.lists(ints, max_size=max_ranks),
+        st.lists(ints, max_size=max_ranks),
+    )
+    return st.one_of(any_table, healthy)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_tables(SMALL + 3))
+@example(TableData([1] * SMALL, [2] * (SMALL + 1), {}, [{}, {}], {}, {}))  # one array past
+@example(TableData([1] * SMALL, [2] * SMALL, {}, [{}, {3: 0.5}], {}, dict.fromkeys(range(65))))
+def test_a_small_tables_wire_form_is_the_packed_paths(data: TableData) -> None:
+    """`to_wire`'s plain path (`_plain_wire`) gives exactly the values, and the bytes, of
+    the general one (`_packed_wire`) whenever it answers; it declines any longer array."""
+    plain = _plain_wire(data)
+    packed = _packed_wire(data)
+    lengths = [len(data.ts), len(data.dead), len(data.streaks), len(data.flagged)]
+    if plain is None:
+        assert max(*lengths, *map(len, data.buckets)) > SMALL
+    else:
+        assert plain == packed
+        assert repr(plain) == repr(packed)  # NaN: the same float objects' order and values
+        assert msgspec.msgpack.encode(plain) == msgspec.msgpack.encode(packed)
+    assert repr(_table(data).to_wire()) == repr(packed)
+
+
+def _table(data: TableData) -> RankTable:
+    """A root version holding ``data`` (what `RankTable.from_wire` makes)."""
+    return RankTable(data)
 
 
 def test_malformed_wire_tables_are_value_errors() -> None:
