@@ -221,7 +221,8 @@ def fold_chunks(
         stored = [r for r in runs_in_partition(partition) if r not in evicted]
         return [*stored, *runs] if runs else stored
 
-    for chunk in _chunks(items, chunk_events):
+    chunks = list(_chunks(items, chunk_events))
+    for index, chunk in enumerate(chunks, start=1):
         result = fold_batch(role, chunk, carried_load, runs_in, cfg)
         states.update(result.states)
         encoded.update(result.encoded)
@@ -233,12 +234,14 @@ def fold_chunks(
             for runs in seen.values():
                 runs.discard(run_id)
         # Runs whose states this chunk made or kept, each (partition, run) once, in the
-        # order of its first record (the sets' insertion order, as one record at a time).
-        partitions = map(_PARTITION, map(_SOURCE, chunk))
-        pairs = zip(partitions, map(_RUN_ID, map(_EVENT, chunk)), strict=True)
-        for partition, run_id in dict.fromkeys(pairs):
-            if run_id in states and run_id != TICK_RUN_ID:
-                seen.setdefault(partition, set()).add(run_id)
+        # order of its first record (the sets' insertion order, as one record at a time),
+        # for the later chunks' Ticks: none after the last (a paced round's only) chunk.
+        if index < len(chunks):
+            partitions = map(_PARTITION, map(_SOURCE, chunk))
+            pairs = zip(partitions, map(_RUN_ID, map(_EVENT, chunk)), strict=True)
+            for partition, run_id in dict.fromkeys(pairs):
+                if run_id in states and run_id != TICK_RUN_ID:
+                    seen.setdefault(partition, set()).add(run_id)
         yield BatchResult(states, result.outputs, result.dead, encoded, frozenset(evicted))
 
 
