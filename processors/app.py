@@ -635,9 +635,10 @@ class _BatchSink:
     after it is processed, nothing since the last checkpoint acknowledged).
     """
 
-    def __init__(self, app: faust.App, roles: dict[str, _Agent]) -> None:
+    def __init__(self, app: faust.App, roles: dict[str, _Agent], bulk: Iterable[str] = ()) -> None:
         self.app = app
         self.roles = roles  # input topic name -> the role's body (table, writes, publish)
+        self.bulk = frozenset(bulk)  # input topics folded after the others' outputs went out
         self.sent: list[Any] = []  # the producer's futures of every output since the last flush
 
     @property
@@ -663,18 +664,26 @@ class _BatchSink:
         """Fold every role's records and hand their outputs to the producer.
 
         The fold goes in chunks of about `FOLD_CHUNK_EVENTS` events, and each chunk's
-        outputs are handed to the producer as soon as the chunk is folded: a verdict
-        waits for the fold of its chunk, not of the whole round. Every output is still
-        acknowledged by Kafka before any state folded with it is written (`Checkpoint`).
+        outputs are handed to the producer as soon as the chunk is folded. The producer
+        sends only while the event loop runs, so before the bulk (the heartbeats) is
+        folded, the round gives the outputs of its other roles up to `URGENT_DELIVERY_S`
+        to go out (`deliver`): a verdict waits for the fold of its own role's chunk, not
+        of the round's heartbeats. Every output is still acknowledged by Kafka before any
+        state folded with it is written (`Checkpoint`).
         """
         agents = [self.roles[topic] for topic in by_topic]
         for agent in agents:
             await agent.wait_for_metadata()
         t0 = time.perf_counter()
         sent = self.sent
-        for agent, records in zip(agents, by_topic.values(), strict=True):
+        urgent: list[Any] = []  # this round's outputs of the roles folded before the bulk
+        for topic, agent, records in zip(by_topic, agents, by_topic.values(), strict=True):
+            bulk = topic in self.bulk
+            if bulk and urgent:
+                await self.deliver(urgent)
+            handed: list[Any] = []
             good, dead = split(records, agent.role)
-            sent += await agent.send(dead)
+            handed += await agent.send(dead)
             encoded: dict[str, bytes] = {}
             states: dict[str, Any] = {}
             evicted: frozenset[str] = frozenset()
@@ -682,12 +691,29 @@ class _BatchSink:
             for result in fold_chunks(
                 agent.role, good, agent.load, agent.runs_in_partition, agent.cfg, FOLD_CHUNK_EVENTS
             ):
-                sent += await agent.send([*result.dead, *(agent.finish(o) for o in result.outputs)])
+                outputs = [*result.dead, *(agent.finish(o) for o in result.outputs)]
+                handed += await agent.send(outputs)
                 encoded, states, evicted = result.encoded, result.states, result.evicted
             agent.round_index = None
             agent.evict(evicted)
             agent.absorb(encoded, states)
+            sent += handed
+            if not bulk:
+                urgent += handed
         self.stats.note("fold_ms", 1000 * (time.perf_counter() - t0))
+
+    async def deliver(self, futures: list[Any]) -> None:
+        """Give the outputs handed over so far this round `URGENT_DELIVERY_S` to be delivered.
+
+        The producer sends only while the event loop runs, and a round's fold does not
+        yield to it: a verdict handed over with the steps' chunk left the worker only once
+        the round's heartbeats were folded too. Waiting here lets the producer send it (and
+        Kafka acknowledge it) first. A failed delivery is not raised here: the checkpoint's
+        `outputs_acknowledged` waits for every output again and stops the worker on it.
+        """
+        t0 = time.perf_counter()
+        await asyncio.wait(futures, timeout=URGENT_DELIVERY_S)
+        self.stats.note("deliver_ms", 1000 * (time.perf_counter() - t0))
 
     async def outputs_acknowledged(self) -> None:
         """Return once Kafka acknowledged every output handed over since the last checkpoint."""
@@ -749,6 +775,12 @@ class _BatchSink:
         await self.app.crash(exc)
         await asyncio.Event().wait()  # never return: nothing since the last flush is acknowledged
 
+
+URGENT_DELIVERY_S: Final = engine.ROUND_BULK_S
+"""The longest a round waits, before it folds the bulk (the heartbeats), for the outputs of
+its other roles to be delivered (`_BatchSink.deliver`). No longer than the bulk's fold takes
+(about `engine.ROUND_BULK_S`): past that, folding the bulk first delays a verdict no more.
+A round whose other roles made no output waits not at all."""
 
 FOLD_CHUNK_EVENTS: Final = 4096
 """Events the batch path folds before handing their outputs to the producer (a pack
@@ -831,9 +863,8 @@ def create_app(
         bodies[topic_name] = _Agent(app, role, table, settings, cfg, topics, finish, faults)
     # The heartbeats are the bulk: a round takes every step, checkpoint and anomaly buffered
     # and about `engine.ROUND_BULK_S` of the heartbeats (a spike waits for less of them).
-    app.ingest_batches(
-        sources, _BatchSink(app, bodies), settings.state_flush_s, bulk=[topics.heartbeats]
-    )
+    bulk = [topics.heartbeats]
+    app.ingest_batches(sources, _BatchSink(app, bodies, bulk), settings.state_flush_s, bulk=bulk)
     app.on_partitions_assigned.connect(_check_assignment(settings))
     log.info("store: %s", settings.store)
 

@@ -263,7 +263,8 @@ ROUND_BULK_S: Final = 0.05
 """About how long a round takes when the bulk topics (the heartbeats) have more waiting.
 
 A spike's step waits for the round in progress, then is folded first in its own round
-(`FOLD_ORDER`), its verdict out with the steps' chunk. Rounds used to be whatever the
+(`FOLD_ORDER`), its verdict delivered before the round's heartbeats are folded
+(`processors.app.URGENT_DELIVERY_S`). Rounds used to be whatever the
 fetches had brought, and a worker behind on a heartbeat partition (a large run's, or any
 after a pause) folded all of it in one round: rounds of 118-343 ms at p99 on a 2-core
 box, and a step that came in meanwhile waited for all of it. A round now takes every
@@ -762,7 +763,9 @@ class RoundStats:
     oldest record's age, from its Kafka timestamp, when the fold starts; ``age_max_at``:
     ``topic:partition`` of the interval's oldest), ``fold_ms``
     (decode + `fold_batch`, all roles, outputs handed to the producer chunk by chunk),
-    ``round_ms`` (the whole round); per flush: ``publish_ms`` (waiting for the outputs'
+    ``deliver_ms`` (within ``fold_ms``, a round whose steps, checkpoints or anomalies made
+    outputs: waiting for them to be delivered before its heartbeats' fold), ``round_ms``
+    (the whole round); per flush: ``publish_ms`` (waiting for the outputs'
     acknowledgements), ``write_ms`` (table writes handed to the producer), ``flush_ms``
     (the flush on the round's path: steps 1-3 of `Checkpoint`), ``ack_ms`` (beside the
     next rounds: waiting for the changelog acknowledgements, step 4);
