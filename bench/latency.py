@@ -471,8 +471,8 @@ def round_stats(log: Path, window: tuple[float, float]) -> dict[str, dict[str, f
         if window[0] <= s["t"] - s["interval_s"] and s["t"] <= window[1] + 0.5
     ]
     merged: dict[str, dict[str, float]] = {}
-    for name in ("records", "wait_ms", "age_ms", "fold_ms", "deliver_ms", "round_ms",
-                 "publish_ms", "write_ms", "flush_ms", "ack_ms", "min_kb"):  # fmt: skip
+    for name in ("records", "wait_ms", "age_ms", "urgent_age_ms", "fold_ms", "deliver_ms",
+                 "round_ms", "publish_ms", "write_ms", "flush_ms", "ack_ms", "min_kb"):  # fmt: skip
         parts = [s[name] for s in lines if name in s]
         if parts:
             merged[name] = {

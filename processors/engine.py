@@ -761,7 +761,9 @@ class RoundStats:
     Quantities: ``wait_ms`` (the fetch: `Consumer.getmany` waiting for records across
     faust's consumer thread), ``records`` (records per round), ``age_ms`` (the round's
     oldest record's age, from its Kafka timestamp, when the fold starts; ``age_max_at``:
-    ``topic:partition`` of the interval's oldest), ``fold_ms``
+    ``topic:partition`` of the interval's oldest), ``urgent_age_ms`` (the same of the
+    round's records outside the bulk topics, when it has any: how long a spike's step
+    waited for its round), ``fold_ms``
     (decode + `fold_batch`, all roles, outputs handed to the producer chunk by chunk),
     ``deliver_ms`` (within ``fold_ms``, a round whose steps, checkpoints or anomalies made
     outputs: waiting for them to be delivered before its heartbeats' fold), ``round_ms``
@@ -1109,7 +1111,11 @@ class BatchIngest:
             stats.note("records", taken)
             oldest_tp = min(take, key=lambda tp: take[tp][1][0].timestamp_ms)
             oldest_ms = take[oldest_tp][1][0].timestamp_ms
-            stats.note_age(time.time() * 1000 - oldest_ms, oldest_tp.topic, oldest_tp.partition)
+            now_ms = time.time() * 1000
+            stats.note_age(now_ms - oldest_ms, oldest_tp.topic, oldest_tp.partition)
+            urgent = [take[tp][1][0].timestamp_ms for tp in take if tp.topic not in self.bulk]
+            if urgent:  # what a spike's step waited before its round: fetch, round before
+                stats.note("urgent_age_ms", now_ms - min(urgent))
         t_sink = time.perf_counter()
         await self.sink({tp: recs for tp, (_, recs) in take.items()})
         if self.bulk:

@@ -11,6 +11,7 @@ tests/integration/processors/.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Mapping, Sequence
 from types import SimpleNamespace
 from typing import Any, NamedTuple
@@ -18,7 +19,7 @@ from typing import Any, NamedTuple
 import pytest
 from faust.types import TP
 
-from runwatch.processors.engine import BatchIngest
+from runwatch.processors.engine import BatchIngest, RoundStats
 
 IN = TP("in", 0)
 OTHER = TP("in", 1)
@@ -386,3 +387,27 @@ def test_a_checkpoint_whose_states_kafka_refuses_acknowledges_nothing_after_it()
     assert sink.stopped == ["the states of the checkpoint before the last rounds"]
     assert sink.flushes == 1  # the second round's states were not written...
     assert consumer.acked == []  # ...and neither round was acknowledged
+
+
+class Stamped(NamedTuple):
+    offset: int
+    timestamp_ms: int
+
+
+def test_a_round_notes_how_long_its_urgent_records_waited_apart_from_the_bulk() -> None:
+    """``urgent_age_ms``: the oldest record outside the bulk topics, however old the bulk's."""
+    steps, beats = TP("steps", 0), TP("beats", 0)
+    sink = Sink()
+    ingest = BatchIngest({"steps", "beats"}, sink, flush_interval_s=3600.0, bulk={"beats"})
+    ingest.stats = RoundStats(interval_s=3600.0)
+    consumer = StandInConsumer()
+    consumer.active = {steps, beats}
+    now_ms = time.time() * 1000
+    run_round(ingest, consumer, {beats: [Stamped(0, int(now_ms - 5_000))]})
+    assert "urgent_age_ms" not in ingest.stats.samples  # a round of the bulk alone
+    stamps = [int(now_ms - 300), int(now_ms - 100)]
+    run_round(ingest, consumer, {steps: [Stamped(0, stamps[0]), Stamped(1, stamps[1])],
+                                 beats: [Stamped(1, int(now_ms - 4_000))]})  # fmt: skip
+    (urgent,) = ingest.stats.samples["urgent_age_ms"]
+    assert 300 <= urgent < 4_000  # the steps' oldest, not the heartbeats'
+    assert max(ingest.stats.samples["age_ms"]) >= 4_000
