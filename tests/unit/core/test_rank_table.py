@@ -232,12 +232,7 @@ def test_a_small_tables_wire_form_is_the_packed_paths(data: TableData) -> None:
         assert plain == packed
         assert repr(plain) == repr(packed)  # NaN: the same float objects' order and values
         assert msgspec.msgpack.encode(plain) == msgspec.msgpack.encode(packed)
-    assert repr(_table(data).to_wire()) == repr(packed)
-
-
-def _table(data: TableData) -> RankTable:
-    """A root version holding ``data`` (what `RankTable.from_wire` makes)."""
-    return RankTable(data)
+    assert repr(RankTable(data).to_wire()) == repr(packed)  # a root version holding it
 
 
 def test_malformed_wire_tables_are_value_errors() -> None:

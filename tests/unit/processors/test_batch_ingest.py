@@ -394,12 +394,14 @@ class Stamped(NamedTuple):
     timestamp_ms: int
 
 
-def test_a_round_notes_how_long_its_urgent_records_waited_apart_from_the_bulk() -> None:
+def test_a_round_notes_how_long_its_urgent_records_waited_apart_from_the_bulk(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """``urgent_age_ms``: the oldest record outside the bulk topics, however old the bulk's."""
+    monkeypatch.setenv(RoundStats.ENV, "3600")  # stats on, no line within the test
     steps, beats = TP("steps", 0), TP("beats", 0)
     sink = Sink()
     ingest = BatchIngest({"steps", "beats"}, sink, flush_interval_s=3600.0, bulk={"beats"})
-    ingest.stats = RoundStats(interval_s=3600.0)
     consumer = StandInConsumer()
     consumer.active = {steps, beats}
     now_ms = time.time() * 1000
