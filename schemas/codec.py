@@ -193,6 +193,9 @@ _PAIRS: Final = bytes(ord("<") if b in b"[{" else ord(">") if b in b"]}" else b 
 _COUNT_BRACKETS_BYTES: Final = 1024
 """Records up to this size count their brackets first (two scans, cheaper than the depth
 when that count cannot exceed the bound); larger ones, packs, go to the depth at once."""
+MANY_MAX_RECORD_BYTES: Final = _COUNT_BRACKETS_BYTES
+"""The largest record `decode_many` decodes with others (a larger one, a pack of many
+events, makes it decline the whole batch: decode it on its own)."""
 _PEEL_PASSES: Final = 64
 """Most passes `_peeled_depth` makes before the linear scan takes over (hostile depths)."""
 
@@ -347,7 +350,7 @@ def decode_many(values: Sequence[bytes]) -> list[AnyEvent] | None:
     try:
         if not all(map(bytes.startswith, values, repeat(b"{"))):
             return None
-        if max(map(len, values), default=0) > _COUNT_BRACKETS_BYTES:
+        if max(map(len, values), default=0) > MANY_MAX_RECORD_BYTES:
             return None
         joined = b"\n".join(values)
         if joined.count(b"\n") != len(values) - 1:

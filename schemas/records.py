@@ -36,7 +36,7 @@ from typing import Final, NamedTuple
 
 import msgspec
 
-from runwatch.schemas.codec import DecodeError, decode, decode_many
+from runwatch.schemas.codec import MANY_MAX_RECORD_BYTES, DecodeError, decode, decode_many
 from runwatch.schemas.events import (
     MAX_DEADLETTER_PAYLOAD_BYTES,
     MAX_ID_CHARS,
@@ -235,9 +235,13 @@ def split(records: Iterable[RawRecord], role: TopicRole) -> tuple[list[Decoded],
     Exactly `check` of each record, in chunks of `SPLIT_CHUNK` records: a chunk of small
     events decodes in one msgspec call (`schemas.codec.decode_many`), and when every
     event of it is a plain one that belongs on the topic, under its run's key and within
-    its broker time (`_admit_plain`), the chunk is admitted whole. Anything else in a
-    chunk (a Tick, a pack, a record that fails any rule) sends that chunk through `check`
-    one record at a time, with the events already decoded where they were.
+    its broker time (`_admit_plain`), the chunk is admitted whole. A chunk that is not:
+        1. one holding a few records that cannot go with the others (a pack, a Tick, a
+           record too large to decode with others: `_odd_ones`) goes on in pieces, each
+           such record on its own and the records between them as a chunk again
+           (`_around`): a fleet's heartbeats hold a node's pack or a Tick in most chunks;
+        2. otherwise (a record that fails a rule) every record of it goes through `check`
+           one at a time, with the events already decoded where they were.
     """
     good: list[Decoded] = []
     dead: list[DeadLetter] = []
@@ -247,19 +251,76 @@ def split(records: Iterable[RawRecord], role: TopicRole) -> tuple[list[Decoded],
         events = decode_many(list(map(_VALUE, chunk)))
         if events is not None and _admit_plain(chunk, events, role, good):
             continue
-        for index, record in enumerate(chunk):
-            try:  # `check`, inline: one call a record fewer
-                if events is None:
-                    out = _check(record, role)
-                else:
-                    out = _admit(record, events[index], role)
-            except Exception as exc:
-                out = _unforeseen(record, exc)
-            if type(out) is DeadLetter:  # exact: `dead_letter` makes them; isinstance is ~3x
-                dead.append(out)
-            else:
-                good.append(out)  # type: ignore[arg-type]
+        odd = _odd_ones(chunk, events, role)
+        if odd and len(odd) < len(chunk):  # 1
+            _around(chunk, events, odd, role, good, dead)
+        else:  # 2
+            _one_by_one(chunk, events, role, good, dead)
     return good, dead
+
+
+def _odd_ones(chunk: list[RawRecord], events: list[AnyEvent] | None, role: TopicRole) -> list[int]:
+    """Where ``chunk`` holds records a chunk cannot be admitted whole with.
+
+    Decoded (``events``): those whose event is not a plain one of the topic (a pack, a
+    Tick, a type the topic does not carry). Not decoded: those `decode_many` cannot take
+    with others (no value, or one larger than `schemas.codec.MANY_MAX_RECORD_BYTES`).
+    """
+    if events is not None:
+        plain = _PLAIN[role]
+        return [i for i, event in enumerate(events) if type(event) not in plain]
+    return [
+        i
+        for i, record in enumerate(chunk)
+        if record.value is None or len(record.value) > MANY_MAX_RECORD_BYTES
+    ]
+
+
+def _around(
+    chunk: list[RawRecord],
+    events: list[AnyEvent] | None,
+    odd: list[int],
+    role: TopicRole,
+    good: list[Decoded],
+    dead: list[DeadLetter],
+) -> None:
+    """`split` of ``chunk`` in pieces, in order: each ``odd`` record alone.
+
+    The records between two odd ones are a chunk of their own: decoded at once if they
+    were not, admitted whole if they can be, else one at a time.
+    """
+    start = 0
+    for end in [*odd, len(chunk)]:
+        if end > start:
+            piece = chunk[start:end]
+            done = events[start:end] if events is not None else None
+            if done is None:
+                done = decode_many(list(map(_VALUE, piece)))
+            if done is None or not _admit_plain(piece, done, role, good):
+                _one_by_one(piece, done, role, good, dead)
+        if end < len(chunk):
+            alone = None if events is None else events[end : end + 1]
+            _one_by_one(chunk[end : end + 1], alone, role, good, dead)
+        start = end + 1
+
+
+def _one_by_one(
+    chunk: list[RawRecord],
+    events: list[AnyEvent] | None,
+    role: TopicRole,
+    good: list[Decoded],
+    dead: list[DeadLetter],
+) -> None:
+    """`check` of each record of ``chunk`` (its event already decoded, where it was)."""
+    for index, record in enumerate(chunk):
+        try:  # `check`, inline: one call a record fewer
+            out = _check(record, role) if events is None else _admit(record, events[index], role)
+        except Exception as exc:
+            out = _unforeseen(record, exc)
+        if type(out) is DeadLetter:  # exact: `dead_letter` makes them; isinstance is ~3x
+            dead.append(out)
+        else:
+            good.append(out)  # type: ignore[arg-type]
 
 
 def _admit_plain(

@@ -5,7 +5,8 @@ admits a chunk of plain events at once (`records._admit_plain`). Whatever the re
 result must be `check` of each record in order: the same `Decoded` (source and event) and
 the same dead letters with the same reasons. Held here on the hostile corpus mixed into
 good records, on records written to shift the chunk's lines onto other records, at chunk
-boundaries, and on hypothesis-drawn batches.
+boundaries, on chunks that go on in pieces around their packs, Ticks and large records,
+and on hypothesis-drawn batches.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from runwatch.schemas.codec import decode_many, encode
+from runwatch.schemas import records as records_module
+from runwatch.schemas.codec import MANY_MAX_RECORD_BYTES, decode_many, encode, encode_pack
 from runwatch.schemas.events import DeadLetter, Heartbeat, StepCompleted, Tick
 from runwatch.schemas.records import (
     MAX_FUTURE_SKEW_NS,
@@ -41,6 +43,10 @@ def heartbeat(run: str = "r", rank: int = 0, ts_ns: int = TS_NS) -> bytes:
 
 def step(run: str = "r", loss: float = 1.0, ts_ns: int = TS_NS) -> bytes:
     return encode(StepCompleted(run_id=run, ts_ns=ts_ns, step=1, loss=loss, step_time_s=0.1))
+
+
+def pack(ranks: int, run: str = "r", inner_run: str = "r") -> bytes:
+    return encode_pack(run, TS_NS, [heartbeat(run=inner_run, rank=i) for i in range(ranks)])
 
 
 def records(
@@ -209,6 +215,9 @@ _VALUES = st.sampled_from(
         + b"]" * 40
         + b"}",
         heartbeat() + b" " + heartbeat(),
+        pack(4),
+        pack(64),
+        pack(64, inner_run="s"),
         heartbeat()[:-1] + b',"x":',
         b"}",
         b" ",
@@ -239,6 +248,56 @@ def test_split_is_check_of_each_record(
     role: TopicRole, stamp_ms: int, batch: list[tuple[bytes | None, bytes | None]]
 ) -> None:
     assert_as_check(records(batch, stamp_ms), role)
+
+
+@pytest.mark.parametrize(
+    "odd_at",
+    [[0], [SPLIT_CHUNK - 1], [7, 8], [0, 100, SPLIT_CHUNK - 1], [3, SPLIT_CHUNK + 3]],
+    ids=["first", "last", "adjacent", "first-middle-last", "two-chunks"],
+)
+@pytest.mark.parametrize("odd", ["large-pack", "small-pack", "tick"])
+def test_a_chunk_goes_on_in_pieces_around_its_packs_and_ticks(
+    monkeypatch: pytest.MonkeyPatch, odd: str, odd_at: list[int]
+) -> None:
+    # A fleet's heartbeats hold a node's pack or a Tick in most chunks: only those records
+    # go one at a time; the loose ones between them are still admitted at once.
+    value = {
+        "large-pack": pack(64),
+        "small-pack": pack(4),
+        "tick": encode(Tick(run_id="*", ts_ns=TS_NS, partition=2)),
+    }[odd]
+    assert (len(value) > MANY_MAX_RECORD_BYTES) == (odd == "large-pack")
+    values: list[tuple[bytes | None, bytes | None]] = [
+        (b"r", heartbeat(rank=i % 8)) for i in range(2 * SPLIT_CHUNK)
+    ]
+    for i in odd_at:
+        values[i] = (b"*" if odd == "tick" else b"r", value)
+    one_at_a_time: list[int] = []
+    real = records_module._one_by_one
+
+    def counted(chunk: list[RawRecord], *args: Any) -> None:
+        one_at_a_time.extend(record.offset - 100 for record in chunk)
+        real(chunk, *args)
+
+    monkeypatch.setattr(records_module, "_one_by_one", counted)
+    good, dead = assert_as_check(records(values), TopicRole.HEARTBEATS)
+    assert len(good) == len(values) and not dead
+    assert sorted(one_at_a_time) == sorted(odd_at)
+
+
+def test_a_chunk_of_a_failed_rule_still_goes_one_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    values: list[tuple[bytes | None, bytes | None]] = [(b"r", heartbeat())] * 10
+    values[4] = (b"s", heartbeat())  # the key is not its run: no record of it is odd
+    one_at_a_time: list[int] = []
+    real = records_module._one_by_one
+
+    def counted(chunk: list[RawRecord], *args: Any) -> None:
+        one_at_a_time.extend(record.offset - 100 for record in chunk)
+        real(chunk, *args)
+
+    monkeypatch.setattr(records_module, "_one_by_one", counted)
+    _, dead = assert_as_check(records(values), TopicRole.HEARTBEATS)
+    assert len(dead) == 1 and one_at_a_time == list(range(10))
 
 
 @settings(max_examples=100, deadline=None)
