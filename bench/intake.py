@@ -11,7 +11,11 @@ passes, the two ways alternated ``--rounds`` times; the worst of the rounds is p
    the raw path (`processors.compat._drain_raw`: `RawRecord`s straight from the batches);
 2. **check**: the records checked one by one (`schemas.records.check`, what `split` did
    per record) against `split`'s chunks (`schemas.codec.decode_many` and
-   `records._admit_plain`).
+   `records._admit_plain`);
+3. **ticks** and **packs**: the same heartbeats with a Tick, or a pack of 512
+   heartbeats, at one place in 230 (seeded), `split` as it was (a chunk holding one went
+   one record at a time) against `split` now (such a chunk goes on in pieces around them,
+   `records._around`).
 
 Usage: python bench/intake.py [--batches 40] [--per-batch 500] [--repeat 5] [--rounds 3]
 """
@@ -29,6 +33,7 @@ import argparse
 import asyncio
 import gc
 import json
+import random
 import struct
 import time
 from collections.abc import Callable
@@ -41,9 +46,10 @@ from aiokafka.record.memory_records import MemoryRecords
 from aiokafka.structs import TopicPartition
 
 from runwatch.processors import compat
-from runwatch.schemas.codec import encode, encode_key
-from runwatch.schemas.events import Heartbeat
-from runwatch.schemas.records import DeadLetter, RawRecord, check, split
+from runwatch.schemas import records as records_module
+from runwatch.schemas.codec import decode_many, encode, encode_key, encode_pack
+from runwatch.schemas.events import Heartbeat, Tick
+from runwatch.schemas.records import SPLIT_CHUNK, DeadLetter, RawRecord, check, split
 from runwatch.schemas.topics import TopicRole
 
 TP = TopicPartition("bench.heartbeats", 0)
@@ -125,6 +131,33 @@ def chunked(records: list[RawRecord]) -> tuple[int, int]:
     return len(good), len(dead)
 
 
+def with_odd_ones(records: list[RawRecord], kind: str) -> list[RawRecord]:
+    """``records`` with a Tick or a pack of 512 heartbeats at one place in 230 (seeded)."""
+    if kind == "ticks":
+        key, value = b"*", encode(Tick(run_id="*", ts_ns=T0_NS, partition=0))
+    else:
+        beats = [encode(Heartbeat(run_id=RUN, ts_ns=T0_NS, rank=r, step=0)) for r in range(512)]
+        key, value = encode_key(RUN), encode_pack(RUN, T0_NS, beats)
+    rng = random.Random(230)
+    out = list(records)
+    for _ in range(len(records) // 230):
+        out.insert(rng.randrange(len(out)), records[0]._replace(key=key, value=value))
+    return [r._replace(offset=i) for i, r in enumerate(out)]
+
+
+def whole_chunks(records: list[RawRecord]) -> tuple[int, int]:
+    """`split` as it was: a chunk not admitted whole went one record at a time."""
+    good: list[Any] = []
+    dead: list[Any] = []
+    role = TopicRole.HEARTBEATS
+    for start in range(0, len(records), SPLIT_CHUNK):
+        chunk = records[start : start + SPLIT_CHUNK]
+        events = decode_many([r.value or b"" for r in chunk])
+        if events is None or not records_module._admit_plain(chunk, events, role, good):
+            records_module._one_by_one(chunk, events, role, good, dead)
+    return len(good), len(dead)
+
+
 def cpu_us_per_record(fn: Callable[[Any], Any], arg: Any, count: int, repeat: int) -> float:
     best = float("inf")
     for _ in range(repeat):
@@ -141,17 +174,23 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     assert records == via_consumer_records(data), "the two fetch paths must give the same records"
     assert one_by_one(records) == chunked(records) == (len(records), 0)
     n = len(records)
+    ticks, packs = with_odd_ones(records, "ticks"), with_odd_ones(records, "packs")
+    for mixed in (ticks, packs):
+        assert whole_chunks(mixed) == chunked(mixed) == (len(mixed), 0)
     pairs = {
         "fetch": ((via_consumer_records, data), (via_raw, data)),
         "check": ((one_by_one, records), (chunked, records)),
+        "ticks": ((whole_chunks, ticks), (chunked, ticks)),
+        "packs": ((whole_chunks, packs), (chunked, packs)),
     }
     figures: dict[str, dict[str, list[float]]] = {k: {"old": [], "new": []} for k in pairs}
     gc.disable()
     try:
         for _ in range(args.rounds):
             for step, ((old_fn, old_arg), (new_fn, new_arg)) in pairs.items():
-                figures[step]["old"].append(cpu_us_per_record(old_fn, old_arg, n, args.repeat))
-                figures[step]["new"].append(cpu_us_per_record(new_fn, new_arg, n, args.repeat))
+                count = len(old_arg) if isinstance(old_arg, list) else n
+                figures[step]["old"].append(cpu_us_per_record(old_fn, old_arg, count, args.repeat))
+                figures[step]["new"].append(cpu_us_per_record(new_fn, new_arg, count, args.repeat))
     finally:
         gc.enable()
     print(
@@ -162,6 +201,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     labels = {
         "fetch": ("aiokafka ConsumerRecords + RawRecord copy", "raw path (compat._drain_raw)"),
         "check": ("check, one record at a time", "split's chunks (decode_many, _admit_plain)"),
+        "ticks": ("a chunk with a Tick: one at a time", "in pieces around it (_around)"),
+        "packs": ("a chunk with a pack: one at a time", "in pieces around it (_around)"),
     }
     for step, ways in figures.items():
         old, new = ways["old"], ways["new"]
