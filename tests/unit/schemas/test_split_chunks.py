@@ -250,6 +250,19 @@ def test_split_is_check_of_each_record(
     assert_as_check(records(batch, stamp_ms), role)
 
 
+def records_checked_alone(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The places (from 0) of the records `split` will check one at a time (`_one_by_one`)."""
+    places: list[int] = []
+    real = records_module._one_by_one
+
+    def counted(chunk: list[RawRecord], *args: Any) -> None:
+        places.extend(record.offset - 100 for record in chunk)
+        real(chunk, *args)
+
+    monkeypatch.setattr(records_module, "_one_by_one", counted)
+    return places
+
+
 @pytest.mark.parametrize(
     "odd_at",
     [[0], [SPLIT_CHUNK - 1], [7, 8], [0, 100, SPLIT_CHUNK - 1], [3, SPLIT_CHUNK + 3]],
@@ -272,14 +285,7 @@ def test_a_chunk_goes_on_in_pieces_around_its_packs_and_ticks(
     ]
     for i in odd_at:
         values[i] = (b"*" if odd == "tick" else b"r", value)
-    one_at_a_time: list[int] = []
-    real = records_module._one_by_one
-
-    def counted(chunk: list[RawRecord], *args: Any) -> None:
-        one_at_a_time.extend(record.offset - 100 for record in chunk)
-        real(chunk, *args)
-
-    monkeypatch.setattr(records_module, "_one_by_one", counted)
+    one_at_a_time = records_checked_alone(monkeypatch)
     good, dead = assert_as_check(records(values), TopicRole.HEARTBEATS)
     assert len(good) == len(values) and not dead
     assert sorted(one_at_a_time) == sorted(odd_at)
@@ -288,14 +294,7 @@ def test_a_chunk_goes_on_in_pieces_around_its_packs_and_ticks(
 def test_a_chunk_of_a_failed_rule_still_goes_one_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
     values: list[tuple[bytes | None, bytes | None]] = [(b"r", heartbeat())] * 10
     values[4] = (b"s", heartbeat())  # the key is not its run: no record of it is odd
-    one_at_a_time: list[int] = []
-    real = records_module._one_by_one
-
-    def counted(chunk: list[RawRecord], *args: Any) -> None:
-        one_at_a_time.extend(record.offset - 100 for record in chunk)
-        real(chunk, *args)
-
-    monkeypatch.setattr(records_module, "_one_by_one", counted)
+    one_at_a_time = records_checked_alone(monkeypatch)
     _, dead = assert_as_check(records(values), TopicRole.HEARTBEATS)
     assert len(dead) == 1 and one_at_a_time == list(range(10))
 
