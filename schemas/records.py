@@ -239,7 +239,8 @@ def split(records: Iterable[RawRecord], role: TopicRole) -> tuple[list[Decoded],
         1. one holding a few records that cannot go with the others (a pack, a Tick, a
            record too large to decode with others: `_odd_ones`) goes on in pieces, each
            such record on its own and the records between them as a chunk again
-           (`_around`): a fleet's heartbeats hold a node's pack or a Tick in most chunks;
+           (`_around`): a fleet's heartbeats hold the clock's Ticks and large runs' packs
+           among loose heartbeats;
         2. otherwise (a record that fails a rule) every record of it goes through `check`
            one at a time, with the events already decoded where they were.
     """

@@ -272,8 +272,8 @@ def records_checked_alone(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 def test_a_chunk_goes_on_in_pieces_around_its_packs_and_ticks(
     monkeypatch: pytest.MonkeyPatch, odd: str, odd_at: list[int]
 ) -> None:
-    # A fleet's heartbeats hold a node's pack or a Tick in most chunks: only those records
-    # go one at a time; the loose ones between them are still admitted at once.
+    # A fleet's heartbeats hold Ticks and large runs' packs among loose heartbeats: only
+    # those records go one at a time; the loose ones between them are admitted at once.
     value = {
         "large-pack": pack(64),
         "small-pack": pack(4),
