@@ -652,9 +652,11 @@ def measure(args: argparse.Namespace, cores: Any, bootstrap: str,
             raise SystemExit("the load generator did not start")
         probe = Probes(bootstrap, prefix, probes, args.probe_period_s)
         t_idle = time.time()
+        cpu_idle0 = cpu_s(worker.proc.pid)
         probe.start()
         time.sleep(args.idle_s)  # the measured idle window
         cpu_w0 = cpu_s(worker.proc.pid)
+        idle_cpu_share = (cpu_w0 - cpu_idle0) / (time.time() - t_idle)
         threads0 = thread_cpu(worker.proc.pid)
         bpid = _sibling("loadgen").broker_pid(bootstrap)
         cpu_b0 = cpu_s(bpid) if bpid else 0.0
@@ -740,6 +742,7 @@ def measure(args: argparse.Namespace, cores: Any, bootstrap: str,
         "generator_behind_max_s": round(report["behind_max_s"], 3),
         "generator_cpu_share": round(report["cpu_s"] / report["elapsed_s"], 3),
         "worker_cpu_share": round((cpu_w1 - cpu_w0) / span_s, 3),
+        "idle_worker_cpu_share": round(idle_cpu_share, 3),
         **{
             f"worker_{name}_thread_{what}_share": round(
                 (threads1[name][i] - threads0[name][i]) / span_s, 3
@@ -847,6 +850,10 @@ def print_run(result: dict[str, Any], args: argparse.Namespace) -> None:
         f"{r['generator_cpu_share']:.2f}, probes + watcher {r['bench_cpu_share']:.2f}, "
         f"everything else {r['others_cpu_share']:.2f}; busy {r['box_busy_cores']:.2f} of "
         f"{r['box_cores']}"
+    )
+    print(
+        f"CPU idle (only the probes, {r['probe_events_per_s']:,} events/s): worker "
+        f"{r['idle_worker_cpu_share']:.3f} of a core"
     )
     print(f"{'':<8}{'spikes':>8}{'judged':>8}{'p50 ms':>9}{'p99 ms':>9}{'max ms':>9}"
           f"{'sent p50':>10}{'sent p99':>10}{'sent max':>10}")  # fmt: skip
