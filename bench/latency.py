@@ -17,6 +17,8 @@ One run, one broker, one `runwatch processors` worker (batch path), in this orde
    of the drain's rate, as the issue first measured it.
 3. **Idle latency**: ``--probes`` probe runs (one rank, steps only) step every
    ``--probe-period-s``, a loss spike every 20th step from step 40, for ``--idle-s``.
+   The worker's CPU over this window is printed too (``idle_worker_cpu_share``): what it
+   spends a second with next to nothing to fold.
 4. **Loaded latency**: the probes go on while a load generator (its own process, packed
    records, so a Python producer offers tens of thousands of events/s for a fraction of a
    core) steps the backlog's runs on at ``--load`` x the capacity under load (of the drain's
