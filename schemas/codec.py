@@ -196,6 +196,9 @@ when that count cannot exceed the bound); larger ones, packs, go to the depth at
 MANY_MAX_RECORD_BYTES: Final = _COUNT_BRACKETS_BYTES
 """The largest record `decode_many` decodes with others (a larger one, a pack of many
 events, makes it decline the whole batch: decode it on its own)."""
+_NOT_OPENING: Final = bytes(b for b in range(256) if b not in b"[{")
+_FIRST_BYTE: Final = operator.itemgetter(0)
+_OPEN_BRACE: Final = b"{"
 _PEEL_PASSES: Final = 64
 """Most passes `_peeled_depth` makes before the linear scan takes over (hostile depths)."""
 
@@ -324,22 +327,23 @@ def decode(data: bytes) -> AnyEvent:
 
 
 def decode_many(values: Sequence[bytes]) -> list[AnyEvent] | None:
-    """Decode small records at once, in one msgspec call; None when one needs `decode`.
+    """Decode small records at once, each by `decode`'s first try; None when one needs `decode`.
 
-    The records are joined into one buffer of lines and decoded with msgspec's
-    ``decode_lines``, by the same typed decoder as `decode`'s first try, so each event is
-    the one `decode` gives for its record. None (decode them one by one) unless every
-    record is a small, shallow JSON object on a line of its own that decodes strictly:
+    Each record is decoded on its own, by the same typed decoder as `decode`'s first try,
+    in one C loop (``map``): so each event is the one `decode` gives for its record,
+    whatever the bytes of the records around it. None (decode them one by one) unless:
 
-    1. each starts with ``{`` (so none is a blank line, which ``decode_lines`` skips),
-       holds no newline (so lines and records are one to one), is at most
-       `_COUNT_BRACKETS_BYTES` long and has at most `MAX_NESTING` brackets (so the depth
-       bound holds, as `_check_bounds` would find; counted over the whole buffer first:
-       as many brackets as records means one each, the flat events of the hot topics);
-    2. the lines decode with no error (a non-finite float's token, an unknown tag, a bad
-       field: `decode`'s full path names each);
-    3. they give one event per record: a line holding two values (``{...} {...}``) would
-       otherwise shift every event after it onto the next record.
+    1. every record starts with ``{``, is at most `MANY_MAX_RECORD_BYTES` long, and has at
+       most `MAX_NESTING` opening brackets, as `decode`'s first try asks (counted once over
+       the whole chunk first: no more opening brackets than records means one each, the
+       flat events of the hot topics), so the depth bound holds before any parse;
+    2. every record decodes strictly (a non-finite float's token, an unknown tag, a bad
+       field, two values in one record: `decode`'s full path names each).
+
+    (An earlier version joined the records as lines for one ``decode_lines`` call; a
+    value may span lines, so records written to be read across their boundaries gave
+    events shifted onto their neighbours' records. Decoding record by record in a C loop
+    costs no more: docs/processors.md, "a chunk decoded record by record".)
 
     Args:
         values: The records' values.
@@ -348,22 +352,18 @@ def decode_many(values: Sequence[bytes]) -> list[AnyEvent] | None:
         The events, one per record in order, or None.
     """
     try:
-        if not all(map(bytes.startswith, values, repeat(b"{"))):
+        if bytes(map(_FIRST_BYTE, values)) != _OPEN_BRACE * len(values):
             return None
         if max(map(len, values), default=0) > MANY_MAX_RECORD_BYTES:
             return None
-        joined = b"\n".join(values)
-        if joined.count(b"\n") != len(values) - 1:
-            return None
-        if joined.count(b"[") + joined.count(b"{") > len(values):  # one is nested: bound each
-            opens = map(bytes.count, values, repeat(b"{"))
+        if len(b"".join(values).translate(None, _NOT_OPENING)) > len(values):
+            opens = map(bytes.count, values, repeat(b"{"))  # one is nested: bound each
             brackets = map(operator.add, map(bytes.count, values, repeat(b"[")), opens)
             if max(brackets) > MAX_NESTING:
                 return None
-        events = _DECODER.decode_lines(joined)
+        return list(map(_DECODER.decode, values))
     except Exception:
         return None
-    return events if len(events) == len(values) else None
 
 
 def _decode_checked(data: bytes) -> AnyEvent:

@@ -233,7 +233,7 @@ def split(records: Iterable[RawRecord], role: TopicRole) -> tuple[list[Decoded],
     """Decode a batch: the good records in order, and the dead letters.
 
     Exactly `check` of each record, in chunks of `SPLIT_CHUNK` records: a chunk of small
-    events decodes in one msgspec call (`schemas.codec.decode_many`), and when every
+    events decodes in one C loop (`schemas.codec.decode_many`), and when every
     event of it is a plain one that belongs on the topic, under its run's key and within
     its broker time (`_admit_plain`), the chunk is admitted whole. A chunk that is not:
         1. one holding a few records that cannot go with the others (a pack, a Tick, a

@@ -71,13 +71,26 @@ def _hostile(topics) -> list[tuple[str, bytes]]:
     ]
 
 
+def _shifted() -> list[bytes]:
+    """Records none of which is an event, that read as three if joined as lines.
+
+    The first leaves a field open, the second closes it with one brace too many, the third
+    holds two events: a worker that once decoded a chunk's records as lines of one buffer
+    took them for three heartbeats of the run, each on its neighbour's offset.
+    """
+    beat = encode(Heartbeat(run_id=RUN, ts_ns=1, rank=0, step=1))
+    return [beat[:-1] + b',"x":', beat + b"}", beat + b" " + beat]
+
+
 def test_hostile_records_are_dead_lettered_and_the_partition_goes_on(
     kafka_bootstrap, topic_prefix, make_topics, tmp_path
 ):
     make_topics(topic_prefix, partitions=2)
     topics = names(topic_prefix)
     hostile = _hostile(topics)
+    shifted = _shifted()
     raw = KafkaProducer(bootstrap_servers=kafka_bootstrap, max_request_size=2 * 1024 * 1024)
+    lingering = KafkaProducer(bootstrap_servers=kafka_bootstrap, linger_ms=500)  # one batch
     trainer = Trainer(kafka_bootstrap, topic_prefix, RUN, world_size=2)
     with workers(kafka_bootstrap, topic_prefix, tmp_path, partitions=2, sets=SETS) as start:
         worker = start()
@@ -124,8 +137,13 @@ def test_hostile_records_are_dead_lettered_and_the_partition_goes_on(
                 and v[OTHER].liveness.heartbeats == 1
             ),
         )
+        # Once the worker has folded everything before them, in one batch of their own:
+        # side by side in the partition (nothing else writes to it now), in one round.
+        for value in shifted:
+            lingering.send(topics.heartbeats, key=RUN.encode(), value=value)
+        lingering.flush(30)
         dead_reader = Reader(kafka_bootstrap, topics.deadletter)
-        dead = dead_reader.wait_for(lambda ev: len(ev) >= len(hostile))
+        dead = dead_reader.wait_for(lambda ev: len(ev) >= len(hostile) + len(shifted))
         dead_reader.close()
         # The audit reads the log as it is now: first let the policy judge every anomaly the
         # detectors published, or a command still on its way reads as "missing".
@@ -134,18 +152,19 @@ def test_hostile_records_are_dead_lettered_and_the_partition_goes_on(
         wait_until_processed(kafka_bootstrap, app_id, [topics.anomalies])
         log_text = worker.log_path.read_text(errors="replace")
     raw.close()
+    lingering.close()
 
     assert "Crashed" not in log_text, log_text[-3000:]
     assert [short(a) for a in got] == [("loss_spike", SPIKE_AT, 0)]  # judged after them
     assert all(isinstance(d, DeadLetter) for d in dead)
     mine = [d for d in dead if d.key == RUN.encode()]
-    assert len(mine) == len(hostile)  # every one, exactly once
+    assert len(mine) == len(hostile) + len(shifted)  # every one, exactly once
     assert {d.stage for d in mine} == {"decode"}
-    assert sorted(d.payload for d in mine) == sorted(v for _, v in hostile)
+    assert sorted(d.payload for d in mine) == sorted([v for _, v in hostile] + shifted)
     assert [d for d in dead if d.key == OTHER.encode()] == []
 
     receipt = audit(load_run_log(kafka_bootstrap, topic_prefix, RUN), CFG)
     assert receipt.agrees, render(receipt)
-    assert receipt.dead_letters == len(hostile)
+    assert receipt.dead_letters == len(hostile) + len(shifted)
     other_receipt = audit(load_run_log(kafka_bootstrap, topic_prefix, OTHER), CFG)
     assert other_receipt.agrees and other_receipt.dead_letters == 0, render(other_receipt)

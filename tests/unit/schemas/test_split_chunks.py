@@ -1,10 +1,11 @@
 """`split`'s chunks decide exactly what `check` decides, record by record.
 
-`split` decodes a chunk of small records in one msgspec call (`codec.decode_many`) and
+`split` decodes a chunk of small records in one C loop (`codec.decode_many`) and
 admits a chunk of plain events at once (`records._admit_plain`). Whatever the records, its
 result must be `check` of each record in order: the same `Decoded` (source and event) and
 the same dead letters with the same reasons. Held here on the hostile corpus mixed into
-good records, on records written to shift the chunk's lines onto other records, at chunk
+good records, on records written to be read across their boundaries (which a chunk once
+decoded as the lines of one buffer read as other records' events), at chunk
 boundaries, on chunks that go on in pieces around their packs, Ticks and large records,
 and on hypothesis-drawn batches.
 """
@@ -20,7 +21,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from runwatch.schemas import records as records_module
-from runwatch.schemas.codec import MANY_MAX_RECORD_BYTES, decode_many, encode, encode_pack
+from runwatch.schemas.codec import (
+    MANY_MAX_RECORD_BYTES,
+    decode,
+    decode_many,
+    encode,
+    encode_pack,
+)
 from runwatch.schemas.events import DeadLetter, Heartbeat, StepCompleted, Tick
 from runwatch.schemas.records import (
     MAX_FUTURE_SKEW_NS,
@@ -109,6 +116,15 @@ def test_a_hostile_record_among_good_ones(index: int) -> None:
             [100, 101],
             id="one-event-across-two-records",
         ),
+        pytest.param(
+            [
+                (b"r", heartbeat()[:-1] + b',"x":'),
+                (b"r", heartbeat(rank=5) + b"}"),
+                (b"r", heartbeat(rank=1) + b" " + heartbeat(rank=2)),
+            ],
+            [100, 101, 102],
+            id="across-two-records-and-two-in-one",  # as many values as records, shifted
+        ),
         pytest.param([(b"r", b"\n" + heartbeat()), (b"r", heartbeat())], [], id="leading-newline"),
         pytest.param([(b"r", heartbeat() + b"\r\n"), (b"r", heartbeat())], [], id="crlf"),
         pytest.param([(b"r", b""), (b"r", heartbeat())], [100], id="empty"),
@@ -122,11 +138,6 @@ def test_records_that_would_shift_lines(
     assert [g.source.offset for g in good] == [
         r.offset for r in records(values) if r.offset not in dead_at
     ]
-
-
-def test_decode_many_refuses_a_line_of_two_values() -> None:
-    assert decode_many([heartbeat(rank=1) + b" " + heartbeat(rank=2), b" ", heartbeat()]) is None
-    assert decode_many([heartbeat(), heartbeat()]) is not None
 
 
 @pytest.mark.parametrize("bad_at", [0, SPLIT_CHUNK - 1, SPLIT_CHUNK, 2 * SPLIT_CHUNK + 7])
@@ -219,6 +230,7 @@ _VALUES = st.sampled_from(
         pack(64),
         pack(64, inner_run="s"),
         heartbeat()[:-1] + b',"x":',
+        heartbeat(rank=5) + b"}",
         b"}",
         b" ",
         b"",
@@ -230,6 +242,31 @@ _VALUES = st.sampled_from(
 
 _GOOD = st.sampled_from([heartbeat(), heartbeat(rank=5), step(), step(loss=2.0)])
 """Plain events of run "r": a batch of them (with its key) takes the chunk path."""
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        pytest.param([heartbeat(rank=1) + b" " + heartbeat(rank=2), b" ", heartbeat()], id="blank"),
+        pytest.param(
+            [heartbeat()[:-1] + b',"x":', heartbeat(rank=5) + b"}", heartbeat() + heartbeat()],
+            id="a-value-across-records",
+        ),
+        pytest.param([heartbeat(), b" " + heartbeat()], id="a-leading-space"),
+        pytest.param([heartbeat(), None], id="no-value"),
+    ],
+)
+def test_decode_many_declines_what_one_record_cannot_give(values: list[Any]) -> None:
+    assert decode_many(values) is None
+    assert decode_many([heartbeat(), heartbeat(rank=1)]) is not None
+
+
+@settings(max_examples=200, deadline=None)
+@given(values=st.lists(st.one_of(_GOOD, _VALUES), max_size=12))
+def test_decode_many_is_decode_of_each_record(values: list[bytes]) -> None:
+    events = decode_many(values)
+    if events is not None:
+        assert [repr(e) for e in events] == [repr(decode(v)) for v in values]
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
