@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from itertools import pairwise
 from typing import Any
 
 import pytest
@@ -348,3 +349,36 @@ def test_split_is_check_of_each_record_across_chunks(bad: list[int], value: byte
     for i in bad:
         values[i] = (b"r", value)
     assert_as_check(records(values), TopicRole.HEARTBEATS)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    values=st.lists(
+        st.tuples(st.integers(0, 7), st.booleans(), st.booleans(), st.booleans()),
+        min_size=1,
+        max_size=6,
+    ),
+    cuts=st.lists(st.integers(0, 10_000), max_size=2),
+)
+def test_values_cut_into_records_anywhere(
+    values: list[tuple[int, bool, bool, bool]], cuts: list[int]
+) -> None:
+    # A stream of JSON values (heartbeats, some holding another in a field) cut into
+    # records at some of their starts, some of the inner ones' starts, and a few places
+    # anywhere: records that end inside a value, finish another's, or hold two. Each is
+    # judged alone, whatever its neighbours (a chunk decoded as the lines of one buffer
+    # once read as many such records as values as that many events, shifted).
+    stream, places = b"", {0}
+    for rank, nested, cut_before, cut_inside in values:
+        if cut_before:
+            places.add(len(stream))
+        if nested:
+            stream += heartbeat(rank=rank)[:-1] + b',"x":'
+            if cut_inside:
+                places.add(len(stream))
+            stream += heartbeat(rank=rank) + b"}"
+        else:
+            stream += heartbeat(rank=rank)
+    places |= {len(stream), *(c % (len(stream) + 1) for c in cuts)}
+    pieces = [stream[a:b] for a, b in pairwise(sorted(places)) if b > a]
+    assert_as_check(records([(b"r", v) for v in pieces]), TopicRole.HEARTBEATS)
