@@ -19,6 +19,12 @@ local disk, which a successor on the same host reopens instead of replaying it a
 STORES: Final[tuple[str, ...]] = get_args(Store)
 DEFAULT_STORE: Final[Store] = "memory"
 ENV_STORE: Final = "RUNWATCH_STORE"
+EventLoop = Literal["uvloop", "asyncio"]
+"""The event loop a worker runs faust on (`processors.event_loop`): uvloop (libuv's, in
+C), or the standard library's."""
+EVENT_LOOPS: Final[tuple[str, ...]] = get_args(EventLoop)
+DEFAULT_EVENT_LOOP: Final[EventLoop] = "uvloop"
+ENV_EVENT_LOOP: Final = "RUNWATCH_EVENT_LOOP"
 ENV_BATCH_STATS: Final = "RUNWATCH_BATCH_STATS_S"
 ENV_FAULT_STATE_WRITES: Final = "RUNWATCH_FAULT_STATE_WRITES"
 BATCH_MAX: Final = 20_000
@@ -109,6 +115,12 @@ def _store(raw: str) -> Store:
     return cast(Store, raw)
 
 
+def _event_loop(raw: str) -> EventLoop:
+    if raw not in EVENT_LOOPS:
+        raise ValueError(raw)
+    return cast(EventLoop, raw)
+
+
 def _seconds(raw: str) -> float:
     value = float(raw)
     if not value >= 0:
@@ -132,11 +144,14 @@ class ProcessorEnv(msgspec.Struct, frozen=True, kw_only=True):
             (``RUNWATCH_BATCH_STATS_S``; `processors.engine.RoundStats`); 0: never.
         fault_state_writes: A test seam: the first this many table writes of the process
             fail (``RUNWATCH_FAULT_STATE_WRITES``; `processors.app.StateWriteFaults`).
+        event_loop: The event loop the worker runs on, ``uvloop`` or ``asyncio`` (the
+            standard library's) (``RUNWATCH_EVENT_LOOP``; `processors.event_loop.install`).
     """
 
     store: Store = DEFAULT_STORE
     batch_stats_s: float = 0.0
     fault_state_writes: int = 0
+    event_loop: EventLoop = DEFAULT_EVENT_LOOP
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> ProcessorEnv:
@@ -149,10 +164,12 @@ class ProcessorEnv(msgspec.Struct, frozen=True, kw_only=True):
         store = env_value(env, ENV_STORE, _store, f"one of {', '.join(STORES)}")
         stats_s = env_value(env, ENV_BATCH_STATS, _seconds, "a number of seconds >= 0")
         faults = env_value(env, ENV_FAULT_STATE_WRITES, _count, "an integer >= 0")
+        loop = env_value(env, ENV_EVENT_LOOP, _event_loop, f"one of {', '.join(EVENT_LOOPS)}")
         return cls(
             store=DEFAULT_STORE if store is None else store,
             batch_stats_s=0.0 if stats_s is None else stats_s,
             fault_state_writes=0 if faults is None else faults,
+            event_loop=DEFAULT_EVENT_LOOP if loop is None else loop,
         )
 
 

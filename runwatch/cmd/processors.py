@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import os
 import threading
@@ -205,7 +206,13 @@ def make_worker(app: Any, shutdown_timeout_s: float = SHUTDOWN_TIMEOUT_S) -> Any
 
         async def on_startup_finished(self) -> None:
             await super().on_startup_finished()
-            logging.getLogger("runwatch").info("processors ready (app id %s)", self.app.conf.id)
+            loop = type(asyncio.get_running_loop())
+            logging.getLogger("runwatch").info(
+                "processors ready (app id %s, event loop %s.%s)",
+                self.app.conf.id,
+                loop.__module__,
+                loop.__qualname__,
+            )
 
     return _Worker(app, quiet=True, override_logging=False)
 
@@ -242,10 +249,12 @@ def run(args: argparse.Namespace) -> int:
     from runwatch.common.gc_tuning import tune_for_rounds
     from runwatch.common.settings import faust_broker_settings, replication_factor, topic_prefix
     from runwatch.processors.app import create_app, topics_faust_declares
+    from runwatch.processors.event_loop import install
     from runwatch.processors.fleet import default_app_id
     from runwatch.processors.settings import (
         BATCH_MAX,
         DEFAULT_STATE_FLUSH_S,
+        ProcessorEnv,
         ProcessorSettings,
     )
     from runwatch.processors.stores import rocksdb_missing
@@ -253,6 +262,7 @@ def run(args: argparse.Namespace) -> int:
     from runwatch.schemas.signing import load_key
 
     store = _store(args.store)
+    event_loop = ProcessorEnv.from_env().event_loop
     if store == "rocksdb" and (why := rocksdb_missing()) is not None:
         raise UsageError(why)
     batch_max = BATCH_MAX if args.batch_max is None else args.batch_max
@@ -309,6 +319,7 @@ def run(args: argparse.Namespace) -> int:
     assignor = logging.getLogger(_ALWAYS_WARN)
     if assignor.getEffectiveLevel() > logging.WARNING:  # -v and --loglevel may show more
         assignor.setLevel(logging.WARNING)
+    install(event_loop)  # before faust's app takes its loop
     watch = watch_broker(bootstrap)
     try:
         app = create_app(settings, cfg, key)  # type: ignore[arg-type]

@@ -77,7 +77,9 @@ def test_processors_tail_log_and_status_on_one_prefix(
             assert time.monotonic() < deadline, f"status never showed the run: {rows}"
             time.sleep(1.0)  # the processors publish their tables on their own schedule
             rows = _status_json(kafka_bootstrap, topic_prefix)
-        assert "ready (app id " + topic_prefix + "-processors)" in worker.log_path.read_text()
+        assert (
+            f"ready (app id {topic_prefix}-processors, event loop " in worker.log_path.read_text()
+        )
     finally:
         worker.stop()
     output = worker.log_path.read_bytes()

@@ -118,6 +118,8 @@ def test_a_worker_stops_on_sigterm_even_with_the_broker_gone(tmp_path):
         with workers(bootstrap, "gone", tmp_path, partitions=2) as start:
             worker = start(extra=["--shutdown-timeout", "5"])
             _wait_line(worker.log_path, "processors ready")
+            # the default loop, whose signal handlers this test exercises: uvloop's
+            assert "event loop uvloop.Loop)" in worker.log_path.read_text(errors="replace")
             broker.kill()
             _wait_line(worker.log_path, "does not answer")
             worker.proc.send_signal(signal.SIGTERM)

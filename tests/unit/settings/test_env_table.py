@@ -47,8 +47,9 @@ reader's."""
 
 BASE = {"REPLICA_GROUP_ID": "0", "NUM_REPLICA_GROUPS": "1", "TORCHFT_LIGHTHOUSE": "h:1"}
 """What `ReplicaEnv` needs to read anything; the others ignore it."""
-SAMPLES = ("3", "rocksdb", "1")
-"""Values tried for a variable until its object takes one (a count, a store's name, a switch)."""
+SAMPLES = ("3", "rocksdb", "asyncio", "1")
+"""Values tried for a variable until its object takes one (a count, a store's name, an event
+loop's, a switch)."""
 
 
 def variables() -> list[str]:

@@ -93,16 +93,19 @@ def test_command_key_settings() -> None:
 
 def test_processor_env() -> None:
     assert ProcessorEnv.from_env({}) == ProcessorEnv(
-        store="memory", batch_stats_s=0.0, fault_state_writes=0
+        store="memory", batch_stats_s=0.0, fault_state_writes=0, event_loop="uvloop"
     )
     got = ProcessorEnv.from_env(
         {
             "RUNWATCH_STORE": "rocksdb",
             "RUNWATCH_BATCH_STATS_S": "2.5",
             "RUNWATCH_FAULT_STATE_WRITES": "3",
+            "RUNWATCH_EVENT_LOOP": "asyncio",
         }
     )
-    assert got == ProcessorEnv(store="rocksdb", batch_stats_s=2.5, fault_state_writes=3)
+    assert got == ProcessorEnv(
+        store="rocksdb", batch_stats_s=2.5, fault_state_writes=3, event_loop="asyncio"
+    )
 
 
 @pytest.mark.parametrize(
@@ -111,6 +114,7 @@ def test_processor_env() -> None:
         ("RUNWATCH_STORE", "redis"),
         ("RUNWATCH_BATCH_STATS_S", "often"),
         ("RUNWATCH_FAULT_STATE_WRITES", "-2"),
+        ("RUNWATCH_EVENT_LOOP", "trio"),
     ],
 )
 def test_processor_env_names_a_bad_variable(name: str, bad: str) -> None:
