@@ -3,10 +3,11 @@
 faust, aiokafka and the worker's rounds run on asyncio. The worker has two loops: the main
 thread's (rounds, flushes, the producer) and faust's consumer thread's (aiokafka's
 fetches and their responses). uvloop (libuv in C, MagicStack's, which faust documents as
-``faust -L uvloop``) runs both for less CPU than the standard library's pure-Python loop:
-measured on the issue-23 benches, 3-6 % of the worker's CPU per event and of its idle CPU
-(docs/processors.md, "uvloop under the worker"). Nothing in runwatch depends on either
-loop's internals, and both run the same rounds, so verdicts are the same either way.
+``faust -L uvloop``) runs both for less CPU than the standard library's loop: 3-10 % of
+an idle worker's CPU and a few per cent of its paced CPU per event on the issue-23 benches
+(a drain, nearly all fold, does not separate from the box; docs/processors.md, "uvloop
+under the worker"). Nothing in runwatch depends on either loop's internals, and both run
+the same rounds, so verdicts are the same either way.
 
 `install` sets the asyncio policy before faust makes its first loop, so the main loop and
 every loop made later (the consumer thread's) are uvloop's.

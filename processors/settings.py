@@ -144,8 +144,8 @@ class ProcessorEnv(msgspec.Struct, frozen=True, kw_only=True):
             (``RUNWATCH_BATCH_STATS_S``; `processors.engine.RoundStats`); 0: never.
         fault_state_writes: A test seam: the first this many table writes of the process
             fail (``RUNWATCH_FAULT_STATE_WRITES``; `processors.app.StateWriteFaults`).
-        event_loop: The event loop the worker runs on, ``uvloop`` or ``asyncio`` (the
-            standard library's) (``RUNWATCH_EVENT_LOOP``; `processors.event_loop.install`).
+        event_loop: The event loop the worker runs on: ``uvloop``, or ``asyncio`` for the
+            standard library's (``RUNWATCH_EVENT_LOOP``; `processors.event_loop.install`).
     """
 
     store: Store = DEFAULT_STORE

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
+import threading
 from collections.abc import Iterator
 
 import pytest
@@ -46,8 +47,6 @@ def test_rule_2_uvloop_makes_every_new_loop_uvloop_s() -> None:
 
 def test_a_loop_made_in_another_thread_is_uvloop_s_too() -> None:
     """faust's consumer thread makes its own loop after start-up (mode's ServiceThread)."""
-    import threading
-
     asyncio.set_event_loop_policy(None)
     install("uvloop")
     made: list[type] = []
