@@ -3,7 +3,7 @@
 faust, aiokafka and the worker's rounds run on asyncio. The worker has two loops: the main
 thread's (rounds, flushes, the producer) and faust's consumer thread's (aiokafka's
 fetches and their responses). uvloop (libuv in C, MagicStack's, which faust documents as
-``faust -L uvloop``) runs both for less CPU than the standard library's loop: 3-10 % of
+``faust -L uvloop``) runs both for less CPU than the standard library's loop: 3-11 % of
 an idle worker's CPU and a few per cent of its paced CPU per event on the issue-23 benches
 (a drain, nearly all fold, does not separate from the box; docs/processors.md, "uvloop
 under the worker"). Nothing in runwatch depends on either loop's internals, and both run
