@@ -227,12 +227,12 @@ def detector_config(overrides: dict[str, str]) -> object:
         raise UsageError(str(exc)) from None
 
 
-def _store(given: str | None) -> str:
-    """``--store``, else ``RUNWATCH_STORE`` (`ProcessorEnv`), else memory; checked."""
-    from runwatch.processors.settings import STORES, ProcessorEnv
+def _store(given: str | None, from_env: str) -> str:
+    """``--store``, else ``from_env`` (``RUNWATCH_STORE`` by `ProcessorEnv`, else memory)."""
+    from runwatch.processors.settings import STORES
 
     if given is None:
-        return ProcessorEnv.from_env().store
+        return from_env
     if given not in STORES:
         raise UsageError(f"--store expects one of {', '.join(STORES)}, got {given!r}")
     return given
@@ -261,8 +261,8 @@ def run(args: argparse.Namespace) -> int:
     from runwatch.resolve import partition_counts, resolve_bootstrap
     from runwatch.schemas.signing import load_key
 
-    store = _store(args.store)
-    event_loop = ProcessorEnv.from_env().event_loop
+    env = ProcessorEnv.from_env()  # a malformed variable is a usage error before anything
+    store = _store(args.store, env.store)
     if store == "rocksdb" and (why := rocksdb_missing()) is not None:
         raise UsageError(why)
     batch_max = BATCH_MAX if args.batch_max is None else args.batch_max
@@ -319,7 +319,7 @@ def run(args: argparse.Namespace) -> int:
     assignor = logging.getLogger(_ALWAYS_WARN)
     if assignor.getEffectiveLevel() > logging.WARNING:  # -v and --loglevel may show more
         assignor.setLevel(logging.WARNING)
-    install(event_loop)  # before faust's app takes its loop
+    install(env.event_loop)  # before faust's app takes its loop
     watch = watch_broker(bootstrap)
     try:
         app = create_app(settings, cfg, key)  # type: ignore[arg-type]
