@@ -45,6 +45,14 @@ defaults take a few minutes:
 
 With ``--repeat N``: N whole runs, then ``p99 < 250 ms in K of N`` and a JSON summary. With
 ``--py-spy FILE``: where the two workers' CPU went under the load, per part of the work.
+Phase 3 also prints how much of the window each worker's main thread waited for a CPU.
+
+With ``--sweep 0,20000,60000,...`` the drain is followed by each rate in turn for
+``--load-s`` (0: no generator) instead of phases 2-4: the cores the workers took at each
+rate, and what each rate added over the one before in µs of CPU per event. The line
+through the points splits a paced worker's CPU into what every loaded second costs
+whatever the rate (idle loops, the flush's state writes) and what one more event costs
+(docs/processors.md, "the fleet's paced CPU, rate by rate").
 
 Workers run ``python -m runwatch.cli`` from the current directory.
 """
@@ -62,6 +70,7 @@ import argparse
 import asyncio
 import functools
 import importlib.util
+import itertools
 import json
 import multiprocessing as mp
 import os
@@ -149,11 +158,15 @@ def producer(bootstrap: str) -> KafkaProducer:
     )  # fmt: skip
 
 
-def start_worker(bootstrap: str, prefix: str, root: Path, name: str) -> ManagedProcess:
+def start_worker(
+    bootstrap: str, prefix: str, root: Path, name: str, extra: list[str] | None = None
+) -> ManagedProcess:
+    """A ``runwatch processors`` worker; ``extra``: more of its arguments (``--worker-arg``)."""
     args = ["processors", "--bootstrap", bootstrap, "--prefix", prefix, "--app-id",
             f"{prefix}-app", "--session-timeout", "6"]  # fmt: skip
     for s in SETS:
         args += ["--set", s]
+    args += extra or []
     env = {
         **os.environ,
         "RUNWATCH_COMMAND_KEY": COMMAND_KEY,
@@ -280,18 +293,22 @@ class LoadSplit:
     cpu0: dict[str, float]
     t0: float
     box0: tuple[float, float]
+    wait0: dict[str, float]
+    """Each worker's main thread's run-queue wait (s) at the start (`main_waits`)."""
 
     @classmethod
-    def start(cls, bootstrap: str, workers: tuple[int, ...], generator: int) -> LoadSplit:
-        """Begins the window."""
+    def start(cls, bootstrap: str, workers: tuple[int, ...], generator: int | None) -> LoadSplit:
+        """Begins the window (``generator`` None: no generator, an idle window)."""
         broker = _sibling("loadgen").broker_pid(bootstrap)
         parts = {"workers": workers}
         parts.update({f"worker{i}": (pid,) for i, pid in enumerate(workers)})
-        parts["generator"] = (generator,)
+        if generator is not None:
+            parts["generator"] = (generator,)
         if broker:
             parts["broker"] = (broker,)
         cpu0 = {name: sum(map(cpu_s, pids)) for name, pids in parts.items()}
-        return cls(parts, cpu0, time.monotonic(), _sibling("loadgen").box_busy())
+        return cls(parts, cpu0, time.monotonic(), _sibling("loadgen").box_busy(),
+                   _main_waits(workers))  # fmt: skip
 
     def cores(self) -> dict[str, float]:
         """Cores each part took since `start`, then the whole box's (``busy``)."""
@@ -302,6 +319,19 @@ class LoadSplit:
         }
         out["busy"] = (_sibling("loadgen").box_busy()[0] - self.box0[0]) / span_s
         return {k: round(v, 2) for k, v in out.items()}
+
+    def main_waits(self) -> dict[str, float]:
+        """Share of the window each worker's main thread (its rounds) was runnable but
+        waiting for a CPU (``/proc``'s schedstat, `bench/latency.py`'s ``thread_cpu``)."""
+        span_s = max(time.monotonic() - self.t0, 1e-9)
+        now = _main_waits(self.parts["workers"])
+        return {name: round((now[name] - self.wait0[name]) / span_s, 3) for name in now}
+
+
+def _main_waits(workers: tuple[int, ...]) -> dict[str, float]:
+    """Each worker's main thread's run-queue wait so far, seconds (``worker0``, ...)."""
+    thread_cpu = _sibling("latency").thread_cpu
+    return {f"worker{i}": thread_cpu(pid)["main"][1] for i, pid in enumerate(workers)}
 
 
 class Probe(threading.Thread):
@@ -364,6 +394,17 @@ class Watch(threading.Thread):
         consumer.close()
 
 
+def rates(text: str) -> list[float]:
+    """``--sweep``'s events/s, comma-separated, each at least 0."""
+    try:
+        out = [float(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a comma-separated list of rates: {text!r}") from None
+    if not out or min(out) < 0:
+        raise argparse.ArgumentTypeError(f"rates are events/s, 0 or more: {text!r}")
+    return out
+
+
 def pct(values: list[float], q: float) -> float | None:
     return round(values[min(len(values) - 1, int(q * len(values)))], 1) if values else None
 
@@ -390,6 +431,22 @@ def main() -> int:
     parser.add_argument("--rate", type=float, default=0.0,
                         help="offer this many events/s in phase 3, with no phase 2 (two "
                              "versions compared at one load)")  # fmt: skip
+    parser.add_argument(
+        "--sweep",
+        type=rates,
+        default=None,
+        help="after the drain, offer each of these events/s (comma-separated; 0: no load) for "
+        "--load-s and print the workers' cores at each and the CPU per event each rate added "
+        "over the one before, instead of phases 2-4",
+    )
+    parser.add_argument(
+        "--worker-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="one more argument of both workers' command line, e.g. "
+        "--worker-arg=--state-flush-interval=4 (repeatable)",
+    )
     parser.add_argument("--probes", type=int, default=10, help="fast runs that carry spikes")
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
     parser.add_argument(
@@ -416,7 +473,10 @@ def main() -> int:
         result["run"] = i
         print(json.dumps(result), flush=True)
         results.append(result)
-    if args.repeat > 1:
+    if args.sweep and args.repeat > 1:
+        steps = [r["marginal_us_per_event"] for r in results]
+        print(f"CPU per event each rate added, us, by run: {steps}")
+    elif args.repeat > 1:
         p99s = [r["latency_under_load_p99_ms"] for r in results]
         held = sum(  # a run whose generator fell short was under a lighter load than asked
             p is not None
@@ -506,7 +566,8 @@ class Fleet:
         out.flush()
         out.close()
         target = end_offsets(self.bootstrap, self.inputs)
-        self.workers = [start_worker(self.bootstrap, self.prefix, self.root, f"worker{i}")
+        self.workers = [start_worker(self.bootstrap, self.prefix, self.root, f"worker{i}",
+                                     self.args.worker_arg)
                         for i in range(2)]  # fmt: skip
         self.stack.callback(lambda: [w.stop() for w in self.workers])
         wait_committed(self.bootstrap, self.group, target, timeout_s=1800)
@@ -561,7 +622,7 @@ class Fleet:
         t_load = time.time()
         spies = self.start_py_spies()
         time.sleep(self.args.load_s)  # the measured window of sustained load
-        cores = split.cores()
+        cores, waits = split.cores(), split.main_waits()
         profiles = self.stop_py_spies(spies)
         t_load_end, t_window = time.time(), time.monotonic()
         # The window's spikes judged before the kill (the load goes on): a verdict still in
@@ -602,6 +663,7 @@ class Fleet:
             "generator_behind_max_s": round(report["behind_max_s"], 3),
             "generator_cpu_share": round(report["cpu_s"] / report["elapsed_s"], 3),
             "load_cores": cores,
+            "load_main_thread_wait_share": waits,
             "latency_under_load_p50_ms": pct(loaded, 0.5),
             "latency_under_load_p99_ms": pct(loaded, 0.99),
             "latency_under_load_spikes": len(loaded),
@@ -612,6 +674,39 @@ class Fleet:
             "recovery_after_sigkill_s": round(recovery_s, 1),
             **({"profile_loaded": profiles} if profiles else {}),
         }
+
+    def sweep(self, first_step: int, rates: list[float]) -> list[dict[str, Any]]:
+        """``--sweep``: each rate offered in turn, the cores the workers took at it.
+
+        A rate of 0 is a window with no generator (the workers idle beside the broker).
+        Each other rate's generator runs `capacity.WARM_S` before its window of
+        ``--load-s``; the workers catch up before the next rate.
+        """
+        points = []
+        step = first_step
+        for rate in rates:
+            gen = self.generator(step, rate) if rate > 0 else None
+            if gen is not None:
+                gen.go.set()
+                time.sleep(_sibling("capacity").WARM_S)  # the generator reaches its pace
+            split = LoadSplit.start(self.bootstrap, self.pids, gen.process.pid if gen else None)
+            time.sleep(self.args.load_s)  # the window of this rate
+            cores, waits = split.cores(), split.main_waits()
+            offered = 0.0
+            if gen is not None:
+                report = gen.finish()
+                step = int(report["next_step"])
+                offered = report["events"] / report["elapsed_s"]
+                self.caught_up(timeout_s=900)
+            points.append({
+                "rate": round(rate),
+                "offered_events_per_s": round(offered),
+                "cores": cores,
+                "main_thread_wait_share": waits,
+                "workers_us_per_event": round(1e6 * cores["workers"] / offered, 2)
+                if offered else None,
+            })  # fmt: skip
+        return points
 
     def start_py_spies(self) -> list[tuple[subprocess.Popen[bytes], Path]]:
         """``--py-spy``: one py-spy per worker from now on (none without it)."""
@@ -683,6 +778,12 @@ def measure(args: argparse.Namespace, run_index: int = 0) -> dict[str, Any]:
             stack.callback(shutil.rmtree, root, True)
         run = Fleet(args, stack, root, run_index)
         drained = run.drain()
+        if args.sweep:
+            points = run.sweep(args.steps + 1, args.sweep)
+            result = {"bench": "fleet_sweep", "runs": len(run.runs), **drained,
+                      "sweep": points, "marginal_us_per_event": marginal(points)}  # fmt: skip
+            print_sweep(result)
+            return result
         first_step, capacity = args.steps + 1, float(drained["events_per_s"])
         searched: dict[str, Any] = {}
         if args.rate:  # one absolute load, to compare two versions at the same rate
@@ -709,6 +810,40 @@ def measure(args: argparse.Namespace, run_index: int = 0) -> dict[str, Any]:
     }
     print_result(result)
     return result
+
+
+def marginal(points: list[dict[str, Any]]) -> list[float | None]:
+    """The workers' CPU per event each rate added over the rate before it, us.
+
+    (cores here - cores there) / (events/s here - events/s there): what one more event
+    costs at that load, without the share every window pays whatever its rate (the idle
+    workers' loops, the flush's state writes of every run, once a second).
+    """
+    out: list[float | None] = []
+    for before, after in itertools.pairwise(points):
+        extra = after["offered_events_per_s"] - before["offered_events_per_s"]
+        cores = after["cores"]["workers"] - before["cores"]["workers"]
+        out.append(round(1e6 * cores / extra, 2) if extra > 0 else None)
+    return out
+
+
+def print_sweep(result: dict[str, Any]) -> None:
+    """``--sweep``'s figures: the drain, then one line per rate."""
+    print(
+        f"fleet: {result['runs']} runs; two workers drained {result['backlog_events']:,} events "
+        f"at {result['events_per_s']:,} events/s, {result['cpu_us_per_event']} us CPU per event"
+    )
+    steps = [None, *result["marginal_us_per_event"]]
+    for point, step_us in zip(result["sweep"], steps, strict=True):
+        cores, waits = point["cores"], point["main_thread_wait_share"]
+        print(
+            f"  {point['offered_events_per_s']:>9,} events/s: workers {cores['workers']} cores "
+            f"({point['workers_us_per_event'] or '-'} us per event; "
+            f"{'-' if step_us is None else step_us} us per event over the rate before), "
+            f"main threads waiting for a CPU {', '.join(f'{v:.1%}' for v in waits.values())}; "
+            f"broker {cores.get('broker', '-')}, generator {cores.get('generator', '-')}, "
+            f"box {cores['busy']} of {os.cpu_count()}"
+        )
 
 
 def print_result(result: dict[str, Any]) -> None:
@@ -740,6 +875,8 @@ def print_result(result: dict[str, Any]) -> None:
             f"worker{i} {o[0]} ms in {o[1]}" if o else f"worker{i} none"
             for i, o in enumerate(result["load_age_max_by_worker"])
         )
+        + "; main threads waiting for a CPU: "
+        + ", ".join(f"{k} {v:.1%}" for k, v in result["load_main_thread_wait_share"].items())
     )
     profile = result.get("profile_loaded")
     if profile:

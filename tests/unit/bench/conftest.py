@@ -21,9 +21,12 @@ finally:
 
 def load_script(stem: str) -> ModuleType:
     """``bench/<stem>.py`` loaded by path as ``bench_<stem>``, as the benches load each other
-    (not by its own name: ``processors`` is the package's)."""
-    spec = importlib.util.spec_from_file_location(f"bench_{stem}", BENCH / f"{stem}.py")
+    (not by its own name: ``processors`` is the package's). Registered in `sys.modules`
+    while it runs: a script's dataclasses look their module up there."""
+    name = f"bench_{stem}"
+    spec = importlib.util.spec_from_file_location(name, BENCH / f"{stem}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
