@@ -536,6 +536,7 @@ class Fleet:
         broker = EmbeddedBroker(root / "broker")
         self.bootstrap = broker.start().bootstrap
         stack.callback(broker.stop)
+        self.log_dir = broker.kafka_log_dir
         create_catalogue(self.bootstrap, prefix=self.prefix)  # fleet-sized partitions
         self.root = root
         self.workers: list[ManagedProcess] = []
@@ -690,8 +691,10 @@ class Fleet:
                 gen.go.set()
                 time.sleep(_sibling("capacity").WARM_S)  # the generator reaches its pace
             split = LoadSplit.start(self.bootstrap, self.pids, gen.process.pid if gen else None)
+            written0 = self.changelog_bytes()
             time.sleep(self.args.load_s)  # the window of this rate
             cores, waits = split.cores(), split.main_waits()
+            written_mb_s = (self.changelog_bytes() - written0) / 1e6 / self.args.load_s
             offered = 0.0
             if gen is not None:
                 report = gen.finish()
@@ -705,8 +708,19 @@ class Fleet:
                 "main_thread_wait_share": waits,
                 "workers_us_per_event": round(1e6 * cores["workers"] / offered, 2)
                 if offered else None,
+                "changelog_mb_per_s": round(written_mb_s, 2),
             })  # fmt: skip
         return points
+
+    def changelog_bytes(self) -> int:
+        """Bytes the broker holds of the workers' changelogs (their partitions' log files)."""
+        prefixes = tuple(f"{changelog_topic(self.group, t)}-" for t in TABLES)
+        return sum(
+            f.stat().st_size
+            for d in self.log_dir.iterdir()
+            if d.name.startswith(prefixes)
+            for f in d.glob("*.log")
+        )
 
     def start_py_spies(self) -> list[tuple[subprocess.Popen[bytes], Path]]:
         """``--py-spy``: one py-spy per worker from now on (none without it)."""
@@ -823,7 +837,8 @@ def marginal(points: list[dict[str, Any]]) -> list[float | None]:
     for before, after in itertools.pairwise(points):
         extra = after["offered_events_per_s"] - before["offered_events_per_s"]
         cores = after["cores"]["workers"] - before["cores"]["workers"]
-        out.append(round(1e6 * cores / extra, 2) if extra > 0 else None)
+        asked_more = after["rate"] > before["rate"]  # a rate repeated: no slope, only drift
+        out.append(round(1e6 * cores / extra, 2) if asked_more and extra > 0 else None)
     return out
 
 
@@ -841,8 +856,8 @@ def print_sweep(result: dict[str, Any]) -> None:
             f"({point['workers_us_per_event'] or '-'} us per event; "
             f"{'-' if step_us is None else step_us} us per event over the rate before), "
             f"main threads waiting for a CPU {', '.join(f'{v:.1%}' for v in waits.values())}; "
-            f"broker {cores.get('broker', '-')}, generator {cores.get('generator', '-')}, "
-            f"box {cores['busy']} of {os.cpu_count()}"
+            f"changelogs {point['changelog_mb_per_s']} MB/s; broker {cores.get('broker', '-')}, "
+            f"generator {cores.get('generator', '-')}, box {cores['busy']} of {os.cpu_count()}"
         )
 
 

@@ -12,8 +12,9 @@ from .conftest import load_script
 fleet = load_script("fleet")
 
 
-def _point(offered: int, cores: float) -> dict[str, Any]:
-    return {"offered_events_per_s": offered, "cores": {"workers": cores}}
+def _point(offered: int, cores: float, rate: int | None = None) -> dict[str, Any]:
+    asked = offered if rate is None else rate
+    return {"rate": asked, "offered_events_per_s": offered, "cores": {"workers": cores}}
 
 
 def test_marginal_is_the_cores_added_over_the_events_added() -> None:
@@ -22,9 +23,18 @@ def test_marginal_is_the_cores_added_over_the_events_added() -> None:
     assert fleet.marginal(points) == [8.0, 5.5, 4.0]
 
 
-def test_marginal_of_no_added_events_is_none() -> None:
-    """A generator that fell short of the rate before it: no slope to report."""
-    assert fleet.marginal([_point(50_000, 0.4), _point(50_000, 0.5)]) == [None]
+@pytest.mark.parametrize(
+    "points",
+    [
+        pytest.param([_point(50_000, 0.4), _point(50_000, 0.5)], id="generator-short"),
+        pytest.param(
+            [_point(179_685, 0.96, 180_000), _point(179_702, 0.98, 180_000)], id="rate-repeated"
+        ),
+    ],
+)
+def test_marginal_without_a_higher_rate_is_none(points: list[dict[str, Any]]) -> None:
+    """No slope where no more was asked (a rate repeated to watch drift) or none came."""
+    assert fleet.marginal(points) == [None]
 
 
 @pytest.mark.parametrize(
