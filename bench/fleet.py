@@ -232,7 +232,8 @@ def _sibling(stem: str) -> Any:
     """``bench/<stem>.py`` as a module, loaded once by path.
 
     ``loadgen``: the generator's producer and batches, the box's CPU; ``processors``: the
-    drain's window by the workers' clocks; ``capacity``: the capacity search.
+    drain's window by the workers' clocks; ``capacity``: the capacity search; ``latency``:
+    a thread's CPU and run-queue wait.
     """
     spec = importlib.util.spec_from_file_location(
         f"bench_{stem}", Path(__file__).with_name(f"{stem}.py")
