@@ -75,6 +75,7 @@ import json
 import multiprocessing as mp
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -296,6 +297,8 @@ class LoadSplit:
     box0: tuple[float, float]
     wait0: dict[str, float]
     """Each worker's main thread's run-queue wait (s) at the start (`main_waits`)."""
+    threads0: dict[str, float]
+    """The broker's CPU (s) per thread name at the start (`broker_threads`)."""
 
     @classmethod
     def start(cls, bootstrap: str, workers: tuple[int, ...], generator: int | None) -> LoadSplit:
@@ -309,7 +312,7 @@ class LoadSplit:
             parts["broker"] = (broker,)
         cpu0 = {name: sum(map(cpu_s, pids)) for name, pids in parts.items()}
         return cls(parts, cpu0, time.monotonic(), _sibling("loadgen").box_busy(),
-                   _main_waits(workers))  # fmt: skip
+                   _main_waits(workers), jvm_thread_cpu(broker))  # fmt: skip
 
     def cores(self) -> dict[str, float]:
         """Cores each part took since `start`, then the whole box's (``busy``)."""
@@ -327,6 +330,42 @@ class LoadSplit:
         span_s = max(time.monotonic() - self.t0, 1e-9)
         now = _main_waits(self.parts["workers"])
         return {name: round((now[name] - self.wait0[name]) / span_s, 3) for name in now}
+
+    def broker_threads(self, top: int = 3) -> dict[str, float]:
+        """Cores the ``top`` busiest kinds of the broker's threads took in the window
+        (`thread_kind`: ``data-plane-kafk``, its request handlers; ``C2 CompilerThre``, the
+        JIT; ``G1 Conc#`` and ``GC Thread#``, the collector...)."""
+        broker = self.parts.get("broker")
+        if not broker:
+            return {}
+        span_s = max(time.monotonic() - self.t0, 1e-9)
+        now = jvm_thread_cpu(broker[0])
+        used = {name: (cpu - self.threads0.get(name, 0.0)) / span_s for name, cpu in now.items()}
+        busiest = sorted(used.items(), key=lambda kv: -kv[1])[:top]
+        return {name: round(cores, 2) for name, cores in busiest}
+
+
+def thread_kind(name: str) -> str:
+    """A thread's name as ``/proc`` gives it (15 characters at most), its number dropped:
+    ``GC Thread#3`` and ``GC Thread#0`` are both ``GC Thread#``."""
+    return re.sub(r"[-_ ]?\d+$", "", name)
+
+
+def jvm_thread_cpu(pid: int | None) -> dict[str, float]:
+    """CPU seconds of process ``pid`` so far per `thread_kind` of its threads."""
+    out: dict[str, float] = {}
+    if pid is None:
+        return out
+    tick = os.sysconf("SC_CLK_TCK")
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            stat = (task / "stat").read_text()
+        except OSError:
+            continue  # a thread that ended between the listing and the read
+        name = thread_kind(stat[stat.index("(") + 1 : stat.rindex(")")])
+        fields = stat[stat.rindex(")") + 2 :].split()
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return out
 
 
 def _main_waits(workers: tuple[int, ...]) -> dict[str, float]:
@@ -624,7 +663,7 @@ class Fleet:
         t_load = time.time()
         spies = self.start_py_spies()
         time.sleep(self.args.load_s)  # the measured window of sustained load
-        cores, waits = split.cores(), split.main_waits()
+        cores, waits, jvm = split.cores(), split.main_waits(), split.broker_threads()
         profiles = self.stop_py_spies(spies)
         t_load_end, t_window = time.time(), time.monotonic()
         # The window's spikes judged before the kill (the load goes on): a verdict still in
@@ -666,6 +705,7 @@ class Fleet:
             "generator_cpu_share": round(report["cpu_s"] / report["elapsed_s"], 3),
             "load_cores": cores,
             "load_main_thread_wait_share": waits,
+            "load_broker_threads": jvm,
             "latency_under_load_p50_ms": pct(loaded, 0.5),
             "latency_under_load_p99_ms": pct(loaded, 0.99),
             "latency_under_load_spikes": len(loaded),
@@ -694,7 +734,7 @@ class Fleet:
             split = LoadSplit.start(self.bootstrap, self.pids, gen.process.pid if gen else None)
             written0 = self.changelog_bytes()
             time.sleep(self.args.load_s)  # the window of this rate
-            cores, waits = split.cores(), split.main_waits()
+            cores, waits, jvm = split.cores(), split.main_waits(), split.broker_threads()
             written_mb_s = (self.changelog_bytes() - written0) / 1e6 / self.args.load_s
             offered = 0.0
             if gen is not None:
@@ -710,6 +750,7 @@ class Fleet:
                 "workers_us_per_event": round(1e6 * cores["workers"] / offered, 2)
                 if offered else None,
                 "changelog_mb_per_s": round(written_mb_s, 2),
+                "broker_threads": jvm,
             })  # fmt: skip
         return points
 
@@ -857,9 +898,15 @@ def print_sweep(result: dict[str, Any]) -> None:
             f"({point['workers_us_per_event'] or '-'} us per event; "
             f"{'-' if step_us is None else step_us} us per event over the rate before), "
             f"main threads waiting for a CPU {', '.join(f'{v:.1%}' for v in waits.values())}; "
-            f"changelogs {point['changelog_mb_per_s']} MB/s; broker {cores.get('broker', '-')}, "
-            f"generator {cores.get('generator', '-')}, box {cores['busy']} of {os.cpu_count()}"
+            f"changelogs {point['changelog_mb_per_s']} MB/s; broker {cores.get('broker', '-')}"
+            f"{_threads(point['broker_threads'])}, generator {cores.get('generator', '-')}, "
+            f"box {cores['busy']} of {os.cpu_count()}"
         )
+
+
+def _threads(cores: dict[str, float]) -> str:
+    """`LoadSplit.broker_threads` in brackets, or nothing."""
+    return f" ({', '.join(f'{name} {v}' for name, v in cores.items())})" if cores else ""
 
 
 def print_result(result: dict[str, Any]) -> None:
@@ -893,6 +940,7 @@ def print_result(result: dict[str, Any]) -> None:
         )
         + "; main threads waiting for a CPU: "
         + ", ".join(f"{k} {v:.1%}" for k, v in result["load_main_thread_wait_share"].items())
+        + f"; the broker's busiest threads{_threads(result['load_broker_threads']) or ' -'}"
     )
     profile = result.get("profile_loaded")
     if profile:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any
 
 import pytest
@@ -58,3 +59,30 @@ def test_rates_parse(text: str, rates: list[float]) -> None:
 def test_rates_refuse(text: str, says: str) -> None:
     with pytest.raises(argparse.ArgumentTypeError, match=says):
         fleet.rates(text)
+
+
+@pytest.mark.parametrize(
+    ("name", "kind"),
+    [
+        pytest.param("GC Thread#3", "GC Thread#", id="hash-numbered"),
+        pytest.param("C2 CompilerThre", "C2 CompilerThre", id="cut-by-proc"),
+        pytest.param("C1 CompilerThread0", "C1 CompilerThread", id="numbered"),
+        pytest.param("kafka-1-raft-io", "kafka-1-raft-io", id="number-inside"),
+        pytest.param("executor-Fetch", "executor-Fetch", id="no-number"),
+        pytest.param("G1 Conc#0", "G1 Conc#", id="g1"),
+        pytest.param("pool-12", "pool", id="dash-numbered"),
+    ],
+)
+def test_thread_kind_drops_the_trailing_number(name: str, kind: str) -> None:
+    assert fleet.thread_kind(name) == kind
+
+
+def test_jvm_thread_cpu_counts_every_thread_of_a_real_process() -> None:
+    """This process's threads by kind: no more than the process's own CPU (which also
+    counts threads that ended), none negative; no process, nothing."""
+    sum(i * i for i in range(200_000))  # some CPU of this thread to count
+    kinds = fleet.jvm_thread_cpu(os.getpid())
+    total_s = fleet.cpu_s(os.getpid())
+    assert kinds and all(v >= 0 for v in kinds.values())
+    assert 0 < sum(kinds.values()) <= total_s + 0.02
+    assert fleet.jvm_thread_cpu(None) == {}
