@@ -746,6 +746,8 @@ class _BatchSink:
         except Exception as exc:
             await self.stop("the states of the last rounds", exc)
         self.stats.note("write_ms", 1000 * (time.perf_counter() - t0))
+        if self.stats.interval_s:  # the sum is a loop over every write: only when asked for
+            self.stats.note("write_kb", sum(len(w.data) for _, ws in written for w in ws) / 1024)
 
         async def acknowledged() -> None:
             try:

@@ -768,7 +768,8 @@ class RoundStats:
     ``deliver_ms`` (within ``fold_ms``, a round whose steps, checkpoints or anomalies made
     outputs: waiting for them to be delivered before its heartbeats' fold), ``round_ms``
     (the whole round); per flush: ``publish_ms`` (waiting for the outputs'
-    acknowledgements), ``write_ms`` (table writes handed to the producer), ``flush_ms``
+    acknowledgements), ``write_ms`` (table writes handed to the producer), ``write_kb``
+    (the bytes of the states those writes carried), ``flush_ms``
     (the flush on the round's path: steps 1-3 of `Checkpoint`), ``ack_ms`` (beside the
     next rounds: waiting for the changelog acknowledgements, step 4);
     ``first_start`` / ``last_end``: when the interval's first round began and its last
