@@ -576,7 +576,6 @@ class Fleet:
         broker = EmbeddedBroker(root / "broker")
         self.bootstrap = broker.start().bootstrap
         stack.callback(broker.stop)
-        self.log_dir = broker.kafka_log_dir
         create_catalogue(self.bootstrap, prefix=self.prefix)  # fleet-sized partitions
         self.root = root
         self.workers: list[ManagedProcess] = []
@@ -732,16 +731,17 @@ class Fleet:
                 gen.go.set()
                 time.sleep(_sibling("capacity").WARM_S)  # the generator reaches its pace
             split = LoadSplit.start(self.bootstrap, self.pids, gen.process.pid if gen else None)
-            written0 = self.changelog_bytes()
+            start_s = time.time()
             time.sleep(self.args.load_s)  # the window of this rate
             cores, waits, jvm = split.cores(), split.main_waits(), split.broker_threads()
-            written_mb_s = (self.changelog_bytes() - written0) / 1e6 / self.args.load_s
+            end_s = time.time()
             offered = 0.0
             if gen is not None:
                 report = gen.finish()
                 step = int(report["next_step"])
                 offered = report["events"] / report["elapsed_s"]
-                self.caught_up(timeout_s=900)
+            self.caught_up(timeout_s=900)  # and the window's stats lines are written
+            written_mb_s = states_written_mb(self.logs, start_s, end_s) / (end_s - start_s)
             points.append({
                 "rate": round(rate),
                 "offered_events_per_s": round(offered),
@@ -749,20 +749,10 @@ class Fleet:
                 "main_thread_wait_share": waits,
                 "workers_us_per_event": round(1e6 * cores["workers"] / offered, 2)
                 if offered else None,
-                "changelog_mb_per_s": round(written_mb_s, 2),
+                "states_written_mb_per_s": round(written_mb_s, 2),
                 "broker_threads": jvm,
             })  # fmt: skip
         return points
-
-    def changelog_bytes(self) -> int:
-        """Bytes the broker holds of the workers' changelogs (their partitions' log files)."""
-        prefixes = tuple(f"{changelog_topic(self.group, t)}-" for t in TABLES)
-        return sum(
-            f.stat().st_size
-            for d in self.log_dir.iterdir()
-            if d.name.startswith(prefixes)
-            for f in d.glob("*.log")
-        )
 
     def start_py_spies(self) -> list[tuple[subprocess.Popen[bytes], Path]]:
         """``--py-spy``: one py-spy per worker from now on (none without it)."""
@@ -868,6 +858,19 @@ def measure(args: argparse.Namespace, run_index: int = 0) -> dict[str, Any]:
     return result
 
 
+def states_written_mb(logs: list[Path], start_s: float, end_s: float) -> float:
+    """MB of states the workers wrote to their tables in the stats lines stamped between two
+    epoch times (``write_kb``, `RoundStats`). The broker's log files cannot say it: they
+    shrink once its cleaner compacts the changelogs."""
+    kb = sum(
+        line.get("write_kb", {}).get("sum", 0.0)
+        for log in logs
+        for line in _sibling("processors").stats_lines(log)
+        if start_s <= float(line.get("t", 0.0)) <= end_s
+    )
+    return float(kb) * 1024 / 1e6
+
+
 def marginal(points: list[dict[str, Any]]) -> list[float | None]:
     """The workers' CPU per event each rate added over the rate before it, us.
 
@@ -898,7 +901,8 @@ def print_sweep(result: dict[str, Any]) -> None:
             f"({point['workers_us_per_event'] or '-'} us per event; "
             f"{'-' if step_us is None else step_us} us per event over the rate before), "
             f"main threads waiting for a CPU {', '.join(f'{v:.1%}' for v in waits.values())}; "
-            f"changelogs {point['changelog_mb_per_s']} MB/s; broker {cores.get('broker', '-')}"
+            f"states written {point['states_written_mb_per_s']} MB/s; "
+            f"broker {cores.get('broker', '-')}"
             f"{_threads(point['broker_threads'])}, generator {cores.get('generator', '-')}, "
             f"box {cores['busy']} of {os.cpu_count()}"
         )

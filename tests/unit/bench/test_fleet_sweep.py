@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -86,3 +88,20 @@ def test_jvm_thread_cpu_counts_every_thread_of_a_real_process() -> None:
     assert kinds and all(v >= 0 for v in kinds.values())
     assert 0 < sum(kinds.values()) <= total_s + 0.02
     assert fleet.jvm_thread_cpu(None) == {}
+
+
+def test_states_written_are_the_window_s_stats_lines_write_kb(tmp_path: Path) -> None:
+    """Only the lines stamped in the window count, from every worker's log; a line of no
+    flush counts nothing."""
+
+    def line(t: float, kb: float | None) -> str:
+        body: dict[str, Any] = {"t": t}
+        if kb is not None:
+            body["write_kb"] = {"count": 1, "p50": kb, "p99": kb, "max": kb, "sum": kb}
+        return f"[2026-12-05 12:00:00] INFO batch path stats: {json.dumps(body)}"
+
+    one, two = tmp_path / "worker0.log", tmp_path / "worker1.log"
+    one.write_text("\n".join([line(99.5, 4096), line(100.5, 1024), line(101.0, None)]) + "\n")
+    two.write_text("\n".join([line(101.5, 2048), "an unrelated line", line(103.0, 4096)]) + "\n")
+
+    assert fleet.states_written_mb([one, two], 100.0, 102.0) == pytest.approx(3 * 1024 * 1024 / 1e6)
