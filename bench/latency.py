@@ -474,7 +474,8 @@ def round_stats(log: Path, window: tuple[float, float]) -> dict[str, dict[str, f
     ]
     merged: dict[str, dict[str, float]] = {}
     for name in ("records", "wait_ms", "age_ms", "urgent_age_ms", "fold_ms", "deliver_ms",
-                 "round_ms", "publish_ms", "write_ms", "flush_ms", "ack_ms", "min_kb"):  # fmt: skip
+                 "round_ms", "publish_ms", "write_ms", "write_kb", "flush_ms", "ack_ms",
+                 "min_kb"):  # fmt: skip
         parts = [s[name] for s in lines if name in s]
         if parts:
             merged[name] = {
