@@ -440,7 +440,7 @@ def rates(text: str) -> list[float]:
         out = [float(part) for part in text.split(",")]
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a comma-separated list of rates: {text!r}") from None
-    if not out or min(out) < 0:
+    if min(out) < 0:  # split always gives one part at least; float('') raised above
         raise argparse.ArgumentTypeError(f"rates are events/s, 0 or more: {text!r}")
     return out
 
@@ -514,8 +514,8 @@ def main() -> int:
         print(json.dumps(result), flush=True)
         results.append(result)
     if args.sweep and args.repeat > 1:
-        steps = [r["marginal_us_per_event"] for r in results]
-        print(f"CPU per event each rate added, us, by run: {steps}")
+        added = [r["marginal_us_per_event"] for r in results]
+        print(f"CPU per event each rate added, us, by run: {added}")
     elif args.repeat > 1:
         p99s = [r["latency_under_load_p99_ms"] for r in results]
         held = sum(  # a run whose generator fell short was under a lighter load than asked
@@ -893,13 +893,13 @@ def print_sweep(result: dict[str, Any]) -> None:
         f"fleet: {result['runs']} runs; two workers drained {result['backlog_events']:,} events "
         f"at {result['events_per_s']:,} events/s, {result['cpu_us_per_event']} us CPU per event"
     )
-    steps = [None, *result["marginal_us_per_event"]]
-    for point, step_us in zip(result["sweep"], steps, strict=True):
+    added = [None, *result["marginal_us_per_event"]]
+    for point, added_us in zip(result["sweep"], added, strict=True):
         cores, waits = point["cores"], point["main_thread_wait_share"]
         print(
             f"  {point['offered_events_per_s']:>9,} events/s: workers {cores['workers']} cores "
             f"({point['workers_us_per_event'] or '-'} us per event; "
-            f"{'-' if step_us is None else step_us} us per event over the rate before), "
+            f"{'-' if added_us is None else added_us} us per event over the rate before), "
             f"main threads waiting for a CPU {', '.join(f'{v:.1%}' for v in waits.values())}; "
             f"states written {point['states_written_mb_per_s']} MB/s; "
             f"broker {cores.get('broker', '-')}"
