@@ -493,9 +493,10 @@ def main() -> int:
         "--py-spy",
         type=Path,
         default=None,
-        help="sample each worker with py-spy over phase 3, the thread holding the GIL only (raw "
-        "collapsed stacks into FILE.worker0 and FILE.worker1; with --repeat, "
-        "FILE.runN.workerI) and print each part's share (bench/processors.py's "
+        help="sample each worker with py-spy over phase 3 (with --sweep: over each rate's "
+        "window), the thread holding the GIL only (raw collapsed stacks into FILE.worker0 "
+        "and FILE.worker1; with --repeat, FILE.runN.workerI; with --sweep, FILE.rateK.workerI "
+        "for the K-th rate) and print each part's share (bench/processors.py's "
         "PROFILE_PARTS) in us of the workers' paced CPU per event",
     )
     parser.add_argument(
@@ -725,15 +726,17 @@ class Fleet:
         """
         points = []
         step = first_step
-        for rate in rates:
+        for index, rate in enumerate(rates):
             gen = self.generator(step, rate) if rate > 0 else None
             if gen is not None:
                 gen.go.set()
                 time.sleep(_sibling("capacity").WARM_S)  # the generator reaches its pace
             split = LoadSplit.start(self.bootstrap, self.pids, gen.process.pid if gen else None)
             start_s = time.time()
+            spies = self.start_py_spies(f"rate{index}")
             time.sleep(self.args.load_s)  # the window of this rate
             cores, waits, jvm = split.cores(), split.main_waits(), split.broker_threads()
+            profile = self.stop_py_spies(spies)
             end_s = time.time()
             offered = 0.0
             if gen is not None:
@@ -751,18 +754,21 @@ class Fleet:
                 if offered else None,
                 "states_written_mb_per_s": round(written_mb_s, 2),
                 "broker_threads": jvm,
+                **({"profile": profile} if profile else {}),
             })  # fmt: skip
         return points
 
-    def start_py_spies(self) -> list[tuple[subprocess.Popen[bytes], Path]]:
-        """``--py-spy``: one py-spy per worker from now on (none without it)."""
+    def start_py_spies(self, window: str = "") -> list[tuple[subprocess.Popen[bytes], Path]]:
+        """``--py-spy``: one py-spy per worker from now on (none without it).
+
+        Args:
+            window: A name for the window sampled, put in the files' names ("" for none).
+        """
         if self.args.py_spy is None:
             return []
         spy = _sibling("processors").start_py_spy
-        stem = self.args.py_spy
-        if self.args.repeat > 1:
-            stem = stem.with_name(f"{stem.name}.run{self.run_index}")
-        outs = [stem.with_name(f"{stem.name}.worker{i}") for i in range(len(self.workers))]
+        run = self.run_index if self.args.repeat > 1 else None
+        outs = spy_files(self.args.py_spy, len(self.workers), run, window)
         pids = [w.proc.pid for w in self.workers]
         return [(spy(pid, out, gil=True), out) for pid, out in zip(pids, outs, strict=True)]
 
@@ -780,6 +786,19 @@ class Fleet:
                 counts[part] = counts.get(part, 0) + n
         total = sum(counts.values())
         return {part: n / total for part, n in counts.items()} if total else {}
+
+
+def spy_files(stem: Path, workers: int, run: int | None, window: str) -> list[Path]:
+    """``--py-spy``'s files: STEM[.runN][.WINDOW].workerI, one per worker.
+
+    Args:
+        stem: The path ``--py-spy`` named.
+        workers: How many workers are sampled.
+        run: The run's index under ``--repeat`` (None: a single run).
+        window: The window's name (``rateK`` under ``--sweep``; "" for phase 3).
+    """
+    parts = [stem.name, *([f"run{run}"] if run is not None else []), *([window] if window else [])]
+    return [stem.with_name(".".join([*parts, f"worker{i}"])) for i in range(workers)]
 
 
 class Offer:
@@ -906,6 +925,8 @@ def print_sweep(result: dict[str, Any]) -> None:
             f"{_threads(point['broker_threads'])}, generator {cores.get('generator', '-')}, "
             f"box {cores['busy']} of {os.cpu_count()}"
         )
+        if "profile" in point:
+            print_profile(point["profile"], point["workers_us_per_event"], "    ")
 
 
 def _threads(cores: dict[str, float]) -> str:
@@ -953,8 +974,17 @@ def print_result(result: dict[str, Any]) -> None:
             f"py-spy samples per part, the two workers under the load: us of their "
             f"{paced_us:.2f} us CPU per event (the drain's: {result['cpu_us_per_event']})"
         )
-        for part, share in sorted(profile.items(), key=lambda kv: -kv[1]):
-            print(f"  {part:<64} {share * paced_us:5.2f} us  {share:6.1%}")
+        print_profile(profile, paced_us, "  ")
+
+
+def print_profile(profile: dict[str, float], us_per_event: float | None, indent: str) -> None:
+    """Each part's share of the workers' py-spy samples, and its us of ``us_per_event``.
+
+    Without ``us_per_event`` (an idle window) the shares alone.
+    """
+    for part, share in sorted(profile.items(), key=lambda kv: -kv[1]):
+        us = "" if us_per_event is None else f"{share * us_per_event:5.2f} us  "
+        print(f"{indent}{part:<64} {us}{share:6.1%}")
 
 
 if __name__ == "__main__":

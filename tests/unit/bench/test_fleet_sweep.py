@@ -105,3 +105,39 @@ def test_states_written_are_the_window_s_stats_lines_write_kb(tmp_path: Path) ->
     two.write_text("\n".join([line(101.5, 2048), "an unrelated line", line(103.0, 4096)]) + "\n")
 
     assert fleet.states_written_mb([one, two], 100.0, 102.0) == pytest.approx(3 * 1024 * 1024 / 1e6)
+
+
+@pytest.mark.parametrize(
+    ("run", "window", "names"),
+    [
+        pytest.param(None, "", ["spy.worker0", "spy.worker1"], id="phase-3"),
+        pytest.param(2, "", ["spy.run2.worker0", "spy.run2.worker1"], id="repeated"),
+        pytest.param(None, "rate3", ["spy.rate3.worker0", "spy.rate3.worker1"], id="sweep"),
+        pytest.param(1, "rate0", ["spy.run1.rate0.worker0", "spy.run1.rate0.worker1"], id="both"),
+    ],
+)
+def test_spy_files_name_the_run_and_the_window(
+    tmp_path: Path, run: int | None, window: str, names: list[str]
+) -> None:
+    files = fleet.spy_files(tmp_path / "spy", 2, run, window)
+
+    assert [f.name for f in files] == names
+    assert {f.parent for f in files} == {tmp_path}
+
+
+def test_print_profile_orders_the_parts_and_prices_them(capsys: pytest.CaptureFixture[str]) -> None:
+    fleet.print_profile({"decode": 0.25, "the fold": 0.75}, 4.0, "  ")
+
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines] == ["the", "decode"]
+    assert "3.00 us" in lines[0] and "75.0%" in lines[0]
+    assert "1.00 us" in lines[1]
+
+
+def test_print_profile_of_an_idle_window_gives_shares_only(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    fleet.print_profile({"other threads": 1.0}, None, "")
+
+    out = capsys.readouterr().out
+    assert "100.0%" in out and " us" not in out
