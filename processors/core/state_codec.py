@@ -16,6 +16,7 @@ record.
 from __future__ import annotations
 
 import math
+import threading
 from collections import OrderedDict
 from typing import Any, Final, TypeAlias
 
@@ -99,9 +100,35 @@ def _steps_from_layout1(data: bytes) -> StepHealthState | None:
     return state
 
 
+_BUFFER_BYTES: Final = 64 * 1024
+"""What each thread's encoding buffer starts at: a step state at the ledger's horizon is
+~13-16 KB, a liveness state of tens of thousands of ranks tens of KB."""
+
+
+class _Buffer(threading.local):
+    """One encoding buffer per thread (a fold running in another thread has its own)."""
+
+    def __init__(self) -> None:
+        self.data = bytearray(_BUFFER_BYTES)
+
+
+_BUFFER: Final = _Buffer()
+
+
 def encode_state(state: State) -> bytes:
-    """Encode any reducer state as msgpack bytes."""
-    return _ENCODER.encode(state)
+    """Encode any reducer state as msgpack bytes.
+
+    The state is encoded into this thread's buffer, then copied out once. msgspec's
+    ``encode`` grows a fresh output 1.5x at a time, and each growth can copy all of it:
+    a step state at the ledger's horizon (~13 KB) paid over a dozen such steps, and a fold
+    encodes each touched run's state once per round. The buffer keeps its largest size
+    (``encode_into`` shortens only its length), so it is grown only by the largest state
+    this thread has encoded yet. The bytes are those ``encode`` gives. (`_enc_hook` must
+    not call this: it would encode into the buffer being written.)
+    """
+    buffer = _BUFFER.data
+    _ENCODER.encode_into(state, buffer)
+    return bytes(buffer)
 
 
 def decode_state(kind: StateKind | type[State], data: bytes) -> State:

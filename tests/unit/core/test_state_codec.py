@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import sys
+import threading
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from runwatch.processors.core.config import DetectorConfig
+from runwatch.processors.core.ledger import StepLedger
 from runwatch.processors.core.replay import replay
 from runwatch.processors.core.state_codec import (
     STATE_TYPES,
@@ -42,6 +46,61 @@ def test_every_state_round_trips_byte_identically() -> None:
             again = decode_state(kind, raw)  # type: ignore[arg-type]
             assert type(again) is STATE_TYPES[kind]
             assert encode_state(again) == raw
+
+
+def _with_chunks(run_id: str, chunks: int, chunk_bytes: int = 1024) -> StepHealthState:
+    """A step state whose ledger holds ``chunks`` opaque chunks (a state as large as asked)."""
+    ledger = StepLedger(
+        horizon_chunks=chunks, chunks=tuple(bytes([i % 256]) * chunk_bytes for i in range(chunks))
+    )
+    return StepHealthState(run_id=run_id, ledger=ledger)
+
+
+def _plain(state: StepHealthState) -> bytes:
+    """The state as a fresh msgspec encode gives it (no buffer kept between calls)."""
+    return msgspec.msgpack.encode(state)
+
+
+@pytest.mark.parametrize(
+    "sizes",
+    [
+        pytest.param([2, 100, 1], id="small-large-small"),
+        pytest.param([100, 3, 200, 0], id="large-first-then-larger"),
+    ],
+)
+def test_encoded_bytes_do_not_depend_on_what_was_encoded_before(sizes: list[int]) -> None:
+    """The thread's buffer keeps its largest size; each encode is its own state's bytes."""
+    states = [_with_chunks(f"r{i}", n) for i, n in enumerate(sizes)]
+    encoded = [encode_state(s) for s in states]
+    assert [type(b) for b in encoded] == [bytes] * len(states)
+    assert encoded == [_plain(s) for s in states]  # and earlier results were not overwritten
+    assert max(map(len, encoded)) > 64 * 1024  # the buffer had to grow past its start
+
+
+def test_threads_encode_into_buffers_of_their_own() -> None:
+    """Threads switched as often as CPython allows; one buffer shared would mix their bytes."""
+    states = [_with_chunks(f"t{i}", 20 + 30 * i) for i in range(4)]
+    expected = [_plain(s) for s in states]
+    start = threading.Barrier(len(states))
+    wrong: list[int] = []
+
+    def encode_many(i: int) -> None:
+        start.wait()
+        for _ in range(200):
+            if encode_state(states[i]) != expected[i]:
+                wrong.append(i)
+
+    threads = [threading.Thread(target=encode_many, args=(i,)) for i in range(len(states))]
+    interval_s = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(interval_s)
+    assert wrong == []
 
 
 def test_decode_by_class_and_unknown_kind() -> None:
