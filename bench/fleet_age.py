@@ -30,7 +30,6 @@ if sys.path and sys.path[0] == __import__("os").path.dirname(__file__):
     sys.path.pop(0)
 
 import argparse
-import gc
 import importlib.util
 import json
 import random
@@ -38,13 +37,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from runwatch.processors.app import FOLD_CHUNK_EVENTS
 from runwatch.processors.core.config import DetectorConfig
 from runwatch.processors.logread import partition_for
-from runwatch.processors.pipeline import fold_chunks
 from runwatch.schemas.codec import encode, encode_key
 from runwatch.schemas.events import RunStarted
-from runwatch.schemas.records import RawRecord, split
+from runwatch.schemas.records import RawRecord
 from runwatch.schemas.topics import FOLD_ORDER, TopicRole
 
 PARTITIONS = {TopicRole.STEPS: 16, TopicRole.HEARTBEATS: 64}
@@ -72,6 +69,7 @@ class Worker:
 
     def __init__(self, runs: int) -> None:
         self.fleet = _sibling("fleet")
+        self.fold_path = _sibling("fold_path")
         self.runs = self.fleet.fleet(runs, 64)  # `bench/fleet.py`'s --pack-above default
         self.rng = random.Random(0)
         self.offsets: dict[tuple[TopicRole, int], int] = {}
@@ -107,33 +105,15 @@ class Worker:
         self, records: list[tuple[TopicRole, RawRecord, int]], round_events: int
     ) -> tuple[float, float]:
         """Fold ``records`` in rounds of ``round_events``; CPU seconds of decode and fold."""
-        decode_s = fold_s = 0.0
-        for taken in _rounds(records, round_events):
-            for role in FOLD_ORDER:
-                batch = taken.get(role)
-                if not batch:
-                    continue
-                store = self.states.setdefault(role, {})
-                gc.disable()
-                t0 = time.thread_time()
-                good, _ = split(batch, role)
-                t1 = time.thread_time()
-                results = list(fold_chunks(role, good, store.get, lambda _: [], self.cfg,
-                                           FOLD_CHUNK_EVENTS))  # fmt: skip
-                t2 = time.thread_time()
-                gc.enable()
-                if results:
-                    store.update(results[-1].states)
-                decode_s, fold_s = decode_s + t1 - t0, fold_s + t2 - t1
-            gc.collect(0)
-        return decode_s, fold_s
+        return self.fold_path.fold_rounds(_rounds(records, round_events), self.states, self.cfg)
 
 
 def _rounds(
     records: list[tuple[TopicRole, RawRecord, int]], round_events: int
 ) -> list[dict[TopicRole, list[RawRecord]]]:
     """Records in arrival order cut into rounds of about ``round_events`` events, each
-    role's records in partition order (as a fetch hands them over)."""
+    role's records in partition order (as a fetch hands them over), the roles in
+    `FOLD_ORDER`."""
     rounds: list[dict[TopicRole, list[RawRecord]]] = []
     current: dict[TopicRole, list[RawRecord]] = {}
     events = 0
@@ -148,7 +128,7 @@ def _rounds(
     for taken in rounds:
         for batch in taken.values():
             batch.sort(key=lambda r: (r.partition, r.offset))
-    return rounds
+    return [{role: taken[role] for role in FOLD_ORDER if role in taken} for taken in rounds]
 
 
 def main() -> int:

@@ -31,6 +31,7 @@ import importlib.util
 import json
 import random
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -107,8 +108,19 @@ def rounds(
 
 def one_pass(rounds_: list[dict[TopicRole, list[RawRecord]]]) -> tuple[float, float]:
     """CPU seconds of ``split`` and of the fold over every round, states carried."""
-    cfg = DetectorConfig()
-    states: dict[TopicRole, dict[str, Any]] = {}
+    return fold_rounds(rounds_, {}, DetectorConfig())
+
+
+def fold_rounds(
+    rounds_: Iterable[dict[TopicRole, list[RawRecord]]],
+    states: dict[TopicRole, dict[str, Any]],
+    cfg: DetectorConfig,
+) -> tuple[float, float]:
+    """CPU seconds of ``split`` and of the fold over every round, from and into ``states``.
+
+    Each round's roles in the round's own order (`FOLD_ORDER` where the caller built it
+    so); the collector off during a round, its young generation collected after it.
+    """
     split_s = fold_s = 0.0
     for taken in rounds_:
         for role, records in taken.items():
