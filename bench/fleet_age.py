@@ -3,21 +3,22 @@
 `bench/fleet.py --sweep` found the workers dearer at one rate once the fleet's runs passed
 the ledger's horizon; on a box shared with the broker and the load generator a 5 % change
 hides in the windows' noise. This folds the same records without Kafka, faust or the
-box's other tenants: the fleet of `bench/fleet.py` (``--runs`` runs, the two large ones
-packed), the partitions its topics have (steps 16, heartbeats 64), the records of every
-other partition (one worker of two), cut into paced rounds of ``--round`` events, each
-round's roles in `FOLD_ORDER` through `schemas.records.split` and
-`processors.pipeline.fold_chunks`, the states carried from round to round. It goes on in
-slices of ``--slice`` steps and prints, per slice, the CPU per event of the decode and of
-the fold (this thread's CPU; the collector off during a round, its young generation
-collected after it, as the worker does). No state is written: what a round's fold costs
-per event as the states it walks grow.
+box's other tenants: the fleet of `bench/fleet.py` (``--runs`` runs, those over 64 ranks
+packed), the partitions its topics have (steps 16, heartbeats 64), the records of the even
+partitions (a worker's half of them; the two large runs' fall on odd ones, so at 1,000
+runs these are ~500 small runs, ~9,700 events a step), cut into paced rounds of
+``--round`` events, each round's roles in `FOLD_ORDER` through `schemas.records.split`
+and `processors.pipeline.fold_chunks` (`bench/fold_path.py`'s `fold_rounds`), the states
+carried from round to round. It goes on in slices of ``--slice`` steps and prints, per
+slice, the CPU per event of the decode and of the fold (this thread's CPU; the collector
+off during a round, its young generation collected after it, as the worker does). No
+state is written: what a round's fold costs per event as the states it walks grow.
 
     .venv/bin/python bench/fleet_age.py [--runs 1000] [--slices 18] [--slice 30] [--round 3600]
 
-The default round is ~40 ms of one worker's half of 180,000 events/s (the fetch linger's
-round); the default 18 slices of 30 steps take the runs past the default ledger horizon
-(512 steps).
+The default round is ~40 ms of 90,000 events/s (one of two workers at 180,000 events/s;
+the fetch linger's round); the default 18 slices of 30 steps take the runs past the
+default ledger horizon (512 steps).
 """
 
 from __future__ import annotations
