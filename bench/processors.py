@@ -370,15 +370,19 @@ def start_py_spy(pid: int, out: Path, *, gil: bool = False) -> subprocess.Popen[
 PROFILE_PARTS: list[tuple[str, tuple[str, ...]]] = [
     # (part, frame substrings): a sample counts for the first part one of its frames names
     ("other threads (aiokafka consumer thread: fetch, record parsing)", ("_bootstrap (",)),
-    ("flush: state writes, changelog acks", ("write_unwritten", "write_states")),
+    # faust's ProducerBuffer sends the changelog records `Table.__setitem__` queued
+    ("flush: state writes, changelog acks", ("write_unwritten", "write_states", "ProducerBuffer.")),
     ("flush: outputs acknowledged, ranges, commit", ("commit (", "outputs_acknowledged")),
     ("state encoding", ("encode_state", "state_codec.py")),
     ("decode and bounds checks", ("records.py", "split (")),
     ("the fold (reducers, carried states)", ("fold_batch", "fold_chunks", "processors/core/")),
-    ("outputs handed to the producer", ("send (", "finish (")),
+    # the verdicts, commands and dead letters of a round (not any frame named *send)
+    ("outputs handed to the producer", ("_Agent.send (", "finish (")),
+    ("the clock's Ticks", ("clock (",)),
     ("the round: cursors, ranges, RawRecords", ("_round (", "__call__ (")),
     ("fetch hand-over (main thread)", ("getmany", "next_records", "_wait_next_records")),
-    ("aiokafka producer (main thread)", ("aiokafka/producer", "aiokafka/client", "aiokafka/conn")),
+    # produce and fetch requests built and written to their sockets (aiokafka's sender, fetcher)
+    ("aiokafka requests (main thread: produce, fetch)", ("aiokafka/",)),
 ]
 
 
