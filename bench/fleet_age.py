@@ -87,6 +87,7 @@ class Worker:
                 raw += [(role.value, encode_key(run.run_id), started, 1) for role in PARTITIONS]
         for step in range(first, last + 1):
             for run in self.runs:
+                # 512 heartbeats a packed record: `bench/fleet.py`'s --pack default
                 raw += self.fleet.step_records(run, step, _Topics, 512, self.rng, False)
         now_ms = int(time.time() * 1000)
         out: list[tuple[TopicRole, RawRecord, int]] = []
