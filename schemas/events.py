@@ -403,6 +403,11 @@ class RankExited(Event, frozen=True, kw_only=True, tag="rank_exited.v1"):
             exit-evidence ``dead_rank`` carries it when the processors have not read the
             run's RunStarted yet (a rank killed in its first steps), so its command is
             bound to the launch and not refused as unbound.
+        finished: The rank was killed by a signal after it had told its agent that its
+            training finished (`producers.rank_done.mark_training_done`): its
+            interpreter's teardown (a process group's threads freed at exit, "terminate
+            called without an active exception"), not a fault of the run, and the
+            processors take it as a clean exit. False from an older agent.
     """
 
     rank: Rank
@@ -413,6 +418,7 @@ class RankExited(Event, frozen=True, kw_only=True, tag="rank_exited.v1"):
     signal: Annotated[int, Meta(ge=1, le=128)] | None = None
     root_cause: Annotated[str, Meta(max_length=MAX_ROOT_CAUSE_CHARS)] = ""
     launch_id: Id = ""
+    finished: bool = False
 
 
 PackableEvent = Heartbeat | StepCompleted

@@ -22,7 +22,8 @@ incarnation's one exit verdict: afterwards the silence and step scans and the ha
 raise nothing more for the incarnation (its other ranks block in a collective on the dead
 peer, or exit because of it: consequences, not separate faults), and later RankExited
 events of it raise nothing. A rank the scans had already flagged dead gets no second
-verdict. A clean exit (code 0) raises nothing; the rank is flagged not live, so it is not
+verdict. A clean exit (code 0, or any status once the rank had finished its training:
+``RankExited.finished``) raises nothing; the rank is flagged not live, so it is not
 reported silent while its peers finish. RankExited of another incarnation (an older gang,
 or one whose RunStarted is not in yet) and while the run is suspended are ignored. The
 next RunStarted clears the culprit.

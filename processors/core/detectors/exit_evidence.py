@@ -5,7 +5,9 @@ Its state: ``exit_rank`` (the culprit of the current incarnation, -1: none). A
 signal or an unknown status raises ``dead_rank`` for that rank at once, naming the rank,
 host, pid, exit status and, when the rank's ``@record`` entry point left one, its root
 cause. Afterwards the scans and the hang check raise nothing more for the incarnation
-(`processors.core.detectors.rank_scans` reads ``exit_rank``). It folds no heartbeat.
+(`processors.core.detectors.rank_scans` reads ``exit_rank``). A signal after the rank told
+its agent its training finished (``RankExited.finished``) is a clean exit: the
+interpreter's teardown, not a fault. It folds no heartbeat.
 """
 
 from __future__ import annotations
@@ -76,7 +78,8 @@ def on_rank_exited(
     Rule 2: the rank is flagged not live (a clean exit too: it is not reported silent
     while its peers finish).
     Rule 3: a non-zero code, a signal or an unknown status names the culprit, and raises
-    ``dead_rank`` unless a scan had already flagged the rank dead.
+    ``dead_rank`` unless a scan had already flagged the rank dead; not after the rank
+    had finished its training (``finished``: its teardown aborted, as a clean exit).
     Rule 4: the verdict carries the state's launch, else the evidence's (`RankExited.launch_id`).
     """
     now_ns = max(state.log_time_ns, event.ts_ns)
@@ -84,7 +87,7 @@ def on_rank_exited(
         return msgspec.structs.replace(
             state, last_offset=source.offset, last_index=source.index, log_time_ns=now_ns
         ), []
-    clean = event.exit_code == 0 and event.signal is None
+    clean = event.finished or (event.exit_code == 0 and event.signal is None)  # rule 3
     table, data, journal = state.table.begin()
     rank = event.rank
     steps = data.steps

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import msgspec
+import pytest
 
 from runwatch.processors.core.config import DetectorConfig, with_overrides
 from runwatch.processors.core.policy import fold_policy
@@ -26,6 +27,7 @@ def exited(
     sig: int | None = None,
     incarnation: int = 0,
     host: str = "node-b",
+    finished: bool = False,
 ) -> RankExited:
     return RankExited(
         run_id="r",
@@ -36,6 +38,7 @@ def exited(
         pid=4242,
         exit_code=code,
         signal=sig,
+        finished=finished,
     )
 
 
@@ -82,6 +85,46 @@ def test_a_clean_exit_is_no_fault_and_not_reported_silent() -> None:
     events: list[Event] = [started(world_size=2), *lockstep(2, range(1, 21))]
     events += [exited(1, 5 * S + 1, code=0)]
     # rank 0 keeps going alone (e.g. writes the last checkpoint) for 10 s
+    events += [Heartbeat(run_id="r", ts_ns=(5 + t) * S, rank=0, step=20 + t) for t in range(11)]
+    events += [ended(ts_ns=16 * S, status="completed")]
+    state, verdicts = fold_heartbeats(events, CFG)
+    assert verdicts == []
+    assert state is not None and state.exit_rank == -1
+
+
+def finished_then_aborted(*, finished: bool, before_run_ended: bool) -> list[Event]:
+    """Rank 1 of 2 aborts (SIGABRT) in its teardown after the last step; rank 0 exits 0.
+
+    Rank 0's RunEnded and the agent's RankExited race on the heartbeats topic (rank 0's
+    emitter thread against the agent's producer): both orders.
+    """
+    events: list[Event] = [started(world_size=2), *lockstep(2, range(1, 21))]
+    abort = exited(1, 5 * S + 2, sig=6, finished=finished)
+    end = ended(ts_ns=5 * S + 1, status="completed")
+    events += [abort, end] if before_run_ended else [end, abort]
+    return [*events, exited(0, 5 * S + 3, code=0, host="node-a")]
+
+
+@pytest.mark.parametrize("before_run_ended", [True, False], ids=["exit-first", "end-first"])
+def test_a_teardown_abort_after_the_rank_finished_is_a_clean_exit(before_run_ended) -> None:
+    events = finished_then_aborted(finished=True, before_run_ended=before_run_ended)
+    state, verdicts = fold_heartbeats(events, CFG)
+    assert verdicts == []
+    assert state is not None and state.exit_rank == -1
+
+
+def test_the_same_abort_before_the_rank_finished_is_its_gangs_culprit() -> None:
+    # The contrast: without the rank's word that it finished, the abort that beats
+    # RunEnded to the topic is a dead rank (what a completed run used to be paged for).
+    events = finished_then_aborted(finished=False, before_run_ended=True)
+    _, verdicts = fold_heartbeats(events, CFG)
+    assert [(v.kind, v.rank) for v in verdicts] == [("dead_rank", 1)]
+    assert "signal 6 (SIGABRT)" in verdicts[0].detail
+
+
+def test_a_finished_rank_that_exits_is_not_reported_silent_while_its_peers_finish() -> None:
+    events: list[Event] = [started(world_size=2), *lockstep(2, range(1, 21))]
+    events += [exited(1, 5 * S + 1, sig=6, finished=True)]
     events += [Heartbeat(run_id="r", ts_ns=(5 + t) * S, rank=0, step=20 + t) for t in range(11)]
     events += [ended(ts_ns=16 * S, status="completed")]
     state, verdicts = fold_heartbeats(events, CFG)
