@@ -42,6 +42,7 @@ ENV_INCARNATION = "RUNWATCH_INCARNATION"
 ENV_CHECKPOINT_DIR = "RUNWATCH_CHECKPOINT_DIR"
 ENV_RESTART_FROM = "RUNWATCH_RESTART_FROM"
 ENV_STACK_FILE = "RUNWATCH_STACK_FILE"
+ENV_DONE_FILE = "RUNWATCH_DONE_FILE"
 ENV_RELAY_SOCKET = "RUNWATCH_RELAY_SOCKET"
 ENV_LAUNCH_ID = "RUNWATCH_LAUNCH_ID"
 
@@ -91,6 +92,10 @@ class LaunchEnv:
             0: start over, no checkpoint); None on a first launch.
         stack_file: Where the rank writes its Python stacks when its agent asks
             (``RUNWATCH_STACK_FILE``; `producers.stackdump`); None: not asked for.
+        done_file: Where the rank says that its training finished
+            (``RUNWATCH_DONE_FILE``; `producers.rank_done`), read by the agent when a
+            signal kills the rank: one after it is the interpreter's teardown, not a
+            fault; None: not given.
         relay_socket: The node agent's relay, where the rank's emitter hands its events
             (``RUNWATCH_RELAY_SOCKET``; `producers.relay_client`); None: the emitter
             talks to Kafka itself.
@@ -117,6 +122,7 @@ class LaunchEnv:
     checkpoint_dir: str | None = None
     restart_from: int | None = None
     stack_file: str | None = None
+    done_file: str | None = None
     relay_socket: str | None = None
     launch_id: str | None = None
 
@@ -141,6 +147,7 @@ class LaunchEnv:
             ENV_CHECKPOINT_DIR: self.checkpoint_dir or None,
             ENV_RESTART_FROM: self.restart_from,
             ENV_STACK_FILE: self.stack_file or None,
+            ENV_DONE_FILE: self.done_file or None,
             ENV_RELAY_SOCKET: self.relay_socket or None,
             ENV_LAUNCH_ID: self.launch_id or None,
             ENV_ERROR_FILE: self.error_file or None,
@@ -231,6 +238,7 @@ class LaunchEnv:
             checkpoint_dir=env.get(ENV_CHECKPOINT_DIR) or None,
             restart_from=number(ENV_RESTART_FROM),
             stack_file=env.get(ENV_STACK_FILE) or None,
+            done_file=env.get(ENV_DONE_FILE) or None,
             relay_socket=env.get(ENV_RELAY_SOCKET) or None,
             launch_id=env.get(ENV_LAUNCH_ID) or None,
         )

@@ -29,16 +29,20 @@ class RankExit:
         code: Its exit status: negative for a signal (``subprocess``), 128+N from a shell,
             None when unknown (a rank whose exit status could not be read).
         seen_s: When the controller noticed the exit (monotonic seconds).
+        finished: The rank was killed by a signal after it had said its training
+            finished (`producers.rank_done`; the supervisor sets it only then): its
+            interpreter's teardown, not a failure of the gang.
     """
 
     rank: int
     code: int | None
     seen_s: float
+    finished: bool = False
 
     @property
     def abnormal(self) -> bool:
-        """True unless the rank exited 0."""
-        return self.code != 0
+        """True unless the rank exited 0, or was killed in its teardown (``finished``)."""
+        return self.code != 0 and not self.finished
 
     @property
     def signalled(self) -> bool:
@@ -63,7 +67,9 @@ class RankExit:
         A gang's peers fail in their next collective milliseconds after a rank dies, so
         exits noticed in one sweep are reported culprit-first (see `culprits`).
         """
-        return (0 if self.signalled else 1 if self.abnormal else 2, self.rank)
+        if not self.abnormal:
+            return (2, self.rank)
+        return (0 if self.signalled else 1, self.rank)
 
 
 def culprits(exits: Sequence[RankExit], window_s: float = 0.5) -> tuple[int, ...]:

@@ -193,6 +193,7 @@ def launch_env(
     master_port: int,
     stack_file: str | None = None,
     error_file: str | None = None,
+    done_file: str | None = None,
 ) -> LaunchEnv:
     """The launch environment of one of this node's ranks in ``incarnation``.
 
@@ -205,6 +206,9 @@ def launch_env(
         error_file: Where the rank's ``@record`` entry point writes its exception
             (``TORCHELASTIC_ERROR_FILE``; `controller.state.ControllerState.error_path`,
             where the supervisor reads it when the rank exits non-zero).
+        done_file: Where the rank says its training finished (``RUNWATCH_DONE_FILE``;
+            `controller.state.ControllerState.done_path`, where the supervisor looks when
+            a signal kills the rank: `producers.rank_done`).
 
     Returns:
         The struct whose `LaunchEnv.to_environ` the rank is started with (written by
@@ -219,6 +223,7 @@ def launch_env(
         restart_from=None if resume is None else resume.env_value,
         stack_file=stack_file,
         error_file=error_file,
+        done_file=done_file,
     )
 
 
@@ -299,6 +304,7 @@ class LocalLauncher:
         ranks = node.global_ranks
         for rank in ranks:  # a relaunch of a run id may have left one of an old gang
             state.error_path(number, rank).unlink(missing_ok=True)
+            state.done_path(number, rank).unlink(missing_ok=True)
         envs = [
             rank_environ(
                 self.environ,
@@ -310,6 +316,7 @@ class LocalLauncher:
                     port,
                     str(state.stack_path(number, node.global_rank(local))),
                     str(state.error_path(number, node.global_rank(local))),
+                    str(state.done_path(number, node.global_rank(local))),
                 ),
             )
             for local in node.local_ranks

@@ -275,8 +275,14 @@ class ControllerState:
         self.root = Path(root)
         # Private (issue 19, finding 12): rank logs, stacks and torch's error files may
         # hold secrets; 0700 directories, 0600 files (`PRIVATE_FILE`).
-        for path in (self.root, self.root / "logs", self.root / "exit", self.root / "errors"):
-            make_private_dir(path)  # errors/: torch's @record does not create it
+        for path in (
+            self.root,
+            self.root / "logs",
+            self.root / "exit",
+            self.root / "errors",
+            self.root / "done",
+        ):
+            make_private_dir(path)  # errors/, done/: the ranks write there, creating nothing
         self._processed: set[str] = set(self._read_processed())
 
     # ------------------------------------------------------------------ gang record
@@ -344,6 +350,10 @@ class ControllerState:
     def error_path(self, incarnation: int, rank: int) -> Path:
         """Where a rank's ``@record`` entry point writes its exception (`controller.error_file`)."""
         return self.root / "errors" / f"inc{incarnation}.rank{rank}.json"
+
+    def done_path(self, incarnation: int, rank: int) -> Path:
+        """Where a rank says its training finished (`producers.rank_done`)."""
+        return self.root / "done" / f"inc{incarnation}.rank{rank}.json"
 
 
 def read_gang_file(path: Path) -> GangFile | None:

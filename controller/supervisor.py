@@ -231,6 +231,10 @@ class RunSupervisor:
         several nodes a non-signalled abnormal exit waits `EXIT_HOLD_S` first
         (`controller.elastic.due_reports`: a rank killed on another node is the culprit).
         Ranks the controller stops itself are never observed (a restart resets ``exits``).
+        A rank that said its training finished (`producers.rank_done`) and was then killed
+        by a signal died in its interpreter's teardown: its exit counts as clean for the
+        run's completion, and its RankExited says ``finished``. An exit code after it is
+        still a failure (the script raised after training, e.g. in its final save).
         """
         if self.finished:
             self.close()
@@ -243,7 +247,7 @@ class RunSupervisor:
             status = self.launcher.status(proc.rank)
             if status != RUNNING:
                 code = status if isinstance(status, int) else None
-                noticed.append(RankExit(proc.rank, code, now_s))
+                noticed.append(RankExit(proc.rank, code, now_s, self._finished(proc.rank, code)))
         for gone in noticed:
             self.exits[gone.rank] = gone
             self.unreported[gone.rank] = gone
@@ -251,8 +255,13 @@ class RunSupervisor:
         self._report_pending(now_s, hold_s)
         if len(self.exits) < len(self.record.ranks):
             return
-        if all(e.code == 0 for e in self.exits.values()):
-            log.info("run %s completed: every local rank exited 0", self.run_id)
+        if not any(e.abnormal for e in self.exits.values()):
+            after = sorted(r for r, e in self.exits.items() if e.code != 0)
+            log.info(
+                "run %s completed: every local rank exited 0%s",
+                self.run_id,
+                f" or after it finished training (ranks {after})" if after else "",
+            )
             self._save(status="completed")
             return
         if self.dead_since_s is None:
@@ -289,6 +298,12 @@ class RunSupervisor:
         for gone in due:
             self._report_exit(gone, pids[gone.rank])
 
+    def _finished(self, rank: int, code: int | None) -> bool:
+        """Whether a rank killed by a signal (``code``) had said its training finished first."""
+        if not RankExit(rank, code, 0.0).signalled:
+            return False  # a clean exit needs no word; an exit code is the script's own
+        return self.state.done_path(self.record.incarnation, rank).is_file()
+
     def _count_failure(self) -> tuple[int, ...]:
         """Charge this incarnation's failure to its culprits (once); return them."""
         blamed = culprits(list(self.exits.values()))
@@ -303,6 +318,8 @@ class RunSupervisor:
             how = "exited with an unknown status"
         else:
             how = f"exited with code {gone.code}"
+        if gone.finished:
+            how += " after it finished training (its interpreter's teardown: not a fault)"
         # What the rank's @record entry point wrote (torchrun's TORCHELASTIC_ERROR_FILE)
         root_cause = (
             read_root_cause(self.state.error_path(self.record.incarnation, gone.rank))
@@ -310,7 +327,7 @@ class RunSupervisor:
             else ""
         )
         log.log(
-            logging.WARNING if gone.abnormal else logging.INFO,
+            logging.WARNING if gone.code != 0 else logging.INFO,  # a teardown abort too
             "run %s incarnation %d: rank %d (pid %d) %s%s",
             self.run_id,
             self.record.incarnation,
@@ -334,6 +351,7 @@ class RunSupervisor:
                     signal=gone.signal,
                     root_cause=root_cause,
                     launch_id=self.spec.run.launch_id,
+                    finished=gone.finished,
                 )
             )
         except Exception as exc:  # evidence is best effort: the silence timeout still holds

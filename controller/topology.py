@@ -154,6 +154,7 @@ class NodeTopology(msgspec.Struct, frozen=True, kw_only=True):
         restart_from: int | None = None,
         stack_file: str | None = None,
         error_file: str | None = None,
+        done_file: str | None = None,
     ) -> LaunchEnv:
         """The launch environment of one local rank (`common.launch_env.LaunchEnv`).
 
@@ -174,6 +175,8 @@ class NodeTopology(msgspec.Struct, frozen=True, kw_only=True):
                 (`controller.stacks`); None: not asked for.
             error_file: Where the rank's ``@record`` entry point writes the exception
                 that ended it (``TORCHELASTIC_ERROR_FILE``); None: not given.
+            done_file: Where the rank says its training finished
+                (``RUNWATCH_DONE_FILE``); None: not given.
 
         Returns:
             The struct the rank is started with.
@@ -197,6 +200,7 @@ class NodeTopology(msgspec.Struct, frozen=True, kw_only=True):
             restart_from=restart_from,
             stack_file=stack_file,
             error_file=error_file,
+            done_file=done_file,
             relay_socket=run.relay_socket,
             launch_id=run.launch_id or None,
         )

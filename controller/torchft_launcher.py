@@ -294,6 +294,7 @@ class TorchFTLauncher:
         envs = []
         for local, rank in enumerate(ranks):
             state.error_path(number, rank).unlink(missing_ok=True)
+            state.done_path(number, rank).unlink(missing_ok=True)  # a group's earlier launch
             contract = inside.launch_env(
                 local,
                 incarnation=number,
@@ -302,6 +303,7 @@ class TorchFTLauncher:
                 restart_from=resume,
                 stack_file=str(state.stack_path(number, rank)),
                 error_file=str(state.error_path(number, rank)),
+                done_file=str(state.done_path(number, rank)),
             )
             envs.append(rank_environ(self.environ, self._group_env(group), contract))
         for path in (state.log_path(number, ranks[0]).parent, state.exit_path(number, 0).parent):

@@ -13,6 +13,10 @@ with ``--inject`` (repeatable) or the ``RUNWATCH_INJECT`` environment variable:
 * ``dropopt@0:incarnation=2``: when incarnation 2 resumes from a checkpoint it loads the model
   but not the optimizer state (``--drop-optimizer-state`` for one incarnation only; the step
   is ignored). The demo uses it to provoke a resume that breaks continuity.
+* ``abort@0:rank=1``: rank 1 finishes its training, tells its agent so, shuts its process
+  group down, then aborts (SIGABRT) as a C++ destructor does in an interpreter's teardown
+  ("terminate called without an active exception"); the step is ignored. A completed run
+  must stay completed, with no ``dead_rank``.
 
 Keys: ``rank`` (default: every rank), ``incarnation`` (default 0: a fault fires only in the
 first launch, so a restarted gang does not re-inject it; the incarnation comes from
@@ -29,8 +33,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
-FaultKind = Literal["nan", "spike", "kill", "hang", "dropopt"]
-KINDS: tuple[FaultKind, ...] = ("nan", "spike", "kill", "hang", "dropopt")
+FaultKind = Literal["nan", "spike", "kill", "hang", "dropopt", "abort"]
+KINDS: tuple[FaultKind, ...] = ("nan", "spike", "kill", "hang", "dropopt", "abort")
 GARBAGE_TOKEN = 255
 """The target byte of a spike batch: absent from the corpus, so the model rates it unlikely."""
 
@@ -126,6 +130,12 @@ class FaultPlan:
         return any(
             f.kind == kind and f.fires(f.step, self.rank, self.incarnation) for f in self.faults
         )
+
+    def at_exit(self) -> None:
+        """Apply the teardown fault (abort), if one applies here: the process ends."""
+        if self.active("abort"):
+            print(f"[inject] rank {self.rank} aborts in its teardown", flush=True)
+            os.abort()
 
     def before_step(self, step: int) -> None:
         """Apply the process-level faults (kill, hang) due at the start of ``step``."""

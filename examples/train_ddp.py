@@ -54,6 +54,7 @@ from runwatch.common.checkpoint_layout import (
 from runwatch.common.launch_env import LaunchEnv
 from runwatch.producers.backend import DistributedTrainingBackend, get_training_backend
 from runwatch.producers.checkpoint import AsyncCheckpointer, CheckpointResult, load_checkpoint
+from runwatch.producers.rank_done import mark_training_done
 from runwatch.producers.torch_helpers import StepTimer, flop_config_from_causal_lm, grad_norm
 
 
@@ -523,11 +524,15 @@ def train(args: argparse.Namespace) -> tuple[DistributedTrainingBackend, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    backend, status = train(parse_args(argv))
+    args = parse_args(argv)
+    backend, status = train(args)
     if status == "failed":
         os._exit(1)  # peers may be dead: skip process-group teardown, which can block
+    mark_training_done()  # to the agent: a crash in the teardown below is not a failure
     gc.collect()  # a reference cycle through the model would keep its group alive
     backend.shutdown()
+    launch = LaunchEnv.from_environ()
+    FaultPlan(parse_faults(args.inject), launch.rank, launch.incarnation).at_exit()
     return 0
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from runwatch.common.launch_env import (
+    ENV_DONE_FILE,
     ENV_INCARNATION,
     ENV_LAUNCH_ID,
     ENV_RANK,
@@ -73,6 +74,8 @@ class EmitterEnv:
             carries it.
         stack_file: Where ``SIGUSR1`` dumps every thread's stack (``RUNWATCH_STACK_FILE``;
             `producers.stackdump`).
+        done_file: Where the rank says its training finished (``RUNWATCH_DONE_FILE``;
+            `producers.rank_done`).
     """
 
     run_id: str | None = None
@@ -84,6 +87,7 @@ class EmitterEnv:
     relay_socket: str | None = None
     launch_id: str | None = None
     stack_file: str | None = None
+    done_file: str | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> EmitterEnv:
@@ -104,6 +108,7 @@ class EmitterEnv:
             relay_socket=env.get(ENV_RELAY_SOCKET) or None,
             launch_id=env.get(ENV_LAUNCH_ID) or None,
             stack_file=env.get(ENV_STACK_FILE) or None,
+            done_file=env.get(ENV_DONE_FILE) or None,
         )
 
 

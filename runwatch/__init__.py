@@ -5,6 +5,7 @@ The supported surface for training code is what this package exports, imported l
 module (and that module's dependencies) on first use::
 
     from runwatch import RunEmitter                 # a rank's events onto Kafka
+    from runwatch import mark_training_done         # every rank, once training ended well
     from runwatch import TrainingHealthMonitor      # the same verdicts, in process
     from runwatch import RunwatchTrainerCallback    # Hugging Face Trainer (extra ``hf``)
     from runwatch import RunwatchLightningCallback  # PyTorch Lightning (extra ``lightning``)
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
     from runwatch.producers.callbacks.hf import RunwatchTrainerCallback
     from runwatch.producers.callbacks.lightning import RunwatchLightningCallback
     from runwatch.producers.emitter import EmitterStats, RunEmitter
+    from runwatch.producers.rank_done import mark_training_done
     from runwatch.producers.torch_helpers import flop_config_from_causal_lm
 
 PUBLIC_API: dict[str, str] = {
@@ -50,6 +52,7 @@ PUBLIC_API: dict[str, str] = {
     "training_backend_capabilities": "runwatch.producers.backend",
     "training_backend_names": "runwatch.producers.backend",
     "flop_config_from_causal_lm": "runwatch.producers.torch_helpers",
+    "mark_training_done": "runwatch.producers.rank_done",
 }
 """Public name -> the module that defines it (imported on first access)."""
 
@@ -64,6 +67,7 @@ __all__ = [
     "__version__",
     "flop_config_from_causal_lm",
     "get_training_backend",
+    "mark_training_done",
     "register_training_backend",
     "training_backend_capabilities",
     "training_backend_names",

@@ -9,7 +9,8 @@ The Hugging Face and Lightning callbacks translate their library's hooks into th
 * `report_step` on rank 0 for each step the library reports a loss for (StepCompleted;
   ``step_time_s`` is the mean wall time of the steps since the previous report);
 * `checkpoint` when the library has saved (CheckpointCommitted), `run_ended` on a clean
-  end of training (RunEnded), and `close`.
+  end of training (every rank tells its agent, `producers.rank_done`; rank 0 sends
+  RunEnded), and `close`.
 
 Emitting never raises into the training loop: `producers.RunEmitter` does not block, and
 an argument it refuses (a library reporting something odd) is logged and skipped.
@@ -26,6 +27,7 @@ from pathlib import Path
 from torch import nn
 
 from runwatch.producers.emitter import RunEmitter
+from runwatch.producers.rank_done import mark_training_done
 from runwatch.producers.torch_helpers import flop_config_from_causal_lm
 from runwatch.schemas.events import ModelFlopConfig
 
@@ -220,7 +222,13 @@ class TrainerReporter:
             self._refused(f"checkpoint {path}", exc)
 
     def run_ended(self, status: str, final_step: int | None) -> None:
-        """Rank 0 reports the clean end of training (RunEnded)."""
+        """Training ended cleanly: every rank tells its agent, rank 0 reports RunEnded.
+
+        The agent's word (`producers.rank_done.mark_training_done`) is what keeps a crash
+        in the interpreter's teardown that follows (the libraries leave their process
+        groups to be freed at exit) from failing, or restarting, a run that finished.
+        """
+        mark_training_done(final_step)
         if not self.reporting:
             return
         try:

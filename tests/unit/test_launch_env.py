@@ -54,6 +54,7 @@ counts = st.integers(min_value=0, max_value=10_000)
     checkpoint_dir=st.none() | names,
     restart_from=st.none() | counts,
     stack_file=st.none() | names,
+    done_file=st.none() | names,
 )
 def test_what_the_controller_writes_the_rank_reads_back(**fields):
     launch = LaunchEnv(**fields)

@@ -5,6 +5,7 @@ library's own view of the ranks (no callback arguments: the launcher's environme
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -61,6 +62,11 @@ def test_two_ranks_report_through_the_callback(
     # the script frees and destroys the framework's process group (`end_process_group`);
     # gloo threads left running can abort a rank in the interpreter's teardown
     assert THREADS_OUTLIVE_GROUP not in logs, logs
+    # every rank told its agent that its training finished, from the callback's train end:
+    # a crash in the teardown after it would not fail the run (`producers.rank_done`)
+    for rank in (0, 1):
+        said = json.loads((state / "done" / f"inc0.rank{rank}.json").read_text())
+        assert said["final_step"] == STEPS, said
 
     topics = names(topic_prefix)
     runs = [e for e in read_all(kafka_bootstrap, topics.runs) if e.run_id == run_id]

@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from runwatch.controller.elastic import RankExit
+from runwatch.controller.elastic import RankExit, culprits
 from runwatch.controller.state import ControllerState
-from runwatch.controller.supervisor import HOST
+from runwatch.controller.supervisor import HOST, RunSupervisor
 from runwatch.schemas.events import Event, RankExited, RestartCompleted, RestartRequested
 from tests.unit.controller.builders import record, spec, supervisor
 
@@ -134,3 +134,74 @@ def test_a_stale_error_file_is_not_read_as_a_new_ranks_root_cause(tmp_path):
     sup.observe(time.monotonic())
     (gone,) = [e for e in published if isinstance(e, RankExited)]
     assert (gone.exit_code, gone.root_cause) == (2, "")
+
+
+# Both ranks finish; rank 1 then dies in its interpreter's teardown (SIGABRT, as gloo's
+# threads freed at exit do), having said first that its training finished, or not.
+TEARDOWN = (
+    "import os, sys\n"
+    "from runwatch.producers import mark_training_done\n"
+    "if os.environ['RANK'] == '1':\n"
+    "    if sys.argv[1] != 'silent':\n"
+    "        assert mark_training_done(20) is not None\n"
+    "    if sys.argv[1] == 'raised':\n"
+    "        sys.exit(1)  # after training: a final save that failed\n"
+    "    os.abort()\n"
+    "sys.exit(0)\n"
+)
+
+
+def _finish_gang(tmp_path, said: str) -> tuple[RunSupervisor, list[Event]]:
+    state = ControllerState(tmp_path / "state")
+    launched = spec(argv=(PY, "-c", TEARDOWN, said), bootstrap="127.0.0.1:1")
+    published: list[Event] = []
+    sup = supervisor(state, launched, publish=published.append)
+    sup.launch(None)
+    assert sup.launcher.gang.wait(60.0), "the ranks did not exit"
+    sup.observe(time.monotonic())
+    return sup, published
+
+
+def test_an_abort_after_the_rank_finished_completes_the_run(tmp_path):
+    sup, published = _finish_gang(tmp_path, "said")
+    assert sup.state.load_gang().record.status == "completed"
+    exits = {e.rank: e for e in published if isinstance(e, RankExited)}
+    assert (exits[1].signal, exits[1].finished) == (signal.SIGABRT, True)
+    assert (exits[0].exit_code, exits[0].finished) == (0, False)
+    assert sup.dead_since_s is None
+
+
+def test_the_same_abort_unannounced_is_a_dead_gang(tmp_path):
+    sup, published = _finish_gang(tmp_path, "silent")
+    assert sup.state.load_gang().record.status != "completed"
+    assert sup.dead_since_s is not None, "waiting for a command"
+    exits = {e.rank: e for e in published if isinstance(e, RankExited)}
+    assert (exits[1].signal, exits[1].finished) == (signal.SIGABRT, False)
+
+
+def test_an_exit_code_after_the_rank_finished_is_still_a_failure(tmp_path):
+    sup, published = _finish_gang(tmp_path, "raised")
+    assert sup.dead_since_s is not None
+    exits = {e.rank: e for e in published if isinstance(e, RankExited)}
+    assert (exits[1].exit_code, exits[1].finished) == (1, False)
+
+
+def test_a_done_file_of_an_earlier_launch_is_not_taken_for_this_ones(tmp_path):
+    # A relaunch of the run id over the same state directory: the old gang's word is gone.
+    state = ControllerState(tmp_path / "state")
+    stale = state.done_path(0, 1)
+    stale.write_text('{"final_step": 20}\n')
+    sup, _ = _finish_gang(tmp_path, "silent")
+    assert not stale.exists()
+    assert sup.dead_since_s is not None
+
+
+@pytest.mark.parametrize(
+    ("code", "finished", "abnormal"),
+    [(0, False, False), (-6, False, True), (-6, True, False), (134, True, False)],
+    ids=["clean", "abort", "abort-after-done", "shell-abort-after-done"],
+)
+def test_a_finished_rank_is_never_a_culprit(code, finished, abnormal):
+    gone = RankExit(1, code, 0.0, finished)
+    assert gone.abnormal is abnormal
+    assert culprits([RankExit(0, 1, 0.1), gone]) == ((1,) if abnormal else (0,))

@@ -38,3 +38,11 @@ def test_hang_sleeps(monkeypatch):
     monkeypatch.setattr("examples.faults.time.sleep", slept.append)
     FaultPlan(parse_faults(["hang@2:rank=0:secs=9"]), rank=0, incarnation=0).before_step(2)
     assert slept == [9.0]
+
+
+def test_abort_is_a_teardown_fault_of_its_rank_only():
+    faults = parse_faults(["abort@0:rank=1"])
+    assert FaultPlan(faults, rank=1, incarnation=0).active("abort")
+    assert not FaultPlan(faults, rank=0, incarnation=0).active("abort")
+    assert not FaultPlan(faults, rank=1, incarnation=1).active("abort")
+    FaultPlan(faults, rank=0, incarnation=0).at_exit()  # not this rank's: returns

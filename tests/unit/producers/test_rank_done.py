@@ -1,0 +1,42 @@
+"""A rank's word to its agent that its training finished (`producers.rank_done`)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from runwatch.common.launch_env import ENV_DONE_FILE
+from runwatch.producers import mark_training_done
+
+
+def test_the_file_the_agent_names_is_written_whole(tmp_path, monkeypatch):
+    target = tmp_path / "inc0.rank1.json"
+    monkeypatch.setenv(ENV_DONE_FILE, str(target))
+    assert mark_training_done(42) == target
+    body = json.loads(target.read_text())
+    assert body["final_step"] == 42 and body["pid"] == os.getpid()
+    assert [p.name for p in tmp_path.iterdir()] == [target.name], "no scratch file left"
+
+
+def test_a_rank_without_an_agent_writes_nothing(tmp_path, monkeypatch):
+    monkeypatch.delenv(ENV_DONE_FILE, raising=False)
+    monkeypatch.chdir(tmp_path)
+    assert mark_training_done(3) is None
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_file_that_cannot_be_written_is_a_line_not_an_error(tmp_path, capsys):
+    missing = tmp_path / "no-such-dir" / "inc0.rank0.json"
+    assert mark_training_done(path=missing) is None
+    assert "could not mark training done" in capsys.readouterr().err
+    assert not missing.parent.exists()
+
+
+@pytest.mark.parametrize("again", [1, 2], ids=["once", "twice"])
+def test_saying_it_again_replaces_the_file(tmp_path, again):
+    target = tmp_path / "done.json"
+    for step in range(again):
+        mark_training_done(step, path=target)
+    assert json.loads(target.read_text())["final_step"] == again - 1
