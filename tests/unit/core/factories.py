@@ -74,13 +74,15 @@ def ended(run: str = "r", ts_ns: int = 0, status: str = "stopped") -> RunEnded:
 
 
 def random_exit(rng: random.Random, run: str, ts_ns: int, world: int) -> RankExited:
-    """A RankExited of a rank up to one past ``world``: clean, failed, unknown or killed."""
+    """A RankExited of a rank up to one past ``world``: clean, failed, unknown or killed,
+    and now and then after the rank said its training finished (``finished``)."""
     return RankExited(
         run_id=run,
         ts_ns=ts_ns,
         rank=rng.randrange(world + 1),
         exit_code=rng.choice((0, 1, None)),
         signal=rng.choice((None, 9)),
+        finished=rng.random() < 0.25,
     )
 
 
