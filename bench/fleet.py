@@ -54,7 +54,10 @@ through the points splits a paced worker's CPU into what every loaded second cos
 whatever the rate (idle loops, the flush's state writes) and what one more event costs
 (docs/processors.md, "the fleet's paced CPU, rate by rate").
 
-Workers run ``python -m runwatch.cli`` from the current directory.
+Workers run ``python -m runwatch.cli`` in the run's temporary directory, so they import the
+runwatch this interpreter finds: the install, or the tree ``PYTHONPATH`` names (how another
+worktree's code is measured: ``PYTHONPATH=/path/to/tree python bench/fleet.py ...``; a
+``cd`` into the tree alone measures the install's code).
 """
 
 from __future__ import annotations

@@ -45,6 +45,7 @@ import faust
 
 from runwatch.common.settings import faust_broker_settings, runwatch_home
 from runwatch.processors import compat, engine
+from runwatch.processors.changelog_batches import Handed, Record, hand_over
 from runwatch.processors.core.config import DetectorConfig
 from runwatch.processors.core.state_codec import DecodedStates, decode_state
 from runwatch.processors.logread import partition_for
@@ -268,14 +269,17 @@ class StateWrite:
     Attributes:
         key: The run's table key.
         run_id: The run.
-        data: What was written (`Unwritten.data`), written again if Kafka refuses it.
-        ack: The future of its changelog record (`RunTable.last_sent`).
+        data: What was written (`Unwritten.data`; None: the run's tombstone), written
+            again if Kafka refuses it.
+        ack: The future of its changelog record's batch (`changelog_batches.Handed`).
+        place: Its offset within that batch.
     """
 
     key: bytes
     run_id: str
-    data: bytes
+    data: bytes | None
     ack: Any
+    place: int = 0
 
 
 class StateWriteError(RuntimeError):
@@ -486,10 +490,13 @@ class _Agent:
     async def write_unwritten(self) -> list[StateWrite]:
         """Write every state folded and not yet written: the table holds it from here.
 
-        Each state's changelog record is handed to the producer; `acknowledge` then waits
-        for Kafka's answers (a state counts as written only once Kafka acknowledged it). A
-        write that raises is tried again in place (`STATE_WRITE_ATTEMPTS`), the run's state
-        kept in `unwritten` meanwhile so that nothing folds from the table's older value.
+        The runs past retention get a tombstone (`processors.core.retention`), every other
+        state its changelog record, all handed to the producer in one batch per partition
+        (`changelog_batches.hand_over`); a record's value is stored locally once it is
+        handed over. `acknowledge` then waits for Kafka's answers (a state counts as
+        written only once Kafka acknowledged it). A record that cannot be handed over is
+        tried again in place (`STATE_WRITE_ATTEMPTS`), the run's state kept in `unwritten`
+        meanwhile so that nothing folds from the table's older value.
 
         Returns:
             The writes handed to the producer, for `acknowledge`.
@@ -497,31 +504,29 @@ class _Agent:
         Raises:
             StateWriteError: Some state still not handed over after `STATE_WRITE_ATTEMPTS`.
         """
-        for run_id in sorted(self.evicting):  # retention (processors.core.retention)
+        pending: list[tuple[bytes, str, Unwritten | None]] = []
+        for run_id in sorted(self.evicting):
             key = encode_key(run_id)
-            if key in self.table:
-                del self.table[key]  # a tombstone in the changelog
-            self.decoded.drop(key)
-            self.key_partitions.pop(key, None)  # nor its partition, kept per key seen
-            self.run_partitions.pop(run_id, None)
-            self.evicting.discard(run_id)
-        pending = [(encode_key(run_id), run_id, kept) for run_id, kept in self.unwritten.items()]
+            if key in self.table.data:
+                pending.append((key, run_id, None))
+            else:  # never stored: nothing to delete
+                self._stored(key, run_id, None)
+        pending += [(encode_key(run_id), run_id, kept) for run_id, kept in self.unwritten.items()]
         writes: list[StateWrite] = []
         delay_s = 0.1
         for attempt in range(1, STATE_WRITE_ATTEMPTS + 1):
-            failed: list[tuple[bytes, str, Unwritten]] = []
+            failed: list[tuple[bytes, str, Unwritten | None]] = []
             error: BaseException | None = None
-            for key, run_id, kept in pending:
-                try:
-                    self.faults.check(self.changelog)
-                    self.table[key] = kept.data
-                except Exception as exc:
+            records = [(key, None if kept is None else kept.data) for key, _, kept in pending]
+            answers = await self._hand_over(records)
+            for (key, run_id, kept), answer in zip(pending, answers, strict=True):
+                if isinstance(answer, BaseException):
                     failed.append((key, run_id, kept))
-                    error = exc
-                else:
-                    writes.append(StateWrite(key, run_id, kept.data, self.table.last_sent))
-                    del self.unwritten[run_id]
-                    self.decoded.put(key, kept.data, kept.state)
+                    error = answer
+                    continue
+                data = None if kept is None else kept.data
+                writes.append(StateWrite(key, run_id, data, answer.ack, answer.place))
+                self._stored(key, run_id, kept)
             if not failed:
                 return writes
             self._warn_failed(len(failed), len(pending), attempt, error)
@@ -540,19 +545,28 @@ class _Agent:
 
         A record Kafka refused is written again (the table already holds the same bytes,
         and no later state of its run is written before this returns: `Checkpoint` step
-        2), up to `STATE_WRITE_ATTEMPTS`.
+        2), up to `STATE_WRITE_ATTEMPTS`. Then each changelog partition's newest offset is
+        the store's persisted offset (what faust's own send callback kept: a RocksDB store
+        restarted on this host reads its changelog from there).
 
         Raises:
             StateWriteError: Some state still not stored after `STATE_WRITE_ATTEMPTS`.
         """
         delay_s = 0.1
         error: BaseException | None = None
+        newest: dict[Any, int] = {}  # changelog partition -> newest offset acknowledged
         for attempt in range(1, STATE_WRITE_ATTEMPTS + 1):
             acks = await self._acknowledged([write.ack for write in writes])
-            failed = [
-                w for w, ack in zip(writes, acks, strict=True) if isinstance(ack, BaseException)
-            ]
+            failed = []
+            for write, ack in zip(writes, acks, strict=True):
+                if isinstance(ack, BaseException):
+                    failed.append(write)
+                else:  # aiokafka's RecordMetadata of the record's batch
+                    offset = ack.offset + write.place
+                    newest[ack.topic_partition] = max(offset, newest.get(ack.topic_partition, -1))
             if not failed:
+                for tp, offset in newest.items():
+                    self.table.data.set_persisted_offset(tp, offset)
                 return
             error = next(ack for ack in acks if isinstance(ack, BaseException))
             self._warn_failed(len(failed), len(writes), attempt, error)
@@ -561,20 +575,49 @@ class _Agent:
             await asyncio.sleep(delay_s)
             delay_s *= 2
             await self.wait_for_metadata()
-            writes = [self._write_again(write) for write in failed]
+            writes = await self._write_again(failed)
         raise StateWriteError(
             f"{len(failed)} states of the {self.role} table not written after "
             f"{STATE_WRITE_ATTEMPTS} attempts: {error!r}"
         )
 
-    def _write_again(self, write: StateWrite) -> StateWrite:
-        """``write`` handed to the producer again; as it was (its failed answer) if that raises."""
-        try:
-            self.faults.check(self.changelog)
-            self.table[write.key] = write.data
-        except Exception:
-            return write
-        return StateWrite(write.key, write.run_id, write.data, self.table.last_sent)
+    async def _write_again(self, writes: list[StateWrite]) -> list[StateWrite]:
+        """``writes`` handed to the producer again (the table already holds their values).
+
+        Each comes back with its new answer, or as it was (its failed one) where it could not
+        be handed over again.
+        """
+        answers = await self._hand_over([(w.key, w.data) for w in writes])
+        return [
+            w
+            if isinstance(a, BaseException)
+            else StateWrite(w.key, w.run_id, w.data, a.ack, a.place)
+            for w, a in zip(writes, answers, strict=True)
+        ]
+
+    async def _hand_over(self, records: list[Record]) -> list[Handed | BaseException]:
+        """``records`` handed to the producer (`changelog_batches.hand_over`)."""
+        return await hand_over(
+            compat.aiokafka_producer(self.app),
+            self.changelog,
+            records,
+            lambda key: self._partition_of(key)[0],
+            lambda: self.faults.check(self.changelog),
+        )
+
+    def _stored(self, key: bytes, run_id: str, kept: Unwritten | None) -> None:
+        """The table's local value of a run whose record was handed over (None: deleted)."""
+        if kept is None:  # a tombstone: the run passed its retention
+            if key in self.table.data:
+                del self.table.data[key]
+            self.decoded.drop(key)
+            self.key_partitions.pop(key, None)  # nor its partition, kept per key seen
+            self.run_partitions.pop(run_id, None)
+            self.evicting.discard(run_id)
+            return
+        self.table.data[key] = kept.data
+        del self.unwritten[run_id]
+        self.decoded.put(key, kept.data, kept.state)
 
     def _warn_failed(self, failed: int, of: int, attempt: int, error: BaseException | None) -> None:
         log.warning(

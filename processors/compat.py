@@ -149,7 +149,13 @@ INTERNALS: Final[tuple[Internal, ...]] = (
         "property",
         "override: the producer class (engine.Producer)",
     ),
-    Internal(f"{_DRIVER}.Producer", "_ensure_producer", "method", "producer_client", ("self",)),
+    Internal(
+        f"{_DRIVER}.Producer",
+        "_ensure_producer",
+        "method",
+        "producer_client, aiokafka_producer",
+        ("self",),
+    ),
     Internal(
         f"{_DRIVER}.AIOKafkaConsumerThread",
         "_create_consumer",
@@ -441,6 +447,15 @@ def leader_topic_of(app: Any) -> Any:
 def producer_client(app: Any) -> Any:
     """The `AIOKafkaClient` of a faust app's producer (its metadata: ``client.cluster``)."""
     return app.producer._ensure_producer().client
+
+
+def aiokafka_producer(app: Any) -> Any:
+    """The started ``aiokafka.AIOKafkaProducer`` under a faust app's producer.
+
+    Its public ``create_batch`` and ``send_batch`` write the tables' changelogs
+    (`processors.changelog_batches`).
+    """
+    return app.producer._ensure_producer()
 
 
 async def next_records(consumer: Any, timeout_s: float) -> tuple[Any, Any]:

@@ -22,7 +22,6 @@ opening and closing databases on rebalance) is faust's.
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import faust
@@ -74,22 +73,16 @@ class RunRocksStore(FaustRocksStore):
 
 
 class RunTable(faust.Table[bytes, bytes]):
-    """A faust table whose ``rocksdb://`` store is `RunRocksStore`, and whose writes can be awaited.
+    """A faust table whose ``rocksdb://`` store is `RunRocksStore`.
 
-    ``table[key] = value`` hands the changelog record to faust's producer buffer and
-    returns; faust never looks at the send again (a failed one is a log line at most), and
-    its commit trusts a producer flush that returns after 0.1 s without progress, writes
-    still buffered. `last_sent` is the future of the latest write's changelog record:
-    awaiting it is the only proof a state is stored (`processors.app._Agent.write_unwritten`).
+    The batch path does not write it through ``table[key] = value``, which hands the
+    changelog record to faust's producer buffer and forgets it (a failed send is a log
+    line at most, and faust's commit trusts a producer flush that returns after 0.1 s
+    without progress, writes still buffered): it hands each flush's records to aiokafka in
+    one batch per partition, awaits Kafka's answers, and sets the store's values and
+    persisted offsets itself (`processors.app._Agent.write_unwritten`,
+    `processors.changelog_batches`).
     """
-
-    last_sent: asyncio.Future[Any] | None = None
-
-    def send_changelog(self, *args: Any, **kwargs: Any) -> Any:
-        """Send a changelog record as faust does, and keep its future as `last_sent`."""
-        fut = super().send_changelog(*args, **kwargs)
-        self.last_sent = fut
-        return fut
 
     def _new_store_by_url(self, url: str | URL) -> Any:
         if URL(str(url)).scheme != "rocksdb":
