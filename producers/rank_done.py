@@ -51,16 +51,21 @@ def mark_training_done(
     Returns:
         The file written, or None when none is configured or it could not be written.
     """
-    target = path if path is not None else EmitterEnv.from_env().done_file
+    try:
+        target = path if path is not None else EmitterEnv.from_env().done_file
+    except ValueError as exc:  # a malformed RANK or WORLD_SIZE: the emitter says so too
+        print(f"runwatch: could not mark training done: {exc}", file=sys.stderr)
+        return None
     if not target:
         return None
     done = Path(target)
-    body = {"pid": os.getpid(), "final_step": final_step, "ts_ns": time.time_ns()}
     scratch = done.with_name(f".{done.name}.{os.getpid()}.tmp")
     try:
+        step = None if final_step is None else int(final_step)  # a numpy integer too
+        body = {"pid": os.getpid(), "final_step": step, "ts_ns": time.time_ns()}
         scratch.write_text(json.dumps(body) + "\n", encoding="utf-8")
         os.replace(scratch, done)
-    except OSError as exc:
+    except (OSError, TypeError, ValueError) as exc:
         print(f"runwatch: could not mark training done in {done}: {exc}", file=sys.stderr)
         scratch.unlink(missing_ok=True)
         return None

@@ -40,3 +40,25 @@ def test_saying_it_again_replaces_the_file(tmp_path, again):
     for step in range(again):
         mark_training_done(step, path=target)
     assert json.loads(target.read_text())["final_step"] == again - 1
+
+
+def test_odd_arguments_and_environments_never_raise_at_the_end_of_training(
+    tmp_path, monkeypatch, capsys
+):
+    target = tmp_path / "done.json"
+    assert mark_training_done("not a step", path=target) is None  # type: ignore[arg-type]
+    assert not target.exists()
+    monkeypatch.setenv(ENV_DONE_FILE, str(target))
+    monkeypatch.setenv("RANK", "zero")
+    assert mark_training_done(1) is None
+    assert capsys.readouterr().err.count("could not mark training done") == 2
+
+
+def test_an_integer_like_step_is_written_as_an_integer(tmp_path):
+    class Step:  # what numpy's integers offer: __index__ / __int__
+        def __int__(self) -> int:
+            return 7
+
+    target = tmp_path / "done.json"
+    assert mark_training_done(Step(), path=target) == target  # type: ignore[arg-type]
+    assert json.loads(target.read_text())["final_step"] == 7
