@@ -31,7 +31,7 @@ import logging
 import signal
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import msgspec
@@ -247,7 +247,8 @@ class RunSupervisor:
             status = self.launcher.status(proc.rank)
             if status != RUNNING:
                 code = status if isinstance(status, int) else None
-                noticed.append(RankExit(proc.rank, code, now_s, self._finished(proc.rank, code)))
+                gone = RankExit(proc.rank, code, now_s)
+                noticed.append(replace(gone, finished=True) if self._finished(gone) else gone)
         for gone in noticed:
             self.exits[gone.rank] = gone
             self.unreported[gone.rank] = gone
@@ -298,11 +299,11 @@ class RunSupervisor:
         for gone in due:
             self._report_exit(gone, pids[gone.rank])
 
-    def _finished(self, rank: int, code: int | None) -> bool:
-        """Whether a rank killed by a signal (``code``) had said its training finished first."""
-        if not RankExit(rank, code, 0.0).signalled:
+    def _finished(self, gone: RankExit) -> bool:
+        """Whether a rank killed by a signal had said its training finished first."""
+        if not gone.signalled:
             return False  # a clean exit needs no word; an exit code is the script's own
-        return self.state.done_path(self.record.incarnation, rank).is_file()
+        return self.state.done_path(self.record.incarnation, gone.rank).is_file()
 
     def _count_failure(self) -> tuple[int, ...]:
         """Charge this incarnation's failure to its culprits (once); return them."""

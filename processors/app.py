@@ -519,12 +519,13 @@ class _Agent:
             error: BaseException | None = None
             records = [(key, None if kept is None else kept.data) for key, _, kept in pending]
             answers = await self._hand_over(records)
-            for (key, run_id, kept), answer in zip(pending, answers, strict=True):
+            for (key, run_id, kept), (_, data), answer in zip(
+                pending, records, answers, strict=True
+            ):
                 if isinstance(answer, BaseException):
                     failed.append((key, run_id, kept))
                     error = answer
                     continue
-                data = None if kept is None else kept.data
                 writes.append(StateWrite(key, run_id, data, answer.ack, answer.place))
                 self._stored(key, run_id, kept)
             if not failed:
