@@ -137,6 +137,9 @@ class LaunchSpec(msgspec.Struct, frozen=True, kw_only=True):
         launch_offsets: Commands-topic partition -> end offset when the run was launched.
         grace_s: SIGTERM grace before SIGKILL.
         command_timeout_s: How long a dead gang waits for a command.
+        teardown_timeout_s: How long ranks may run on after every local rank said its
+            training finished before the agent stops them (``--teardown-timeout``,
+            `controller.teardown`); None: never (the agent warns every minute).
         rank_failure_budget: Failures a rank may cause before a one-node gang shrinks.
         min_nproc: A one-node gang never shrinks below this.
         node_timeout_s: How long an agent of a multi-node gang waits, on a restart, for
@@ -163,6 +166,7 @@ class LaunchSpec(msgspec.Struct, frozen=True, kw_only=True):
     launch_offsets: dict[int, int] = {}
     grace_s: float = 10.0
     command_timeout_s: float = 120.0
+    teardown_timeout_s: float | None = None
     rank_failure_budget: int = 2
     min_nproc: int = 1
     node_timeout_s: float = 60.0

@@ -64,6 +64,7 @@ from runwatch.controller.state import (
     LaunchSpec,
     ProcessedCommand,
 )
+from runwatch.controller.teardown import STOPPED, TeardownAction, TeardownClock, teardown_step
 from runwatch.producers.backend import UnknownBackendError, training_backend_capabilities
 from runwatch.schemas.events import (
     AgentReady,
@@ -157,6 +158,8 @@ class RunSupervisor:
         dead_since_s: When the whole gang was noticed dead (monotonic), None while alive.
         group_restarts: When each replica group was last restarted alone (monotonic); a
             group restarted less than ``command_timeout_s`` ago may still be healing.
+        teardown: How long the incarnation has had ranks running after every local rank
+            said its training finished (`controller.teardown`).
     """
 
     state: ControllerState
@@ -170,6 +173,7 @@ class RunSupervisor:
     unreported: dict[int, RankExit] = field(default_factory=dict)
     dead_since_s: float | None = None
     group_restarts: dict[int, float] = field(default_factory=dict)
+    teardown: TeardownClock = STOPPED
 
     @property
     def run_id(self) -> str:
@@ -200,6 +204,7 @@ class RunSupervisor:
         node = rec.topology
         started = self.launcher.start(Incarnation(rec.incarnation, node, resume), scope)
         self.exits, self.unreported, self.dead_since_s = {}, {}, None
+        self.teardown = STOPPED
         if scope.whole_node:
             self.group_restarts = {}
         self._save(ranks=started.ranks, master_port=started.master_port)
@@ -255,6 +260,7 @@ class RunSupervisor:
         hold_s = EXIT_HOLD_S if self.record.topology.nnodes > 1 else 0.0
         self._report_pending(now_s, hold_s)
         if len(self.exits) < len(self.record.ranks):
+            self._watch_teardown(now_s)
             return
         if not any(e.abnormal for e in self.exits.values()):
             after = sorted(r for r, e in self.exits.items() if e.code != 0)
@@ -298,6 +304,42 @@ class RunSupervisor:
         pids = {p.rank: p.pid for p in self.record.ranks}
         for gone in due:
             self._report_exit(gone, pids[gone.rank])
+
+    def _watch_teardown(self, now_s: float) -> None:
+        """Warn about, or stop, ranks running on after every local rank finished training.
+
+        `controller.teardown.teardown_step` decides; a stop takes the ranks' stacks first
+        (where each hangs, in the log and the state directory), then stops the node's
+        ranks as a restart does. Killed after their word, they count as finished at the
+        next look, and the run completes.
+        """
+        rec = self.record
+        running = [p.rank for p in rec.ranks if p.rank not in self.exits]
+        every_done = all(self.state.done_path(rec.incarnation, p.rank).is_file() for p in rec.ranks)
+        timeout_s = self.spec.teardown_timeout_s
+        self.teardown, action = teardown_step(
+            self.teardown, every_done=every_done, running=len(running), now_s=now_s,
+            timeout_s=timeout_s,
+        )  # fmt: skip
+        if action is TeardownAction.WAIT:
+            return
+        waited_s = now_s - (self.teardown.since_s or now_s)
+        if action is TeardownAction.WARN:
+            log.warning(
+                "run %s incarnation %d: ranks %s still running %.0fs after every local rank "
+                "finished training (a final save or upload, or a hang in the teardown)%s",
+                self.run_id, rec.incarnation, running, waited_s,
+                f"; stopped at {timeout_s:g}s" if timeout_s is not None
+                else "; runwatch launch --teardown-timeout stops them",
+            )  # fmt: skip
+            return
+        self._take_stacks(WHOLE_NODE)
+        log.warning(
+            "run %s incarnation %d: stopping ranks %s, still running %.0fs after every local "
+            "rank finished training (--teardown-timeout %g)",
+            self.run_id, rec.incarnation, running, waited_s, timeout_s,
+        )  # fmt: skip
+        self.launcher.stop(WHOLE_NODE, grace_s=self.spec.grace_s, kill_now=False)
 
     def _finished(self, gone: RankExit) -> bool:
         """Whether a rank killed by a signal had said its training finished first."""

@@ -100,6 +100,15 @@ def _add_gang_args(parser: argparse.ArgumentParser) -> None:
         help="a dead gang without a restart command this long fails the run",
     )
     parser.add_argument(
+        "--teardown-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="stop ranks still running this long after every local rank said its training "
+        "finished (runwatch.mark_training_done): a hang in the process group's teardown; "
+        "they count as finished (default: never, with a warning every minute)",
+    )
+    parser.add_argument(
         "--rank-failure-budget",
         type=int,
         default=2,
@@ -446,6 +455,8 @@ def _validate(args: argparse.Namespace, settings: LaunchSettings) -> None:
         raise UsageError("--min-nproc must be >= 1, --rank-failure-budget >= 0")
     if settings.grace_s < 0 or args.command_timeout <= 0:
         raise UsageError("--grace-s must be >= 0 and --command-timeout > 0")
+    if args.teardown_timeout is not None and not args.teardown_timeout > 0:
+        raise UsageError(f"--teardown-timeout must be > 0, got {args.teardown_timeout:g}")
     if args.node_failure_budget < 0:
         raise UsageError(f"--node-failure-budget must be >= 0, got {args.node_failure_budget}")
     if not args.node_timeout > 0:
@@ -517,6 +528,7 @@ def _spec(args: argparse.Namespace, plan: LaunchPlan, run: RunBinding) -> Launch
         launch_offsets=commands_end_offsets(run.bootstrap, run.prefix),
         grace_s=plan.settings.grace_s,
         command_timeout_s=args.command_timeout,
+        teardown_timeout_s=args.teardown_timeout,
         rank_failure_budget=args.rank_failure_budget,
         min_nproc=args.min_nproc,
         node_timeout_s=args.node_timeout,
