@@ -17,10 +17,14 @@ with ``--inject`` (repeatable) or the ``RUNWATCH_INJECT`` environment variable:
   group down, then aborts (SIGABRT) as a C++ destructor does in an interpreter's teardown
   ("terminate called without an active exception"); the step is ignored. A completed run
   must stay completed, with no ``dead_rank``.
+* ``stuck@0:rank=1:secs=600``: rank 1 finishes its training, tells its agent so, shuts its
+  process group down, then does not exit for ``secs`` seconds, as a rank whose NCCL
+  destructor waits on a peer that left; the step is ignored. Its agent warns, and with
+  ``runwatch launch --teardown-timeout`` stops it: the run completes.
 
 Keys: ``rank`` (default: every rank), ``incarnation`` (default 0: a fault fires only in the
 first launch, so a restarted gang does not re-inject it; the incarnation comes from
-``RUNWATCH_INCARNATION``), ``secs`` (hang only).
+``RUNWATCH_INCARNATION``), ``secs`` (hang and stuck only).
 """
 
 from __future__ import annotations
@@ -33,8 +37,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
-FaultKind = Literal["nan", "spike", "kill", "hang", "dropopt", "abort"]
-KINDS: tuple[FaultKind, ...] = ("nan", "spike", "kill", "hang", "dropopt", "abort")
+FaultKind = Literal["nan", "spike", "kill", "hang", "dropopt", "abort", "stuck"]
+KINDS: tuple[FaultKind, ...] = ("nan", "spike", "kill", "hang", "dropopt", "abort", "stuck")
 GARBAGE_TOKEN = 255
 """The target byte of a spike batch: absent from the corpus, so the model rates it unlikely."""
 
@@ -50,7 +54,7 @@ class Fault:
         step: The step it happens at.
         rank: The rank it happens on; None: every rank.
         incarnation: The gang incarnation it fires in.
-        secs: How long a hang sleeps.
+        secs: How long a hang (or a rank stuck in its teardown) sleeps.
     """
 
     kind: FaultKind
@@ -132,7 +136,12 @@ class FaultPlan:
         )
 
     def at_exit(self) -> None:
-        """Apply the teardown fault (abort), if one applies here: the process ends."""
+        """Apply the teardown faults (stuck, then abort) that apply here."""
+        for fault in self.faults:
+            if fault.kind == "stuck" and fault.fires(fault.step, self.rank, self.incarnation):
+                stuck_s = fault.secs
+                print(f"[inject] rank {self.rank} stuck {stuck_s:g}s in its teardown", flush=True)
+                time.sleep(stuck_s)
         if self.active("abort"):
             print(f"[inject] rank {self.rank} aborts in its teardown", flush=True)
             os.abort()

@@ -1,4 +1,4 @@
-"""A rank that dies in its interpreter's teardown after it finished does not fail the run.
+"""A rank that dies, or stays stuck, in its teardown after it finished does not fail the run.
 
 The transformers Trainer, accelerate and Lightning leave their process groups to be freed
 at exit, and gloo's threads freed in the wrong order abort the process ("terminate called
@@ -13,6 +13,11 @@ launcher exits 0 with the run completed; the agent's RankExited says SIGABRT and
 no command names it. The contrast (the same abort without the rank's word) is the unit
 tests' (`tests/unit/controller/test_exit_evidence_agent.py`,
 `tests/unit/core/test_exit_evidence.py`, both orders of the exit and RunEnded).
+
+A rank stuck in its teardown (``stuck@0:rank=1``: it said it finished, then does not exit,
+as one whose NCCL destructor waits on a peer that left) is stopped by its agent under
+``runwatch launch --teardown-timeout`` (`controller.teardown`), and the run completes; the
+warnings without a timeout are the unit tests' (`tests/unit/controller/test_teardown.py`).
 """
 
 from __future__ import annotations
@@ -80,3 +85,27 @@ def test_a_rank_aborting_in_its_teardown_after_it_finished_leaves_the_run_comple
     ]
     assert not liveness_verdicts
     assert not [e for e in commands if of_run(RUN, RestartRequested)(e)]
+
+
+def test_a_rank_stuck_in_its_teardown_is_stopped_and_the_run_completes(loop, launch):
+    # Rank 1 finishes, says so, shuts its group down and then does not exit (as an NCCL
+    # destructor waiting on a peer that left): without --teardown-timeout its launcher never
+    # returned. With it, the agent stops the rank and the run completes.
+    run_id = "teardown-stuck"
+    heartbeats = loop.reader(loop.topics.heartbeats)
+    run = launch(
+        run_id,
+        ["--steps", "8", "--inject", "stuck@0:rank=1:secs=600"],
+        extra=["--teardown-timeout", "3"],
+    )
+    assert run.launcher.wait() == 0, run.launcher.log() + run.rank_logs()
+    assert run.gang_record().status == "completed"
+    assert "stuck 600s in its teardown" in (run.state_dir / "logs" / "inc0.rank1.log").read_text()
+    log = run.launcher.log()
+    assert "stopping ranks [1], still running" in log and "--teardown-timeout 3" in log
+    events = wait_events(heartbeats, of_run(run_id, RankExited), count=2)
+    by_rank = {e.rank: e for e in events}
+    # SIGTERM only sets the script's stop flag (train_ddp.StopFlag), so the grace ends
+    # in SIGKILL: a signal after the rank's word all the same, so finished.
+    assert (by_rank[1].signal, by_rank[1].finished) == (signal.SIGKILL, True)
+    assert by_rank[0].exit_code == 0

@@ -46,3 +46,14 @@ def test_abort_is_a_teardown_fault_of_its_rank_only():
     assert not FaultPlan(faults, rank=0, incarnation=0).active("abort")
     assert not FaultPlan(faults, rank=1, incarnation=1).active("abort")
     FaultPlan(faults, rank=0, incarnation=0).at_exit()  # not this rank's: returns
+
+
+def test_stuck_sleeps_in_the_teardown_of_its_rank_only(monkeypatch):
+    slept = []
+    monkeypatch.setattr("examples.faults.time.sleep", slept.append)
+    faults = parse_faults(["stuck@0:rank=1:secs=600"])
+    FaultPlan(faults, rank=0, incarnation=0).at_exit()
+    FaultPlan(faults, rank=1, incarnation=1).at_exit()  # not re-injected in a restart
+    assert slept == []
+    FaultPlan(faults, rank=1, incarnation=0).at_exit()
+    assert slept == [600.0]
