@@ -123,9 +123,14 @@ def test_a_worker_stops_on_sigterm_even_with_the_broker_gone(tmp_path):
             broker.kill()
             _wait_line(worker.log_path, "does not answer")
             worker.proc.send_signal(signal.SIGTERM)
-            assert worker.wait(WAIT_S) == 1, worker.log_tail(40)
+            code = worker.wait(WAIT_S)  # raises if the worker is still there
         log = worker.log_path.read_text(errors="replace")
         assert "stopping on SIGTERM (at most 5 s)" in log
-        assert "did not stop within 5 s" in log
+        # faust's stop mostly waits on the dead broker (its commit, leaving the group) and
+        # the bound ends it: status 1, said in the log. A stop whose requests all find the
+        # connection refused at once completes by itself (seen when SIGTERM came 14 ms after
+        # the outage was noticed): status 0. Either way SIGTERM ended the worker.
+        assert code in (0, 1), worker.log_tail(40)
+        assert ("did not stop within 5 s" in log) == (code == 1), worker.log_tail(40)
     finally:
         broker.stop()
