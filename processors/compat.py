@@ -23,8 +23,9 @@ import hashlib
 import importlib
 import inspect
 import itertools
+import operator
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Final, Literal
@@ -543,10 +544,13 @@ async def fetched_records(
     Offsets, positions, CRC checks, control batches and aborted transactions are
     aiokafka's, step for step (`_fetched`, `_unpack_raw`).
 
-    ``limits`` (topic -> at least 1 record) bounds what one call takes of a topic, all its
-    partitions together: those topics' buffered records are taken after every other
-    topic's, and what is left of them stays buffered for the next call, its position
-    just past the last record taken (as aiokafka's ``max_records`` leaves it).
+    ``limits`` (topic of ``raw_topics`` -> value bytes) bounds what one call takes of a
+    topic, all its partitions together: those topics' buffered records are taken after
+    every other topic's, record by record until their values' bytes reach the limit (at
+    least one record while the limit is positive), and what is left of them stays
+    buffered for the next call, its position just past the last record taken (as
+    aiokafka's ``max_records`` leaves it). A limit on a topic not in ``raw_topics`` is
+    not applied.
 
     Raises:
         ConsumerStoppedError: The consumer or its fetcher is closed (as aiokafka's).
@@ -571,7 +575,7 @@ async def _fetched(
     """The loop of `Fetcher.fetched_records` (aiokafka 0.14.0), `_drain_raw` for ``raw_topics``.
 
     ``limits`` as `fetched_records`: the limited topics' partitions come last, each drained
-    up to what is left of its topic's limit (none: left buffered).
+    up to what is left of its topic's limit in bytes (none: left buffered).
     """
     from aiokafka.consumer.fetcher import FetchResult
 
@@ -582,7 +586,7 @@ async def _fetched(
             await subscriptions.wait_for_assignment()
         start_s = time.monotonic()
         drained: dict[Any, list[Any]] = {}
-        left = dict(limits) if limits else None
+        left = {t: b for t, b in limits.items() if t in raw_topics} if limits else None
         order = list(buffered)
         if left:
             order.sort(key=lambda tp: tp.topic in left)  # stable: the limited ones last
@@ -593,16 +597,13 @@ async def _fetched(
                 continue
             result = buffered[tp]
             if type(result) is FetchResult:
-                most = max_records
                 limit = left.get(tp.topic) if left else None
-                if limit is not None:
-                    if limit <= 0:
-                        continue  # stays buffered: the next call takes it
-                    most = limit if most is None else min(most, limit)
+                if limit is not None and limit <= 0:
+                    continue  # stays buffered: the next call takes it
                 if tp.topic in raw_topics:
-                    records = _drain_raw(result, tp, most)
+                    records, size = _drain_raw(result, tp, max_records, limit)
                 else:
-                    records = result.getall(most)
+                    records, size = result.getall(max_records), 0
                 if not result.has_more():
                     del buffered[tp]
                     fetcher._notify(fetcher._wait_consume_future)
@@ -610,7 +611,7 @@ async def _fetched(
                     continue
                 drained[tp] = records
                 if limit is not None and left is not None:
-                    left[tp.topic] = limit - len(records)
+                    left[tp.topic] = limit - size
                 if max_records is not None:
                     max_records -= len(records)
                     if max_records <= 0:
@@ -634,16 +635,29 @@ async def _fetched(
         timeout_s = max(0.0, timeout_s - (time.monotonic() - start_s))
 
 
-def _drain_raw(result: Any, tp: Any, max_records: int | None) -> list[Any]:
-    """`FetchResult.getall` with `_unpack_raw`'s records.
+def _drain_raw(
+    result: Any, tp: Any, max_records: int | None, max_bytes: int | None = None
+) -> tuple[list[Any], int]:
+    """`FetchResult.getall` with `_unpack_raw`'s records, and their values' bytes.
 
     The first drain of a `PartitionRecords` puts `_unpack_raw` in place of aiokafka's
     generator, which nothing has started yet: each `PartitionRecords` is read by one of
     the two, whole. One that is not as expected (deserializers set, aiokafka's generator
-    already started) is read by aiokafka's ``getall`` and its records converted.
+    already started) is read by aiokafka's ``getall`` and its records converted (no byte
+    limit there: aiokafka hands over what it took at once).
+
+    Args:
+        result: aiokafka's `FetchResult` of ``tp``.
+        tp: The partition.
+        max_records: The most records to take (None: no bound).
+        max_bytes: Take records until their values hold this many bytes (at least one
+            record); None: no bound.
+
+    Returns:
+        The records taken, in order, and the bytes of their values.
     """
     if not result.check_assignment(tp) or not result.has_more():
-        return []
+        return [], 0
     records = result._partition_records
     unpack = records._records_iterator
     if unpack is None or unpack.gi_code is not _unpack_raw.__code__:
@@ -654,21 +668,48 @@ def _drain_raw(result: Any, tp: Any, max_records: int | None) -> list[Any]:
             and records._value_deserializer is None
         )
         if not aiokafka_fresh:
-            return [_as_raw(tp, r) for r in result.getall(max_records)]
+            converted = [_as_raw(tp, r) for r in result.getall(max_records)]
+            return converted, value_bytes(converted)
         unpack.close()
         unpack = records._records_iterator = _unpack_raw(records, tp.topic, tp.partition)
-    if max_records is None or max_records <= 0:
-        taken = list(unpack)
-    else:
-        taken = list(itertools.islice(unpack, max_records))
-    if max_records is None or len(taken) < max_records:  # every batch read
-        result._update_position()
+    bounded = (
+        unpack if max_records is None or max_records <= 0 else itertools.islice(unpack, max_records)
+    )
+    taken, size, whole = _take(bounded, max_bytes)
+    if whole and (max_records is None or max_records <= 0 or len(taken) < max_records):
+        result._update_position()  # every batch read
         result._partition_records = None
         records._records_iterator = None
     else:  # as aiokafka's: the position is just past the last record returned
         records.next_fetch_offset = taken[-1].offset + 1
         result._update_position()
-    return taken
+    return taken, size
+
+
+def _take(records: Iterator[Any], max_bytes: int | None) -> tuple[list[Any], int, bool]:
+    """Records off ``records`` until their values hold ``max_bytes`` (None: all of them).
+
+    Returns:
+        The records, their values' bytes, and whether ``records`` ran out.
+    """
+    if max_bytes is None:
+        taken = list(records)
+        return taken, value_bytes(taken), True
+    taken, size = [], 0
+    for record in records:
+        taken.append(record)
+        size += len(record.value or b"")
+        if size >= max_bytes:
+            return taken, size, False
+    return taken, size, True
+
+
+def value_bytes(records: Sequence[Any]) -> int:
+    """The bytes of the values of `schemas.records.RawRecord`s (a tombstone's: 0)."""
+    return sum(map(len, filter(None, map(_RAW_VALUE, records))))
+
+
+_RAW_VALUE: Final = operator.attrgetter("value")
 
 
 def _as_raw(tp: Any, record: Any) -> Any:

@@ -268,45 +268,52 @@ A spike's step waits for the round in progress, then is folded first in its own 
 fetches had brought, and a worker behind on a heartbeat partition (a large run's, or any
 after a pause) folded all of it in one round: rounds of 118-343 ms at p99 on a 2-core
 box, and a step that came in meanwhile waited for all of it. A round now takes every
-buffered record of the other topics and as many heartbeat records as fill about this long
-(`bulk_share`); the rest stays in aiokafka's buffer for the next round, which starts at
-once. About the fetch linger (`FETCH_LINGER_S`), so a paced worker's rounds, ~40 ms of
-input, are rarely cut."""
-ROUND_BULK_MIN_RECORDS: Final = 64
-"""The fewest bulk records a round takes, whatever they cost; and the fewest records a
-round needs for its cost to count (a smaller one's is mostly fixed costs)."""
+buffered record of the other topics and as many bytes of heartbeat records as fill about
+this long (`bulk_share`); the rest stays in aiokafka's buffer for the next round, which
+starts at once. About the fetch linger (`FETCH_LINGER_S`), so a paced worker's rounds,
+~40 ms of input, are rarely cut."""
+ROUND_BULK_MIN_BYTES: Final = 16 * 1024
+"""The fewest bulk bytes a round takes, whatever they cost (and at least one record); and
+the fewest a round needs for its cost to count (a smaller one's is mostly fixed costs).
+~120 loose heartbeats, or a fraction of one pack of 512."""
 ROUND_COST_WEIGHT: Final = 0.5
-"""Weight of the latest round in the smoothed cost per record."""
+"""Weight of the latest round in the smoothed cost per byte."""
 
 
 @dataclass(frozen=True, slots=True)
 class BulkShare:
     """What the next round may take of the bulk topics, from what rounds cost so far.
 
+    Counted in the records' value bytes, not in records: a fleet's heartbeat topics hold
+    loose heartbeats (~130 bytes, one event) beside packs of hundreds (one record of
+    tens of kilobytes). A record's fold costs about its events, and its bytes follow its
+    events; a share counted in records, sized from a round of loose heartbeats, let the
+    next round take as many packs, each a hundred times dearer.
+
     Attributes:
-        s_per_record: A round's seconds per record, smoothed (0: not known yet).
-        records: The most bulk records the next round takes (None: no limit yet).
+        s_per_byte: A round's seconds per bulk byte, smoothed (0: not known yet).
+        bytes: The most bulk bytes the next round takes (None: no limit yet).
     """
 
-    s_per_record: float = 0.0
-    records: int | None = None
+    s_per_byte: float = 0.0
+    bytes: int | None = None
 
 
 def bulk_share(
-    share: BulkShare, round_s: float, bulk_records: int, budget_s: float = ROUND_BULK_S
+    share: BulkShare, round_s: float, bulk_bytes: int, budget_s: float = ROUND_BULK_S
 ) -> BulkShare:
-    """The bulk share after a round that took ``round_s`` and held ``bulk_records``.
+    """The bulk share after a round that took ``round_s`` and held ``bulk_bytes``.
 
     Rules, in order:
 
     1. No budget (``budget_s <= 0``): no limit.
-    2. A round of fewer than `ROUND_BULK_MIN_RECORDS` bulk records: the share is unchanged
+    2. A round of fewer than `ROUND_BULK_MIN_BYTES` bulk bytes: the share is unchanged
        (its time is mostly the other records' and the round's fixed costs).
-    3. Otherwise a bulk record's cost is the round's time over its bulk records, smoothed
+    3. Otherwise a bulk byte's cost is the round's time over its bulk bytes, smoothed
        (`ROUND_COST_WEIGHT`), and the next round takes ``budget_s`` of it, at least
-       `ROUND_BULK_MIN_RECORDS`.
+       `ROUND_BULK_MIN_BYTES`.
 
-    The whole round's time is put on its bulk records, the other topics' share too, so a
+    The whole round's time is put on its bulk bytes, the other topics' share too, so a
     whole round, not only its heartbeats, takes about ``budget_s``. Sized from the average
     of every record instead, the cap let in ~1,000 packs of heartbeats where the steps
     were half the records and the cheaper half: rounds of 63-121 ms at p99
@@ -314,12 +321,12 @@ def bulk_share(
     """
     if budget_s <= 0:
         return BulkShare()
-    if bulk_records < ROUND_BULK_MIN_RECORDS:
+    if bulk_bytes < ROUND_BULK_MIN_BYTES:
         return share
-    cost = round_s / bulk_records
-    if share.s_per_record > 0:
-        cost = ROUND_COST_WEIGHT * cost + (1 - ROUND_COST_WEIGHT) * share.s_per_record
-    return BulkShare(cost, max(ROUND_BULK_MIN_RECORDS, int(budget_s / max(cost, 1e-9))))
+    cost = round_s / bulk_bytes
+    if share.s_per_byte > 0:
+        cost = ROUND_COST_WEIGHT * cost + (1 - ROUND_COST_WEIGHT) * share.s_per_byte
+    return BulkShare(cost, max(ROUND_BULK_MIN_BYTES, int(budget_s / max(cost, 1e-12))))
 
 
 class _ConsumerThread(driver.AIOKafkaConsumerThread):
@@ -927,8 +934,8 @@ class BatchIngest:
         self.topics = frozenset(topics)
         self.bulk = frozenset(bulk) & self.topics
         self.share = BulkShare()
-        # what the consumer thread's next fetch may take of each bulk topic (None: all);
-        # replaced whole after each round, read there
+        # the value bytes the consumer thread's next fetch may take of each bulk topic
+        # (None: all); replaced whole after each round, read there
         self.limits: Mapping[str, int] | None = None
         self.sink = sink
         self.flush_interval_s = flush_interval_s
@@ -1146,12 +1153,12 @@ class BatchIngest:
     def _size_bulk(self, round_s: float, take: Mapping[TP, tuple[int, Sequence[Any]]]) -> None:
         """Size the next fetch's share of the bulk topics from this round's cost."""
         bulk = self.bulk
-        held = sum(len(recs) for tp, (_, recs) in take.items() if tp.topic in bulk)
+        held = sum(compat.value_bytes(recs) for tp, (_, recs) in take.items() if tp.topic in bulk)
         self.share = bulk_share(self.share, round_s, held)
-        most = self.share.records
+        most = self.share.bytes
         self.limits = None if most is None else dict.fromkeys(self.bulk, most)
         if most is not None:
-            self.stats.note("bulk_records", most)
+            self.stats.note("bulk_kb", most / 1024)
 
     async def _cursor(self, consumer: Consumer, tp: TP) -> _Cursor:
         cursor = self.cursors.get(tp)

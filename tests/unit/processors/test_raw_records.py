@@ -47,8 +47,12 @@ def batch(
     producer_id: int = -1,
     transactional: bool = False,
     control: bool = False,
+    pad: int = 0,
 ) -> bytes:
-    """One v2 record batch of ``count`` records from ``base_offset``, as the broker sends it."""
+    """One v2 record batch of ``count`` records from ``base_offset``, as the broker sends it.
+
+    Each value is ``{"offset": N}``, followed by ``pad`` spaces (a pack's size, say).
+    """
     builder = DefaultRecordBatchBuilder(
         magic=2,
         compression_type=0,
@@ -63,7 +67,7 @@ def batch(
             builder.append(i, timestamp=TS_MS + i, key=_ABORT_KEY, value=b"", headers=[])
         else:
             key = b"run-%d" % (base_offset + i)
-            value = b'{"offset": %d}' % (base_offset + i)
+            value = b'{"offset": %d}' % (base_offset + i) + b" " * pad
             builder.append(i, timestamp=TS_MS + i, key=key, value=value, headers=[])
     data = bytearray(builder.build())
     data[0:8] = struct.pack(">q", base_offset)
@@ -177,7 +181,11 @@ def drains(data: bytes, max_records: int | None, raw: bool) -> Iterator[tuple[An
         )
         calls = []
         while result.has_more():
-            drain = compat._drain_raw if raw else lambda r, _tp, n: r.getall(n)
+            drain = (
+                (lambda r, tp, n: compat._drain_raw(r, tp, n)[0])
+                if raw
+                else (lambda r, _tp, n: r.getall(n))
+            )
             got = drain(result, TP, max_records)
             calls.append((as_tuples(got), state.position))
         return calls
@@ -200,7 +208,7 @@ def test_a_started_aiokafka_generator_is_read_by_aiokafka() -> None:
             TP, assignment=assignment, partition_records=partition_records(PLAIN), backoff=0
         )
         first = result.getall(2)  # aiokafka's generator started: the raw path must not replace it
-        return as_tuples(first) + as_tuples(compat._drain_raw(result, TP, None))
+        return as_tuples(first) + as_tuples(compat._drain_raw(result, TP, None)[0])
 
     records = asyncio.run(run())
     assert [r[2] for r in records] == list(range(15))
@@ -221,7 +229,9 @@ class _Buffered:
     fills ``_records`` from the broker is absent (no call here waits for a fetch).
     """
 
-    def __init__(self, counts: dict[TopicPartition, int]) -> None:
+    def __init__(
+        self, counts: dict[TopicPartition, int], pads: dict[TopicPartition, int] | None = None
+    ) -> None:
         self._subscriptions = SubscriptionState()
         self._subscriptions.assign_from_user(set(counts))
         assignment = self._subscriptions.subscription.assignment
@@ -229,7 +239,14 @@ class _Buffered:
         for tp, count in counts.items():
             assignment.state_value(tp).seek(0)
             records = PartitionRecords(
-                tp, MemoryRecords(batch(0, count)), None, 0, None, None, True, READ_UNCOMMITTED
+                tp,
+                MemoryRecords(batch(0, count, pad=(pads or {}).get(tp, 0))),
+                None,
+                0,
+                None,
+                None,
+                True,
+                READ_UNCOMMITTED,
             )
             self._records[tp] = FetchResult(
                 tp, assignment=assignment, partition_records=records, backoff=0
@@ -242,13 +259,16 @@ class _Buffered:
 
 
 def calls(
-    counts: dict[TopicPartition, int], limits: dict[str, int] | None, max_records: int | None
+    counts: dict[TopicPartition, int],
+    limits: dict[str, int] | None,
+    max_records: int | None,
+    pads: dict[TopicPartition, int] | None = None,
 ) -> list[dict[TopicPartition, list[int]]]:
     """Each `_fetched` call's offsets per partition, until nothing is buffered."""
     raw = frozenset({HEARTBEATS, STEPS})
 
     async def run() -> list[dict[TopicPartition, list[int]]]:
-        fetcher = _Buffered(counts)  # aiokafka's subscription state needs a running loop
+        fetcher = _Buffered(counts, pads)  # aiokafka's subscription state needs a running loop
         out: list[dict[TopicPartition, list[int]]] = []
         while fetcher._records:
             got = await compat._fetched(fetcher, None, 0, max_records, raw, limits)
@@ -268,17 +288,19 @@ HB0, HB1, ST0 = (
     TopicPartition(STEPS, 0),
 )
 BUFFERED = {HB0: 10, HB1: 7, ST0: 3}  # the heartbeats first in the buffer, as fetched
+B = len(b'{"offset": 0}')  # each value's bytes (offsets 0-9): a limit of k * B is k records
 
 
 @pytest.mark.parametrize(
     ("limits", "max_records"),
     [
         pytest.param(None, None, id="no-limit"),
-        pytest.param({HEARTBEATS: 1}, None, id="one-heartbeat-a-call"),
-        pytest.param({HEARTBEATS: 4}, None, id="four"),
-        pytest.param({HEARTBEATS: 10}, None, id="one-partition's-worth"),
-        pytest.param({HEARTBEATS: 4}, 5, id="four-under-max-records-5"),
-        pytest.param({HEARTBEATS: 100}, 2, id="max-records-binds-first"),
+        pytest.param({HEARTBEATS: 1}, None, id="one-byte:one-heartbeat-a-call"),
+        pytest.param({HEARTBEATS: 4 * B}, None, id="four"),
+        pytest.param({HEARTBEATS: 4 * B - 1}, None, id="under-four:still-four"),
+        pytest.param({HEARTBEATS: 10 * B}, None, id="one-partition's-worth"),
+        pytest.param({HEARTBEATS: 4 * B}, 5, id="four-under-max-records-5"),
+        pytest.param({HEARTBEATS: 100 * B}, 2, id="max-records-binds-first"),
     ],
 )
 def test_every_record_is_taken_once_in_order(limits, max_records) -> None:
@@ -289,21 +311,32 @@ def test_every_record_is_taken_once_in_order(limits, max_records) -> None:
     assert taken == {tp: list(range(n)) for tp, n in BUFFERED.items()}
 
 
-@pytest.mark.parametrize("limit", [1, 4, 10, 16])
-def test_a_call_takes_at_most_the_limit_of_the_bulk_topic(limit: int) -> None:
-    for call in calls(BUFFERED, {HEARTBEATS: limit}, None):
-        assert sum(len(v) for tp, v in call.items() if tp.topic == HEARTBEATS) <= limit
+@pytest.mark.parametrize("records", [1, 4, 10, 16])
+def test_a_call_takes_records_until_their_bytes_reach_the_limit(records: int) -> None:
+    for call in calls(BUFFERED, {HEARTBEATS: records * B}, None):
+        assert sum(len(v) for tp, v in call.items() if tp.topic == HEARTBEATS) <= records
 
 
 def test_the_other_topics_are_taken_whole_and_first() -> None:
     # the steps were buffered last, behind 17 heartbeat records; max_records 3 binds
-    first, *_ = calls(BUFFERED, {HEARTBEATS: 4}, 3)
+    first, *_ = calls(BUFFERED, {HEARTBEATS: 4 * B}, 3)
     assert first == {ST0: [0, 1, 2]}
     without_limits, *_ = calls(BUFFERED, None, 3)
     assert without_limits == {HB0: [0, 1, 2]}  # aiokafka's order: the steps would wait
 
 
 def test_the_limit_is_for_the_topic_not_each_partition() -> None:
-    first, second, *_ = calls(BUFFERED, {HEARTBEATS: 12}, None)
+    first, second, *_ = calls(BUFFERED, {HEARTBEATS: 12 * B}, None)
     assert first == {HB0: list(range(10)), HB1: [0, 1], ST0: [0, 1, 2]}
     assert second == {HB1: [2, 3, 4, 5, 6]}
+
+
+def test_the_limit_counts_bytes_so_large_records_come_fewer_to_a_call() -> None:
+    # HB0 holds four packs of ~1 KB, HB1 ten loose heartbeats: a call of ~20 loose
+    # heartbeats' bytes takes one pack (and then what is left of the bytes), where a limit
+    # in records let 20 packs in.
+    pads = {HB0: 1000}
+    first, second, *rest = calls({HB0: 4, HB1: 10}, {HEARTBEATS: 20 * B}, None, pads)
+    assert first == {HB0: [0]}  # 1,013 bytes reach 260 with the first record
+    assert second == {HB0: [1]}
+    assert rest[-1] == {HB1: list(range(10))}  # 130 bytes: all ten in one call
