@@ -323,7 +323,8 @@ class RunSupervisor:
         )  # fmt: skip
         if action is TeardownAction.WAIT:
             return
-        waited_s = now_s - (self.teardown.since_s or now_s)
+        since_s = self.teardown.since_s
+        waited_s = 0.0 if since_s is None else now_s - since_s
         if action is TeardownAction.WARN:
             log.warning(
                 "run %s incarnation %d: ranks %s still running %.0fs after every local rank "

@@ -140,3 +140,14 @@ def test_a_rank_that_has_not_finished_is_never_stopped(tmp_path, caplog):
         assert sup.teardown == STOPPED
     finally:
         sup.launcher.gang.stop(0.0, kill_now=True)
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "nan"])
+def test_a_teardown_timeout_that_is_not_positive_is_a_one_line_usage_error(value, capsys, tmp_path):
+    from runwatch.cli import main
+
+    base = ["launch", "--nproc", "1", "--state-dir", str(tmp_path), "--bootstrap", "127.0.0.1:1"]
+    code = main([*base, "--teardown-timeout", value, "--", "python", "train.py"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "--teardown-timeout must be > 0" in err and len(err.strip().splitlines()) == 1
