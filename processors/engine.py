@@ -292,11 +292,11 @@ class BulkShare:
 
     Attributes:
         s_per_byte: A round's seconds per bulk byte, smoothed (0: not known yet).
-        bytes: The most bulk bytes the next round takes (None: no limit yet).
+        most_bytes: The most bulk bytes the next round takes (None: no limit yet).
     """
 
     s_per_byte: float = 0.0
-    bytes: int | None = None
+    most_bytes: int | None = None
 
 
 def bulk_share(
@@ -1155,7 +1155,7 @@ class BatchIngest:
         bulk = self.bulk
         held = sum(compat.value_bytes(recs) for tp, (_, recs) in take.items() if tp.topic in bulk)
         self.share = bulk_share(self.share, round_s, held)
-        most = self.share.bytes
+        most = self.share.most_bytes
         self.limits = None if most is None else dict.fromkeys(self.bulk, most)
         if most is not None:
             self.stats.note("bulk_kb", most / 1024)

@@ -17,7 +17,7 @@ from runwatch.processors.engine import (
     bulk_share,
 )
 
-KNOWN = BulkShare(s_per_byte=1e-6, bytes=50_000)  # 1 µs a byte: 50 ms is 50 KB
+KNOWN = BulkShare(s_per_byte=1e-6, most_bytes=50_000)  # 1 µs a byte: 50 ms is 50 KB
 
 
 def test_rule_1_no_budget_no_limit() -> None:
@@ -33,7 +33,7 @@ def test_rule_2_a_small_round_leaves_the_share_as_it_was(size: int) -> None:
 def test_rule_3_the_first_rounds_cost_sets_the_limit() -> None:
     share = bulk_share(BulkShare(), 0.5, 1_000_000)  # 0.5 µs a byte
     assert share.s_per_byte == pytest.approx(0.5e-6)
-    assert share.bytes == int(ROUND_BULK_S / 0.5e-6)
+    assert share.most_bytes == int(ROUND_BULK_S / 0.5e-6)
 
 
 def test_rule_3_the_cost_is_smoothed() -> None:
@@ -44,14 +44,14 @@ def test_rule_3_the_cost_is_smoothed() -> None:
 
 def test_rule_3_a_dearer_round_takes_fewer_next_time_a_cheaper_more() -> None:
     dearer, cheaper = bulk_share(KNOWN, 0.5, 100_000), bulk_share(KNOWN, 0.01, 100_000)
-    assert dearer.bytes is not None and cheaper.bytes is not None
-    assert dearer.bytes < KNOWN.bytes < cheaper.bytes  # type: ignore[operator]
+    assert dearer.most_bytes is not None and cheaper.most_bytes is not None
+    assert dearer.most_bytes < KNOWN.most_bytes < cheaper.most_bytes  # type: ignore[operator]
 
 
 def test_rule_3_never_fewer_than_the_floor() -> None:
     share = bulk_share(BulkShare(), 100.0, ROUND_BULK_MIN_BYTES)  # ~6 ms a byte
-    assert share.bytes == ROUND_BULK_MIN_BYTES
+    assert share.most_bytes == ROUND_BULK_MIN_BYTES
 
 
 def test_the_budget_is_what_the_limit_is_sized_to() -> None:
-    assert bulk_share(BulkShare(), 0.5, 1_000_000, budget_s=0.1).bytes == 200_000
+    assert bulk_share(BulkShare(), 0.5, 1_000_000, budget_s=0.1).most_bytes == 200_000
