@@ -546,8 +546,9 @@ async def fetched_records(
 
     ``limits`` (topic of ``raw_topics`` -> value bytes) bounds what one call takes of a
     topic, all its partitions together: those topics' buffered records are taken after
-    every other topic's, record by record until their values' bytes reach the limit (at
-    least one record while the limit is positive), and what is left of them stays
+    every other topic's, record by record until they count the limit (`counted_bytes`:
+    their values' bytes and `RECORD_OVERHEAD_BYTES` each; at least one record while the
+    limit is positive), and what is left of them stays
     buffered for the next call, its position just past the last record taken (as
     aiokafka's ``max_records`` leaves it). A limit on a topic not in ``raw_topics`` is
     not applied.
@@ -638,7 +639,7 @@ async def _fetched(
 def _drain_raw(
     result: Any, tp: Any, max_records: int | None, max_bytes: int | None = None
 ) -> tuple[list[Any], int]:
-    """`FetchResult.getall` with `_unpack_raw`'s records, and their values' bytes.
+    """`FetchResult.getall` with `_unpack_raw`'s records, and the bytes they count.
 
     The first drain of a `PartitionRecords` puts `_unpack_raw` in place of aiokafka's
     generator, which nothing has started yet: each `PartitionRecords` is read by one of
@@ -650,11 +651,11 @@ def _drain_raw(
         result: aiokafka's `FetchResult` of ``tp``.
         tp: The partition.
         max_records: The most records to take (None: no bound).
-        max_bytes: Take records until their values hold this many bytes (at least one
-            record); None: no bound.
+        max_bytes: Take records until they count this many bytes (`counted_bytes`: their
+            values and `RECORD_OVERHEAD_BYTES` each; at least one record); None: no bound.
 
     Returns:
-        The records taken, in order, and the bytes of their values.
+        The records taken, in order, and the bytes they count.
     """
     if not result.check_assignment(tp) or not result.has_more():
         return [], 0
@@ -669,7 +670,7 @@ def _drain_raw(
         )
         if not aiokafka_fresh:
             converted = [_as_raw(tp, r) for r in result.getall(max_records)]
-            return converted, value_bytes(converted)
+            return converted, counted_bytes(converted)
         unpack.close()
         unpack = records._records_iterator = _unpack_raw(records, tp.topic, tp.partition)
     bounded = (
@@ -687,26 +688,39 @@ def _drain_raw(
 
 
 def _take(records: Iterator[Any], max_bytes: int | None) -> tuple[list[Any], int, bool]:
-    """Records off ``records`` until their values hold ``max_bytes`` (None: all of them).
+    """Records off ``records`` until they count ``max_bytes`` (None: all of them).
 
     Returns:
-        The records, their values' bytes, and whether ``records`` ran out.
+        The records, the bytes they count (`counted_bytes`), and whether ``records`` ran
+        out.
     """
     if max_bytes is None:
         taken = list(records)
-        return taken, value_bytes(taken), True
+        return taken, counted_bytes(taken), True
     taken, size = [], 0
     for record in records:
         taken.append(record)
-        size += len(record.value or b"")
+        size += len(record.value or b"") + RECORD_OVERHEAD_BYTES
         if size >= max_bytes:
             return taken, size, False
     return taken, size, True
 
 
-def value_bytes(records: Sequence[Any]) -> int:
-    """The bytes of the values of `schemas.records.RawRecord`s (a tombstone's: 0)."""
-    return sum(map(len, filter(None, map(_RAW_VALUE, records))))
+RECORD_OVERHEAD_BYTES: Final = 64
+"""What a record counts against a byte limit besides its value (Kafka's own per-record
+overhead is of this order). A record with an empty or null value is still decoded and
+dead-lettered: without it a flood of them on a limited topic, which any producer to it can
+write, would count nothing and fill a round."""
+
+
+def counted_bytes(records: Sequence[Any]) -> int:
+    """What `schemas.records.RawRecord`s count against a byte limit (`fetched_records`).
+
+    Their values' bytes (a tombstone's: 0) and `RECORD_OVERHEAD_BYTES` each.
+    """
+    return sum(map(len, filter(None, map(_RAW_VALUE, records)))) + RECORD_OVERHEAD_BYTES * len(
+        records
+    )
 
 
 _RAW_VALUE: Final = operator.attrgetter("value")

@@ -284,7 +284,8 @@ ROUND_COST_WEIGHT: Final = 0.5
 class BulkShare:
     """What the next round may take of the bulk topics, from what rounds cost so far.
 
-    Counted in the records' value bytes, not in records: a fleet's heartbeat topics hold
+    Counted in bytes (`compat.counted_bytes`: the records' values and a fixed overhead
+    each), not in records: a fleet's heartbeat topics hold
     loose heartbeats (~130 bytes, one event) beside packs of hundreds (one record of
     tens of kilobytes). A record's fold costs about its events, and its bytes follow its
     events; a share counted in records, sized from a round of loose heartbeats, let the
@@ -934,7 +935,7 @@ class BatchIngest:
         self.topics = frozenset(topics)
         self.bulk = frozenset(bulk) & self.topics
         self.share = BulkShare()
-        # the value bytes the consumer thread's next fetch may take of each bulk topic
+        # the bytes (`compat.counted_bytes`) the next fetch may take of each bulk topic
         # (None: all); replaced whole after each round, read there
         self.limits: Mapping[str, int] | None = None
         self.sink = sink
@@ -1153,7 +1154,7 @@ class BatchIngest:
     def _size_bulk(self, round_s: float, take: Mapping[TP, tuple[int, Sequence[Any]]]) -> None:
         """Size the next fetch's share of the bulk topics from this round's cost."""
         bulk = self.bulk
-        held = sum(compat.value_bytes(recs) for tp, (_, recs) in take.items() if tp.topic in bulk)
+        held = sum(compat.counted_bytes(recs) for tp, (_, recs) in take.items() if tp.topic in bulk)
         self.share = bulk_share(self.share, round_s, held)
         most = self.share.most_bytes
         self.limits = None if most is None else dict.fromkeys(self.bulk, most)

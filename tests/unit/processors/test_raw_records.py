@@ -48,10 +48,12 @@ def batch(
     transactional: bool = False,
     control: bool = False,
     pad: int = 0,
+    blank: bool = False,
 ) -> bytes:
     """One v2 record batch of ``count`` records from ``base_offset``, as the broker sends it.
 
-    Each value is ``{"offset": N}``, followed by ``pad`` spaces (a pack's size, say).
+    Each value is ``{"offset": N}``, followed by ``pad`` spaces (a pack's size, say), or
+    empty (``blank``).
     """
     builder = DefaultRecordBatchBuilder(
         magic=2,
@@ -67,7 +69,7 @@ def batch(
             builder.append(i, timestamp=TS_MS + i, key=_ABORT_KEY, value=b"", headers=[])
         else:
             key = b"run-%d" % (base_offset + i)
-            value = b'{"offset": %d}' % (base_offset + i) + b" " * pad
+            value = b"" if blank else b'{"offset": %d}' % (base_offset + i) + b" " * pad
             builder.append(i, timestamp=TS_MS + i, key=key, value=value, headers=[])
     data = bytearray(builder.build())
     data[0:8] = struct.pack(">q", base_offset)
@@ -232,6 +234,7 @@ class _Buffered:
     def __init__(
         self, counts: dict[TopicPartition, int], pads: dict[TopicPartition, int] | None = None
     ) -> None:
+        """``pads``: spaces after each value of a partition; -1: empty values."""
         self._subscriptions = SubscriptionState()
         self._subscriptions.assign_from_user(set(counts))
         assignment = self._subscriptions.subscription.assignment
@@ -240,7 +243,14 @@ class _Buffered:
             assignment.state_value(tp).seek(0)
             records = PartitionRecords(
                 tp,
-                MemoryRecords(batch(0, count, pad=(pads or {}).get(tp, 0))),
+                MemoryRecords(
+                    batch(
+                        0,
+                        count,
+                        pad=max(0, (pads or {}).get(tp, 0)),
+                        blank=(pads or {}).get(tp, 0) < 0,
+                    )
+                ),
                 None,
                 0,
                 None,
@@ -288,7 +298,8 @@ HB0, HB1, ST0 = (
     TopicPartition(STEPS, 0),
 )
 BUFFERED = {HB0: 10, HB1: 7, ST0: 3}  # the heartbeats first in the buffer, as fetched
-B = len(b'{"offset": 0}')  # each value's bytes (offsets 0-9): a limit of k * B is k records
+B = len(b'{"offset": 0}') + compat.RECORD_OVERHEAD_BYTES
+"""What a record of offset 0-9 counts against a limit: a limit of k * B is k records."""
 
 
 @pytest.mark.parametrize(
@@ -332,11 +343,19 @@ def test_the_limit_is_for_the_topic_not_each_partition() -> None:
 
 
 def test_the_limit_counts_bytes_so_large_records_come_fewer_to_a_call() -> None:
-    # HB0 holds four packs of ~1 KB, HB1 ten loose heartbeats: a call of ~20 loose
-    # heartbeats' bytes takes one pack (and then what is left of the bytes), where a limit
-    # in records let 20 packs in.
+    # HB0 holds four packs of ~1 KB, HB1 ten loose heartbeats: a call of ten loose
+    # heartbeats' bytes takes one pack, and all ten loose ones in one call, where a limit
+    # in records let ten packs in.
     pads = {HB0: 1000}
-    first, second, *rest = calls({HB0: 4, HB1: 10}, {HEARTBEATS: 20 * B}, None, pads)
-    assert first == {HB0: [0]}  # 1,013 bytes reach 260 with the first record
+    first, second, *rest = calls({HB0: 4, HB1: 10}, {HEARTBEATS: 10 * B}, None, pads)
+    assert first == {HB0: [0]}  # 1,077 counted bytes reach 770 with the first record
     assert second == {HB0: [1]}
-    assert rest[-1] == {HB1: list(range(10))}  # 130 bytes: all ten in one call
+    assert rest[-1] == {HB1: list(range(10))}  # 770 bytes: all ten in one call
+
+
+def test_records_without_a_value_still_count_against_the_limit() -> None:
+    # Empty values (a flood any producer can write): each counts RECORD_OVERHEAD_BYTES, so
+    # a call takes limit / overhead of them, not all.
+    overhead = compat.RECORD_OVERHEAD_BYTES
+    got = calls({HB0: 10}, {HEARTBEATS: 3 * overhead}, None, {HB0: -1})
+    assert got == [{HB0: [0, 1, 2]}, {HB0: [3, 4, 5]}, {HB0: [6, 7, 8]}, {HB0: [9]}]
