@@ -687,6 +687,13 @@ def _drain_raw(
     return taken, size
 
 
+RECORD_OVERHEAD_BYTES: Final = 64
+"""What a record counts against a byte limit besides its value (Kafka's own per-record
+overhead is of this order). A record with an empty or null value is still decoded and
+dead-lettered: without it a flood of them on a limited topic, which any producer to it can
+write, would count nothing and fill a round."""
+
+
 def _take(records: Iterator[Any], max_bytes: int | None) -> tuple[list[Any], int, bool]:
     """Records off ``records`` until they count ``max_bytes`` (None: all of them).
 
@@ -706,21 +713,13 @@ def _take(records: Iterator[Any], max_bytes: int | None) -> tuple[list[Any], int
     return taken, size, True
 
 
-RECORD_OVERHEAD_BYTES: Final = 64
-"""What a record counts against a byte limit besides its value (Kafka's own per-record
-overhead is of this order). A record with an empty or null value is still decoded and
-dead-lettered: without it a flood of them on a limited topic, which any producer to it can
-write, would count nothing and fill a round."""
-
-
 def counted_bytes(records: Sequence[Any]) -> int:
     """What `schemas.records.RawRecord`s count against a byte limit (`fetched_records`).
 
     Their values' bytes (a tombstone's: 0) and `RECORD_OVERHEAD_BYTES` each.
     """
-    return sum(map(len, filter(None, map(_RAW_VALUE, records)))) + RECORD_OVERHEAD_BYTES * len(
-        records
-    )
+    values = sum(map(len, filter(None, map(_RAW_VALUE, records))))
+    return values + RECORD_OVERHEAD_BYTES * len(records)
 
 
 _RAW_VALUE: Final = operator.attrgetter("value")
