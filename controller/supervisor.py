@@ -315,7 +315,7 @@ class RunSupervisor:
         """
         rec = self.record
         running = [p.rank for p in rec.ranks if p.rank not in self.exits]
-        every_done = all(self.state.done_path(rec.incarnation, p.rank).is_file() for p in rec.ranks)
+        every_done = all(self._said_done(p.rank) for p in rec.ranks)
         timeout_s = self.spec.teardown_timeout_s
         self.teardown, action = teardown_step(
             self.teardown, every_done=every_done, running=len(running), now_s=now_s,
@@ -346,7 +346,11 @@ class RunSupervisor:
         """Whether a rank killed by a signal had said its training finished first."""
         if not gone.signalled:
             return False  # a clean exit needs no word; an exit code is the script's own
-        return self.state.done_path(self.record.incarnation, gone.rank).is_file()
+        return self._said_done(gone.rank)
+
+    def _said_done(self, rank: int) -> bool:
+        """Whether ``rank`` of the current incarnation wrote its done file (`rank_done`)."""
+        return self.state.done_path(self.record.incarnation, rank).is_file()
 
     def _count_failure(self) -> tuple[int, ...]:
         """Charge this incarnation's failure to its culprits (once); return them."""

@@ -713,13 +713,17 @@ def _take(records: Iterator[Any], max_bytes: int | None) -> tuple[list[Any], int
     return taken, size, True
 
 
+def value_bytes(records: Sequence[Any]) -> int:
+    """The bytes of `schemas.records.RawRecord`s' values (a tombstone's: 0), in C loops."""
+    return sum(map(len, filter(None, map(_RAW_VALUE, records))))
+
+
 def counted_bytes(records: Sequence[Any]) -> int:
     """What `schemas.records.RawRecord`s count against a byte limit (`fetched_records`).
 
-    Their values' bytes (a tombstone's: 0) and `RECORD_OVERHEAD_BYTES` each.
+    Their values' bytes (`value_bytes`) and `RECORD_OVERHEAD_BYTES` each.
     """
-    values = sum(map(len, filter(None, map(_RAW_VALUE, records))))
-    return values + RECORD_OVERHEAD_BYTES * len(records)
+    return value_bytes(records) + RECORD_OVERHEAD_BYTES * len(records)
 
 
 _RAW_VALUE: Final = operator.attrgetter("value")

@@ -44,7 +44,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import operator
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -69,8 +68,6 @@ a service's logger after its class's module, which would put faust's chatter und
 
 log = logging.getLogger(__name__)
 """The batch path's own lines (gaps, rebalances): runwatch's, shown without ``-v``."""
-_VALUE: Final = operator.itemgetter(RawRecord._fields.index("value"))
-"""A `RawRecord`'s value, read in C (the fetch linger sums the values' bytes)."""
 
 RETRY_BACKOFF_MS: Final = 500
 """aiokafka's ``retry_backoff_ms`` for the worker's consumer and producer (default 100)."""
@@ -208,7 +205,7 @@ class Fetched:
         cls, at_s: float, batch: Mapping[Any, Sequence[RawRecord]], other_records: bool
     ) -> Fetched:
         """The fetch that brought ``batch`` (input partition -> its records) at ``at_s``."""
-        size = sum(sum(map(len, filter(None, map(_VALUE, recs)))) for recs in batch.values())
+        size = sum(map(compat.value_bytes, batch.values()))
         return cls(at_s, size, other_records, sum(map(bool, batch.values())))
 
 
