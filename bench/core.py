@@ -33,6 +33,12 @@ These are wall-clock figures: on a shared machine they vary several-fold between
 per-event cost that reruns to the same number (and compares checkouts), count instructions
 with ``bench/core_instructions.py`` (cachegrind).
 
+``--codec-only`` measures, per world of ``--worlds``, a liveness state's encode (what a
+round pays for every run it touched) and decode alone, after four steps of every rank,
+best of ``--repeat``; one JSON line (``bench: core_codec``):
+
+    .venv/bin/python bench/core.py --codec-only --worlds 4096,16384,131072
+
 ``--huge-only`` measures one thing (issue 19, finding 8): unpacked heartbeats through
 decode + `fold_batch` (batches of ``--batch-records``) at world 8 and at ``--huge-world``
 (131,072), ``--huge-events`` of each; prints the per-heartbeat cost of both and their
@@ -155,6 +161,46 @@ def codec_us(state: LivenessState, repeat: int = 5) -> float:
         decode_state("liveness", encode_state(state))
         best = min(best, time.perf_counter() - start)
     return best * 1e6
+
+
+def codec_main(args: argparse.Namespace) -> None:
+    """The ``--codec-only`` case: a large run's liveness state encoded and decoded alone.
+
+    Per world of ``--worlds``: every rank's heartbeats for four steps folded (their times
+    50 ms apart at random, as `HeartbeatRun` makes them), then the final state encoded
+    (what a round pays for each run it touched: `processors.core.replay.Replayer`'s check)
+    and decoded (what a worker's load or a recovery pays), each the best of ``--repeat``
+    passes of enough calls for ~0.2 s.
+    """
+    worlds = [int(w) for w in args.worlds.split(",")]
+    figures: dict[str, dict[str, float]] = {}
+    for world in worlds:
+        run = HeartbeatRun(world, 4 * world)
+        run.once()
+        state, raw = run.final, encode_state(run.final)
+        calls = max(5, 3_000_000 // world)
+        passes = range(args.repeat)
+        encode_s = min(_per_call(lambda s=state: encode_state(s), calls) for _ in passes)
+        decode_s = min(_per_call(lambda r=raw: decode_state("liveness", r), calls) for _ in passes)
+        figures[str(world)] = {
+            "bytes": len(raw),
+            "encode_us": round(encode_s * 1e6, 1),
+            "decode_us": round(decode_s * 1e6, 1),
+        }
+        print(
+            f"liveness state, world {world:>7,}: {len(raw):>9,} bytes, encode "
+            f"{encode_s * 1e6:9.1f} us, decode {decode_s * 1e6:9.1f} us"
+        )
+    line = {"bench": "core_codec", "python": sys.version.split()[0], "repeat": args.repeat}
+    print(json.dumps({**line, "worlds": figures}, sort_keys=True))
+
+
+def _per_call(call: Callable[[], object], calls: int) -> float:
+    """Seconds per call of ``call``, over ``calls`` calls."""
+    start = time.perf_counter()
+    for _ in range(calls):
+        call()
+    return (time.perf_counter() - start) / calls
 
 
 class PipelineCost(NamedTuple):
@@ -519,7 +565,13 @@ def main() -> None:
     parser.add_argument(
         "--pipeline-only", action="store_true", help="only decode+fold_batch per world"
     )
+    parser.add_argument(
+        "--codec-only", action="store_true", help="only a large run's state encode and decode"
+    )
     args = parser.parse_args()
+    if args.codec_only:
+        codec_main(args)
+        return
     if args.huge_only:
         huge_main(args)
         return

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import struct
+import zlib
 from typing import Any
 
 import msgspec
@@ -191,6 +192,24 @@ def test_old_states_read_and_fold_as_they_were(
 def test_packed_integers_round_trip_exactly(values: list[int]) -> None:
     packed = pack_ints(values)
     assert unpack_ints(packed) == values
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(
+        st.one_of(st.integers(-(2**63), 2**63 - 1), st.integers(-5, 300)),
+        min_size=SMALL + 1,
+        max_size=600,
+    )
+)
+def test_packed_integers_read_both_ways_across_the_deflate_change(values: list[int]) -> None:
+    """States stored before the run-length deflate (``zlib.compress(planes, 1)``) still
+    unpack, and what is packed now inflates with plain ``zlib.decompress``, all an
+    earlier reader does: a rolling upgrade or a downgrade reads every stored table."""
+    base, dtype, packed = pack_ints(values)
+    planes = zlib.decompress(packed)
+    assert unpack_ints([base, dtype, zlib.compress(planes, 1)]) == values
+    assert unpack_ints([base, dtype, packed]) == values
 
 
 def _tables(max_ranks: int) -> st.SearchStrategy[TableData]:
