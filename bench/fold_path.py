@@ -14,6 +14,12 @@ the worker does (`common.gc_tuning`). Each pass prints; the worst is in the JSON
 
 Used for docs/processors.md, "Cython on the record path": the same command in a tree whose
 hot modules were compiled with ``cythonize -i -3 -X annotation_typing=False``.
+
+``--by-role`` then folds each topic role's records alone (its states carried, the same
+rounds without the other roles; no state of one role depends on another's records) and
+prints, per role, the split and the fold per record of that role and what the role adds
+to the backlog's CPU per event (best of ``--repeat``): where a per-event goal has to be
+found (docs/processors.md, "what 3 µs an event asks of a heartbeat").
 """
 
 from __future__ import annotations
@@ -139,6 +145,34 @@ def fold_rounds(
     return split_s, fold_s
 
 
+def roles_alone(
+    taken: list[dict[TopicRole, list[RawRecord]]], events: int, repeat: int
+) -> dict[str, dict[str, float]]:
+    """Per role, its records folded alone in the same rounds: µs per record of the role
+    (split, fold) and µs it adds per event of the whole backlog, best of ``repeat``."""
+    out: dict[str, dict[str, float]] = {}
+    for role in FOLD_ORDER:
+        alone = [{role: t[role]} for t in taken if role in t]
+        records = sum(len(t[role]) for t in alone)
+        if not records:
+            continue
+        split_s, fold_s = min(
+            (fold_rounds(alone, {}, DetectorConfig()) for _ in range(repeat)), key=sum
+        )
+        out[role.value] = {
+            "records": records,
+            "split_us_per_record": round(1e6 * split_s / records, 3),
+            "fold_us_per_record": round(1e6 * fold_s / records, 3),
+            "us_per_backlog_event": round(1e6 * (split_s + fold_s) / events, 3),
+        }
+        split_us, fold_us, added_us = (out[role.value][k] for k in list(out[role.value])[1:])
+        print(
+            f"{role.value} alone, {records:,} records: split {split_us:.3f} us + fold "
+            f"{fold_us:.3f} us a record, {added_us:.3f} us per backlog event"
+        )
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=200)
@@ -148,6 +182,7 @@ def main() -> int:
     parser.add_argument("--world", type=int, default=0,
                         help="0: the loose backlog; N: bench/latency.py's load of packs of N "
                         "heartbeats as a backlog (a pack counts its events)")  # fmt: skip
+    parser.add_argument("--by-role", action="store_true", help="then each role folded alone")
     args = parser.parse_args()
     taken, events = rounds(args.runs, args.steps, args.round, args.world)
     passes = []
@@ -158,11 +193,12 @@ def main() -> int:
         print(f"{events:,} events in {len(taken)} rounds: split {us[0]:.3f} us, fold "
               f"{us[1]:.3f} us, together {sum(us):.3f} us CPU per event", flush=True)  # fmt: skip
     worst = max(passes, key=sum)
+    by_role = roles_alone(taken, events, args.repeat) if args.by_role else {}
     print(json.dumps({"bench": "fold_path", "world": args.world, "round_records": args.round,
                       "events": events, "rounds": len(taken),
                       "split_us_per_event": round(worst[0], 3),
                       "fold_us_per_event": round(worst[1], 3),
-                      "us_per_event": round(sum(worst), 3)}))  # fmt: skip
+                      "us_per_event": round(sum(worst), 3), "by_role": by_role}))  # fmt: skip
     return 0
 
 
