@@ -159,13 +159,14 @@ def roles_alone(
         split_s, fold_s = min(
             (fold_rounds(alone, {}, DetectorConfig()) for _ in range(repeat)), key=sum
         )
+        split_us, fold_us = 1e6 * split_s / records, 1e6 * fold_s / records
+        added_us = 1e6 * (split_s + fold_s) / events
         out[role.value] = {
             "records": records,
-            "split_us_per_record": round(1e6 * split_s / records, 3),
-            "fold_us_per_record": round(1e6 * fold_s / records, 3),
-            "us_per_backlog_event": round(1e6 * (split_s + fold_s) / events, 3),
+            "split_us_per_record": round(split_us, 3),
+            "fold_us_per_record": round(fold_us, 3),
+            "us_per_backlog_event": round(added_us, 3),
         }
-        split_us, fold_us, added_us = (out[role.value][k] for k in list(out[role.value])[1:])
         print(
             f"{role.value} alone, {records:,} records: split {split_us:.3f} us + fold "
             f"{fold_us:.3f} us a record, {added_us:.3f} us per backlog event"

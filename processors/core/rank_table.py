@@ -362,8 +362,8 @@ def _deflate(planes: bytes) -> bytes:
     wrote (``zlib.compress(planes, 1)``) inflates the same way, so stored states stay
     readable both ways. Why not the default matcher: the timestamps of a run's ranks
     differ in their low two or three bytes, planes that no matcher shrinks, and level 1
-    spent ~0.9 ms searching 16,384 ranks' (of a 1.46 ms encode of the run's state) for
-    nothing; run-length matching costs a third of that and shrinks the planes that do
+    spent ~0.9 ms of a 16,384-rank state's 1.46 ms encode searching them for nothing;
+    run-length matching costs a third of that and shrinks the planes that do
     repeat (steps in lockstep, high bytes) as well or better. It does worse only on a
     pattern that repeats every few bytes, as ranks one in eight of which lag a step
     (233 → 689 bytes at 16,384 ranks), which a real table rarely holds
