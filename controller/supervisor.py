@@ -311,7 +311,8 @@ class RunSupervisor:
         `controller.teardown.teardown_step` decides; a stop takes the ranks' stacks first
         (where each hangs, in the log and the state directory), then stops the node's
         ranks as a restart does. Killed after their word, they count as finished at the
-        next look, and the run completes.
+        next look, and the run completes. Ranks that outlive the stop are sent SIGKILL
+        again every `controller.teardown.TEARDOWN_WARN_S`, with an error naming them.
         """
         rec = self.record
         running = [p.rank for p in rec.ranks if p.rank not in self.exits]
@@ -334,6 +335,9 @@ class RunSupervisor:
                 else "; runwatch launch --teardown-timeout stops them",
             )  # fmt: skip
             return
+        if action is TeardownAction.KILL:
+            self._kill_again(running, now_s)
+            return
         self._take_stacks(WHOLE_NODE)
         log.warning(
             "run %s incarnation %d: stopping ranks %s, still running %.0fs after every local "
@@ -341,6 +345,18 @@ class RunSupervisor:
             self.run_id, rec.incarnation, running, waited_s, timeout_s,
         )  # fmt: skip
         self.launcher.stop(WHOLE_NODE, grace_s=self.spec.grace_s, kill_now=False)
+
+    def _kill_again(self, running: list[int], now_s: float) -> None:
+        """SIGKILL again the ranks that outlived the teardown stop, with an error naming them."""
+        stopped_s = self.teardown.stopped_s
+        log.error(
+            "run %s incarnation %d: ranks %s outlived SIGKILL %.0fs ago (uninterruptible "
+            "sleep, most often inside a driver call: this node needs a look); killing them "
+            "again",
+            self.run_id, self.record.incarnation, running,
+            0.0 if stopped_s is None else now_s - stopped_s,
+        )  # fmt: skip
+        self.launcher.stop(WHOLE_NODE, grace_s=0.0, kill_now=True)
 
     def _finished(self, gone: RankExit) -> bool:
         """Whether a rank killed by a signal had said its training finished first."""

@@ -15,12 +15,18 @@ still running once every local rank has said it finished. The rules, in order:
    rules' and the detectors' business, not the teardown's).
 2. The first look at which every rank has said it finished and some still run starts the
    clock.
-3. A teardown timeout is set (``runwatch launch --teardown-timeout``) and has passed since
+3. The ranks were stopped at an earlier look and some still run (they outlived SIGKILL:
+   a process in uninterruptible sleep, most often inside a driver call, dies only when the
+   call returns): every `TEARDOWN_WARN_S` since the stop or the last such look, **kill**
+   them again and say so; otherwise **wait**. They are never stopped twice the long way
+   (stacks, SIGTERM, the grace): a stack dump of such a process can hang too, and each
+   stop held the agent for the grace and SIGKILL's wait.
+4. A teardown timeout is set (``runwatch launch --teardown-timeout``) and has passed since
    the clock started: **stop** the ranks still running. Killed after their word, they
    count as finished (`controller.elastic.RankExit.finished`) and the run completes.
-4. `TEARDOWN_WARN_S` have passed since the clock started or since the last warning:
+5. `TEARDOWN_WARN_S` have passed since the clock started or since the last warning:
    **warn** (the agent logs the ranks still running and how long they have been).
-5. Otherwise: **wait**.
+6. Otherwise: **wait**.
 
 No timeout by default: a script may still work after its training loop (a final save, an
 upload to a model hub), and the agent cannot tell that from a hang. The warnings say what
@@ -44,6 +50,7 @@ class TeardownAction(StrEnum):
     WAIT = "wait"
     WARN = "warn"
     STOP = "stop"
+    KILL = "kill"
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,11 +60,14 @@ class TeardownClock:
     Attributes:
         since_s: When a look first saw every local rank finished and some still running
             (monotonic seconds); None: not now.
-        warned_s: When the last warning was given (monotonic seconds); None: none yet.
+        warned_s: When the last warning, or the last kill after the stop, was given
+            (monotonic seconds); None: none yet.
+        stopped_s: When the ranks were stopped (monotonic seconds); None: not yet.
     """
 
     since_s: float | None = None
     warned_s: float | None = None
+    stopped_s: float | None = None
 
 
 STOPPED: Final = TeardownClock()
@@ -87,12 +97,18 @@ def teardown_step(
     if not every_done or running == 0:  # 1
         return STOPPED, TeardownAction.WAIT
     since_s = clock.since_s if clock.since_s is not None else now_s  # 2
-    if timeout_s is not None and now_s - since_s >= timeout_s:  # 3
-        return TeardownClock(since_s, clock.warned_s), TeardownAction.STOP
+    if clock.stopped_s is not None:  # 3
+        stopped_s, warned_s = clock.stopped_s, clock.warned_s
+        last_s = stopped_s if warned_s is None else max(stopped_s, warned_s)
+        if now_s - last_s >= TEARDOWN_WARN_S:
+            return TeardownClock(since_s, now_s, stopped_s), TeardownAction.KILL
+        return clock, TeardownAction.WAIT
+    if timeout_s is not None and now_s - since_s >= timeout_s:  # 4
+        return TeardownClock(since_s, clock.warned_s, now_s), TeardownAction.STOP
     last_s = clock.warned_s if clock.warned_s is not None else since_s
-    if now_s - last_s >= TEARDOWN_WARN_S:  # 4
+    if now_s - last_s >= TEARDOWN_WARN_S:  # 5
         return TeardownClock(since_s, now_s), TeardownAction.WARN
-    return TeardownClock(since_s, clock.warned_s), TeardownAction.WAIT  # 5
+    return TeardownClock(since_s, clock.warned_s), TeardownAction.WAIT  # 6
 
 
 __all__ = ["STOPPED", "TEARDOWN_WARN_S", "TeardownAction", "TeardownClock", "teardown_step"]

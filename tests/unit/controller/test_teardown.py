@@ -22,7 +22,9 @@ from runwatch.controller.teardown import (
 from runwatch.schemas.events import Event, RankExited
 from tests.unit.controller.builders import spec, supervisor
 
-WAIT, WARN, STOP = TeardownAction.WAIT, TeardownAction.WARN, TeardownAction.STOP
+WAIT, WARN, STOP, KILL = (
+    TeardownAction.WAIT, TeardownAction.WARN, TeardownAction.STOP, TeardownAction.KILL
+)  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -31,19 +33,33 @@ WAIT, WARN, STOP = TeardownAction.WAIT, TeardownAction.WARN, TeardownAction.STOP
         (TeardownClock(5.0), False, 1, 100.0, 1.0, (STOPPED, WAIT)),
         (TeardownClock(5.0), True, 0, 100.0, 1.0, (STOPPED, WAIT)),
         (STOPPED, True, 1, 100.0, 30.0, (TeardownClock(100.0), WAIT)),
-        (TeardownClock(100.0), True, 1, 130.0, 30.0, (TeardownClock(100.0), STOP)),
+        (TeardownClock(100.0), True, 1, 130.0, 30.0, (TeardownClock(100.0, None, 130.0), STOP)),
         (TeardownClock(100.0), True, 1, 129.9, 30.0, (TeardownClock(100.0), WAIT)),
+        (TeardownClock(100.0, None, 130.0), True, 1, 131.0, 30.0,
+         (TeardownClock(100.0, None, 130.0), WAIT)),
+        (TeardownClock(100.0, None, 130.0), True, 1, 130.0 + TEARDOWN_WARN_S, 30.0,
+         (TeardownClock(100.0, 130.0 + TEARDOWN_WARN_S, 130.0), KILL)),
+        (TeardownClock(100.0, 190.0, 130.0), True, 1, 249.0, 30.0,
+         (TeardownClock(100.0, 190.0, 130.0), WAIT)),
+        (TeardownClock(100.0, 190.0, 130.0), True, 1, 250.0, 30.0,
+         (TeardownClock(100.0, 250.0, 130.0), KILL)),
+        (TeardownClock(100.0, 160.0, 400.0), True, 1, 401.0, 300.0,
+         (TeardownClock(100.0, 160.0, 400.0), WAIT)),
+        (TeardownClock(100.0, None, 130.0), True, 0, 1e6, 30.0, (STOPPED, WAIT)),
         (TeardownClock(100.0), True, 2, 100.0 + TEARDOWN_WARN_S, None,
          (TeardownClock(100.0, 100.0 + TEARDOWN_WARN_S), WARN)),
         (TeardownClock(100.0, 160.0), True, 2, 219.0, None, (TeardownClock(100.0, 160.0), WAIT)),
         (TeardownClock(100.0, 160.0), True, 2, 220.0, None, (TeardownClock(100.0, 220.0), WARN)),
         (TeardownClock(100.0, 160.0), True, 2, 1e6, None, (TeardownClock(100.0, 1e6), WARN)),
-        (TeardownClock(100.0, 160.0), True, 2, 400.0, 300.0, (TeardownClock(100.0, 160.0), STOP)),
+        (TeardownClock(100.0, 160.0), True, 2, 400.0, 300.0,
+         (TeardownClock(100.0, 160.0, 400.0), STOP)),
     ],
     ids=[
-        "1-a-rank-still-training", "1-none-running", "2-the-clock-starts", "3-timeout-passed",
-        "5-just-before-the-timeout", "4-first-warning", "5-between-warnings", "4-next-warning",
-        "4-no-timeout-never-stops", "3-stop-before-a-warning",
+        "1-a-rank-still-training", "1-none-running", "2-the-clock-starts", "4-timeout-passed",
+        "6-just-before-the-timeout", "3-stopped-never-stopped-twice", "3-outlived-the-stop",
+        "3-between-kills", "3-next-kill", "3-a-warning-before-the-stop-does-not-count",
+        "1-the-survivor-died", "5-first-warning", "6-between-warnings", "5-next-warning",
+        "5-no-timeout-never-stops", "4-stop-before-a-warning",
     ],
 )  # fmt: skip
 def test_the_rules(clock, every_done, running, now_s, timeout_s, expected):
@@ -121,6 +137,38 @@ def test_without_a_timeout_the_agent_warns_and_never_stops(tmp_path, caplog):
         assert "ranks [1] still running 60s after every local rank finished" in warnings[0]
         assert "--teardown-timeout" in warnings[0]
         assert sup.launcher.status(1) == RUNNING
+        assert sup.state.load_gang().record.status == "running"
+    finally:
+        sup.launcher.gang.stop(0.0, kill_now=True)
+
+
+def test_a_rank_that_outlives_the_stop_is_killed_again_each_minute_never_stopped_twice(
+    tmp_path, caplog, monkeypatch
+):
+    # A rank in uninterruptible sleep outlives SIGKILL; no test can make one, so the
+    # launcher's stop is recorded and does nothing (the rank runs on, as such a rank does).
+    sup, _ = _gang_in_teardown(tmp_path, "hang", timeout_s=30.0)
+    stops: list[tuple[float, bool]] = []
+    monkeypatch.setattr(
+        sup.launcher, "stop", lambda scope, *, grace_s, kill_now: stops.append((grace_s, kill_now))
+    )
+    try:
+        t0 = time.monotonic()
+        with caplog.at_level(logging.WARNING, logger="runwatch.controller.supervisor"):
+            sup.observe(t0)
+            sup.observe(t0 + 30.0)  # the timeout: stacks, then the long stop
+            assert stops == [(5.0, False)]
+            for k in range(1, 6):
+                sup.observe(t0 + 30.0 + k * TEARDOWN_WARN_S / 6)  # within the minute
+            assert stops == [(5.0, False)]
+            sup.observe(t0 + 30.0 + TEARDOWN_WARN_S)  # a minute on: SIGKILL again
+            sup.observe(t0 + 30.0 + 1.5 * TEARDOWN_WARN_S)
+            sup.observe(t0 + 30.0 + 2 * TEARDOWN_WARN_S)
+        assert stops == [(5.0, False), (0.0, True), (0.0, True)]
+        errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+        assert len(errors) == 2
+        assert "ranks [1] outlived SIGKILL 60s ago" in errors[0]
+        assert len([r for r in caplog.records if "stopping ranks" in r.getMessage()]) == 1
         assert sup.state.load_gang().record.status == "running"
     finally:
         sup.launcher.gang.stop(0.0, kill_now=True)
