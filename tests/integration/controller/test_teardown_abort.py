@@ -22,6 +22,7 @@ warnings without a timeout are the unit tests' (`tests/unit/controller/test_tear
 
 from __future__ import annotations
 
+import re
 import signal
 import time
 
@@ -102,10 +103,20 @@ def test_a_rank_stuck_in_its_teardown_is_stopped_and_the_run_completes(loop, lau
     assert run.gang_record().status == "completed"
     assert "stuck 600s in its teardown" in (run.state_dir / "logs" / "inc0.rank1.log").read_text()
     log = run.launcher.log()
-    assert "stopping ranks [1], still running" in log and "--teardown-timeout 3" in log
+    stop = re.search(r"stopping ranks \[([0-9, ]+)\], still running", log)
+    assert stop is not None and "--teardown-timeout 3" in log, log
+    # Rank 0 exits once its producer has flushed RunEnded: on a busy box that took longer
+    # than the 3 s timeout once, and a rank still running then is stopped with rank 1 (both
+    # said they finished). Either way rank 1 is stopped and the run completes.
+    stopped = {int(rank) for rank in stop.group(1).split(",")}
+    assert stopped in ({1}, {0, 1}), log
     events = wait_events(heartbeats, of_run(run_id, RankExited), count=2)
     by_rank = {e.rank: e for e in events}
     # SIGTERM only sets the script's stop flag (train_ddp.StopFlag), so the grace ends
     # in SIGKILL: a signal after the rank's word all the same, so finished.
     assert (by_rank[1].signal, by_rank[1].finished) == (signal.SIGKILL, True)
-    assert by_rank[0].exit_code == 0
+    rank0 = by_rank[0]
+    if stopped == {1}:
+        assert rank0.exit_code == 0
+    else:  # it may still have exited by itself within the grace
+        assert rank0.exit_code == 0 or (rank0.signal is not None and rank0.finished)
