@@ -6,6 +6,7 @@ import os
 import re
 import shutil
 import time
+import urllib.request
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -46,12 +47,24 @@ def chrome(width: int = 1440, height: int = 1000) -> Any:
     return webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
 
 
+def _fleet_now(match: re.Match[str] | None) -> str:
+    """What the server's fleet endpoint answers now (a failed page wait's evidence)."""
+    if match is None:
+        return "(the server never said its address)"
+    try:
+        with urllib.request.urlopen(f"{match.group(1)}api/fleet", timeout=5) as reply:
+            return reply.read(20_000).decode(errors="replace")
+    except OSError as exc:
+        return f"(no answer: {exc})"
+
+
 @contextmanager
 def ui_process(args: Sequence[str], log_path: Path, timeout_s: float = 60.0) -> Iterator[str]:
     """Start `runwatch ui ARGS --port 0`; yield the address it prints; stop it at the end."""
     proc = ManagedProcess.runwatch(
         "ui", ["ui", *args, "--port", "0"], log_path, env={**os.environ, "PYTHONUNBUFFERED": "1"}
     )
+    match = None
     try:
         deadline = time.monotonic() + timeout_s
         while True:
@@ -63,5 +76,9 @@ def ui_process(args: Sequence[str], log_path: Path, timeout_s: float = 60.0) -> 
                 raise AssertionError(f"runwatch ui did not start:\n{text[-3000:]}")
             time.sleep(0.1)  # polls the log for the address line; the process is the one writing it
         yield match.group(1)
+    except BaseException:  # a failed wait says what the reader saw (as the workers' logs do)
+        text = log_path.read_text(errors="replace") if log_path.exists() else ""
+        print(f"--- {log_path.name}\n{text[-6000:]}\n--- /api/fleet\n{_fleet_now(match)}")
+        raise
     finally:
         proc.stop()
