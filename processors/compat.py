@@ -655,7 +655,8 @@ def _drain_raw(
             values and `RECORD_OVERHEAD_BYTES` each; at least one record); None: no bound.
 
     Returns:
-        The records taken, in order, and the bytes they count.
+        The records taken, in order, and the bytes they count (0 without ``max_bytes``:
+        nothing asks, and the sum would be a loop over every record for nothing).
     """
     if not result.check_assignment(tp) or not result.has_more():
         return [], 0
@@ -670,7 +671,7 @@ def _drain_raw(
         )
         if not aiokafka_fresh:
             converted = [_as_raw(tp, r) for r in result.getall(max_records)]
-            return converted, counted_bytes(converted)
+            return converted, 0 if max_bytes is None else counted_bytes(converted)
         unpack.close()
         unpack = records._records_iterator = _unpack_raw(records, tp.topic, tp.partition)
     bounded = (
@@ -698,12 +699,11 @@ def _take(records: Iterator[Any], max_bytes: int | None) -> tuple[list[Any], int
     """Records off ``records`` until they count ``max_bytes`` (None: all of them).
 
     Returns:
-        The records, the bytes they count (`counted_bytes`), and whether ``records`` ran
-        out.
+        The records, the bytes they count (`counted_bytes`; 0 when ``max_bytes`` is None),
+        and whether ``records`` ran out.
     """
     if max_bytes is None:
-        taken = list(records)
-        return taken, counted_bytes(taken), True
+        return list(records), 0, True
     taken, size = [], 0
     for record in records:
         taken.append(record)
