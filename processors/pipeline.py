@@ -15,20 +15,18 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import repeat
-from operator import attrgetter, itemgetter, mod
+from operator import attrgetter, mod
 from typing import Any, Final, NamedTuple
 
 from runwatch.processors.core.config import DetectorConfig
 from runwatch.processors.core.replay import LOOSE_PATH, PACK_PATH, SWEPT_ROLES, Replayer
 from runwatch.processors.core.retention import SWEEP_EVERY_RECORDS, sweep_due
 from runwatch.schemas.events import TICK_RUN_ID, DeadLetter, Event, EventPack, Provenance, Tick
-from runwatch.schemas.records import Decoded
+from runwatch.schemas.records import Admitted, Decoded
 from runwatch.schemas.topics import TopicRole, folding
 
 _HEARTBEATS: Final = TopicRole.HEARTBEATS
 """Read once (on Python 3.11 an enum member read off its class costs a Python-level lookup)."""
-_SOURCE: Final = itemgetter(0)
-_EVENT: Final = itemgetter(1)
 _RUN_ID: Final = attrgetter("run_id")
 _PARTITION: Final = attrgetter("partition")
 _OFFSET: Final = attrgetter("offset")
@@ -67,7 +65,8 @@ def fold_batch(
 
     Args:
         role: A role the processors fold (`schemas.topics.FOLD_ORDER`).
-        items: Decoded records of that role.
+        items: Decoded records of that role (an `Admitted` is read as its columns; any
+            other sequence of `Decoded` is made into one).
         load: The stored state of a run, or None for a run not seen yet.
         runs_in_partition: Runs with a stored state in a partition (a Tick fans out to them).
         cfg: Detector configuration.
@@ -84,9 +83,10 @@ def fold_batch(
     kind = folding(role).state
     store = replayer.states_of(role)
     replayer.stored_runs = lambda _, partition: runs_in_partition(partition)
-    sources, events = list(map(_SOURCE, items)), list(map(_EVENT, items))
+    admitted = Admitted.of(items)
+    sources, events = admitted.sources, admitted.events
     if not _preload_plain(store, sources, events, load, replayer.partition_runs, role):
-        _preload_each(store, items, load, runs_in_partition, replayer.partition_runs, role)
+        _preload_each(store, admitted, load, runs_in_partition, replayer.partition_runs, role)
     replayer.feed(zip(repeat(role), sources, events))  # type: ignore[arg-type]
     outputs: list[Event] = [verdict for _, verdict in replayer.recomputed]
     outputs.extend(replayer.commands)
@@ -135,7 +135,7 @@ def _preload_plain(
 
 def _preload_each(
     store: dict[str, Any],
-    items: Sequence[Decoded],
+    items: Admitted,
     load: Callable[[str], Any],
     runs_in_partition: Callable[[int], Iterable[str]],
     partition_runs: dict[int, set[str]],
@@ -149,7 +149,7 @@ def _preload_each(
     """
     swept: set[int] = set()
     sweeps, heartbeats = role in SWEPT_ROLES, role == _HEARTBEATS
-    for source, event in items:  # per record: the loop is inline (issue 23)
+    for source, event in zip(items.sources, items.events, strict=True):  # inline (issue 23)
         run_id = event.run_id
         if run_id == TICK_RUN_ID and isinstance(event, Tick):
             known = partition_runs.setdefault(source.partition, set())
@@ -221,7 +221,7 @@ def fold_chunks(
         stored = [r for r in runs_in_partition(partition) if r not in evicted]
         return [*stored, *runs] if runs else stored
 
-    chunks = list(_chunks(items, chunk_events))
+    chunks = list(_chunks(Admitted.of(items), chunk_events))
     for index, chunk in enumerate(chunks, start=1):
         result = fold_batch(role, chunk, carried_load, runs_in, cfg)
         states.update(result.states)
@@ -237,23 +237,24 @@ def fold_chunks(
         # order of its first record (the sets' insertion order, as one record at a time),
         # for the later chunks' Ticks: none after the last (a paced round's only) chunk.
         if index < len(chunks):
-            partitions = map(_PARTITION, map(_SOURCE, chunk))
-            pairs = zip(partitions, map(_RUN_ID, map(_EVENT, chunk)), strict=True)
+            partitions = map(_PARTITION, chunk.sources)
+            pairs = zip(partitions, map(_RUN_ID, chunk.events), strict=True)
             for partition, run_id in dict.fromkeys(pairs):
                 if run_id in states and run_id != TICK_RUN_ID:
                     seen.setdefault(partition, set()).add(run_id)
         yield BatchResult(states, result.outputs, result.dead, encoded, frozenset(evicted))
 
 
-def _chunks(items: Sequence[Decoded], budget: int) -> Iterator[Sequence[Decoded]]:
+def _chunks(items: Admitted, budget: int) -> Iterator[Admitted]:
     """``items`` in consecutive slices of about ``budget`` events (a pack weighs its events)."""
-    if EventPack not in set(map(type, map(_EVENT, items))):  # one event a record
+    events = items.events
+    if EventPack not in set(map(type, events)):  # one event a record
         step = max(budget, 1)
         for start in range(0, len(items), step):
             yield items[start : start + step]
         return
     start = weight = 0
-    for i, (_, event) in enumerate(items):
+    for i, event in enumerate(events):
         weight += len(event.events) if type(event) is EventPack else 1  # exact types: 3x faster
         if weight >= budget:
             yield items[start : i + 1]

@@ -19,7 +19,7 @@ from runwatch.processors.core.config import DetectorConfig, with_overrides
 from runwatch.processors.core.state_codec import decode_state, encode_state
 from runwatch.processors.pipeline import BatchResult, fold_batch, fold_chunks
 from runwatch.schemas.events import Event, EventPack, Provenance, RunStarted
-from runwatch.schemas.records import Decoded
+from runwatch.schemas.records import Admitted, Decoded
 from tests.unit.core.factories import S, ended, hb, healthy_losses, started, step, tick
 
 CFG = with_overrides(DetectorConfig(), {"rank_heartbeat_threshold": 3, "dead_rank_timeout_s": 2})
@@ -110,7 +110,7 @@ def test_a_chunk_ends_after_the_pack_that_fills_it() -> None:
 def _slices(items: list[Decoded], budget: int) -> list[list[Decoded]]:
     from runwatch.processors.pipeline import _chunks
 
-    return [list(c) for c in _chunks(items, budget)]
+    return [list(c) for c in _chunks(Admitted.of(items), budget)]
 
 
 def test_a_run_left_out_of_encoded_holds_the_very_state_load_gave(

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from runwatch.processors.core.retention import SWEEP_EVERY_RECORDS
 from runwatch.processors.pipeline import _preload_each, _preload_plain
 from runwatch.schemas.events import Heartbeat, Provenance, StepCompleted, Tick
-from runwatch.schemas.records import Decoded
+from runwatch.schemas.records import Admitted, Decoded
 from runwatch.schemas.topics import TopicRole
 
 STORED = {f"run-{i}": f"state-{i}" for i in range(0, 12, 2)}  # half the runs have a state
@@ -47,7 +47,7 @@ def preloaded(way: str, role: TopicRole, items: list[Decoded]) -> Any:
         if not _preload_plain(store, sources, events, load, partition_runs, role):
             return None
     else:
-        _preload_each(store, items, load, runs_in, partition_runs, role)
+        _preload_each(store, Admitted.of(items), load, runs_in, partition_runs, role)
     runs = {p: list(rs) for p, rs in partition_runs.items()}
     # Which runs were asked for, not how often: per record, a run with no state is asked
     # again at each of its records (the answer cannot change within a batch).
