@@ -87,7 +87,7 @@ def fold_batch(
     sources, events = admitted.sources, admitted.events
     if not _preload_plain(store, sources, events, load, replayer.partition_runs, role):
         _preload_each(store, admitted, load, runs_in_partition, replayer.partition_runs, role)
-    replayer.feed(zip(repeat(role), sources, events))  # type: ignore[arg-type]
+    replayer.feed_columns(role, sources, events)
     outputs: list[Event] = [verdict for _, verdict in replayer.recomputed]
     outputs.extend(replayer.commands)
     return BatchResult(

@@ -49,10 +49,11 @@ outputs put back in the records' order (`LOOSE_PATH`, `Replayer._loose_heartbeat
 
 from __future__ import annotations
 
+import functools
 import itertools
 import operator
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, Final, Literal, TypeAlias, TypeVar
+from typing import Any, Final, Literal, TypeAlias, TypeGuard, TypeVar
 
 import msgspec
 
@@ -101,7 +102,8 @@ Record: TypeAlias = tuple[TopicRole, Provenance, InputEvent | AnomalyDetected]
 SortKey: TypeAlias = tuple[int, str, int, int, int, str, int]
 Touched: TypeAlias = dict[tuple[StateKind, str], tuple[Any, list[tuple[Provenance, Any]]]]
 """(state kind, run) -> its state before the batch and the batch's events applied to it
-(an event, or a `PackSpan` of a pack's events at the pack's record position)."""
+(an event; a `PackSpan` of a pack's events at the pack's record position; or a
+`LooseSpan` of a run's loose heartbeats folded at once, at the first one's position)."""
 READ_ROLES: Final[frozenset[TopicRole]] = frozenset({*FOLD_ORDER, TopicRole.RUNS})
 """The roles a replay takes records of: the folded ones, and ``runs`` (read, not folded)."""
 REPLAY_ANOMALIES_TOPIC: Final = "replay.anomalies"
@@ -120,9 +122,10 @@ letters (tests/unit/core/test_pack_path.py)."""
 LOOSE_PATH: Final = True
 """Whether a `Replayer` folds a loose record (one event, not a pack) that is a Heartbeat of
 the heartbeats role or a StepCompleted of the steps role through its direct path (a run's
-heartbeats queued and folded at once, `Replayer._loose_heartbeat`; a step with `_dispatch`
-and `_apply`'s bookkeeping inline, `Replayer._loose_step`) unless told otherwise; off,
-through `Replayer._dispatch`. Both give the same states, verdicts and dead letters, in the
+heartbeats queued and folded at once, `Replayer._loose_heartbeat`, or a whole batch's
+queued at once, `Replayer.feed_columns`; a step with `_dispatch` and `_apply`'s
+bookkeeping inline, `Replayer._loose_step`) unless told otherwise; off, through
+`Replayer._dispatch`. Both give the same states, verdicts and dead letters, in the
 same order (tests/unit/core/test_loose_path.py)."""
 _ROLE_STEPS: Final = TopicRole.STEPS
 _ROLE_HEARTBEATS: Final = TopicRole.HEARTBEATS
@@ -171,12 +174,38 @@ class LooseRun:
 
     __slots__ = ("before", "events", "seqs", "sources")
 
-    def __init__(self, before: LivenessState, source: Provenance, event: Heartbeat, seq: int):
-        """Start the queue with one heartbeat."""
+    def __init__(
+        self,
+        before: LivenessState,
+        sources: list[Provenance],
+        events: list[Heartbeat],
+        seqs: list[int],
+    ) -> None:
+        """A queue of these heartbeats (one list each, index for index)."""
         self.before = before
-        self.sources = [source]
-        self.events = [event]
-        self.seqs = [seq]
+        self.sources = sources
+        self.events = events
+        self.seqs = seqs
+
+
+def _starts_queue(
+    before: LivenessState | None, source: Provenance, event: Heartbeat
+) -> TypeGuard[LivenessState]:
+    """Whether a run's heartbeat may start its queue (`Replayer._loose_heartbeat`'s rule 3).
+
+    Not when the run has no liveness state, a suspended one, or one the heartbeat is more
+    than `STRAY_RETENTION_NS` past (it may be past its retention: the shortest one a live
+    state has), or when its position is at or before the state's.
+    """
+    return not (
+        before is None
+        or not before.live
+        or event.ts_ns - before.last_heartbeat_ns > STRAY_RETENTION_NS
+        or (
+            source.offset <= before.last_offset
+            and (source.offset < before.last_offset or source.index <= before.last_index)
+        )
+    )
 
 
 def _in_record_order(items: list[Any], mark: int, seqs: list[int]) -> None:
@@ -192,6 +221,8 @@ def _in_record_order(items: list[Any], mark: int, seqs: list[int]) -> None:
 
 
 _FIRST: Final = operator.itemgetter(0)
+_RUN_ID: Final = operator.attrgetter("run_id")
+_PLACE: Final = operator.attrgetter("partition", "offset", "index")
 _NOWHERE: Final = object()
 """A position no verdict has (`Replayer._collect_pack`'s start)."""
 
@@ -205,6 +236,17 @@ class PackSpan(msgspec.Struct, frozen=True, gc=False):
     pack: EventPack
     start: int
     stop: int
+
+
+class LooseSpan(msgspec.Struct, frozen=True, gc=False):
+    """A run's loose heartbeats folded at once, each at its own position (`_touched`).
+
+    `Replayer._flush` refolds them one by one; kept as the two tuples the fold was given,
+    not as a pair per heartbeat.
+    """
+
+    sources: tuple[Provenance, ...]
+    events: tuple[Heartbeat, ...]
 
 
 def stage_dead_letter(
@@ -489,35 +531,108 @@ class Replayer:
         Raises:
             ValueError: An unknown role.
         """
+        return self._batch(functools.partial(self._apply_each, records))
+
+    def feed_columns(
+        self, role: TopicRole, sources: list[Provenance], events: list[Any]
+    ) -> Replayer:
+        """`feed` of one role's records given as columns: the same outcome.
+
+        A batch of loose heartbeats only, on the heartbeats role, is queued per run at once
+        where `_queue_batch` can (no call per heartbeat); any other goes record by record.
+
+        Args:
+            role: The records' role.
+            sources: Each record's position (in partition order).
+            events: Each record's event, index for index.
+
+        Returns:
+            This replayer.
+
+        Raises:
+            ValueError: An unknown role.
+        """
+        queued = None
+        if role == _ROLE_HEARTBEATS and self.loose_path:
+            queued = self._queue_batch(sources, events)
+        if queued is None:
+            return self.feed(zip(itertools.repeat(role), sources, events))
+        return self._batch(lambda _: self._fold_queued(queued))
+
+    def _batch(self, apply: Callable[[Touched], None]) -> Replayer:
+        """One batch: ``apply`` its records (given the batch's `_touched`), then `_flush`."""
         marks = len(self.recomputed), len(self.dead_letters), len(self.commands)
         touched: Touched = {}
         self._touched = touched
-        loose = self.loose_path
-        queued: dict[str, LooseRun] = {}
         try:
-            for seq, (role, source, event) in enumerate(records):
-                kind = type(event)
-                if kind is Heartbeat and loose and role == _ROLE_HEARTBEATS:
-                    self._loose_heartbeat(queued, seq, source, event)  # type: ignore[arg-type]
-                    continue
-                if queued:
-                    self._fold_queued(queued)
-                if kind is StepCompleted and loose and role == _ROLE_STEPS:
-                    self._loose_step(touched, source, event)  # type: ignore[arg-type]
-                elif kind is EventPack:
-                    if self.pack_path and role == _ROLE_HEARTBEATS:
-                        self._heartbeat_pack(source, event)  # type: ignore[arg-type]
-                        continue
-                    for inner_source, inner in unpack(source, event):
-                        self._dispatch(role, inner_source, inner)  # type: ignore[arg-type]
-                else:
-                    self._dispatch(role, source, event)
-            if queued:
-                self._fold_queued(queued)
+            apply(touched)
         finally:
             self._touched = None
         self._flush(touched, marks)
         return self
+
+    def _apply_each(self, records: Iterable[Record], touched: Touched) -> None:
+        """`feed`'s records, one at a time (a run's loose heartbeats queued together)."""
+        loose = self.loose_path
+        queued: dict[str, LooseRun] = {}
+        for seq, (role, source, event) in enumerate(records):
+            kind = type(event)
+            if kind is Heartbeat and loose and role == _ROLE_HEARTBEATS:
+                self._loose_heartbeat(queued, seq, source, event)  # type: ignore[arg-type]
+                continue
+            if queued:
+                self._fold_queued(queued)
+            if kind is StepCompleted and loose and role == _ROLE_STEPS:
+                self._loose_step(touched, source, event)  # type: ignore[arg-type]
+            elif kind is EventPack:
+                if self.pack_path and role == _ROLE_HEARTBEATS:
+                    self._heartbeat_pack(source, event)  # type: ignore[arg-type]
+                    continue
+                for inner_source, inner in unpack(source, event):
+                    self._dispatch(role, inner_source, inner)  # type: ignore[arg-type]
+            else:
+                self._dispatch(role, source, event)
+        if queued:
+            self._fold_queued(queued)
+
+    def _queue_batch(
+        self, sources: list[Provenance], events: list[Any]
+    ) -> dict[str, LooseRun] | None:
+        """A batch of loose heartbeats queued per run, as `_loose_heartbeat` queues them; or None.
+
+        When every event is a Heartbeat, the first of each run may start its queue
+        (`_loose_heartbeat`'s rule 3) and each later one joins it (its rule 1: one
+        partition, positions increasing), `_loose_heartbeat` record by record builds these
+        very queues, in the order of each run's first heartbeat, and folds nothing before
+        the batch ends: `_fold_queued` of them is `feed`'s outcome. Anything else (another
+        event, a run's first heartbeat that takes rule 2, a later one that breaks rule 1)
+        gives None, and the batch goes record by record.
+        """
+        if set(map(type, events)) != {Heartbeat}:
+            return None
+        places: dict[str, list[int]] = {}
+        for seq, run_id in enumerate(map(_RUN_ID, events)):
+            at = places.get(run_id)
+            if at is None:
+                places[run_id] = [seq]
+            else:
+                at.append(seq)
+        queued: dict[str, LooseRun] = {}
+        liveness = self.liveness
+        for run_id, seqs in places.items():
+            run_sources = list(map(sources.__getitem__, seqs))
+            before = liveness.get(run_id)
+            if not _starts_queue(before, run_sources[0], events[seqs[0]]):  # its rule 2
+                return None
+            if len(seqs) > 1:  # its rule 1: (partition, offset, index) increasing, one partition
+                places_ = list(map(_PLACE, run_sources))
+                if places_[0][0] != places_[-1][0] or not all(
+                    map(operator.lt, places_, itertools.islice(places_, 1, None))
+                ):
+                    return None
+            run_events = list(map(events.__getitem__, seqs))
+            queued[run_id] = LooseRun(before, run_sources, run_events, seqs)
+        return queued
 
     def _loose_heartbeat(
         self, queued: dict[str, LooseRun], seq: int, source: Provenance, event: Heartbeat
@@ -553,20 +668,12 @@ class Replayer:
                 return
             self._fold_queued(queued)
         before = self.liveness.get(run_id)
-        if (  # rule 2
-            before is None
-            or not before.live
-            or event.ts_ns - before.last_heartbeat_ns > STRAY_RETENTION_NS
-            or (
-                source.offset <= before.last_offset
-                and (source.offset < before.last_offset or source.index <= before.last_index)
-            )
-        ):
+        if not _starts_queue(before, source, event):  # rule 2
             if queued:
                 self._fold_queued(queued)
             self._dispatch(_ROLE_HEARTBEATS, source, event)
             return
-        queued[run_id] = LooseRun(before, source, event, seq)  # rule 3
+        queued[run_id] = LooseRun(before, [source], [event], [seq])  # rule 3
 
     def _fold_queued(self, queued: dict[str, LooseRun]) -> None:
         """Fold every queued run at once: `_dispatch`'s outcome for each heartbeat, in order.
@@ -636,7 +743,7 @@ class Replayer:
             return 0
         stop = fold.stop  # rule 1
         self.partition_runs.setdefault(sources[0].partition, set()).add(run_id)
-        applied += zip(sources[:stop], events[:stop], strict=True)
+        applied.append((sources[0], LooseSpan(sources[:stop], events[:stop])))
         if fold.state is not before:
             self.liveness[run_id] = fold.state
         if fold.verdicts:
@@ -729,6 +836,9 @@ class Replayer:
                     spans = unpack(source, event.pack)
                     for inner_source, inner in list(spans)[event.start : event.stop]:
                         self._refold(kind, store, run_id, inner_source, inner)
+                elif type(event) is LooseSpan:
+                    for loose_source, loose in zip(event.sources, event.events, strict=True):
+                        self._refold(kind, store, run_id, loose_source, loose)
                 else:
                     self._refold(kind, store, run_id, source, event)
 
