@@ -222,7 +222,8 @@ def _in_record_order(items: list[Any], mark: int, seqs: list[int]) -> None:
 
 _FIRST: Final = operator.itemgetter(0)
 _RUN_ID: Final = operator.attrgetter("run_id")
-_PLACE: Final = operator.attrgetter("partition", "offset", "index")
+_OFFSET: Final = operator.attrgetter("offset")
+_PARTITION: Final = operator.attrgetter("partition")
 _NOWHERE: Final = object()
 """A position no verdict has (`Replayer._collect_pack`'s start)."""
 
@@ -601,8 +602,9 @@ class Replayer:
         """A batch of loose heartbeats queued per run, as `_loose_heartbeat` queues them; or None.
 
         When every event is a Heartbeat, the first of each run may start its queue
-        (`_loose_heartbeat`'s rule 3) and each later one joins it (its rule 1: one
-        partition, positions increasing), `_loose_heartbeat` record by record builds these
+        (`_loose_heartbeat`'s rule 3) and each later one joins it (its rule 1, here where
+        the run's offsets increase in one partition: a loose record's index is the same
+        -1 at every offset), `_loose_heartbeat` record by record builds these
         very queues, in the order of each run's first heartbeat, and folds nothing before
         the batch ends: `_fold_queued` of them is `feed`'s outcome. Anything else (another
         event, a run's first heartbeat that takes rule 2, a later one that breaks rule 1)
@@ -624,11 +626,11 @@ class Replayer:
             before = liveness.get(run_id)
             if not _starts_queue(before, run_sources[0], events[seqs[0]]):  # its rule 2
                 return None
-            if len(seqs) > 1:  # its rule 1: (partition, offset, index) increasing, one partition
-                places_ = list(map(_PLACE, run_sources))
-                if places_[0][0] != places_[-1][0] or not all(
-                    map(operator.lt, places_, itertools.islice(places_, 1, None))
-                ):
+            if len(seqs) > 1:  # its rule 1, where offsets increase in one partition
+                offsets = list(map(_OFFSET, run_sources))
+                if not all(map(operator.lt, offsets, itertools.islice(offsets, 1, None))):
+                    return None
+                if len(set(map(_PARTITION, run_sources))) != 1:
                     return None
             run_events = list(map(events.__getitem__, seqs))
             queued[run_id] = LooseRun(before, run_sources, run_events, seqs)

@@ -13,6 +13,7 @@ past a state's retention, and records at which a steps partition is swept.
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 from collections import Counter
@@ -274,22 +275,23 @@ def at_hb(offset: int) -> Provenance:
 
 
 def heartbeat_batches(seed: int, length: int) -> list[list[Record]]:
-    """Batches of `GANG`'s loose heartbeats only, now and then one other record alone.
+    """Batches of `GANG`'s loose heartbeats, now and then another record among them or alone.
 
     What `Replayer.feed_columns` queues per run at once, and each case in which it must
     go record by record instead: a run's first heartbeat with no state yet, after its
-    RunEnded, past a retention, or redelivered at or before the state's position; and a
-    later heartbeat of a run in the other partition or redelivered in the same batch.
+    RunEnded, past a retention, or redelivered at or before the state's position; a later
+    heartbeat of a run in the other partition (at a higher offset: the offsets of both
+    partitions come from one counter) or redelivered in the same batch; and a Tick or
+    another event among the heartbeats.
     """
     rng = random.Random(seed)
     log = Log(rng, GANG)
-    offsets = [0, 0]
+    offsets = itertools.count(1)
     seen: list[Record] = []
 
     def record(event: Event, partition: int) -> Record:
-        offsets[partition] += 1
-        return ("heartbeats", Provenance(topic=ROLES["heartbeats"], partition=partition,
-                                         offset=offsets[partition]), event)  # type: ignore[return-value]  # fmt: skip
+        source = Provenance(topic=ROLES["heartbeats"], partition=partition, offset=next(offsets))
+        return ("heartbeats", source, event)  # type: ignore[return-value]
 
     out: list[list[Record]] = []
     for run in GANG[:-1]:  # the last run is new to the batch that first has it
@@ -300,13 +302,17 @@ def heartbeat_batches(seed: int, length: int) -> list[list[Record]]:
             continue
         batch: list[Record] = []
         for _ in range(rng.randint(1, 24)):
-            r = rng.random()
-            if r < 0.03 and seen:
-                batch.append(rng.choice(seen))  # a redelivery, at its position
-                continue
-            run = rng.choice(GANG)
-            partition = 1 if r > 0.98 else GANG.index(run) % 2  # now and then the other one
-            batch.append(record(log.heartbeat(run), partition))
+            r, run = rng.random(), rng.choice(GANG)
+            partition = GANG.index(run) % 2
+            if r < 0.04 and (seen or batch):
+                batch.append(rng.choice(seen + batch))  # a redelivery, at its position
+            elif r < 0.05:
+                batch.append(record(tick(log.clock(), partition), partition))
+            elif r < 0.06:
+                batch.append(record(log.other(run, "heartbeats"), partition))
+            else:
+                other = r > 0.97  # now and then in the other partition
+                batch.append(record(log.heartbeat(run), 1 - partition if other else partition))
         seen += batch
         out.append(batch)
     return out
