@@ -188,19 +188,20 @@ def records_of_run(
         dead += sum(1 for d in bad if d.key == key)
         # One loop per role, each test the role's own (a 200k-record run: ~2 µs a record
         # less than one loop asking every record every role's questions).
+        pairs = zip(good.sources, good.events, strict=True)  # the columns: no pair object
         if role in INPUT_ROLES:
-            for source, event in good:
+            for source, event in pairs:
                 if type(event) is Tick:
                     if event.run_id == TICK_RUN_ID:
                         inputs.append((role, source, event))
                 elif event.run_id == run_id:
                     inputs.append((role, source, event))  # type: ignore[arg-type]
         elif role == TopicRole.ANOMALIES:
-            for source, event in good:
+            for source, event in pairs:
                 if event.run_id == run_id and isinstance(event, AnomalyDetected):
                     anomalies.append((role, source, event))
         elif role == TopicRole.COMMANDS:
-            for _, event in good:
+            for event in good.events:
                 if event.run_id == run_id and isinstance(event, RestartRequested):
                     commands.append(event)
     return RunLog(
