@@ -602,13 +602,14 @@ class Replayer:
         """A batch of loose heartbeats queued per run, as `_loose_heartbeat` queues them; or None.
 
         When every event is a Heartbeat, the first of each run may start its queue
-        (`_loose_heartbeat`'s rule 3) and each later one joins it (its rule 1, here where
-        the run's offsets increase in one partition: a loose record's index is the same
-        -1 at every offset), `_loose_heartbeat` record by record builds these
-        very queues, in the order of each run's first heartbeat, and folds nothing before
-        the batch ends: `_fold_queued` of them is `feed`'s outcome. Anything else (another
-        event, a run's first heartbeat that takes rule 2, a later one that breaks rule 1)
-        gives None, and the batch goes record by record.
+        (`_loose_heartbeat`'s rule 3) and each later one joins it (its rule 1, checked here
+        as the run's offsets increasing strictly in one partition, which implies it: two
+        loose records never share an offset), `_loose_heartbeat` record by record builds
+        these very queues, in the order of each run's first heartbeat, and folds nothing
+        before the batch ends: `_fold_queued` of them is `feed`'s outcome. Anything else
+        (another event, a run's first heartbeat that takes rule 2, a later one not past
+        the one before it in the same partition) gives None, and the batch goes record by
+        record.
         """
         if set(map(type, events)) != {Heartbeat}:
             return None
