@@ -22,8 +22,9 @@ SIGKILL: a stopped rank answers neither the stack request nor SIGTERM). Then:
 
 The run announces silence timeouts of 120 s (``dead_rank_timeout_s``, ``hang_timeout_s``;
 300 s by default): a stopped peer stalls group 0's all-reduce for the collective timeout
-(``--timeout-s``) before the quorum drops it, and the loop's 3 s and 6 s would turn that
-silence into a ``dead_rank`` or ``hang`` and a gang restart of their own.
+(``--timeout-s``) before the quorum drops it, and the loop's fast timeouts
+(`conftest.SETS`) would turn that silence into a ``dead_rank`` or ``hang`` and a gang
+restart of their own.
 """
 
 from __future__ import annotations

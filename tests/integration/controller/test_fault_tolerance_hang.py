@@ -13,9 +13,9 @@ heals from a live peer. Groups 0 and 2 are never restarted; the run completes wi
 weights; the audit agrees.
 
 The run announces a silence timeout of 60 s (``dead_rank_timeout_s``, as in production:
-300 s by default): the loop's 3 s would make a silent rank's ``dead_rank`` race the
-quorum's verdict, and a ``respawn`` with no rank exited and no group healing takes the
-gang path (group plan rule 5).
+300 s by default): the loop's fast one (`conftest.SETS`) would make a silent rank's
+``dead_rank`` race the quorum's verdict, and a ``respawn`` with no rank exited and no group
+healing takes the gang path (group plan rule 5).
 """
 
 from __future__ import annotations
