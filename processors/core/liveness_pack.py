@@ -21,7 +21,7 @@ gives the same states, verdicts (ids included) and failures, per record:
    `processors.core.bounds`; no dead-rank scan is due (``fold_scans``' guards: only its
    rule 1 applies); and the straggler detector ignores its step time, adds it to the
    newest open bucket without filling it (``fold_straggler``'s inline case), or opens or
-   closes buckets with `processors.core.stragglers.observe` flagging no straggler (its
+   closes buckets with `processors.core.straggler_buckets.observe` flagging no straggler (its
    writes are taken back when it flags one: rule 6 then does the event).
 6. Any other heartbeat goes through `liveness.fold_heartbeat` itself, over the state as it
    stands before it (built then) and the pack's journal, with its own provenance
@@ -56,7 +56,8 @@ from runwatch.processors.core.liveness import fold_heartbeat
 from runwatch.processors.core.liveness_state import LivenessState
 from runwatch.processors.core.rank_table import ABSENT, NEVER, Journal, RankTable, TableData
 from runwatch.processors.core.retention import live_retention_ns
-from runwatch.processors.core.stragglers import StragglerState, observe
+from runwatch.processors.core.straggler_buckets import observe
+from runwatch.processors.core.stragglers import StragglerState
 from runwatch.schemas.events import (
     AnomalyDetected,
     EventPack,

@@ -42,7 +42,7 @@ from typing import Final
 
 from runwatch.common.settings import CoreSettings
 
-COMPILED_MODULES: Final = ("window", "liveness_pack")
+COMPILED_MODULES: Final = ("window", "liveness_pack", "straggler_buckets")
 """Modules of this package that ``make compiled`` compiles (file stems), as one group.
 
 None may define a class with class keywords (a msgspec Struct's ``frozen=True``, ``tag``):

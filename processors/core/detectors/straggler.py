@@ -2,7 +2,7 @@
 
 Its state: ``stragglers`` (which steps the two open buckets hold, a
 `processors.core.stragglers.StragglerState`; the buckets, streaks and flags are in the
-rank table). The judging is `processors.core.stragglers.observe`.
+rank table). The judging is `processors.core.straggler_buckets.observe`.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from runwatch.processors.core.detectors.base import LivenessDetector
 from runwatch.processors.core.liveness_facts import HeartbeatFacts
 from runwatch.processors.core.rank_table import ABSENT
-from runwatch.processors.core.stragglers import observe
+from runwatch.processors.core.straggler_buckets import observe
 
 
 def fold_straggler(f: HeartbeatFacts) -> None:
@@ -19,7 +19,7 @@ def fold_straggler(f: HeartbeatFacts) -> None:
     Rule 1: the ranks expected to report a step are the known ones not flagged dead
     (after this heartbeat's scans).
     Rule 2: each rank that became a straggler when a bucket closed raises one
-    ``straggler`` (`processors.core.stragglers` decides).
+    ``straggler`` (`processors.core.straggler_buckets` decides).
 
     Most heartbeats add a new rank's time to the newest open bucket without completing
     it: that case of `observe` is done here inline (no call), with its checks in the same

@@ -4,7 +4,8 @@
 
 The first line is `processors.core.native.ACTIVE`; the rest must be byte-identical whichever
 copy of the compiled modules runs: the window kernel's floats (``float.hex``) on random,
-quantised, constant and even/odd windows, the step fold's verdicts (msgpack, hex) and
+quantised, constant and even/odd windows (and the straggler judge's median of the others,
+`straggler_buckets.median_without`, on the same), the step fold's verdicts (msgpack, hex) and
 final state (`encode_state`) on noisy curves with spikes, flat stretches and quantised
 losses, and everything a `Replayer` on the heartbeat pack path holds (verdicts, dead
 letters, states, evictions: `replay_compare.fingerprint`) after random heartbeats logs
@@ -26,6 +27,7 @@ from runwatch.processors.core.config import DetectorConfig
 from runwatch.processors.core.replay import Record, Replayer
 from runwatch.processors.core.state_codec import encode_state
 from runwatch.processors.core.steps import fold_step
+from runwatch.processors.core.straggler_buckets import median_without
 from runwatch.processors.core.window import (
     mad_lower_bound,
     mad_of_sorted,
@@ -57,6 +59,9 @@ def kernel_lines(rng: random.Random) -> list[str]:
             m = median_of_sorted(xs)
             out = (m, mad_of_sorted(xs, m), mad_lower_bound(xs, m), robust_scale(xs, m, 1e-3))
             lines.append(f"{n} {shape} " + " ".join(x.hex() for x in out))
+            if n > 1:  # the straggler judge's peers' median, each rank left out in turn
+                peers = (median_without(xs, i).hex() for i in range(n))
+                lines.append(f"{n} {shape} without " + " ".join(peers))
     base = RollingBaseline(50, 10)
     for i in range(400):
         value = rng.gauss(0.0, 1.0) if i % 7 else rng.choice((0.5, 0.5, 9.0))

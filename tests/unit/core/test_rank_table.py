@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import json
+import os
 import random
 import struct
+import subprocess
+import sys
 import zlib
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -12,7 +17,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from runwatch.processors.core import stragglers
+from runwatch.processors.core import straggler_buckets
 from runwatch.processors.core.config import DetectorConfig, with_overrides
 from runwatch.processors.core.detectors import rank_scans
 from runwatch.processors.core.ledger import ROW, pack_rows, unpack_rows
@@ -261,12 +266,21 @@ def test_malformed_wire_tables_are_value_errors() -> None:
         unpack_ints([0, "<f8", b""])
 
 
+ROOT = Path(__file__).resolve().parents[3]
+
+
 class Touches:
-    """Per-rank touches: journal writes, ranks read by scans and bucket judgements."""
+    """Per-rank touches: journal writes, ranks read by scans and bucket judgements.
+
+    The scans and the judge are counted by patching their modules' functions, which a
+    compiled group (`processors.core.native`) calls directly: `straggler_buckets` is in it,
+    so the count is taken in an interpreter that runs the group pure (the same source).
+    """
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.count = 0
-        step_scan, time_scan, judge = rank_scans.step_scan, rank_scans.time_scan, stragglers._judge
+        step_scan, time_scan = rank_scans.step_scan, rank_scans.time_scan
+        judge = straggler_buckets._judge
 
         def counted_step(gang: Any, data: Any, *rest: Any) -> Any:
             self.count += len(data.steps)
@@ -282,7 +296,7 @@ class Touches:
 
         monkeypatch.setattr(rank_scans, "step_scan", counted_step)  # the scans' detector
         monkeypatch.setattr(rank_scans, "time_scan", counted_time)
-        monkeypatch.setattr(stragglers, "_judge", counted_judge)
+        monkeypatch.setattr(straggler_buckets, "_judge", counted_judge)
 
 
 def touches_per_heartbeat(world: int, monkeypatch: pytest.MonkeyPatch) -> float:
@@ -313,12 +327,33 @@ def touches_per_heartbeat(world: int, monkeypatch: pytest.MonkeyPatch) -> float:
     return touches.count / beats
 
 
-def test_per_heartbeat_work_does_not_grow_with_world_size(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    small = touches_per_heartbeat(8, monkeypatch)
-    for world in (1024, 4096):
-        large = touches_per_heartbeat(world, monkeypatch)
+WORLDS = (8, 1024, 4096)
+
+
+def touches_by_world() -> None:
+    """Print `touches_per_heartbeat` of each of `WORLDS` as JSON (the pure interpreter's)."""
+    from runwatch.processors.core import native
+
+    assert all(state.startswith("pure") for state in native.ACTIVE.values()), native.ACTIVE
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        print(json.dumps([touches_per_heartbeat(world, monkeypatch) for world in WORLDS]))
+
+
+def test_per_heartbeat_work_does_not_grow_with_world_size() -> None:
+    env = os.environ | {"RUNWATCH_PURE_PYTHON": "1", "PYTHONPATH": str(ROOT)}
+    script = "from tests.unit.core.test_rank_table import touches_by_world; touches_by_world()"
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=240,
+    )
+    small, *larger = json.loads(out.stdout.splitlines()[-1])
+    assert small > 1  # the counting reached the fold (a journal write a heartbeat at least)
+    for world, large in zip(WORLDS[1:], larger, strict=True):
         assert large <= 1.5 * small, (world, large, small)
         assert large < 10
 
