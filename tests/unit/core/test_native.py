@@ -11,9 +11,6 @@ from __future__ import annotations
 
 import ast
 import json
-import os
-import subprocess
-import sys
 from importlib.machinery import EXTENSION_SUFFIXES
 from pathlib import Path
 
@@ -21,24 +18,14 @@ import pytest
 
 from runwatch.common.settings import CoreSettings
 from runwatch.processors.core import native
+from tests.unit.core.interpreter import run_python
 
 ROOT = Path(__file__).resolve().parents[3]
 
 
 def run_verdicts(pure: bool) -> tuple[dict[str, str], list[str]]:
-    env = {k: v for k, v in os.environ.items() if k != "RUNWATCH_PURE_PYTHON"}
-    env["PYTHONPATH"] = str(ROOT)
-    if pure:
-        env["RUNWATCH_PURE_PYTHON"] = "1"
-    out = subprocess.run(
-        [sys.executable, "-m", "tests.unit.core.native_verdicts"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=240,
-    ).stdout.splitlines()
+    env = {"RUNWATCH_PURE_PYTHON": "1" if pure else "0"}
+    out = run_python(["-m", "tests.unit.core.native_verdicts"], env).splitlines()
     return json.loads(out[0]), out[1:]
 
 

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -17,6 +14,7 @@ from runwatch.processors.core.config import DetectorConfig, with_overrides
 from runwatch.processors.core.replay import Record, Replayer, ReplayResult, replay
 from runwatch.processors.core.state_codec import decode_state, encode_state
 from runwatch.schemas.codec import encode
+from tests.unit.core.interpreter import run_python
 from tests.unit.core.scenario import make_log, with_recorded_anomalies
 
 CFG = with_overrides(
@@ -160,17 +158,8 @@ def test_same_input_gives_byte_identical_verdicts_across_processes() -> None:
     )
     digests = set()
     for hash_seed in ("0", "12345"):
-        env = dict(os.environ, PYTHONHASHSEED=hash_seed)
-        out = subprocess.run(
-            [sys.executable, "-c", script],
-            capture_output=True,
-            text=True,
-            env=env,
-            cwd=REPO,
-            check=True,
-            timeout=120,
-        )
-        digests.add(out.stdout.strip())
+        out = run_python(["-c", script], {"PYTHONHASHSEED": hash_seed}, timeout_s=120)
+        digests.add(out.strip())
     local = hashlib.sha256(b"".join(fingerprint(replay(records_for(s), CFG)) for s in range(5)))
     digests.add(local.hexdigest())
     assert len(digests) == 1

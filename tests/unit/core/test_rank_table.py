@@ -3,13 +3,9 @@
 from __future__ import annotations
 
 import json
-import os
 import random
 import struct
-import subprocess
-import sys
 import zlib
-from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -35,6 +31,7 @@ from runwatch.processors.core.state_codec import decode_state, encode_state
 from runwatch.schemas.codec import encode
 from runwatch.schemas.events import Heartbeat, RunEnded, RunStarted, Tick
 from tests.unit.core.factories import S, src
+from tests.unit.core.interpreter import run_python
 from tests.unit.core.reference import liveness as reference
 
 CFG = with_overrides(
@@ -266,9 +263,6 @@ def test_malformed_wire_tables_are_value_errors() -> None:
         unpack_ints([0, "<f8", b""])
 
 
-ROOT = Path(__file__).resolve().parents[3]
-
-
 class Touches:
     """Per-rank touches: journal writes, ranks read by scans and bucket judgements.
 
@@ -340,18 +334,9 @@ def touches_by_world() -> None:
 
 
 def test_per_heartbeat_work_does_not_grow_with_world_size() -> None:
-    env = os.environ | {"RUNWATCH_PURE_PYTHON": "1", "PYTHONPATH": str(ROOT)}
     script = "from tests.unit.core.test_rank_table import touches_by_world; touches_by_world()"
-    out = subprocess.run(
-        [sys.executable, "-c", script],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=240,
-    )
-    small, *larger = json.loads(out.stdout.splitlines()[-1])
+    out = run_python(["-c", script], {"RUNWATCH_PURE_PYTHON": "1"})
+    small, *larger = json.loads(out.splitlines()[-1])
     assert small > 1  # the counting reached the fold (a journal write a heartbeat at least)
     for world, large in zip(WORLDS[1:], larger, strict=True):
         assert large <= 1.5 * small, (world, large, small)
