@@ -37,7 +37,7 @@ REPO = Path(__file__).resolve().parents[3]
 SCRIPT = REPO / "examples" / "train_ddp.py"
 SETS = ("dead_rank_timeout_s=10", "hang_timeout_s=12")
 """Fast liveness verdicts (log time; 300 s and 600 s by default), so a silent gang is flagged
-in seconds, yet slow enough that a rank's exit evidence always wins the race.
+in seconds, yet slow enough that a rank's exit evidence wins its race by a wide margin.
 
 Exit evidence (a `RankExited`) names the culprit and silences the scans, but only once it is
 folded: a rank's last heartbeat, its exit, the agent noticing it and the record reaching the
