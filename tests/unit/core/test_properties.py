@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import time
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -32,7 +31,6 @@ CFG = with_overrides(
         "restart_check_steps": 10,
     },
 )
-REPO = Path(__file__).resolve().parents[3]
 PROPS = settings(max_examples=25, deadline=None)
 
 
@@ -150,8 +148,7 @@ def test_no_verdict_reads_the_wall_clock(seed: int) -> None:
 
 def test_same_input_gives_byte_identical_verdicts_across_processes() -> None:
     script = (
-        "import hashlib, sys\n"
-        f"sys.path.insert(0, {str(REPO)!r})\n"
+        "import hashlib\n"
         "from tests.unit.core.test_properties import CFG, fingerprint, records_for\n"
         "from runwatch.processors.core.replay import replay\n"
         "print(hashlib.sha256(b''.join(fingerprint(replay(records_for(s), CFG)) for s in range(5))).hexdigest())\n"
